@@ -1,0 +1,4 @@
+//! Meridian's sans-IO MQTT broker core.
+
+pub mod codec;
+pub mod topic;
