@@ -1,4 +1,57 @@
 //! Meridian's sans-IO MQTT broker core.
+//!
+//! `meridian-core` is a complete MQTT 3.1.1 and 5.0 broker as a state machine: the
+//! [`codec`] for every packet, [`topic`] names, filters and the tries that match them, and the
+//! [`Broker`] with sessions, QoS 0/1/2, retained messages, shared subscriptions, wills, topic
+//! aliases and authentication hooks. It does no IO: no sockets, files, threads, clocks or OS
+//! randomness. Bytes, time and seeds come in; bytes to send, connections to close, records to
+//! persist and events come out. The same code runs in the `meridian` daemon, in a Cloudflare
+//! Durable Object, in JavaScript through wasm, and in the simulator.
+//!
+//! # The drive loop
+//!
+//! Feed one input, drain every output in order, then sleep until [`Broker::poll_timeout`] or
+//! the next input, whichever comes first:
+//!
+//! ```
+//! use meridian_core::{Broker, Config, ConnInfo, Input, Output, Timestamp};
+//!
+//! let mut now = Timestamp::from_millis(1_700_000_000_000);
+//! let mut broker = Broker::new(Config::default(), now);
+//!
+//! // A client connected: the shell names it with `accept` and passes its bytes in.
+//! let conn = broker.accept(now, ConnInfo::default());
+//! // An MQTT 3.1.1 CONNECT for client id "c1", clean session, keep alive 60 s.
+//! let connect = [0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0, 2, b'c', b'1'];
+//! broker.handle_input(now, Input::Bytes { conn, data: &connect });
+//!
+//! let mut sent = Vec::new();
+//! while let Some(output) = broker.poll_output() {
+//!     match output {
+//!         Output::Send { conn, data } => sent.extend_from_slice(&data), // write to the socket
+//!         Output::Close { conn } => {}                                   // close the socket
+//!         Output::Persist { key, value } => {} // store (or delete) before sending what follows
+//!         Output::Event(event) => {}           // log, count
+//!     }
+//! }
+//! assert_eq!(sent, [0x20, 2, 0, 0]); // CONNACK: accepted, no session present
+//!
+//! // Nothing more arrives. The next deadline is the keep-alive timeout, 1.5 x 60 s after the
+//! // last packet; when it comes, the broker closes the connection.
+//! let deadline = broker.poll_timeout().expect("keep-alive deadline");
+//! assert_eq!(deadline.as_millis() - now.as_millis(), 90_000);
+//! now = deadline;
+//! broker.handle_input(now, Input::Timeout);
+//! assert!(std::iter::from_fn(|| broker.poll_output()).any(|o| o == Output::Close { conn }));
+//! ```
+//!
+//! Rules for shells: drain `poll_output` after every input; apply outputs in order (a
+//! [`Output::Persist`] must be durable before any later `Send` goes out, because that send may
+//! acknowledge it); never let time go backwards; after a restart, feed every stored record to
+//! [`Broker::restore`] before accepting connections.
 
+pub mod broker;
 pub mod codec;
 pub mod topic;
+
+pub use broker::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};

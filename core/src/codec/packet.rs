@@ -212,7 +212,11 @@ pub struct Ack {
 
 impl Ack {
     pub fn new(packet_id: u16) -> Self {
-        Self { packet_id, reason: ReasonCode::SUCCESS, properties: ReasonProperties::default() }
+        Self {
+            packet_id,
+            reason: ReasonCode::SUCCESS,
+            properties: ReasonProperties::default(),
+        }
     }
 }
 
@@ -298,7 +302,10 @@ pub struct Disconnect {
 
 impl Disconnect {
     pub fn new(reason: ReasonCode) -> Self {
-        Self { reason, properties: DisconnectProperties::default() }
+        Self {
+            reason,
+            properties: DisconnectProperties::default(),
+        }
     }
 }
 

@@ -1,0 +1,685 @@
+//! CONNECT, AUTH and DISCONNECT: authentication, takeover, session start and end, wills.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::connection::{ConnState, OutboundAliases};
+use super::io::{ConnId, DisconnectCause, Event};
+use super::message::Message;
+use super::persist::{Key, SessionRecord};
+use super::session::{InflightState, Session, SessionId, Will};
+use super::{AuthOutcome, AuthRequest, Broker, ClientRef, Timer};
+use crate::codec::{
+    Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, Disconnect, LastWill, Packet,
+    ProtocolVersion, QoS, ReasonCode,
+};
+use crate::topic::TopicName;
+
+impl Broker {
+    pub(super) fn on_connect(&mut self, conn_id: ConnId, mut connect: Connect) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        conn.protocol = connect.protocol;
+        let v5 = connect.protocol == ProtocolVersion::V5;
+        let client_id = connect.client_id.clone();
+
+        let mut assigned = false;
+        if connect.client_id.is_empty() {
+            if !v5 && !connect.clean_start {
+                return self.refuse(conn_id, None, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+            }
+            connect.client_id = self.assign_client_id();
+            assigned = true;
+        }
+        if connect.client_id.len() > self.config.max_client_id_len {
+            return self.refuse(
+                conn_id,
+                Some(client_id),
+                ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            );
+        }
+        if let Some(will) = &connect.will {
+            if TopicName::with_limits(will.topic.as_str(), &self.topic_limits).is_err() {
+                return self.refuse(conn_id, Some(client_id), ReasonCode::TOPIC_NAME_INVALID);
+            }
+            if will.qos > self.config.maximum_qos {
+                return self.refuse(conn_id, Some(client_id), ReasonCode::QOS_NOT_SUPPORTED);
+            }
+            if will.retain && !self.config.retain_available {
+                return self.refuse(conn_id, Some(client_id), ReasonCode::RETAIN_NOT_SUPPORTED);
+            }
+        }
+
+        let method = connect.properties.authentication_method.clone();
+        let outcome = {
+            let conn = &self.conns[&conn_id];
+            self.authenticator.authenticate(&AuthRequest {
+                conn: conn_id,
+                client_id: &connect.client_id,
+                username: connect.username.as_deref(),
+                password: connect.password.as_deref(),
+                method: method.as_deref(),
+                data: connect.properties.authentication_data.as_deref(),
+                tls_identity: conn.info.tls_identity.as_deref(),
+                remote_addr: conn.info.remote_addr.as_deref(),
+                continuation: false,
+                reauthentication: false,
+            })
+        };
+        let connect = Box::new(connect);
+        self.apply_auth_outcome(conn_id, connect, method, assigned, outcome);
+    }
+
+    fn apply_auth_outcome(
+        &mut self,
+        conn_id: ConnId,
+        connect: Box<Connect>,
+        method: Option<String>,
+        assigned: bool,
+        outcome: AuthOutcome,
+    ) {
+        match outcome {
+            AuthOutcome::Allow { username } => {
+                self.complete_connect(conn_id, *connect, method, assigned, username)
+            }
+            AuthOutcome::Deny(reason) => {
+                self.refuse(conn_id, Some(connect.client_id.clone()), reason)
+            }
+            AuthOutcome::Continue(data) => {
+                if method.is_none() || connect.protocol != ProtocolVersion::V5 {
+                    return self.refuse(
+                        conn_id,
+                        Some(connect.client_id.clone()),
+                        ReasonCode::BAD_AUTHENTICATION_METHOD,
+                    );
+                }
+                self.send(
+                    conn_id,
+                    &auth_packet(
+                        ReasonCode::CONTINUE_AUTHENTICATION,
+                        method.clone(),
+                        Some(data),
+                    ),
+                );
+                self.set_authenticating(conn_id, connect, method, assigned);
+            }
+            AuthOutcome::Pending => self.set_authenticating(conn_id, connect, method, assigned),
+        }
+    }
+
+    fn set_authenticating(
+        &mut self,
+        conn_id: ConnId,
+        connect: Box<Connect>,
+        method: Option<String>,
+        assigned: bool,
+    ) {
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            conn.state = ConnState::Authenticating {
+                connect,
+                method,
+                assigned,
+            };
+        }
+    }
+
+    /// An AUTH packet: the next step of enhanced authentication, or re-authentication.
+    pub(super) fn on_auth(&mut self, conn_id: ConnId, auth: Auth) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        let reauth = matches!(conn.state, ConnState::Connected { .. });
+        let expected = match &conn.state {
+            ConnState::Authenticating { method, .. } => method.clone(),
+            ConnState::Connected { .. } => conn.auth_method.clone(),
+            _ => None,
+        };
+        let ok_reason = if reauth {
+            auth.reason == ReasonCode::RE_AUTHENTICATE
+                || auth.reason == ReasonCode::CONTINUE_AUTHENTICATION
+        } else {
+            auth.reason == ReasonCode::CONTINUE_AUTHENTICATION
+        };
+        if expected.is_none() || auth.properties.authentication_method != expected || !ok_reason {
+            return self.protocol_violation(
+                conn_id,
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH does not fit the authentication in progress",
+            );
+        }
+        let (client_id, username) = match &conn.state {
+            ConnState::Authenticating { connect, .. } => {
+                (connect.client_id.clone(), connect.username.clone())
+            }
+            ConnState::Connected { session } => {
+                let s = self.session(*session);
+                (
+                    s.map(|s| s.client_id.to_string()).unwrap_or_default(),
+                    s.and_then(|s| s.username.clone()),
+                )
+            }
+            _ => return,
+        };
+        let outcome = self.authenticator.authenticate(&AuthRequest {
+            conn: conn_id,
+            client_id: &client_id,
+            username: username.as_deref(),
+            password: None,
+            method: expected.as_deref(),
+            data: auth.properties.authentication_data.as_deref(),
+            tls_identity: conn.info.tls_identity.as_deref(),
+            remote_addr: conn.info.remote_addr.as_deref(),
+            // AUTH 0x19 starts a new exchange; AUTH 0x18 continues one.
+            continuation: auth.reason == ReasonCode::CONTINUE_AUTHENTICATION,
+            reauthentication: reauth,
+        });
+        self.on_auth_decision(conn_id, outcome);
+    }
+
+    /// The authenticator's (possibly late) answer for a connection waiting on it.
+    pub(super) fn on_auth_decision(&mut self, conn_id: ConnId, outcome: AuthOutcome) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        match &conn.state {
+            ConnState::Authenticating { .. } => {
+                let ConnState::Authenticating {
+                    connect,
+                    method,
+                    assigned,
+                } = std::mem::replace(&mut conn.state, ConnState::AwaitConnect)
+                else {
+                    return;
+                };
+                self.apply_auth_outcome(conn_id, connect, method, assigned, outcome);
+            }
+            ConnState::Connected { session } => {
+                let session = *session;
+                let method = conn.auth_method.clone();
+                match outcome {
+                    AuthOutcome::Allow { username } => {
+                        if let Some(name) = username
+                            && let Some(s) = self.session_mut(session)
+                        {
+                            s.username = Some(name);
+                        }
+                        self.send(conn_id, &auth_packet(ReasonCode::SUCCESS, method, None));
+                    }
+                    AuthOutcome::Continue(data) => self.send(
+                        conn_id,
+                        &auth_packet(ReasonCode::CONTINUE_AUTHENTICATION, method, Some(data)),
+                    ),
+                    AuthOutcome::Deny(reason) => {
+                        self.close_conn(conn_id, DisconnectCause::ByServer(reason))
+                    }
+                    AuthOutcome::Pending => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Refuse a CONNECT: CONNACK with the reason (3.1.1: the nearest return code), then close.
+    fn refuse(&mut self, conn_id: ConnId, client_id: Option<String>, reason: ReasonCode) {
+        self.stats.connects_refused += 1;
+        self.send(
+            conn_id,
+            &Packet::ConnAck(ConnAck {
+                session_present: false,
+                reason,
+                properties: ConnAckProperties::default(),
+            }),
+        );
+        self.event(Event::ConnectRefused {
+            conn: conn_id,
+            client_id,
+            reason,
+        });
+        self.finish_close(conn_id);
+    }
+
+    fn assign_client_id(&mut self) -> String {
+        loop {
+            let n = self.random();
+            let id = format!("{}{n:016x}", self.config.assigned_client_id_prefix);
+            if !self.by_client_id.contains_key(id.as_str()) {
+                return id;
+            }
+        }
+    }
+
+    fn complete_connect(
+        &mut self,
+        conn_id: ConnId,
+        connect: Connect,
+        method: Option<String>,
+        assigned: bool,
+        username: Option<String>,
+    ) {
+        let username = username.or_else(|| connect.username.clone());
+        let v5 = connect.protocol == ProtocolVersion::V5;
+        if let Some(will) = &connect.will {
+            let client = ClientRef {
+                client_id: &connect.client_id,
+                username: username.as_deref(),
+            };
+            if !self.authorizer.may_publish(&client, &will.topic) {
+                return self.refuse(conn_id, Some(connect.client_id), ReasonCode::NOT_AUTHORIZED);
+            }
+        }
+
+        // Takeover: the old connection goes (its will follows the usual rules).
+        if let Some(old) = self
+            .by_client_id
+            .get(connect.client_id.as_str())
+            .and_then(|&s| self.session(s)?.conn)
+        {
+            self.close_conn(
+                old,
+                DisconnectCause::ByServer(ReasonCode::SESSION_TAKEN_OVER),
+            );
+        }
+        let existing = self.by_client_id.get(connect.client_id.as_str()).copied();
+        let (sid, session_present) = match existing {
+            Some(sid) if !connect.clean_start => (sid, true),
+            Some(sid) => {
+                self.end_session(sid);
+                (
+                    self.new_session(&connect.client_id, connect.protocol),
+                    false,
+                )
+            }
+            None => (
+                self.new_session(&connect.client_id, connect.protocol),
+                false,
+            ),
+        };
+
+        let requested_expiry = if v5 {
+            connect.properties.session_expiry_interval.unwrap_or(0)
+        } else if connect.clean_start {
+            0
+        } else {
+            self.config.v3_session_expiry_secs
+        };
+        let expiry = requested_expiry.min(self.config.max_session_expiry_secs);
+        let mut keep_alive = connect.keep_alive;
+        let max_ka = self.config.max_keep_alive_secs;
+        let server_keep_alive =
+            (max_ka > 0 && (keep_alive == 0 || keep_alive > max_ka)).then(|| {
+                keep_alive = max_ka;
+                max_ka
+            });
+
+        let generation = self.next_generation();
+        let had_records;
+        {
+            let will = connect.will.as_ref().map(will_from);
+            // new_session / existing ids are live slots.
+            let session = self.session_mut(sid).expect("session slot just looked up");
+            had_records = session.persisted;
+            session.conn = Some(conn_id);
+            session.protocol = connect.protocol;
+            session.username = username.clone();
+            session.expiry_secs = expiry;
+            session.expires_at = None;
+            session.generation = generation;
+            session.pending_will = None;
+            session.will = will;
+        }
+        if had_records && expiry == 0 {
+            self.unpersist_session(sid);
+        }
+        self.persist_session_meta(sid);
+
+        let props = &connect.properties;
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        conn.state = ConnState::Connected { session: sid };
+        conn.keep_alive_secs = keep_alive;
+        conn.send_window = props
+            .receive_maximum
+            .unwrap_or(u16::MAX)
+            .min(self.config.max_inflight)
+            .max(1);
+        conn.client_max_packet = props.maximum_packet_size.unwrap_or(u32::MAX);
+        conn.outbound_aliases = OutboundAliases::with_maximum(
+            props
+                .topic_alias_maximum
+                .unwrap_or(0)
+                .min(self.config.outbound_topic_alias_maximum),
+        );
+        conn.problem_information = props.request_problem_information.unwrap_or(true);
+        conn.auth_method = method.clone();
+
+        let c = &self.config;
+        let properties = if v5 {
+            ConnAckProperties {
+                session_expiry_interval: (expiry != requested_expiry).then_some(expiry),
+                receive_maximum: Some(c.receive_maximum),
+                maximum_qos: (c.maximum_qos != QoS::ExactlyOnce).then_some(c.maximum_qos),
+                retain_available: (!c.retain_available).then_some(false),
+                maximum_packet_size: Some(c.max_packet_size),
+                assigned_client_identifier: assigned.then(|| connect.client_id.clone()),
+                topic_alias_maximum: (c.topic_alias_maximum > 0).then_some(c.topic_alias_maximum),
+                wildcard_subscription_available: (!c.wildcard_subscription_available)
+                    .then_some(false),
+                subscription_identifiers_available: (!c.subscription_identifiers_available)
+                    .then_some(false),
+                shared_subscription_available: (!c.shared_subscription_available).then_some(false),
+                server_keep_alive,
+                response_information: (props.request_response_information == Some(true))
+                    .then(|| format!("{}{}/", c.response_topic_prefix, connect.client_id)),
+                authentication_method: method,
+                ..ConnAckProperties::default()
+            }
+        } else {
+            ConnAckProperties::default()
+        };
+        self.send(
+            conn_id,
+            &Packet::ConnAck(ConnAck {
+                session_present,
+                reason: ReasonCode::SUCCESS,
+                properties,
+            }),
+        );
+        self.event(Event::ClientConnected {
+            conn: conn_id,
+            client_id: connect.client_id.clone(),
+            username,
+            protocol: connect.protocol,
+            session_present,
+        });
+        if let Some(conn) = self.conns.get_mut(&conn_id) {
+            self.timers
+                .remove(&(conn.connect_deadline, Timer::ConnectTimeout(conn_id)));
+            if keep_alive > 0 {
+                let deadline = self.now.plus_ms(u64::from(keep_alive) * 1500);
+                conn.keep_alive_timer = Some(deadline);
+                self.timers.insert((deadline, Timer::KeepAlive(conn_id)));
+            }
+        }
+        if session_present {
+            self.resume(sid, conn_id);
+        }
+    }
+
+    pub(super) fn new_session(&mut self, client_id: &str, protocol: ProtocolVersion) -> SessionId {
+        let client_id: Arc<str> = client_id.into();
+        let session = Session::new(client_id.clone(), protocol);
+        let sid = match self.free_sessions.pop() {
+            Some(sid) => {
+                self.sessions[sid as usize] = Some(session);
+                sid
+            }
+            None => {
+                self.sessions.push(Some(session));
+                // Sessions are bounded by connections, far below u32::MAX.
+                u32::try_from(self.sessions.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.by_client_id.insert(client_id, sid);
+        sid
+    }
+
+    /// A session resumed on a new connection: re-send what was in flight (PUBLISH with DUP,
+    /// or PUBREL), in the original order, then whatever waits in the queue.
+    fn resume(&mut self, sid: SessionId, conn_id: ConnId) {
+        let Some(session) = self.session(sid) else {
+            return;
+        };
+        let pending: Vec<(u16, InflightState)> = session
+            .inflight
+            .iter()
+            .map(|m| (m.packet_id, m.state))
+            .collect();
+        for (packet_id, state) in pending {
+            match state {
+                InflightState::AwaitAck => {
+                    let Some(session) = self.session(sid) else {
+                        return;
+                    };
+                    let Some(pos) = session.inflight_position(packet_id) else {
+                        continue;
+                    };
+                    let delivery = session.inflight[pos].delivery.clone();
+                    self.write_publish(conn_id, &delivery, Some(packet_id), true);
+                }
+                InflightState::AwaitComp => {
+                    self.send(conn_id, &Packet::PubRel(crate::codec::Ack::new(packet_id)));
+                }
+            }
+        }
+        self.pump(sid);
+    }
+
+    pub(super) fn on_disconnect(&mut self, conn_id: ConnId, sid: SessionId, d: Disconnect) {
+        if let Some(expiry) = d.properties.session_expiry_interval {
+            let max_expiry = self.config.max_session_expiry_secs;
+            let Some(session) = self.session_mut(sid) else {
+                return;
+            };
+            if session.expiry_secs == 0 && expiry != 0 {
+                return self.protocol_violation(
+                    conn_id,
+                    ReasonCode::PROTOCOL_ERROR,
+                    "DISCONNECT cannot give an expiry to a session that had none",
+                );
+            }
+            session.expiry_secs = expiry.min(max_expiry);
+            if expiry == 0 {
+                self.unpersist_session(sid);
+            }
+        }
+        self.close_conn(conn_id, DisconnectCause::ByClient(d.reason));
+    }
+
+    /// The session's connection ended: will, expiry, shared-subscription hand-over.
+    pub(super) fn session_disconnected(
+        &mut self,
+        sid: SessionId,
+        conn_id: ConnId,
+        cause: DisconnectCause,
+    ) {
+        let now = self.now;
+        let generation = self.next_generation();
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        if session.conn != Some(conn_id) {
+            return;
+        }
+        session.conn = None;
+        session.generation = generation;
+        let client_id = session.client_id.to_string();
+        let will = session.will.take().filter(|_| cause.publishes_will());
+        let expiry = session.expiry_secs;
+        self.event(Event::ClientDisconnected {
+            conn: conn_id,
+            client_id,
+            cause,
+        });
+
+        let mut publish_will_now = None;
+        if let Some(will) = will {
+            if will.delay_secs == 0 || expiry == 0 {
+                publish_will_now = Some(will.message);
+            } else {
+                let due = now.plus_secs(will.delay_secs);
+                if let Some(s) = self.session_mut(sid) {
+                    s.pending_will = Some((will, due));
+                }
+                self.timers.insert((
+                    due,
+                    Timer::Will {
+                        session: sid,
+                        generation,
+                    },
+                ));
+            }
+        }
+        self.hand_over_shared(sid);
+        if expiry == 0 {
+            self.end_session(sid);
+        } else {
+            if expiry != u32::MAX {
+                let at = now.plus_secs(expiry);
+                if let Some(s) = self.session_mut(sid) {
+                    s.expires_at = Some(at);
+                }
+                self.timers.insert((
+                    at,
+                    Timer::SessionExpiry {
+                        session: sid,
+                        generation,
+                    },
+                ));
+            }
+            self.persist_session_meta(sid);
+        }
+        if let Some(message) = publish_will_now {
+            self.publish_message(message);
+        }
+    }
+
+    pub(super) fn publish_pending_will(&mut self, sid: SessionId) {
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        if let Some((will, _)) = session.pending_will.take() {
+            self.persist_session_meta(sid);
+            self.publish_message(will.message);
+        }
+    }
+
+    /// The session ends: subscriptions go, a pending will is published, records are deleted.
+    pub(super) fn end_session(&mut self, sid: SessionId) {
+        self.hand_over_shared(sid);
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        let filters: Vec<String> = session.subscriptions.keys().cloned().collect();
+        let pending_will = session.pending_will.take();
+        for filter in filters {
+            self.remove_subscription(sid, &filter);
+        }
+        self.unpersist_session(sid);
+        let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::take) else {
+            return;
+        };
+        self.by_client_id.remove(&session.client_id);
+        self.free_sessions.push(sid);
+        self.event(Event::SessionEnded {
+            client_id: session.client_id.to_string(),
+        });
+        if let Some((will, _)) = pending_will {
+            self.publish_message(will.message);
+        }
+    }
+
+    // ----- persistence of session state -----
+
+    pub(super) fn persist_session_meta(&mut self, sid: SessionId) {
+        let now = self.now;
+        let Some(s) = self.session_mut(sid) else {
+            return;
+        };
+        if !s.is_persistent() {
+            return;
+        }
+        s.persisted = true;
+        let s = &*s;
+        let record = SessionRecord {
+            protocol: s.protocol,
+            expiry_secs: s.expiry_secs,
+            username: s.username.clone(),
+            disconnected_at: s.conn.is_none().then_some(now),
+            will: match (&s.will, &s.pending_will) {
+                (Some(w), _) => Some((w.clone(), None)),
+                (None, Some((w, due))) => Some((w.clone(), Some(*due))),
+                (None, None) => None,
+            },
+        };
+        let key = Key::Session {
+            client_id: s.client_id.to_string(),
+        }
+        .encode();
+        self.persist(key, Some(record.encode()));
+    }
+
+    /// Delete every record of a session (it ended, or stopped being persistent).
+    pub(super) fn unpersist_session(&mut self, sid: SessionId) {
+        let Some(s) = self.session_mut(sid) else {
+            return;
+        };
+        if !s.persisted {
+            return;
+        }
+        s.persisted = false;
+        let s = &*s;
+        let client_id = s.client_id.to_string();
+        let mut keys = vec![Key::Session {
+            client_id: client_id.clone(),
+        }];
+        keys.extend(s.subscriptions.keys().map(|f| Key::Subscription {
+            client_id: client_id.clone(),
+            filter: f.clone(),
+        }));
+        keys.extend(s.inflight.iter().map(|m| Key::Queued {
+            client_id: client_id.clone(),
+            seq: m.seq,
+        }));
+        keys.extend(s.queue.iter().map(|m| Key::Queued {
+            client_id: client_id.clone(),
+            seq: m.seq,
+        }));
+        keys.extend(s.incoming_qos2.iter().map(|&packet_id| Key::Incoming {
+            client_id: client_id.clone(),
+            packet_id,
+        }));
+        for key in keys {
+            self.persist(key.encode(), None);
+        }
+    }
+}
+
+fn auth_packet(reason: ReasonCode, method: Option<String>, data: Option<Bytes>) -> Packet {
+    Packet::Auth(Auth {
+        reason,
+        properties: AuthProperties {
+            authentication_method: method,
+            authentication_data: data,
+            ..Default::default()
+        },
+    })
+}
+
+/// The will of a CONNECT as the message it will become.
+fn will_from(w: &LastWill) -> Will {
+    let p = &w.properties;
+    Will {
+        message: Message {
+            topic: w.topic.as_str().into(),
+            payload: w.payload.clone(),
+            qos: w.qos,
+            retain: w.retain,
+            properties: crate::codec::PublishProperties {
+                payload_format_indicator: p.payload_format_indicator,
+                message_expiry_interval: p.message_expiry_interval,
+                response_topic: p.response_topic.clone(),
+                correlation_data: p.correlation_data.clone(),
+                user_properties: p.user_properties.clone(),
+                content_type: p.content_type.clone(),
+                ..Default::default()
+            },
+            // The expiry interval starts when the will is published.
+            expires_at: None,
+            origin: None,
+        },
+        delay_secs: p.will_delay_interval.unwrap_or(0),
+    }
+}

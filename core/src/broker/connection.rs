@@ -1,0 +1,166 @@
+//! Per-connection state: buffers, negotiated limits, topic aliases, keep alive.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::io::{ConnInfo, Timestamp};
+use super::session::SessionId;
+use crate::codec::{Connect, ProtocolVersion};
+
+#[derive(Debug)]
+pub(crate) enum ConnState {
+    /// Waiting for CONNECT (until the connect timeout).
+    AwaitConnect,
+    /// CONNECT received; the authenticator has not said yes yet.
+    /// `assigned`: the client id was assigned by the broker (CONNACK must say so).
+    Authenticating {
+        connect: Box<Connect>,
+        method: Option<String>,
+        assigned: bool,
+    },
+    Connected {
+        session: SessionId,
+    },
+    /// Close requested; input is ignored.
+    Closed,
+}
+
+#[derive(Debug)]
+pub(crate) struct Connection {
+    pub info: ConnInfo,
+    pub state: ConnState,
+    pub protocol: ProtocolVersion,
+    pub read_buf: BytesMut,
+    pub write_buf: BytesMut,
+    /// Whether `write_buf` holds bytes not yet handed to the shell.
+    pub dirty: bool,
+    pub last_packet_at: Timestamp,
+    /// When the connect timeout fires (its timer is cancelled once connected or closed).
+    pub connect_deadline: Timestamp,
+    /// The keep-alive timer currently armed, if any.
+    pub keep_alive_timer: Option<Timestamp>,
+    /// Keep alive enforced by the server, in seconds (0: none).
+    pub keep_alive_secs: u16,
+    /// Largest packet the client accepts.
+    pub client_max_packet: u32,
+    /// Outgoing QoS 1/2 window (client's Receive Maximum capped by config).
+    pub send_window: u16,
+    /// Whether the client wants reason strings and user properties on errors.
+    pub problem_information: bool,
+    pub inbound_aliases: InboundAliases,
+    pub outbound_aliases: OutboundAliases,
+    /// Authentication method agreed at CONNECT (for re-authentication).
+    pub auth_method: Option<String>,
+}
+
+impl Connection {
+    pub fn new(info: ConnInfo, now: Timestamp, connect_deadline: Timestamp) -> Self {
+        Self {
+            info,
+            state: ConnState::AwaitConnect,
+            protocol: ProtocolVersion::V5,
+            read_buf: BytesMut::new(),
+            write_buf: BytesMut::new(),
+            dirty: false,
+            last_packet_at: now,
+            connect_deadline,
+            keep_alive_timer: None,
+            keep_alive_secs: 0,
+            client_max_packet: u32::MAX,
+            send_window: 0,
+            problem_information: true,
+            inbound_aliases: InboundAliases::default(),
+            outbound_aliases: OutboundAliases::default(),
+            auth_method: None,
+        }
+    }
+
+    pub fn session(&self) -> Option<SessionId> {
+        match self.state {
+            ConnState::Connected { session } => Some(session),
+            _ => None,
+        }
+    }
+
+    /// When the keep alive runs out: 1.5 times the interval after the last packet.
+    pub fn keep_alive_deadline(&self) -> Option<Timestamp> {
+        (self.keep_alive_secs > 0).then(|| {
+            self.last_packet_at
+                .plus_ms(u64::from(self.keep_alive_secs) * 1500)
+        })
+    }
+}
+
+/// Topic aliases the client set (client to server), 1 ..= the broker's Topic Alias Maximum.
+#[derive(Debug, Default)]
+pub(crate) struct InboundAliases {
+    topics: Vec<Option<Arc<str>>>,
+}
+
+impl InboundAliases {
+    pub fn get(&self, alias: u16) -> Option<&Arc<str>> {
+        self.topics.get(usize::from(alias))?.as_ref()
+    }
+
+    pub fn set(&mut self, alias: u16, topic: Arc<str>) {
+        let i = usize::from(alias);
+        if self.topics.len() <= i {
+            self.topics.resize(i + 1, None);
+        }
+        self.topics[i] = Some(topic);
+    }
+}
+
+/// Topic aliases the broker uses towards the client. New topics take free aliases; once all
+/// are taken, aliases are reused in round-robin order.
+#[derive(Debug, Default)]
+pub(crate) struct OutboundAliases {
+    pub maximum: u16,
+    by_topic: super::FixedMap<Arc<str>, u16>,
+    by_alias: Vec<Arc<str>>,
+    next_victim: u16,
+}
+
+/// How to send a topic to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AliasUse {
+    /// No alias.
+    None,
+    /// The client knows this alias: send an empty topic and the alias.
+    Known(u16),
+    /// Send the topic and the alias, which the client will remember.
+    New(u16),
+}
+
+impl OutboundAliases {
+    pub fn with_maximum(maximum: u16) -> Self {
+        Self {
+            maximum,
+            ..Self::default()
+        }
+    }
+
+    pub fn lookup(&mut self, topic: &Arc<str>) -> AliasUse {
+        if self.maximum == 0 {
+            return AliasUse::None;
+        }
+        if let Some(&alias) = self.by_topic.get(topic) {
+            return AliasUse::Known(alias);
+        }
+        let alias = if self.by_alias.len() < usize::from(self.maximum) {
+            self.by_alias.push(topic.clone());
+            // by_alias.len() <= maximum, a u16.
+            u16::try_from(self.by_alias.len()).unwrap_or(u16::MAX)
+        } else {
+            let alias = self.next_victim % self.maximum + 1;
+            self.next_victim = alias % self.maximum;
+            let slot = usize::from(alias - 1);
+            let old = std::mem::replace(&mut self.by_alias[slot], topic.clone());
+            self.by_topic.remove(&old);
+            alias
+        };
+        self.by_topic.insert(topic.clone(), alias);
+        AliasUse::New(alias)
+    }
+}

@@ -1,0 +1,140 @@
+//! What goes into the broker and what comes out of it.
+
+use bytes::Bytes;
+
+use crate::codec::{ProtocolVersion, ReasonCode};
+
+/// Milliseconds since the Unix epoch (or any epoch the shell keeps stable across restarts:
+/// persisted expiry deadlines are absolute). Passed in by the shell; the core never reads a clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    pub fn from_millis(ms: u64) -> Self {
+        Self(ms)
+    }
+
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    pub fn plus_ms(self, ms: u64) -> Self {
+        Self(self.0.saturating_add(ms))
+    }
+
+    pub fn plus_secs(self, secs: u32) -> Self {
+        self.plus_ms(u64::from(secs) * 1000)
+    }
+
+    /// Milliseconds from `earlier` to `self`, zero if `earlier` is later.
+    pub fn millis_since(self, earlier: Timestamp) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// A network connection, named by the broker when the shell calls [`crate::Broker::accept`].
+/// Ids are never reused, so input for a connection that is already gone is ignored safely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+/// What the shell knows about a new connection.
+#[derive(Clone, Debug, Default)]
+pub struct ConnInfo {
+    /// Peer address, for logs and events.
+    pub remote_addr: Option<String>,
+    /// Identity from a verified TLS client certificate, if the listener asked for one.
+    pub tls_identity: Option<String>,
+    /// A tighter packet-size limit for this listener than the broker-wide one.
+    pub max_packet_size: Option<u32>,
+}
+
+/// One thing that happened, fed to [`crate::Broker::handle_input`].
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// Bytes read from a connection.
+    Bytes { conn: ConnId, data: &'a [u8] },
+    /// The connection was closed by the peer or the network.
+    Closed { conn: ConnId },
+    /// The deadline from [`crate::Broker::poll_timeout`] (or a later time) has come.
+    Timeout,
+    /// A decision for an authentication the authenticator answered with `Pending`.
+    AuthDecision {
+        conn: ConnId,
+        outcome: super::AuthOutcome,
+    },
+}
+
+/// One thing the shell must do, taken from [`crate::Broker::poll_output`] in order.
+///
+/// Order matters: a `Persist` must be durable before any `Send` that follows it is written,
+/// because that `Send` may acknowledge what was persisted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Write these bytes to the connection.
+    Send { conn: ConnId, data: Bytes },
+    /// Close the connection after writing everything sent to it before.
+    Close { conn: ConnId },
+    /// Store (or, with `value: None`, delete) a record; feed them all back to
+    /// [`crate::Broker::restore`] after a restart. Keys and values are opaque to the shell.
+    Persist { key: Bytes, value: Option<Bytes> },
+    /// Something worth logging, counting or reacting to.
+    Event(Event),
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DisconnectCause {
+    /// The client sent DISCONNECT with this reason.
+    ByClient(ReasonCode),
+    /// The network connection closed without a DISCONNECT.
+    ConnectionLost,
+    /// The broker closed it, with this reason (sent to MQTT 5.0 clients).
+    ByServer(ReasonCode),
+}
+
+impl DisconnectCause {
+    /// Whether the will message is published for this disconnection.
+    pub fn publishes_will(self) -> bool {
+        !matches!(
+            self,
+            DisconnectCause::ByClient(ReasonCode::NORMAL_DISCONNECTION)
+        )
+    }
+}
+
+/// Notable happenings, for logs, metrics and the layers above the core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// CONNECT accepted and CONNACK sent.
+    ClientConnected {
+        conn: ConnId,
+        client_id: String,
+        username: Option<String>,
+        protocol: ProtocolVersion,
+        session_present: bool,
+    },
+    /// A CONNECT was refused with this reason (CONNACK sent where the protocol allows).
+    ConnectRefused {
+        conn: ConnId,
+        client_id: Option<String>,
+        reason: ReasonCode,
+    },
+    /// A connected client's connection ended.
+    ClientDisconnected {
+        conn: ConnId,
+        client_id: String,
+        cause: DisconnectCause,
+    },
+    /// A connection ended before CONNECT completed, or was closed for bad input before that.
+    ConnectionClosed {
+        conn: ConnId,
+        reason: ReasonCode,
+        detail: &'static str,
+    },
+    /// A session ended (expired, or was replaced by a clean start).
+    SessionEnded { client_id: String },
+    /// The first local subscriber to this filter pattern appeared (route set add).
+    RouteAdded { filter: String },
+    /// The last local subscriber to this filter pattern left (route set remove).
+    RouteRemoved { filter: String },
+}

@@ -1,0 +1,641 @@
+//! The broker state machine: connections, sessions, routing.
+//!
+//! One [`Broker`] owns every connection and session of a node. The shell feeds it inputs and
+//! drains its outputs; see the crate documentation for the drive loop.
+
+mod auth;
+mod config;
+mod connect;
+mod connection;
+mod io;
+mod message;
+mod persist;
+mod publish;
+mod restore;
+mod session;
+mod stats;
+mod subscribe;
+mod subscriptions;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use foldhash::fast::FixedState;
+
+pub use auth::{AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
+pub use config::Config;
+pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
+pub use message::Message;
+pub use persist::RecordError;
+pub use restore::RestoreReport;
+pub use stats::Stats;
+
+use self::connection::{ConnState, Connection};
+use self::session::{Session, SessionId};
+use self::subscriptions::{Recipient, SubscriptionIndex};
+use crate::codec::{self, Disconnect, Packet, ProtocolVersion, QoS, ReasonCode};
+use crate::topic::{self, TopicTree};
+
+/// A deadline the broker waits for. Stale timers (for connections that are gone or sessions
+/// whose generation moved on) are recognised and ignored when they fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    ConnectTimeout(ConnId),
+    KeepAlive(ConnId),
+    Will {
+        session: SessionId,
+        generation: u64,
+    },
+    SessionExpiry {
+        session: SessionId,
+        generation: u64,
+    },
+    /// The earliest entry of `retained_expiry` is due.
+    RetainedExpiry,
+}
+
+/// Hash maps with a fixed seed: deterministic, no OS randomness.
+pub(crate) type FixedMap<K, V> = std::collections::HashMap<K, V, FixedState>;
+
+/// A summary of one session, for admin listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientSummary {
+    pub client_id: String,
+    pub username: Option<String>,
+    pub protocol: ProtocolVersion,
+    pub connected: bool,
+    pub conn: Option<ConnId>,
+    pub subscriptions: Vec<(String, QoS)>,
+    pub inflight: usize,
+    pub queued: usize,
+}
+
+/// The sans-IO MQTT broker.
+pub struct Broker {
+    config: Config,
+    now: Timestamp,
+    conns: FixedMap<ConnId, Connection>,
+    next_conn: u64,
+    sessions: Vec<Option<Session>>,
+    free_sessions: Vec<SessionId>,
+    by_client_id: FixedMap<Arc<str>, SessionId>,
+    subs: SubscriptionIndex,
+    retained: TopicTree<Arc<Message>>,
+    /// Retained messages with an expiry, by deadline (entries of replaced messages are skipped).
+    retained_expiry: BTreeSet<(Timestamp, Arc<str>)>,
+    outputs: VecDeque<Output>,
+    /// Connections with bytes in their write buffer, in the order they were first written.
+    dirty: Vec<ConnId>,
+    timers: BTreeSet<(Timestamp, Timer)>,
+    authenticator: Box<dyn Authenticator>,
+    authorizer: Box<dyn Authorizer>,
+    rng: u64,
+    generation: u64,
+    stats: Stats,
+    scratch: Vec<Recipient>,
+    topic_limits: topic::Limits,
+}
+
+impl fmt::Debug for Broker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Broker")
+            .field("now", &self.now)
+            .field("connections", &self.conns.len())
+            .field("sessions", &self.by_client_id.len())
+            .field("subscriptions", &self.subs.len())
+            .field("retained", &self.retained.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Broker {
+    /// A broker that lets everyone in ([`AllowAll`]); see [`Broker::with_auth`].
+    pub fn new(config: Config, now: Timestamp) -> Self {
+        Self::with_auth(config, now, Box::new(AllowAll), Box::new(AllowAll))
+    }
+
+    pub fn with_auth(
+        config: Config,
+        now: Timestamp,
+        authenticator: Box<dyn Authenticator>,
+        authorizer: Box<dyn Authorizer>,
+    ) -> Self {
+        let seed = config.seed;
+        let topic_limits = topic::Limits {
+            max_len: config.max_topic_len,
+            max_levels: config.max_topic_levels,
+        };
+        Self {
+            conns: FixedMap::with_hasher(FixedState::with_seed(seed)),
+            next_conn: 1,
+            sessions: Vec::new(),
+            free_sessions: Vec::new(),
+            by_client_id: FixedMap::with_hasher(FixedState::with_seed(seed ^ 1)),
+            subs: SubscriptionIndex::new(seed ^ 2),
+            retained: TopicTree::new(seed ^ 3),
+            retained_expiry: BTreeSet::new(),
+            outputs: VecDeque::new(),
+            dirty: Vec::new(),
+            timers: BTreeSet::new(),
+            authenticator,
+            authorizer,
+            rng: seed,
+            generation: 0,
+            stats: Stats::default(),
+            scratch: Vec::new(),
+            topic_limits,
+            config,
+            now,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A new network connection. The client must send CONNECT within the connect timeout.
+    pub fn accept(&mut self, now: Timestamp, info: ConnInfo) -> ConnId {
+        self.advance(now);
+        let id = ConnId(self.next_conn);
+        self.next_conn += 1;
+        let deadline = now.plus_ms(self.config.connect_timeout_ms);
+        self.conns.insert(id, Connection::new(info, now, deadline));
+        self.timers.insert((deadline, Timer::ConnectTimeout(id)));
+        id
+    }
+
+    /// Feed one input. Drain [`Broker::poll_output`] afterwards.
+    pub fn handle_input(&mut self, now: Timestamp, input: Input<'_>) {
+        self.advance(now);
+        match input {
+            Input::Bytes { conn, data } => self.on_bytes(conn, data),
+            Input::Closed { conn } => self.close_conn(conn, DisconnectCause::ConnectionLost),
+            Input::Timeout => self.on_timeout(),
+            Input::AuthDecision { conn, outcome } => self.on_auth_decision(conn, outcome),
+        }
+    }
+
+    /// The next thing for the shell to do, in order; `None` when there is nothing left.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        if self.outputs.is_empty() {
+            self.flush_dirty();
+        }
+        self.outputs.pop_front()
+    }
+
+    /// When to feed [`Input::Timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
+    /// Counters and current sizes.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        s.connections = self.conns.len();
+        s.sessions = self.by_client_id.len();
+        s.subscriptions = self.subs.len();
+        s.retained_messages = self.retained.len();
+        s.queued_messages = self.sessions.iter().flatten().map(|x| x.queue.len()).sum();
+        s.inflight_messages = self
+            .sessions
+            .iter()
+            .flatten()
+            .map(|x| x.inflight.len())
+            .sum();
+        s
+    }
+
+    /// Every session, connected or not, for admin listings.
+    pub fn clients(&self) -> Vec<ClientSummary> {
+        let mut list: Vec<ClientSummary> = self
+            .sessions
+            .iter()
+            .flatten()
+            .map(|s| ClientSummary {
+                client_id: s.client_id.to_string(),
+                username: s.username.clone(),
+                protocol: s.protocol,
+                connected: s.conn.is_some(),
+                conn: s.conn,
+                subscriptions: s
+                    .subscriptions
+                    .iter()
+                    .map(|(f, e)| (f.clone(), e.options.qos))
+                    .collect(),
+                inflight: s.inflight.len(),
+                queued: s.queue.len(),
+            })
+            .collect();
+        list.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+        list
+    }
+
+    /// Disconnect a client (MQTT 5.0 clients get DISCONNECT with `reason`). Returns whether it
+    /// was connected.
+    pub fn disconnect_client(
+        &mut self,
+        now: Timestamp,
+        client_id: &str,
+        reason: ReasonCode,
+    ) -> bool {
+        self.advance(now);
+        let conn = self
+            .by_client_id
+            .get(client_id)
+            .and_then(|&s| self.session(s)?.conn);
+        match conn {
+            Some(conn) => {
+                self.close_conn(conn, DisconnectCause::ByServer(reason));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Graceful shutdown: every connection is closed (MQTT 5.0 clients get DISCONNECT 0x8B).
+    /// Persistent sessions stay in storage.
+    pub fn shutdown(&mut self, now: Timestamp) {
+        self.advance(now);
+        let mut conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        conns.sort();
+        for conn in conns {
+            self.close_conn(
+                conn,
+                DisconnectCause::ByServer(ReasonCode::SERVER_SHUTTING_DOWN),
+            );
+        }
+    }
+
+    /// Publish a message from the shell itself (system topics, bridges, embedding apps).
+    /// Returns the number of sessions it was delivered or queued to.
+    pub fn publish(&mut self, now: Timestamp, message: Message) -> usize {
+        self.advance(now);
+        self.publish_message(message)
+    }
+
+    fn advance(&mut self, now: Timestamp) {
+        // Time never goes backwards; a shell whose clock steps back is treated as standing still.
+        self.now = self.now.max(now);
+    }
+
+    fn session(&self, id: SessionId) -> Option<&Session> {
+        self.sessions.get(id as usize)?.as_ref()
+    }
+
+    fn session_mut(&mut self, id: SessionId) -> Option<&mut Session> {
+        self.sessions.get_mut(id as usize)?.as_mut()
+    }
+
+    fn next_generation(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation
+    }
+
+    /// splitmix64: deterministic from the configured seed.
+    fn random(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    // ----- output plumbing -----
+
+    /// Queue an output. Bytes already written to connections go out first, so that a `Persist`
+    /// precedes every acknowledgement written after it.
+    fn push(&mut self, output: Output) {
+        if matches!(output, Output::Persist { .. }) {
+            self.flush_dirty();
+        }
+        self.outputs.push_back(output);
+    }
+
+    /// A reason string for a failure code in an acknowledgement, if this client wants problem
+    /// information (MQTT 5.0 `Request Problem Information`) and the broker sends them.
+    fn problem(&self, conn_id: ConnId, reason: ReasonCode) -> codec::ReasonProperties {
+        let wanted = self.config.reason_strings
+            && reason.is_error()
+            && self
+                .conns
+                .get(&conn_id)
+                .is_some_and(|c| c.problem_information);
+        codec::ReasonProperties {
+            reason_string: wanted.then(|| reason.name().to_owned()),
+            user_properties: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, event: Event) {
+        self.outputs.push_back(Output::Event(event));
+    }
+
+    fn persist(&mut self, key: Bytes, value: Option<Bytes>) {
+        self.push(Output::Persist { key, value });
+    }
+
+    fn flush_dirty(&mut self) {
+        for id in std::mem::take(&mut self.dirty) {
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.dirty = false;
+                if !conn.write_buf.is_empty() {
+                    let data = conn.write_buf.split().freeze();
+                    self.outputs.push_back(Output::Send { conn: id, data });
+                }
+            }
+        }
+    }
+
+    /// Encode a packet into a connection's write buffer.
+    fn send(&mut self, conn_id: ConnId, packet: &Packet) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let before = conn.write_buf.len();
+        if codec::encode(packet, conn.protocol, &mut conn.write_buf).is_err() {
+            // Only packets the broker built itself get here, within protocol limits; a failure
+            // would be a bug, and the connection is better closed than fed half a packet.
+            conn.write_buf.truncate(before);
+            self.stats.protocol_errors += 1;
+            return;
+        }
+        self.stats.packets_sent += 1;
+        self.stats.bytes_sent += (conn.write_buf.len() - before) as u64;
+        if !conn.dirty {
+            conn.dirty = true;
+            self.dirty.push(conn_id);
+        }
+    }
+
+    // ----- input -----
+
+    fn on_bytes(&mut self, conn_id: ConnId, data: &[u8]) {
+        let max = self.config.max_packet_size;
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        if matches!(conn.state, ConnState::Closed) {
+            return;
+        }
+        self.stats.bytes_received += data.len() as u64;
+        conn.read_buf.extend_from_slice(data);
+        loop {
+            let Some(conn) = self.conns.get_mut(&conn_id) else {
+                return;
+            };
+            let limit = conn.info.max_packet_size.map_or(max, |m| m.min(max));
+            match codec::decode(&mut conn.read_buf, conn.protocol, limit) {
+                Ok(None) => return,
+                Ok(Some(packet)) => {
+                    conn.last_packet_at = self.now;
+                    self.stats.packets_received += 1;
+                    self.on_packet(conn_id, packet);
+                }
+                Err(e) => {
+                    self.protocol_violation(conn_id, e.reason, e.detail);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_packet(&mut self, conn_id: ConnId, packet: Packet) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        match (&conn.state, packet) {
+            (ConnState::AwaitConnect, Packet::Connect(c)) => self.on_connect(conn_id, c),
+            (ConnState::AwaitConnect, _) => self.protocol_violation(
+                conn_id,
+                ReasonCode::PROTOCOL_ERROR,
+                "first packet must be CONNECT",
+            ),
+            (ConnState::Authenticating { .. }, Packet::Auth(a)) => self.on_auth(conn_id, a),
+            (ConnState::Authenticating { .. }, Packet::Disconnect(_)) => self.close_conn(
+                conn_id,
+                DisconnectCause::ByClient(ReasonCode::NORMAL_DISCONNECTION),
+            ),
+            (ConnState::Authenticating { .. }, _) => self.protocol_violation(
+                conn_id,
+                ReasonCode::PROTOCOL_ERROR,
+                "expected AUTH during authentication",
+            ),
+            (ConnState::Connected { session }, packet) => {
+                let session = *session;
+                match packet {
+                    Packet::Publish(p) => self.on_publish(conn_id, session, p),
+                    Packet::PubAck(a) => self.on_puback(session, a),
+                    Packet::PubRec(a) => self.on_pubrec(conn_id, session, a),
+                    Packet::PubRel(a) => self.on_pubrel(conn_id, session, a),
+                    Packet::PubComp(a) => self.on_pubcomp(session, a),
+                    Packet::Subscribe(s) => self.on_subscribe(conn_id, session, s),
+                    Packet::Unsubscribe(u) => self.on_unsubscribe(conn_id, session, u),
+                    Packet::PingReq => self.send(conn_id, &Packet::PingResp),
+                    Packet::Disconnect(d) => self.on_disconnect(conn_id, session, d),
+                    Packet::Auth(a) => self.on_auth(conn_id, a),
+                    Packet::Connect(_) => self.protocol_violation(
+                        conn_id,
+                        ReasonCode::PROTOCOL_ERROR,
+                        "second CONNECT on a connection",
+                    ),
+                    Packet::ConnAck(_)
+                    | Packet::SubAck(_)
+                    | Packet::UnsubAck(_)
+                    | Packet::PingResp => self.protocol_violation(
+                        conn_id,
+                        ReasonCode::PROTOCOL_ERROR,
+                        "packet only a server may send",
+                    ),
+                }
+            }
+            (ConnState::Closed, _) => {}
+        }
+    }
+
+    /// Close a connection for bad input: MQTT 5.0 connected clients get DISCONNECT with the
+    /// reason; a CONNECT of an unsupported protocol level gets a 3.1.1 CONNACK return code 1.
+    fn protocol_violation(&mut self, conn_id: ConnId, reason: ReasonCode, detail: &'static str) {
+        self.stats.protocol_errors += 1;
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        match conn.state {
+            ConnState::Connected { .. } => {
+                self.close_conn_because(conn_id, DisconnectCause::ByServer(reason), Some(detail));
+            }
+            _ => {
+                if reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
+                    conn.protocol = ProtocolVersion::V311;
+                    self.send(
+                        conn_id,
+                        &Packet::ConnAck(codec::ConnAck {
+                            session_present: false,
+                            reason,
+                            properties: Default::default(),
+                        }),
+                    );
+                }
+                self.event(Event::ConnectionClosed {
+                    conn: conn_id,
+                    reason,
+                    detail,
+                });
+                self.finish_close(conn_id);
+            }
+        }
+    }
+
+    /// End a connection. A connected session sees the disconnection (will, expiry, ...).
+    fn close_conn(&mut self, conn_id: ConnId, cause: DisconnectCause) {
+        self.close_conn_because(conn_id, cause, None);
+    }
+
+    /// Like `close_conn`, with a reason string for the DISCONNECT sent to MQTT 5.0 clients.
+    fn close_conn_because(
+        &mut self,
+        conn_id: ConnId,
+        cause: DisconnectCause,
+        detail: Option<&str>,
+    ) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        match conn.state {
+            ConnState::Connected { session } => {
+                if let DisconnectCause::ByServer(reason) = cause
+                    && conn.protocol == ProtocolVersion::V5
+                {
+                    let mut disconnect = Disconnect::new(reason);
+                    if self.config.reason_strings {
+                        disconnect.properties.reason_string = detail.map(str::to_owned);
+                    }
+                    self.send(conn_id, &Packet::Disconnect(disconnect));
+                }
+                self.finish_close(conn_id);
+                self.session_disconnected(session, conn_id, cause);
+            }
+            ConnState::Closed => {}
+            _ => {
+                let reason = match cause {
+                    DisconnectCause::ByServer(r) | DisconnectCause::ByClient(r) => r,
+                    DisconnectCause::ConnectionLost => ReasonCode::NORMAL_DISCONNECTION,
+                };
+                self.event(Event::ConnectionClosed {
+                    conn: conn_id,
+                    reason,
+                    detail: "closed before CONNECT completed",
+                });
+                self.finish_close(conn_id);
+            }
+        }
+    }
+
+    /// Flush what was written to the connection, tell the shell to close it, forget it.
+    fn finish_close(&mut self, conn_id: ConnId) {
+        if let Some(mut conn) = self.conns.remove(&conn_id) {
+            conn.state = ConnState::Closed;
+            self.timers
+                .remove(&(conn.connect_deadline, Timer::ConnectTimeout(conn_id)));
+            if let Some(at) = conn.keep_alive_timer {
+                self.timers.remove(&(at, Timer::KeepAlive(conn_id)));
+            }
+            if !conn.write_buf.is_empty() {
+                let data = conn.write_buf.split().freeze();
+                self.flush_dirty();
+                self.outputs.push_back(Output::Send {
+                    conn: conn_id,
+                    data,
+                });
+            }
+            self.outputs.push_back(Output::Close { conn: conn_id });
+        }
+    }
+
+    // ----- timers -----
+
+    fn on_timeout(&mut self) {
+        while let Some(&(at, timer)) = self.timers.first() {
+            if at > self.now {
+                break;
+            }
+            self.timers.pop_first();
+            self.fire(timer);
+        }
+    }
+
+    fn fire(&mut self, timer: Timer) {
+        match timer {
+            Timer::ConnectTimeout(conn) => {
+                if self.conns.get(&conn).is_some_and(|c| c.session().is_none()) {
+                    self.event(Event::ConnectionClosed {
+                        conn,
+                        reason: ReasonCode::MAXIMUM_CONNECT_TIME,
+                        detail: "no CONNECT within the connect timeout",
+                    });
+                    self.finish_close(conn);
+                }
+            }
+            Timer::KeepAlive(conn) => {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                c.keep_alive_timer = None;
+                let Some(deadline) = c.keep_alive_deadline() else {
+                    return;
+                };
+                if deadline <= self.now {
+                    self.close_conn(
+                        conn,
+                        DisconnectCause::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT),
+                    );
+                } else {
+                    c.keep_alive_timer = Some(deadline);
+                    self.timers.insert((deadline, Timer::KeepAlive(conn)));
+                }
+            }
+            Timer::Will {
+                session,
+                generation,
+            } => {
+                if self
+                    .session(session)
+                    .is_some_and(|s| s.generation == generation)
+                {
+                    self.publish_pending_will(session);
+                }
+            }
+            Timer::SessionExpiry {
+                session,
+                generation,
+            } => {
+                if self
+                    .session(session)
+                    .is_some_and(|s| s.generation == generation && s.conn.is_none())
+                {
+                    self.end_session(session);
+                }
+            }
+            Timer::RetainedExpiry => {
+                while let Some((at, topic)) = self.retained_expiry.first().cloned() {
+                    if at > self.now {
+                        break;
+                    }
+                    self.retained_expiry.pop_first();
+                    if self
+                        .retained
+                        .get(&topic)
+                        .is_some_and(|m| m.is_expired(self.now))
+                    {
+                        self.retained.remove(&topic);
+                        let key = persist::Key::Retained {
+                            topic: topic.to_string(),
+                        };
+                        self.persist(key.encode(), None);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! Records that make persistent sessions and retained messages survive a restart.
+//!
+//! The core decides what to store and emits it as [`Output::Persist`](super::Output::Persist);
+//! the shell stores the opaque key/value bytes and feeds them all back to
+//! [`Broker::restore`](super::Broker::restore). Keys start with a one-byte kind; client ids are
+//! length-prefixed so no separator can be forged. Values start with a format version byte.
+//!
+//! | key | value |
+//! |---|---|
+//! | `S` cid | session: protocol, expiry, username, disconnect time, will |
+//! | `U` cid filter | subscription options and identifier |
+//! | `Q` cid seq(u64 BE) | a queued or in-flight outgoing QoS 1/2 message |
+//! | `I` cid packet-id(u16 BE) | an incoming QoS 2 packet id waiting for PUBREL |
+//! | `R` topic | a retained message |
+
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::io::Timestamp;
+use super::message::{Delivery, Message};
+use super::session::{InflightState, SubscriptionEntry, Will};
+use crate::codec::{
+    self, Packet, ProtocolVersion, Publish, QoS, RetainHandling, SubscriptionOptions,
+};
+
+const FORMAT: u8 = 1;
+
+/// A record that could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unreadable {kind} record: {detail}")]
+pub struct RecordError {
+    pub kind: &'static str,
+    pub detail: &'static str,
+}
+
+fn err(kind: &'static str, detail: &'static str) -> RecordError {
+    RecordError { kind, detail }
+}
+
+/// A decoded record key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Key {
+    Session { client_id: String },
+    Subscription { client_id: String, filter: String },
+    Queued { client_id: String, seq: u64 },
+    Incoming { client_id: String, packet_id: u16 },
+    Retained { topic: String },
+}
+
+fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
+    let mut k = BytesMut::with_capacity(3 + client_id.len() + extra);
+    k.put_u8(kind);
+    // Client ids are bounded by Config::max_client_id_len, far below u16::MAX.
+    k.put_u16(u16::try_from(client_id.len()).unwrap_or(u16::MAX));
+    k.put_slice(client_id.as_bytes());
+    k
+}
+
+impl Key {
+    pub fn encode(&self) -> Bytes {
+        match self {
+            Key::Session { client_id } => with_client(b'S', client_id, 0).freeze(),
+            Key::Subscription { client_id, filter } => {
+                let mut k = with_client(b'U', client_id, filter.len());
+                k.put_slice(filter.as_bytes());
+                k.freeze()
+            }
+            Key::Queued { client_id, seq } => {
+                let mut k = with_client(b'Q', client_id, 8);
+                k.put_u64(*seq);
+                k.freeze()
+            }
+            Key::Incoming {
+                client_id,
+                packet_id,
+            } => {
+                let mut k = with_client(b'I', client_id, 2);
+                k.put_u16(*packet_id);
+                k.freeze()
+            }
+            Key::Retained { topic } => {
+                let mut k = BytesMut::with_capacity(1 + topic.len());
+                k.put_u8(b'R');
+                k.put_slice(topic.as_bytes());
+                k.freeze()
+            }
+        }
+    }
+
+    pub fn decode(mut k: &[u8]) -> Result<Key, RecordError> {
+        let e = |d| err("key", d);
+        if k.is_empty() {
+            return Err(e("empty key"));
+        }
+        let kind = k.get_u8();
+        if kind == b'R' {
+            let topic = String::from_utf8(k.to_vec()).map_err(|_| e("topic is not UTF-8"))?;
+            return Ok(Key::Retained { topic });
+        }
+        if k.len() < 2 {
+            return Err(e("truncated client id"));
+        }
+        let n = usize::from(k.get_u16());
+        if k.len() < n {
+            return Err(e("truncated client id"));
+        }
+        let client_id =
+            String::from_utf8(k[..n].to_vec()).map_err(|_| e("client id is not UTF-8"))?;
+        k.advance(n);
+        Ok(match kind {
+            b'S' if k.is_empty() => Key::Session { client_id },
+            b'U' => Key::Subscription {
+                client_id,
+                filter: String::from_utf8(k.to_vec()).map_err(|_| e("filter is not UTF-8"))?,
+            },
+            b'Q' if k.len() == 8 => Key::Queued {
+                client_id,
+                seq: k.get_u64(),
+            },
+            b'I' if k.len() == 2 => Key::Incoming {
+                client_id,
+                packet_id: k.get_u16(),
+            },
+            _ => return Err(e("unknown key kind")),
+        })
+    }
+}
+
+/// Reads values with bounds checks; every failure is a [`RecordError`].
+struct Reader<'a> {
+    kind: &'static str,
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn new(kind: &'static str, buf: &'a [u8]) -> Result<Self, RecordError> {
+        let mut r = Self { kind, buf };
+        if r.u8()? != FORMAT {
+            return Err(err(kind, "unknown format version"));
+        }
+        Ok(r)
+    }
+    fn need(&self, n: usize) -> Result<(), RecordError> {
+        if self.buf.len() < n {
+            Err(err(self.kind, "truncated"))
+        } else {
+            Ok(())
+        }
+    }
+    fn u8(&mut self) -> Result<u8, RecordError> {
+        self.need(1)?;
+        Ok(self.buf.get_u8())
+    }
+    fn u16(&mut self) -> Result<u16, RecordError> {
+        self.need(2)?;
+        Ok(self.buf.get_u16())
+    }
+    fn u32(&mut self) -> Result<u32, RecordError> {
+        self.need(4)?;
+        Ok(self.buf.get_u32())
+    }
+    fn u64(&mut self) -> Result<u64, RecordError> {
+        self.need(8)?;
+        Ok(self.buf.get_u64())
+    }
+    fn string(&mut self) -> Result<String, RecordError> {
+        let n = usize::from(self.u16()?);
+        self.need(n)?;
+        let s =
+            String::from_utf8(self.buf[..n].to_vec()).map_err(|_| err(self.kind, "not UTF-8"))?;
+        self.buf.advance(n);
+        Ok(s)
+    }
+    fn opt_string(&mut self) -> Result<Option<String>, RecordError> {
+        Ok(if self.u8()? == 1 {
+            Some(self.string()?)
+        } else {
+            None
+        })
+    }
+    fn qos(&mut self) -> Result<QoS, RecordError> {
+        QoS::from_u8(self.u8()?).ok_or(err(self.kind, "bad QoS"))
+    }
+    fn message(&mut self) -> Result<Message, RecordError> {
+        let expires_at = match self.u64()? {
+            0 => None,
+            ms => Some(Timestamp(ms)),
+        };
+        let mut frame = BytesMut::from(self.buf);
+        self.buf = &[];
+        match codec::decode(&mut frame, ProtocolVersion::V5, u32::MAX) {
+            Ok(Some(Packet::Publish(p))) if frame.is_empty() => Ok(Message {
+                topic: p.topic.into(),
+                payload: p.payload,
+                qos: p.qos,
+                retain: p.retain,
+                properties: p.properties,
+                expires_at,
+                origin: None,
+            }),
+            _ => Err(err(self.kind, "bad message")),
+        }
+    }
+}
+
+fn put_string(v: &mut BytesMut, s: &str) {
+    // Strings in records come from MQTT strings, at most 65,535 bytes.
+    v.put_u16(u16::try_from(s.len()).unwrap_or(u16::MAX));
+    v.put_slice(&s.as_bytes()[..s.len().min(usize::from(u16::MAX))]);
+}
+
+fn put_opt_string(v: &mut BytesMut, s: Option<&str>) {
+    match s {
+        Some(s) => {
+            v.put_u8(1);
+            put_string(v, s);
+        }
+        None => v.put_u8(0),
+    }
+}
+
+/// Appends the message as its expiry and an MQTT 5.0 PUBLISH frame (which carries every
+/// property). Messages in the broker were decoded from valid packets, so they re-encode.
+fn put_message(v: &mut BytesMut, m: &Message) {
+    v.put_u64(m.expires_at.map_or(0, |t| t.0.max(1)));
+    let publish = Packet::Publish(Publish {
+        dup: false,
+        qos: m.qos,
+        retain: m.retain,
+        topic: m.topic.to_string(),
+        packet_id: (m.qos != QoS::AtMostOnce).then_some(1),
+        payload: m.payload.clone(),
+        properties: m.properties.clone(),
+    });
+    let _ = codec::encode(&publish, ProtocolVersion::V5, v);
+}
+
+/// The persisted part of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SessionRecord {
+    pub protocol: ProtocolVersion,
+    pub expiry_secs: u32,
+    pub username: Option<String>,
+    /// `None` while connected (a crash then counts as a lost connection).
+    pub disconnected_at: Option<Timestamp>,
+    /// The connection's will (while connected) or the pending will and when it is due.
+    pub will: Option<(Will, Option<Timestamp>)>,
+}
+
+impl SessionRecord {
+    pub fn encode(&self) -> Bytes {
+        let mut v = BytesMut::with_capacity(32);
+        v.put_u8(FORMAT);
+        v.put_u8(self.protocol.level());
+        v.put_u32(self.expiry_secs);
+        put_opt_string(&mut v, self.username.as_deref());
+        v.put_u64(self.disconnected_at.map_or(0, |t| t.0.max(1)));
+        match &self.will {
+            None => v.put_u8(0),
+            Some((will, due)) => {
+                v.put_u8(1);
+                v.put_u32(will.delay_secs);
+                v.put_u64(due.map_or(0, |t| t.0.max(1)));
+                put_message(&mut v, &will.message);
+            }
+        }
+        v.freeze()
+    }
+
+    pub fn decode(value: &[u8]) -> Result<Self, RecordError> {
+        let mut r = Reader::new("session", value)?;
+        let protocol = match r.u8()? {
+            4 => ProtocolVersion::V311,
+            5 => ProtocolVersion::V5,
+            _ => return Err(err("session", "bad protocol level")),
+        };
+        let expiry_secs = r.u32()?;
+        let username = r.opt_string()?;
+        let disconnected_at = match r.u64()? {
+            0 => None,
+            ms => Some(Timestamp(ms)),
+        };
+        let will = if r.u8()? == 1 {
+            let delay_secs = r.u32()?;
+            let due = match r.u64()? {
+                0 => None,
+                ms => Some(Timestamp(ms)),
+            };
+            Some((
+                Will {
+                    message: r.message()?,
+                    delay_secs,
+                },
+                due,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            protocol,
+            expiry_secs,
+            username,
+            disconnected_at,
+            will,
+        })
+    }
+}
+
+pub(crate) fn encode_subscription(entry: &SubscriptionEntry) -> Bytes {
+    let mut v = BytesMut::with_capacity(7);
+    v.put_u8(FORMAT);
+    let o = entry.options;
+    v.put_u8(
+        o.qos as u8
+            | u8::from(o.no_local) << 2
+            | u8::from(o.retain_as_published) << 3
+            | (o.retain_handling as u8) << 4,
+    );
+    v.put_u32(entry.subscription_id.unwrap_or(0));
+    v.freeze()
+}
+
+pub(crate) fn decode_subscription(value: &[u8]) -> Result<SubscriptionEntry, RecordError> {
+    let mut r = Reader::new("subscription", value)?;
+    let b = r.u8()?;
+    let options = SubscriptionOptions {
+        qos: QoS::from_u8(b & 3).ok_or(err("subscription", "bad QoS"))?,
+        no_local: b & 4 != 0,
+        retain_as_published: b & 8 != 0,
+        retain_handling: match (b >> 4) & 3 {
+            0 => RetainHandling::OnSubscribe,
+            1 => RetainHandling::OnNewSubscribe,
+            _ => RetainHandling::Never,
+        },
+    };
+    let subscription_id = match r.u32()? {
+        0 => None,
+        id => Some(id),
+    };
+    Ok(SubscriptionEntry {
+        options,
+        subscription_id,
+    })
+}
+
+/// A queued (`packet_id: None`) or in-flight outgoing message.
+#[derive(Debug, Clone)]
+pub(crate) struct QueuedRecord {
+    pub inflight: Option<(u16, InflightState)>,
+    pub delivery: Delivery,
+}
+
+pub(crate) fn encode_queued(inflight: Option<(u16, InflightState)>, delivery: &Delivery) -> Bytes {
+    let mut v = BytesMut::with_capacity(64 + delivery.message.payload.len());
+    v.put_u8(FORMAT);
+    match inflight {
+        None => v.put_u8(0),
+        Some((_, InflightState::AwaitAck)) => v.put_u8(1),
+        Some((_, InflightState::AwaitComp)) => v.put_u8(2),
+    }
+    v.put_u16(inflight.map_or(0, |(id, _)| id));
+    v.put_u8(delivery.qos as u8);
+    v.put_u8(u8::from(delivery.retain));
+    put_opt_string(&mut v, delivery.shared.as_deref());
+    // At most one identifier per subscription, and subscriptions per client are bounded.
+    v.put_u16(u16::try_from(delivery.subscription_ids.len()).unwrap_or(u16::MAX));
+    for id in delivery.subscription_ids.iter().take(usize::from(u16::MAX)) {
+        v.put_u32(*id);
+    }
+    put_message(&mut v, &delivery.message);
+    v.freeze()
+}
+
+pub(crate) fn decode_queued(value: &[u8]) -> Result<QueuedRecord, RecordError> {
+    let mut r = Reader::new("queued message", value)?;
+    let state = r.u8()?;
+    let packet_id = r.u16()?;
+    let inflight = match state {
+        0 => None,
+        1 => Some((packet_id, InflightState::AwaitAck)),
+        2 => Some((packet_id, InflightState::AwaitComp)),
+        _ => return Err(err("queued message", "bad state")),
+    };
+    if inflight.is_some() && packet_id == 0 {
+        return Err(err("queued message", "packet id 0"));
+    }
+    let qos = r.qos()?;
+    let retain = r.u8()? == 1;
+    let shared = r.opt_string()?.map(Arc::from);
+    let n = r.u16()?;
+    let mut subscription_ids = Vec::with_capacity(usize::from(n).min(64));
+    for _ in 0..n {
+        subscription_ids.push(r.u32()?);
+    }
+    let message = Arc::new(r.message()?);
+    Ok(QueuedRecord {
+        inflight,
+        delivery: Delivery {
+            message,
+            qos,
+            retain,
+            subscription_ids,
+            shared,
+        },
+    })
+}
+
+pub(crate) fn encode_retained(m: &Message) -> Bytes {
+    let mut v = BytesMut::with_capacity(32 + m.payload.len());
+    v.put_u8(FORMAT);
+    put_message(&mut v, m);
+    v.freeze()
+}
+
+pub(crate) fn decode_retained(value: &[u8]) -> Result<Message, RecordError> {
+    Reader::new("retained message", value)?.message()
+}
+
+/// The flag byte of an empty record (incoming QoS 2 ids carry nothing but their key).
+pub(crate) fn marker() -> Bytes {
+    Bytes::from_static(&[FORMAT])
+}

@@ -1,0 +1,210 @@
+//! Rebuilding state from persisted records after a restart.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use super::io::{Event, Timestamp};
+use super::persist::{self, Key, QueuedRecord, RecordError, SessionRecord};
+use super::session::{Inflight, Queued};
+use super::subscriptions::Subscriber;
+use super::{Broker, Timer};
+use crate::topic::TopicFilter;
+
+/// What [`Broker::restore`] rebuilt, and the records it could not read (left in storage
+/// untouched so that nothing is lost silently; the shell should log them).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RestoreReport {
+    pub sessions: usize,
+    pub subscriptions: usize,
+    pub messages: usize,
+    pub retained: usize,
+    pub unreadable: Vec<(Bytes, RecordError)>,
+}
+
+impl Broker {
+    /// Feed back every record the shell stored, in any order, before accepting connections.
+    /// Sessions come back disconnected: their expiry runs from `now` (or from the recorded
+    /// disconnect), and a will of a connection that was open at the crash is treated as that of
+    /// a lost connection. Records that belong to nothing (e.g. the session record was already
+    /// deleted) are deleted through `Persist` outputs.
+    pub fn restore(
+        &mut self,
+        now: Timestamp,
+        records: impl IntoIterator<Item = (Bytes, Bytes)>,
+    ) -> RestoreReport {
+        self.advance(now);
+        let mut report = RestoreReport::default();
+        let mut sessions = BTreeMap::new();
+        let mut subscriptions = Vec::new();
+        let mut queued: BTreeMap<(String, u64), QueuedRecord> = BTreeMap::new();
+        let mut incoming = Vec::new();
+        for (key, value) in records {
+            let parsed = Key::decode(&key).and_then(|k| {
+                match k {
+                    Key::Session { client_id } => {
+                        sessions.insert(client_id, SessionRecord::decode(&value)?);
+                    }
+                    Key::Subscription { client_id, filter } => {
+                        let entry = persist::decode_subscription(&value)?;
+                        let filter =
+                            TopicFilter::new(filter.as_str()).map_err(|_| RecordError {
+                                kind: "subscription",
+                                detail: "invalid filter",
+                            })?;
+                        subscriptions.push((client_id, filter, entry));
+                    }
+                    Key::Queued { client_id, seq } => {
+                        queued.insert((client_id, seq), persist::decode_queued(&value)?);
+                    }
+                    Key::Incoming {
+                        client_id,
+                        packet_id,
+                    } => incoming.push((client_id, packet_id)),
+                    Key::Retained { topic } => {
+                        let message = persist::decode_retained(&value)?;
+                        if message.is_expired(self.now) {
+                            self.persist(key.clone(), None);
+                        } else {
+                            let message = std::sync::Arc::new(message);
+                            self.retained.insert(&topic, message.clone());
+                            self.arm_retained_expiry(&message);
+                            report.retained += 1;
+                        }
+                    }
+                }
+                Ok(())
+            });
+            if let Err(e) = parsed {
+                report.unreadable.push((key, e));
+            }
+        }
+
+        let mut due_wills = Vec::new();
+        for (client_id, record) in sessions {
+            let sid = self.new_session(&client_id, record.protocol);
+            let generation = self.next_generation();
+            let expires_at = (record.expiry_secs != u32::MAX).then(|| {
+                record
+                    .disconnected_at
+                    .unwrap_or(now)
+                    .plus_secs(record.expiry_secs)
+            });
+            let pending_will = record.will.map(|(will, due)| {
+                let due = due.unwrap_or_else(|| now.plus_secs(will.delay_secs));
+                (will, due)
+            });
+            // Just created.
+            let session = self.session_mut(sid).expect("session just created");
+            session.username = record.username;
+            session.expiry_secs = record.expiry_secs;
+            session.expires_at = expires_at;
+            session.generation = generation;
+            session.persisted = true;
+            if let Some((will, due)) = pending_will {
+                session.pending_will = Some((will, due));
+                due_wills.push((due, sid, generation));
+            }
+            if let Some(at) = expires_at {
+                self.timers.insert((
+                    at,
+                    Timer::SessionExpiry {
+                        session: sid,
+                        generation,
+                    },
+                ));
+            }
+            report.sessions += 1;
+        }
+
+        for (client_id, filter, entry) in subscriptions {
+            let Some(&sid) = self.by_client_id.get(client_id.as_str()) else {
+                let key = Key::Subscription {
+                    client_id,
+                    filter: filter.as_str().to_owned(),
+                };
+                self.persist(key.encode(), None);
+                continue;
+            };
+            let change = self.subs.insert(
+                &filter,
+                sid,
+                Subscriber {
+                    options: entry.options,
+                    subscription_id: entry.subscription_id,
+                },
+            );
+            if change.route_changed {
+                self.event(Event::RouteAdded {
+                    filter: filter.pattern().to_owned(),
+                });
+            }
+            if let Some(session) = self.session_mut(sid) {
+                session
+                    .subscriptions
+                    .insert(filter.as_str().to_owned(), entry);
+            }
+            report.subscriptions += 1;
+        }
+
+        for ((client_id, seq), record) in queued {
+            let Some(&sid) = self.by_client_id.get(client_id.as_str()) else {
+                self.persist(Key::Queued { client_id, seq }.encode(), None);
+                continue;
+            };
+            let Some(session) = self.session_mut(sid) else {
+                continue;
+            };
+            session.next_seq = session.next_seq.max(seq + 1);
+            match record.inflight {
+                Some((packet_id, state)) if session.inflight_position(packet_id).is_none() => {
+                    session.inflight.push_back(Inflight {
+                        packet_id,
+                        state,
+                        delivery: record.delivery,
+                        seq,
+                    });
+                }
+                _ => {
+                    session.queued_bytes += record.delivery.message.weight();
+                    session.queue.push_back(Queued {
+                        delivery: record.delivery,
+                        seq,
+                    });
+                }
+            }
+            report.messages += 1;
+        }
+
+        for (client_id, packet_id) in incoming {
+            match self.by_client_id.get(client_id.as_str()).copied() {
+                Some(sid) => {
+                    if let Some(s) = self.session_mut(sid) {
+                        s.incoming_qos2.insert(packet_id);
+                    }
+                }
+                None => self.persist(
+                    Key::Incoming {
+                        client_id,
+                        packet_id,
+                    }
+                    .encode(),
+                    None,
+                ),
+            }
+        }
+
+        for (due, sid, generation) in due_wills {
+            self.timers.insert((
+                due,
+                Timer::Will {
+                    session: sid,
+                    generation,
+                },
+            ));
+        }
+        // Wills and expiries already due fire now.
+        self.on_timeout();
+        report
+    }
+}

@@ -1,0 +1,130 @@
+//! Session state: what survives a connection (subscriptions, QoS 1/2 messages in flight and
+//! queued, incoming QoS 2 packet ids) for as long as the session lasts.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::io::{ConnId, Timestamp};
+use super::message::{Delivery, Message};
+use crate::codec::{ProtocolVersion, SubscriptionOptions};
+use std::sync::Arc;
+
+/// Index of a session in the broker's session table.
+pub(crate) type SessionId = u32;
+
+/// A subscription as the session remembers it (key: the full filter text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SubscriptionEntry {
+    pub options: SubscriptionOptions,
+    pub subscription_id: Option<u32>,
+}
+
+/// Where an outgoing QoS 1/2 message stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InflightState {
+    /// PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
+    AwaitAck,
+    /// PUBREL sent, waiting for PUBCOMP.
+    AwaitComp,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Inflight {
+    pub packet_id: u16,
+    pub state: InflightState,
+    pub delivery: Delivery,
+    /// Persistence key sequence, when the session is persistent.
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    pub delivery: Delivery,
+    pub seq: u64,
+}
+
+/// A will message waiting for its connection to end or its delay to pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Will {
+    pub message: Message,
+    pub delay_secs: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub client_id: Arc<str>,
+    pub username: Option<String>,
+    pub protocol: ProtocolVersion,
+    pub conn: Option<ConnId>,
+    /// Seconds the session outlives its connection; 0 ends it with the connection,
+    /// `u32::MAX` never expires.
+    pub expiry_secs: u32,
+    /// When a disconnected session expires.
+    pub expires_at: Option<Timestamp>,
+    pub subscriptions: BTreeMap<String, SubscriptionEntry>,
+    pub inflight: VecDeque<Inflight>,
+    pub queue: VecDeque<Queued>,
+    pub queued_bytes: usize,
+    /// Incoming QoS 2 packet ids PUBREC'd and waiting for PUBREL.
+    pub incoming_qos2: BTreeSet<u16>,
+    next_packet_id: u16,
+    pub next_seq: u64,
+    /// The will of the current connection.
+    pub will: Option<Will>,
+    /// A will whose connection ended, published at `pending_will_at` unless the client comes back.
+    pub pending_will: Option<(Will, Timestamp)>,
+    /// Bumped on every connect and disconnect so that stale timers are recognised.
+    pub generation: u64,
+    /// Whether records of this session may be in storage (so ending it must delete them).
+    pub persisted: bool,
+}
+
+impl Session {
+    pub fn new(client_id: Arc<str>, protocol: ProtocolVersion) -> Self {
+        Self {
+            client_id,
+            username: None,
+            protocol,
+            conn: None,
+            expiry_secs: 0,
+            expires_at: None,
+            subscriptions: BTreeMap::new(),
+            inflight: VecDeque::new(),
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            incoming_qos2: BTreeSet::new(),
+            next_packet_id: 1,
+            next_seq: 1,
+            will: None,
+            pending_will: None,
+            generation: 0,
+            persisted: false,
+        }
+    }
+
+    /// Persistent sessions outlive their connection and are written to storage.
+    pub fn is_persistent(&self) -> bool {
+        self.expiry_secs > 0
+    }
+
+    /// A packet id not used by any message in flight. The in-flight window is bounded by a
+    /// `u16` Receive Maximum, so a free id always exists.
+    pub fn allocate_packet_id(&mut self) -> u16 {
+        loop {
+            let id = self.next_packet_id;
+            self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
+            if !self.inflight.iter().any(|m| m.packet_id == id) {
+                return id;
+            }
+        }
+    }
+
+    pub fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    pub fn inflight_position(&self, packet_id: u16) -> Option<usize> {
+        self.inflight.iter().position(|m| m.packet_id == packet_id)
+    }
+}

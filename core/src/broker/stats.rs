@@ -1,0 +1,30 @@
+//! Counters the shell reads for metrics. Plain fields, no global state.
+
+/// Running totals and current sizes, read with [`crate::Broker::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub connections: usize,
+    pub sessions: usize,
+    pub subscriptions: usize,
+    pub retained_messages: usize,
+    /// Messages waiting in session queues (not yet in flight).
+    pub queued_messages: usize,
+    /// Messages sent and not yet acknowledged.
+    pub inflight_messages: usize,
+    pub packets_received: u64,
+    pub packets_sent: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    /// PUBLISH packets received from clients, by QoS.
+    pub messages_received: [u64; 3],
+    /// PUBLISH packets sent to clients, by QoS.
+    pub messages_sent: [u64; 3],
+    pub dropped_queue_full: u64,
+    pub dropped_too_large: u64,
+    pub dropped_expired: u64,
+    pub dropped_qos0_offline: u64,
+    pub dropped_not_authorized: u64,
+    pub dropped_retained_full: u64,
+    pub connects_refused: u64,
+    pub protocol_errors: u64,
+}

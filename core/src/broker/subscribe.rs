@@ -1,0 +1,235 @@
+//! SUBSCRIBE and UNSUBSCRIBE: per-filter reason codes, options, subscription identifiers,
+//! retained messages on subscribe.
+
+use std::sync::Arc;
+
+use super::io::{ConnId, Event};
+use super::message::{Delivery, Message};
+use super::persist::{self, Key};
+use super::session::{SessionId, SubscriptionEntry};
+use super::subscriptions::Subscriber;
+use super::{Broker, ClientRef};
+use crate::codec::{
+    Packet, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck,
+    Unsubscribe,
+};
+use crate::topic::TopicFilter;
+
+impl Broker {
+    pub(super) fn on_subscribe(&mut self, conn_id: ConnId, sid: SessionId, s: Subscribe) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        let v5 = conn.protocol == ProtocolVersion::V5;
+        let subscription_id = s.properties.subscription_identifier;
+        if subscription_id.is_some() && !self.config.subscription_identifiers_available {
+            return self.protocol_violation(
+                conn_id,
+                ReasonCode::SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                "subscription identifiers are not available",
+            );
+        }
+        let mut reasons = Vec::with_capacity(s.filters.len());
+        let mut retained_for: Vec<(TopicFilter, QoS, Option<u32>)> = Vec::new();
+        for f in s.filters {
+            let filter = match TopicFilter::with_limits(f.filter.as_str(), &self.topic_limits) {
+                Ok(filter) => filter,
+                Err(_) => {
+                    reasons.push(failure(v5, ReasonCode::TOPIC_FILTER_INVALID));
+                    continue;
+                }
+            };
+            if filter.shared_group().is_some() {
+                if f.options.no_local {
+                    return self.protocol_violation(
+                        conn_id,
+                        ReasonCode::PROTOCOL_ERROR,
+                        "No Local on a shared subscription",
+                    );
+                }
+                if !self.config.shared_subscription_available {
+                    reasons.push(failure(v5, ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED));
+                    continue;
+                }
+            }
+            if filter.has_wildcards() && !self.config.wildcard_subscription_available {
+                reasons.push(failure(
+                    v5,
+                    ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+                ));
+                continue;
+            }
+            let Some(session) = self.session(sid) else {
+                return;
+            };
+            let client = ClientRef {
+                client_id: &session.client_id,
+                username: session.username.as_deref(),
+            };
+            if !self.authorizer.may_subscribe(&client, &filter) {
+                reasons.push(failure(v5, ReasonCode::NOT_AUTHORIZED));
+                continue;
+            }
+            let exists = session.subscriptions.contains_key(filter.as_str());
+            if !exists && session.subscriptions.len() >= self.config.max_subscriptions_per_client {
+                reasons.push(failure(v5, ReasonCode::QUOTA_EXCEEDED));
+                continue;
+            }
+            let mut options = f.options;
+            options.qos = options.qos.min(self.config.maximum_qos);
+            if !v5 {
+                options = crate::codec::SubscriptionOptions {
+                    qos: options.qos,
+                    ..Default::default()
+                };
+            }
+            let entry = SubscriptionEntry {
+                options,
+                subscription_id,
+            };
+            let change = self.subs.insert(
+                &filter,
+                sid,
+                Subscriber {
+                    options,
+                    subscription_id,
+                },
+            );
+            if change.route_changed {
+                self.event(Event::RouteAdded {
+                    filter: filter.pattern().to_owned(),
+                });
+            }
+            let Some(session) = self.session_mut(sid) else {
+                return;
+            };
+            session
+                .subscriptions
+                .insert(filter.as_str().to_owned(), entry);
+            if session.is_persistent() {
+                session.persisted = true;
+                let key = Key::Subscription {
+                    client_id: session.client_id.to_string(),
+                    filter: filter.as_str().to_owned(),
+                };
+                self.persist(key.encode(), Some(persist::encode_subscription(&entry)));
+            }
+            let send_retained = filter.shared_group().is_none()
+                && match options.retain_handling {
+                    RetainHandling::OnSubscribe => true,
+                    RetainHandling::OnNewSubscribe => change.session_changed,
+                    RetainHandling::Never => false,
+                };
+            if send_retained {
+                retained_for.push((filter, options.qos, subscription_id));
+            }
+            reasons.push(ReasonCode(options.qos as u8));
+        }
+        let first_failure = reasons.iter().copied().find(|r| r.is_error());
+        let properties = first_failure
+            .map(|r| self.problem(conn_id, r))
+            .unwrap_or_default();
+        self.send(
+            conn_id,
+            &Packet::SubAck(SubAck {
+                packet_id: s.packet_id,
+                reasons,
+                properties,
+            }),
+        );
+        for (filter, qos, subscription_id) in retained_for {
+            self.send_retained(sid, &filter, qos, subscription_id);
+        }
+    }
+
+    /// Retained messages matching a new subscription, with the retain flag set.
+    fn send_retained(
+        &mut self,
+        sid: SessionId,
+        filter: &TopicFilter,
+        granted: QoS,
+        subscription_id: Option<u32>,
+    ) {
+        let now = self.now;
+        let mut matches: Vec<Arc<Message>> = Vec::new();
+        self.retained.for_each_match(filter.pattern(), |m| {
+            if !m.is_expired(now) {
+                matches.push(m.clone());
+            }
+        });
+        for message in matches {
+            let delivery = Delivery {
+                qos: message.qos.min(granted),
+                retain: true,
+                subscription_ids: subscription_id.into_iter().collect(),
+                shared: None,
+                message,
+            };
+            self.deliver(sid, delivery);
+        }
+    }
+
+    pub(super) fn on_unsubscribe(&mut self, conn_id: ConnId, sid: SessionId, u: Unsubscribe) {
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        let v5 = conn.protocol == ProtocolVersion::V5;
+        let mut reasons = Vec::with_capacity(u.filters.len());
+        for f in &u.filters {
+            let reason = if TopicFilter::with_limits(f.as_str(), &self.topic_limits).is_err() {
+                ReasonCode::TOPIC_FILTER_INVALID
+            } else if self.remove_subscription(sid, f) {
+                ReasonCode::SUCCESS
+            } else {
+                ReasonCode::NO_SUBSCRIPTION_EXISTED
+            };
+            reasons.push(reason);
+        }
+        if !v5 {
+            reasons.clear();
+        }
+        self.send(
+            conn_id,
+            &Packet::UnsubAck(UnsubAck {
+                packet_id: u.packet_id,
+                reasons,
+                properties: Default::default(),
+            }),
+        );
+    }
+
+    /// Remove one subscription of a session; true if it existed.
+    pub(super) fn remove_subscription(&mut self, sid: SessionId, filter_text: &str) -> bool {
+        let Some(session) = self.session_mut(sid) else {
+            return false;
+        };
+        if session.subscriptions.remove(filter_text).is_none() {
+            return false;
+        }
+        if session.persisted {
+            let key = Key::Subscription {
+                client_id: session.client_id.to_string(),
+                filter: filter_text.to_owned(),
+            };
+            self.persist(key.encode(), None);
+        }
+        if let Ok(filter) = TopicFilter::new(filter_text) {
+            let change = self.subs.remove(&filter, sid);
+            if change.route_changed {
+                self.event(Event::RouteRemoved {
+                    filter: filter.pattern().to_owned(),
+                });
+            }
+        }
+        true
+    }
+}
+
+/// A refusal code as the protocol version can say it (3.1.1 knows only 0x80).
+fn failure(v5: bool, reason: ReasonCode) -> ReasonCode {
+    if v5 {
+        reason
+    } else {
+        ReasonCode::UNSPECIFIED_ERROR
+    }
+}

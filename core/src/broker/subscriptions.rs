@@ -1,0 +1,235 @@
+//! Local subscriptions: a [`FilterTrie`] whose values hold the subscribers of each filter
+//! pattern, direct and by shared-subscription group.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::session::SessionId;
+use crate::codec::{QoS, SubscriptionOptions};
+use crate::topic::{FilterTrie, TopicFilter};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Subscriber {
+    pub options: SubscriptionOptions,
+    pub subscription_id: Option<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SharedGroup {
+    pub name: Arc<str>,
+    /// `$share/{name}/{pattern}`, as subscribed.
+    pub filter: Arc<str>,
+    pub members: BTreeMap<SessionId, Subscriber>,
+    /// Round-robin position (a `Cell` because matching only borrows the trie).
+    cursor: Cell<usize>,
+}
+
+/// The subscribers of one filter pattern.
+#[derive(Debug, Default)]
+pub(crate) struct FilterEntry {
+    pub direct: BTreeMap<SessionId, Subscriber>,
+    pub shared: Vec<SharedGroup>,
+}
+
+impl FilterEntry {
+    fn is_empty(&self) -> bool {
+        self.direct.is_empty() && self.shared.is_empty()
+    }
+}
+
+/// One session that should receive a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Recipient {
+    pub session: SessionId,
+    pub qos: QoS,
+    pub retain_as_published: bool,
+    pub subscription_ids: Vec<u32>,
+    pub shared: Option<Arc<str>>,
+}
+
+/// What a subscribe or unsubscribe changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Change {
+    /// Subscribe: no subscription of this session to this filter existed before.
+    /// Unsubscribe: one existed and was removed.
+    pub session_changed: bool,
+    /// The pattern went from no local subscriber to one (subscribe) or back (unsubscribe).
+    pub route_changed: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct SubscriptionIndex {
+    trie: FilterTrie<FilterEntry>,
+    count: usize,
+}
+
+impl SubscriptionIndex {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            trie: FilterTrie::new(seed),
+            count: 0,
+        }
+    }
+
+    /// Number of (session, filter) subscriptions.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn insert(&mut self, filter: &TopicFilter, session: SessionId, sub: Subscriber) -> Change {
+        let route_changed = self
+            .trie
+            .get(filter.pattern())
+            .is_none_or(FilterEntry::is_empty);
+        let entry = self.trie.entry(filter.pattern());
+        let previous = match filter.shared_group() {
+            None => entry.direct.insert(session, sub),
+            Some(name) => {
+                let group = match entry.shared.iter().position(|g| &*g.name == name) {
+                    Some(i) => &mut entry.shared[i],
+                    None => {
+                        entry.shared.push(SharedGroup {
+                            name: name.into(),
+                            filter: filter.as_str().into(),
+                            members: BTreeMap::new(),
+                            cursor: Cell::new(0),
+                        });
+                        // Just pushed, so the vector is not empty.
+                        entry.shared.last_mut().expect("group just pushed")
+                    }
+                };
+                group.members.insert(session, sub)
+            }
+        };
+        if previous.is_none() {
+            self.count += 1;
+        }
+        Change {
+            session_changed: previous.is_none(),
+            route_changed,
+        }
+    }
+
+    pub fn remove(&mut self, filter: &TopicFilter, session: SessionId) -> Change {
+        let Some(entry) = self.trie.get_mut(filter.pattern()) else {
+            return Change {
+                session_changed: false,
+                route_changed: false,
+            };
+        };
+        let removed = match filter.shared_group() {
+            None => entry.direct.remove(&session).is_some(),
+            Some(name) => match entry.shared.iter().position(|g| &*g.name == name) {
+                Some(i) => {
+                    let removed = entry.shared[i].members.remove(&session).is_some();
+                    if entry.shared[i].members.is_empty() {
+                        entry.shared.remove(i);
+                    }
+                    removed
+                }
+                None => false,
+            },
+        };
+        let now_empty = entry.is_empty();
+        if now_empty {
+            self.trie.remove(filter.pattern());
+        }
+        if removed {
+            self.count -= 1;
+        }
+        Change {
+            session_changed: removed,
+            route_changed: removed && now_empty,
+        }
+    }
+
+    /// Everyone who should receive a message on `topic`: one entry per session for its direct
+    /// subscriptions (overlaps merged: highest QoS, every subscription identifier), plus one per
+    /// matching shared group (a member chosen round-robin, connected members first).
+    /// `origin` is the publishing session, skipped by No Local subscriptions.
+    pub fn recipients(
+        &self,
+        topic: &str,
+        origin: Option<SessionId>,
+        is_connected: impl Fn(SessionId) -> bool,
+        out: &mut Vec<Recipient>,
+    ) {
+        out.clear();
+        let mut shared: Vec<Recipient> = Vec::new();
+        self.trie.for_each_match(topic, |entry| {
+            for (&session, sub) in &entry.direct {
+                if sub.options.no_local && origin == Some(session) {
+                    continue;
+                }
+                out.push(Recipient {
+                    session,
+                    qos: sub.options.qos,
+                    retain_as_published: sub.options.retain_as_published,
+                    subscription_ids: sub.subscription_id.into_iter().collect(),
+                    shared: None,
+                });
+            }
+            for group in &entry.shared {
+                if let Some((session, sub)) = pick_member(group, &is_connected) {
+                    shared.push(Recipient {
+                        session,
+                        qos: sub.options.qos,
+                        retain_as_published: sub.options.retain_as_published,
+                        subscription_ids: sub.subscription_id.into_iter().collect(),
+                        shared: Some(group.filter.clone()),
+                    });
+                }
+            }
+        });
+        if out.len() > 1 {
+            out.sort_by_key(|r| r.session);
+            out.dedup_by(|later, kept| {
+                if later.session != kept.session {
+                    return false;
+                }
+                kept.qos = kept.qos.max(later.qos);
+                kept.retain_as_published |= later.retain_as_published;
+                kept.subscription_ids.append(&mut later.subscription_ids);
+                true
+            });
+        }
+        out.append(&mut shared);
+    }
+
+    /// Another connected member of the shared group `filter` than `except`, for re-sending a
+    /// message `except` did not acknowledge.
+    pub fn other_shared_member(
+        &self,
+        filter: &TopicFilter,
+        except: SessionId,
+        is_connected: impl Fn(SessionId) -> bool,
+    ) -> Option<(SessionId, Subscriber)> {
+        let name = filter.shared_group()?;
+        let entry = self.trie.get(filter.pattern())?;
+        let group = entry.shared.iter().find(|g| &*g.name == name)?;
+        let (session, sub) = pick_member(group, &|s| s != except && is_connected(s))?;
+        (session != except && is_connected(session)).then_some((session, sub))
+    }
+}
+
+/// Round-robin over the group, preferring connected members; if none is connected the next
+/// member in turn gets the message (queued in its session).
+fn pick_member(
+    group: &SharedGroup,
+    is_connected: &impl Fn(SessionId) -> bool,
+) -> Option<(SessionId, Subscriber)> {
+    let n = group.members.len();
+    let start = group.cursor.get() % n.max(1);
+    let mut fallback = None;
+    for (k, (&session, sub)) in group.members.iter().enumerate().cycle().skip(start).take(n) {
+        if is_connected(session) {
+            group.cursor.set(k + 1);
+            return Some((session, *sub));
+        }
+        fallback.get_or_insert((k, session, *sub));
+    }
+    let (k, session, sub) = fallback?;
+    group.cursor.set(k + 1);
+    Some((session, sub))
+}

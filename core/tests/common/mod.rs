@@ -1,0 +1,367 @@
+//! A scripted world for broker tests: the broker, virtual time, and clients that speak through
+//! the real codec. Every output is applied the way a shell would apply it.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use bytes::{Bytes, BytesMut};
+use meridian_core::broker::{AuthOutcome, Authenticator, Authorizer};
+use meridian_core::codec::{
+    self, Ack, ConnAck, Connect, ConnectProperties, Packet, ProtocolVersion, Publish,
+    PublishProperties, QoS, ReasonCode, Subscribe, SubscribeFilter, SubscribeProperties,
+    SubscriptionOptions, Unsubscribe,
+};
+use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
+
+pub const V3: ProtocolVersion = ProtocolVersion::V311;
+pub const V5: ProtocolVersion = ProtocolVersion::V5;
+
+/// The broker plus everything a shell would keep: bytes per connection, storage, events.
+pub struct World {
+    pub broker: Broker,
+    pub config: Config,
+    pub now: u64,
+    pub inbox: HashMap<ConnId, BytesMut>,
+    /// Packets decoded but not yet handed to the test (what followed a CONNACK).
+    pub pending: HashMap<ConnId, Vec<Packet>>,
+    pub versions: HashMap<ConnId, ProtocolVersion>,
+    pub closed: HashSet<ConnId>,
+    pub store: BTreeMap<Bytes, Bytes>,
+    pub events: Vec<Event>,
+}
+
+impl World {
+    pub fn new() -> Self {
+        Self::with_config(Config::default())
+    }
+
+    pub fn with_config(config: Config) -> Self {
+        let broker = Broker::new(config.clone(), Timestamp(1_000_000));
+        Self::from_broker(broker, config, 1_000_000)
+    }
+
+    pub fn with_auth(
+        config: Config,
+        authn: Box<dyn Authenticator>,
+        authz: Box<dyn Authorizer>,
+    ) -> Self {
+        let broker = Broker::with_auth(config.clone(), Timestamp(1_000_000), authn, authz);
+        Self::from_broker(broker, config, 1_000_000)
+    }
+
+    fn from_broker(broker: Broker, config: Config, now: u64) -> Self {
+        Self {
+            broker,
+            config,
+            now,
+            inbox: HashMap::new(),
+            pending: HashMap::new(),
+            versions: HashMap::new(),
+            closed: HashSet::new(),
+            store: BTreeMap::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Simulate a crash and restart: a new broker restored from what was persisted.
+    pub fn restart(&mut self) {
+        let broker = Broker::new(self.config.clone(), Timestamp(self.now));
+        let old = std::mem::replace(&mut self.broker, broker);
+        drop(old);
+        self.inbox.clear();
+        self.pending.clear();
+        self.closed.clear();
+        let records: Vec<(Bytes, Bytes)> = self
+            .store
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let report = self.broker.restore(Timestamp(self.now), records);
+        assert!(
+            report.unreadable.is_empty(),
+            "unreadable records: {:?}",
+            report.unreadable
+        );
+        self.drain();
+    }
+
+    pub fn drain(&mut self) {
+        while let Some(out) = self.broker.poll_output() {
+            match out {
+                Output::Send { conn, data } => {
+                    assert!(
+                        !self.closed.contains(&conn),
+                        "bytes sent to closed connection {conn:?}"
+                    );
+                    self.inbox.entry(conn).or_default().extend_from_slice(&data);
+                }
+                Output::Close { conn } => {
+                    self.closed.insert(conn);
+                }
+                Output::Persist { key, value } => match value {
+                    Some(v) => {
+                        self.store.insert(key, v);
+                    }
+                    None => {
+                        self.store.remove(&key);
+                    }
+                },
+                Output::Event(e) => self.events.push(e),
+            }
+        }
+    }
+
+    pub fn accept(&mut self) -> ConnId {
+        let conn = self.broker.accept(Timestamp(self.now), ConnInfo::default());
+        self.drain();
+        conn
+    }
+
+    pub fn send_bytes(&mut self, conn: ConnId, data: &[u8]) {
+        self.broker
+            .handle_input(Timestamp(self.now), Input::Bytes { conn, data });
+        self.drain();
+    }
+
+    pub fn send(&mut self, conn: ConnId, packet: Packet) {
+        let version = self.versions.get(&conn).copied().unwrap_or(V5);
+        let mut buf = BytesMut::new();
+        codec::encode(&packet, version, &mut buf).expect("test packet encodes");
+        self.send_bytes(conn, &buf);
+    }
+
+    pub fn close(&mut self, conn: ConnId) {
+        self.broker
+            .handle_input(Timestamp(self.now), Input::Closed { conn });
+        self.closed.insert(conn);
+        self.drain();
+    }
+
+    /// Move virtual time forward, firing every timer on the way.
+    pub fn advance(&mut self, ms: u64) {
+        let target = self.now + ms;
+        while let Some(at) = self.broker.poll_timeout() {
+            if at.0 > target {
+                break;
+            }
+            self.now = self.now.max(at.0);
+            self.broker
+                .handle_input(Timestamp(self.now), Input::Timeout);
+            self.drain();
+        }
+        self.now = target;
+        self.broker
+            .handle_input(Timestamp(self.now), Input::Timeout);
+        self.drain();
+    }
+
+    /// Everything the client received since the last call, decoded.
+    pub fn recv(&mut self, conn: ConnId) -> Vec<Packet> {
+        let version = self.versions.get(&conn).copied().unwrap_or(V5);
+        let mut out = self.pending.remove(&conn).unwrap_or_default();
+        let Some(buf) = self.inbox.get_mut(&conn) else {
+            return out;
+        };
+        while let Some(p) = codec::decode(buf, version, u32::MAX).expect("broker output decodes") {
+            out.push(p);
+        }
+        assert!(buf.is_empty(), "partial packet left in client buffer");
+        out
+    }
+
+    pub fn is_closed(&self, conn: ConnId) -> bool {
+        self.closed.contains(&conn)
+    }
+
+    /// Connect a client and return its connection after checking CONNACK success.
+    pub fn connect(&mut self, version: ProtocolVersion, client_id: &str) -> ConnId {
+        self.connect_with(version, client_id, |_| {}).0
+    }
+
+    pub fn connect_with(
+        &mut self,
+        version: ProtocolVersion,
+        client_id: &str,
+        tweak: impl FnOnce(&mut Connect),
+    ) -> (ConnId, ConnAck) {
+        let conn = self.accept();
+        self.versions.insert(conn, version);
+        let mut c = connect_packet(version, client_id);
+        tweak(&mut c);
+        self.send(conn, Packet::Connect(c));
+        let mut packets = self.recv(conn);
+        let Some(Packet::ConnAck(ack)) = packets.first().cloned() else {
+            panic!("expected CONNACK, got {packets:?}");
+        };
+        packets.remove(0);
+        if !packets.is_empty() {
+            self.pending.insert(conn, packets);
+        }
+        (conn, ack)
+    }
+
+    pub fn subscribe(&mut self, conn: ConnId, filter: &str, qos: QoS) -> Vec<ReasonCode> {
+        self.subscribe_with(
+            conn,
+            filter,
+            SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+            None,
+        )
+    }
+
+    pub fn subscribe_with(
+        &mut self,
+        conn: ConnId,
+        filter: &str,
+        options: SubscriptionOptions,
+        id: Option<u32>,
+    ) -> Vec<ReasonCode> {
+        let packet_id = 4242;
+        self.send(
+            conn,
+            Packet::Subscribe(Subscribe {
+                packet_id,
+                filters: vec![SubscribeFilter {
+                    filter: filter.into(),
+                    options,
+                }],
+                properties: SubscribeProperties {
+                    subscription_identifier: id,
+                    ..Default::default()
+                },
+            }),
+        );
+        let packets = self.recv(conn);
+        match packets.first() {
+            Some(Packet::SubAck(ack)) => {
+                assert_eq!(ack.packet_id, packet_id);
+                ack.reasons.clone()
+            }
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+
+    /// Subscribe and return the SUBACK plus what followed it (retained messages).
+    pub fn subscribe_collect(
+        &mut self,
+        conn: ConnId,
+        filter: &str,
+        options: SubscriptionOptions,
+    ) -> Vec<Packet> {
+        self.send(
+            conn,
+            Packet::Subscribe(Subscribe {
+                packet_id: 7,
+                filters: vec![SubscribeFilter {
+                    filter: filter.into(),
+                    options,
+                }],
+                properties: SubscribeProperties::default(),
+            }),
+        );
+        self.recv(conn)
+    }
+
+    pub fn unsubscribe(&mut self, conn: ConnId, filter: &str) -> Vec<Packet> {
+        self.send(
+            conn,
+            Packet::Unsubscribe(Unsubscribe {
+                packet_id: 9,
+                filters: vec![filter.into()],
+                user_properties: vec![],
+            }),
+        );
+        self.recv(conn)
+    }
+
+    pub fn publish(
+        &mut self,
+        conn: ConnId,
+        topic: &str,
+        payload: &[u8],
+        qos: QoS,
+        retain: bool,
+        packet_id: u16,
+    ) {
+        self.send(
+            conn,
+            Packet::Publish(publish_packet(topic, payload, qos, retain, packet_id)),
+        );
+    }
+
+    /// Publishes received by a client (acks and other packets are dropped).
+    pub fn received_publishes(&mut self, conn: ConnId) -> Vec<Publish> {
+        self.recv(conn)
+            .into_iter()
+            .filter_map(|p| match p {
+                Packet::Publish(p) => Some(p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn ack(&mut self, conn: ConnId, p: &Publish) {
+        if p.qos == QoS::AtMostOnce {
+            return;
+        }
+        let id = p.packet_id.expect("QoS > 0 publish has an id");
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(conn, Packet::PubAck(Ack::new(id))),
+            QoS::ExactlyOnce => {
+                self.send(conn, Packet::PubRec(Ack::new(id)));
+                let rel = self.recv(conn);
+                assert!(
+                    rel.iter()
+                        .any(|p| matches!(p, Packet::PubRel(a) if a.packet_id == id)),
+                    "no PUBREL: {rel:?}"
+                );
+                self.send(conn, Packet::PubComp(Ack::new(id)));
+            }
+        }
+    }
+}
+
+pub fn connect_packet(version: ProtocolVersion, client_id: &str) -> Connect {
+    Connect {
+        protocol: version,
+        clean_start: true,
+        keep_alive: 0,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: ConnectProperties::default(),
+    }
+}
+
+pub fn publish_packet(
+    topic: &str,
+    payload: &[u8],
+    qos: QoS,
+    retain: bool,
+    packet_id: u16,
+) -> Publish {
+    Publish {
+        dup: false,
+        qos,
+        retain,
+        topic: topic.into(),
+        packet_id: (qos != QoS::AtMostOnce).then_some(packet_id),
+        payload: Bytes::copy_from_slice(payload),
+        properties: PublishProperties::default(),
+    }
+}
+
+/// An authenticator driven by a closure, for tests.
+pub struct FnAuth<F>(pub F);
+
+impl<F: FnMut(&meridian_core::broker::AuthRequest<'_>) -> AuthOutcome> Authenticator for FnAuth<F> {
+    fn authenticate(&mut self, r: &meridian_core::broker::AuthRequest<'_>) -> AuthOutcome {
+        (self.0)(r)
+    }
+}
