@@ -251,3 +251,24 @@ fn ending_a_session_deletes_its_records() {
         w.store.keys().collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn inflight_record_is_persisted_before_its_publish_is_sent() {
+    let mut w = World::new();
+    let s = w.connect_with(V5, "s", persistent).0;
+    w.subscribe(s, "f", QoS::ExactlyOnce);
+    let p = w.connect(V5, "p");
+    w.log.clear();
+    w.publish(p, "f", b"x", QoS::ExactlyOnce, false, 1);
+    let record = w
+        .log
+        .iter()
+        .position(|o| matches!(o, Output::Persist { key, value: Some(_) } if key[0] == b'Q'))
+        .expect("in-flight record");
+    let publish = w
+        .log
+        .iter()
+        .position(|o| matches!(o, Output::Send { conn, .. } if *conn == s))
+        .expect("PUBLISH");
+    assert!(record < publish, "{:?}", w.log);
+}

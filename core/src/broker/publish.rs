@@ -300,18 +300,22 @@ impl Broker {
         let packet_id = session.allocate_packet_id();
         let persistent = session.is_persistent();
         let client_id = session.client_id.to_string();
-        if !self.write_publish(conn, &delivery, Some(packet_id), false) {
+        if !self.fits_client(conn, &delivery, Some(packet_id)) {
             // Too large for this client: dropped, as if delivered.
+            self.stats.dropped_too_large += 1;
             if stored {
                 self.persist(Key::Queued { client_id, seq }.encode(), None);
             }
             return;
         }
+        // The record goes first: once the client may have the message, a restart must know
+        // its packet id, or a QoS 2 message could be delivered twice.
         if persistent {
             let value =
                 persist::encode_queued(Some((packet_id, InflightState::AwaitAck)), &delivery);
             self.persist(Key::Queued { client_id, seq }.encode(), Some(value));
         }
+        self.write_publish(conn, &delivery, Some(packet_id), false);
         if let Some(session) = self.session_mut(sid) {
             session.persisted |= persistent;
             session.inflight.push_back(Inflight {
@@ -338,30 +342,8 @@ impl Broker {
         };
         let msg = &delivery.message;
         let v5 = conn.protocol == ProtocolVersion::V5;
-        let mut out = OutgoingPublish {
-            dup,
-            qos: delivery.qos,
-            retain: delivery.retain,
-            topic: &msg.topic,
-            packet_id,
-            payload: &msg.payload,
-            properties: &msg.properties,
-            topic_alias: None,
-            message_expiry_interval: msg.remaining_expiry_secs(now).map(|s| s.max(1)),
-            subscription_identifiers: if v5 {
-                delivery.subscription_ids.as_slice()
-            } else {
-                &[]
-            },
-        };
-        let alias_room = if v5 && conn.outbound_aliases.maximum > 0 {
-            3
-        } else {
-            0
-        };
-        let fits = codec::publish_len(&out, conn.protocol)
-            .is_ok_and(|len| len + alias_room <= conn.client_max_packet as usize);
-        if !fits {
+        let mut out = outgoing(delivery, v5, now, packet_id, dup);
+        if !fits(&out, conn) {
             self.stats.dropped_too_large += 1;
             return false;
         }
@@ -389,6 +371,14 @@ impl Broker {
             self.dirty.push(conn_id);
         }
         true
+    }
+
+    /// Whether a PUBLISH of this delivery is within the client's Maximum Packet Size.
+    fn fits_client(&self, conn_id: ConnId, delivery: &Delivery, packet_id: Option<u16>) -> bool {
+        self.conns.get(&conn_id).is_some_and(|conn| {
+            let v5 = conn.protocol == ProtocolVersion::V5;
+            fits(&outgoing(delivery, v5, self.now, packet_id, false), conn)
+        })
     }
 
     /// Move queued messages into flight while the window has room.
@@ -585,4 +575,43 @@ impl Broker {
             self.deliver(other, delivery);
         }
     }
+}
+
+/// The PUBLISH a delivery becomes for one subscriber (before topic aliasing).
+fn outgoing(
+    delivery: &Delivery,
+    v5: bool,
+    now: super::Timestamp,
+    packet_id: Option<u16>,
+    dup: bool,
+) -> OutgoingPublish<'_> {
+    let msg = &delivery.message;
+    OutgoingPublish {
+        dup,
+        qos: delivery.qos,
+        retain: delivery.retain,
+        topic: &msg.topic,
+        packet_id,
+        payload: &msg.payload,
+        properties: &msg.properties,
+        topic_alias: None,
+        message_expiry_interval: msg.remaining_expiry_secs(now).map(|s| s.max(1)),
+        subscription_identifiers: if v5 {
+            delivery.subscription_ids.as_slice()
+        } else {
+            &[]
+        },
+    }
+}
+
+/// Whether the PUBLISH fits the client's Maximum Packet Size, leaving room for a topic alias
+/// property when aliases are in use (an alias never makes the packet larger than that).
+fn fits(out: &OutgoingPublish<'_>, conn: &super::connection::Connection) -> bool {
+    let alias_room = if conn.outbound_aliases.maximum > 0 {
+        3
+    } else {
+        0
+    };
+    codec::publish_len(out, conn.protocol)
+        .is_ok_and(|len| len + alias_room <= conn.client_max_packet as usize)
 }

@@ -29,6 +29,8 @@ pub struct World {
     pub closed: HashSet<ConnId>,
     pub store: BTreeMap<Bytes, Bytes>,
     pub events: Vec<Event>,
+    /// Every output in the order the broker gave it.
+    pub log: Vec<Output>,
 }
 
 impl World {
@@ -61,6 +63,7 @@ impl World {
             closed: HashSet::new(),
             store: BTreeMap::new(),
             events: Vec::new(),
+            log: Vec::new(),
         }
     }
 
@@ -88,6 +91,7 @@ impl World {
 
     pub fn drain(&mut self) {
         while let Some(out) = self.broker.poll_output() {
+            self.log.push(out.clone());
             match out {
                 Output::Send { conn, data } => {
                     assert!(
