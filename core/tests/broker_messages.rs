@@ -1031,3 +1031,163 @@ fn idle_broker_sets_no_deadline() {
         "keep-alive timer cancelled on close"
     );
 }
+
+#[test]
+fn shared_qos2_in_flight_stays_with_its_member_when_it_leaves() {
+    let mut w = World::new();
+    let persistent = |c: &mut meridian_core::codec::Connect| {
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(100);
+    };
+    let a = w.connect_with(V5, "a", persistent).0;
+    let b = w.connect(V5, "b");
+    w.subscribe(a, "$share/g/q2", QoS::ExactlyOnce);
+    w.subscribe(b, "$share/g/q2", QoS::ExactlyOnce);
+    let p = w.connect(V5, "p");
+    for i in 0..2u16 {
+        w.publish(p, "q2", &[i as u8], QoS::ExactlyOnce, false, i + 1);
+        w.recv(p);
+        w.send(p, Packet::PubRel(Ack::new(i + 1)));
+    }
+    let got_a = w.received_publishes(a);
+    assert_eq!(got_a.len(), 1);
+    let _ = w.received_publishes(b);
+    w.close(a);
+    assert!(
+        w.received_publishes(b).is_empty(),
+        "a QoS 2 message once sent is not handed over"
+    );
+    // a comes back and completes it, with the same packet id.
+    let a2 = w.connect_with(V5, "a", persistent).0;
+    let again = w.received_publishes(a2);
+    assert_eq!(again.len(), 1);
+    assert!(again[0].dup);
+    assert_eq!(again[0].packet_id, got_a[0].packet_id);
+}
+
+#[test]
+fn resumed_in_flight_messages_respect_the_new_receive_maximum() {
+    let mut w = World::new();
+    let s = w
+        .connect_with(V5, "s", |c| {
+            c.properties.session_expiry_interval = Some(100);
+            c.properties.receive_maximum = Some(10);
+        })
+        .0;
+    w.subscribe(s, "rm", QoS::AtLeastOnce);
+    let p = w.connect(V5, "p");
+    for i in 1..=6u16 {
+        w.publish(p, "rm", &[i as u8], QoS::AtLeastOnce, false, i);
+    }
+    assert_eq!(
+        w.received_publishes(s).len(),
+        6,
+        "all six in flight, none acknowledged"
+    );
+    w.close(s);
+    let s2 = w
+        .connect_with(V5, "s", |c| {
+            c.clean_start = false;
+            c.properties.session_expiry_interval = Some(100);
+            c.properties.receive_maximum = Some(2);
+        })
+        .0;
+    let first = w.received_publishes(s2);
+    assert_eq!(
+        first.iter().map(|p| p.payload[0]).collect::<Vec<_>>(),
+        vec![1, 2],
+        "window of 2"
+    );
+    assert!(first.iter().all(|p| p.dup));
+    w.ack(s2, &first[0]);
+    let next = w.received_publishes(s2);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].payload[0], 3);
+    assert!(next[0].dup, "re-sent with its packet id, as DUP");
+}
+
+#[test]
+fn full_queue_makes_room_by_dropping_expired_messages() {
+    let mut w = World::with_config(Config {
+        max_queued_messages: 2,
+        ..Config::default()
+    });
+    let s = w
+        .connect_with(V5, "s", |c| {
+            c.properties.session_expiry_interval = Some(100)
+        })
+        .0;
+    w.subscribe(s, "x", QoS::AtLeastOnce);
+    w.close(s);
+    let p = w.connect(V5, "p");
+    let mut short = publish_packet("x", b"short", QoS::AtLeastOnce, false, 1);
+    short.properties.message_expiry_interval = Some(1);
+    w.send(p, Packet::Publish(short));
+    w.publish(p, "x", b"keep", QoS::AtLeastOnce, false, 2);
+    w.advance(2_000);
+    w.publish(p, "x", b"new", QoS::AtLeastOnce, false, 3);
+    assert_eq!(w.broker.stats().dropped_queue_full, 0);
+    assert_eq!(w.broker.stats().dropped_expired, 1);
+    let s2 = w
+        .connect_with(V5, "s", |c| {
+            c.clean_start = false;
+            c.properties.session_expiry_interval = Some(100);
+        })
+        .0;
+    let got: Vec<Bytes> = w
+        .received_publishes(s2)
+        .into_iter()
+        .map(|p| p.payload)
+        .collect();
+    assert_eq!(
+        got,
+        vec![Bytes::from_static(b"keep"), Bytes::from_static(b"new")]
+    );
+}
+
+#[test]
+fn client_publish_with_subscription_identifier_is_a_protocol_error() {
+    let mut w = World::new();
+    let p = w.connect(V5, "p");
+    let mut msg = publish_packet("t", b"x", QoS::AtMostOnce, false, 0);
+    msg.properties.subscription_identifiers = vec![5];
+    w.send(p, Packet::Publish(msg));
+    assert!(
+        matches!(&w.recv(p)[..], [Packet::Disconnect(d)] if d.reason == ReasonCode::PROTOCOL_ERROR)
+    );
+}
+
+#[test]
+fn acks_lose_reason_strings_before_exceeding_client_maximum_packet_size() {
+    let mut w = World::new();
+    let s = w
+        .connect_with(V5, "s", |c| c.properties.maximum_packet_size = Some(16))
+        .0;
+    // The SUBACK's reason string would not fit in 16 bytes: it is dropped, the SUBACK is not.
+    let reasons = w.subscribe(s, "a/#/b", QoS::AtMostOnce);
+    assert_eq!(reasons, vec![ReasonCode::TOPIC_FILTER_INVALID]);
+}
+
+#[test]
+fn shell_published_messages_are_routed_and_validated() {
+    let mut w = World::new();
+    let s = w.connect(V5, "s");
+    w.subscribe(s, "sys/#", QoS::AtMostOnce);
+    let message = |topic: &str| meridian_core::broker::Message {
+        topic: topic.into(),
+        payload: Bytes::from_static(b"up"),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: Default::default(),
+        expires_at: None,
+        origin: None,
+    };
+    let now = meridian_core::Timestamp(w.now);
+    assert_eq!(w.broker.publish(now, message("sys/status")), Ok(1));
+    assert!(
+        w.broker.publish(now, message("sys/+")).is_err(),
+        "wildcards are not a topic name"
+    );
+    w.drain();
+    assert_eq!(w.received_publishes(s).len(), 1);
+}

@@ -272,3 +272,24 @@ fn inflight_record_is_persisted_before_its_publish_is_sent() {
         .expect("PUBLISH");
     assert!(record < publish, "{:?}", w.log);
 }
+
+#[test]
+fn repeated_restarts_do_not_extend_a_session_expiry() {
+    let mut w = World::new();
+    let _s = w.connect_with(V5, "s", |c| {
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(10);
+    });
+    w.restart(); // connected at the crash: disconnected now, expires in 10 s
+    w.advance(6_000);
+    w.restart();
+    w.advance(5_000);
+    let (_, ack) = w.connect_with(V5, "s", |c| {
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(10);
+    });
+    assert!(
+        !ack.session_present,
+        "expired 10 s after the first crash, not after the second"
+    );
+}

@@ -657,3 +657,122 @@ fn denied_subscribe_gets_0x87_on_v5_and_0x80_on_v311() {
         vec![ReasonCode::UNSPECIFIED_ERROR]
     );
 }
+
+#[test]
+fn pipelined_packets_wait_for_a_pending_authentication() {
+    let authn = FnAuth(|_: &meridian_core::broker::AuthRequest<'_>| AuthOutcome::Pending);
+    let mut w = World::with_auth(Config::default(), Box::new(authn), Box::new(AllowAll));
+    let conn = w.accept();
+    w.versions.insert(conn, V5);
+    // CONNECT, SUBSCRIBE and PINGREQ in one write, before any answer.
+    let mut bytes = bytes::BytesMut::new();
+    for packet in [
+        Packet::Connect(connect_packet(V5, "eager")),
+        Packet::PingReq,
+    ] {
+        meridian_core::codec::encode(&packet, V5, &mut bytes).unwrap();
+    }
+    w.send_bytes(conn, &bytes);
+    assert!(w.recv(conn).is_empty());
+    assert!(!w.is_closed(conn), "pipelining is not a protocol error");
+    let now = meridian_core::Timestamp(w.now);
+    w.broker.handle_input(
+        now,
+        meridian_core::Input::AuthDecision {
+            conn,
+            outcome: AuthOutcome::Allow { username: None },
+        },
+    );
+    w.drain();
+    let packets = w.recv(conn);
+    assert!(
+        matches!(&packets[..], [Packet::ConnAck(_), Packet::PingResp]),
+        "{packets:?}"
+    );
+}
+
+#[test]
+fn reauthentication_denial_with_a_connack_only_code_sends_a_valid_disconnect() {
+    let authn =
+        FnAuth(
+            |r: &meridian_core::broker::AuthRequest<'_>| match (r.method, r.reauthentication) {
+                (Some("M"), false) => AuthOutcome::Allow { username: None },
+                (Some("M"), true) => AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
+                _ => AuthOutcome::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD),
+            },
+        );
+    let mut w = World::with_auth(Config::default(), Box::new(authn), Box::new(AllowAll));
+    let (conn, ack) = w.connect_with(V5, "a", |c| {
+        c.properties.authentication_method = Some("M".into())
+    });
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    w.send(
+        conn,
+        Packet::Auth(Auth {
+            reason: ReasonCode::RE_AUTHENTICATE,
+            properties: AuthProperties {
+                authentication_method: Some("M".into()),
+                ..Default::default()
+            },
+        }),
+    );
+    // 0x86 is not a DISCONNECT reason code: the client is told 0x87 (not authorized).
+    assert!(
+        matches!(&w.recv(conn)[..], [Packet::Disconnect(d)] if d.reason == ReasonCode::NOT_AUTHORIZED)
+    );
+}
+
+#[test]
+fn disconnect_may_set_expiry_when_connect_asked_for_one_even_if_capped() {
+    let mut w = World::with_config(Config {
+        max_session_expiry_secs: 0,
+        ..Config::default()
+    });
+    let conn = w
+        .connect_with(V5, "a", |c| {
+            c.properties.session_expiry_interval = Some(100)
+        })
+        .0;
+    w.send(
+        conn,
+        Packet::Disconnect(Disconnect {
+            reason: ReasonCode::NORMAL_DISCONNECTION,
+            properties: DisconnectProperties {
+                session_expiry_interval: Some(100),
+                ..Default::default()
+            },
+        }),
+    );
+    assert!(w.recv(conn).is_empty(), "no protocol error");
+}
+
+#[test]
+fn session_cap_refuses_new_sessions_with_quota_exceeded() {
+    let mut w = World::with_config(Config {
+        max_sessions: 2,
+        ..Config::default()
+    });
+    w.connect(V5, "a");
+    w.connect(V5, "b");
+    let (conn, ack) = w.connect_with(V5, "c", |_| {});
+    assert_eq!(ack.reason, ReasonCode::QUOTA_EXCEEDED);
+    assert!(w.is_closed(conn));
+    let (_, ack) = w.connect_with(V5, "a", |_| {});
+    assert_eq!(
+        ack.reason,
+        ReasonCode::SUCCESS,
+        "an existing client id may take over"
+    );
+}
+
+#[test]
+fn response_information_is_a_valid_topic_prefix() {
+    let mut w = World::new();
+    let (_, ack) = w.connect_with(V5, "odd/id+#", |c| {
+        c.properties.request_response_information = Some(true)
+    });
+    assert_eq!(
+        ack.properties.response_information.as_deref(),
+        Some("response/odd_id__/")
+    );
+}

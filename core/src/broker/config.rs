@@ -5,15 +5,16 @@
 //! | limit | at the bound |
 //! |---|---|
 //! | `max_packet_size` | a larger incoming packet: DISCONNECT 0x95 (5.0) / close (3.1.1), checked from the fixed header before the body is buffered |
-//! | `receive_maximum` | one more unacknowledged incoming QoS 2 PUBLISH: DISCONNECT 0x93 |
+//! | `receive_maximum` | one more unacknowledged incoming QoS 2 PUBLISH: DISCONNECT 0x93 (3.1.1 clients, which have no Receive Maximum, are bounded the same way: the connection is closed) |
 //! | `max_inflight` | outgoing QoS 1/2 beyond min(this, client's Receive Maximum) wait in the session queue |
 //! | `max_queued_messages`, `max_queued_bytes` | the new message for that session is dropped and counted (`Stats::dropped_queue_full`) |
 //! | `max_subscriptions_per_client` | further new filters get SUBACK 0x97 (5.0) / 0x80 (3.1.1) |
 //! | `max_topic_len`, `max_topic_levels` | PUBLISH: PUBACK/PUBREC 0x90 (5.0) / close (3.1.1); SUBSCRIBE: per-filter 0x8F / 0x80 |
 //! | `max_client_id_len` | CONNACK 0x85 (5.0) / return code 2 (3.1.1) |
 //! | `connect_timeout_ms` | no CONNECT by then: the connection is closed |
-//! | `max_keep_alive_secs` | a larger (or zero) client keep alive is lowered to this; 5.0 clients are told via Server Keep Alive |
+//! | `max_keep_alive_secs` | a larger (or zero) keep alive of a 5.0 client is lowered to this and announced as Server Keep Alive; 3.1.1 clients cannot be told, so theirs is kept |
 //! | `max_session_expiry_secs` | a longer requested expiry is lowered and announced in CONNACK |
+//! | `max_sessions` | a CONNECT that would create one more session: CONNACK 0x97 (5.0) / return code 3 (3.1.1) |
 //! | `max_retained_messages` | a new retained topic beyond it is not stored (counted in `Stats::dropped_retained_full`); replacing or deleting still works |
 //! | `topic_alias_maximum` | a client alias above it: DISCONNECT 0x94 |
 
@@ -42,6 +43,8 @@ pub struct Config {
     pub max_keep_alive_secs: u16,
     /// Upper bound on a session's expiry interval; `u32::MAX` means sessions may never expire.
     pub max_session_expiry_secs: u32,
+    /// Sessions the broker holds at once, connected or not.
+    pub max_sessions: usize,
     /// Expiry for MQTT 3.1.1 sessions with Clean Session 0 (3.1.1 has no expiry of its own).
     pub v3_session_expiry_secs: u32,
     pub max_retained_messages: usize,
@@ -62,7 +65,9 @@ pub struct Config {
     pub response_topic_prefix: String,
     /// Prefix of client identifiers the broker assigns to clients that connect with an empty one.
     pub assigned_client_id_prefix: String,
-    /// Seed for everything the broker randomises (assigned client ids, hash seeds).
+    /// Seed for everything the broker randomises (assigned client ids, hash seeds). Shells
+    /// should pass a random value per process (the core cannot draw one), so that assigned
+    /// client ids differ across restarts and nodes; tests and the simulator pass a fixed one.
     pub seed: u64,
 }
 
@@ -80,8 +85,9 @@ impl Default for Config {
             max_client_id_len: 256,
             connect_timeout_ms: 10_000,
             max_keep_alive_secs: 0,
-            max_session_expiry_secs: u32::MAX,
-            v3_session_expiry_secs: u32::MAX,
+            max_session_expiry_secs: 7 * 24 * 3600,
+            max_sessions: 1_000_000,
+            v3_session_expiry_secs: 24 * 3600,
             max_retained_messages: 1_000_000,
             topic_alias_maximum: 64,
             outbound_topic_alias_maximum: 64,

@@ -8,7 +8,7 @@ use super::connection::{ConnState, OutboundAliases};
 use super::io::{ConnId, DisconnectCause, Event};
 use super::message::Message;
 use super::persist::{Key, SessionRecord};
-use super::session::{InflightState, Session, SessionId, Will};
+use super::session::{Session, SessionId, Will};
 use super::{AuthOutcome, AuthRequest, Broker, ClientRef, Timer};
 use crate::codec::{
     Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, Disconnect, LastWill, Packet,
@@ -194,6 +194,8 @@ impl Broker {
                     return;
                 };
                 self.apply_auth_outcome(conn_id, connect, method, assigned, outcome);
+                // Packets the client pipelined after CONNECT were held back: handle them now.
+                self.on_bytes(conn_id, &[]);
             }
             ConnState::Connected { session } => {
                 let session = *session;
@@ -204,6 +206,7 @@ impl Broker {
                             && let Some(s) = self.session_mut(session)
                         {
                             s.username = Some(name);
+                            self.persist_session_meta(session);
                         }
                         self.send(conn_id, &auth_packet(ReasonCode::SUCCESS, method, None));
                     }
@@ -224,6 +227,7 @@ impl Broker {
     /// Refuse a CONNECT: CONNACK with the reason (3.1.1: the nearest return code), then close.
     fn refuse(&mut self, conn_id: ConnId, client_id: Option<String>, reason: ReasonCode) {
         self.stats.connects_refused += 1;
+        let reason = super::connack_reason(reason);
         self.send(
             conn_id,
             &Packet::ConnAck(ConnAck {
@@ -282,6 +286,9 @@ impl Broker {
             );
         }
         let existing = self.by_client_id.get(connect.client_id.as_str()).copied();
+        if existing.is_none() && self.by_client_id.len() >= self.config.max_sessions {
+            return self.refuse(conn_id, Some(connect.client_id), ReasonCode::QUOTA_EXCEEDED);
+        }
         let (sid, session_present) = match existing {
             Some(sid) if !connect.clean_start => (sid, true),
             Some(sid) => {
@@ -305,14 +312,17 @@ impl Broker {
             self.config.v3_session_expiry_secs
         };
         let expiry = requested_expiry.min(self.config.max_session_expiry_secs);
+        // MQTT 3.1.1 cannot tell a client to use another keep alive, so only 5.0 clients get
+        // the server's maximum imposed (and announced as Server Keep Alive).
         let mut keep_alive = connect.keep_alive;
         let max_ka = self.config.max_keep_alive_secs;
-        let server_keep_alive =
-            (max_ka > 0 && (keep_alive == 0 || keep_alive > max_ka)).then(|| {
+        let server_keep_alive = (v5 && max_ka > 0 && (keep_alive == 0 || keep_alive > max_ka))
+            .then(|| {
                 keep_alive = max_ka;
                 max_ka
             });
 
+        self.cancel_session_timers(sid);
         let generation = self.next_generation();
         let had_records;
         {
@@ -325,6 +335,7 @@ impl Broker {
             session.username = username.clone();
             session.expiry_secs = expiry;
             session.expires_at = None;
+            session.disconnected_at = None;
             session.generation = generation;
             session.pending_will = None;
             session.will = will;
@@ -354,6 +365,13 @@ impl Broker {
         );
         conn.problem_information = props.request_problem_information.unwrap_or(true);
         conn.auth_method = method.clone();
+        conn.expiry_requested_zero = requested_expiry == 0;
+        let max_packet_size = conn
+            .info
+            .max_packet_size
+            .map_or(self.config.max_packet_size, |m| {
+                m.min(self.config.max_packet_size)
+            });
 
         let c = &self.config;
         let properties = if v5 {
@@ -362,7 +380,7 @@ impl Broker {
                 receive_maximum: Some(c.receive_maximum),
                 maximum_qos: (c.maximum_qos != QoS::ExactlyOnce).then_some(c.maximum_qos),
                 retain_available: (!c.retain_available).then_some(false),
-                maximum_packet_size: Some(c.max_packet_size),
+                maximum_packet_size: Some(max_packet_size),
                 assigned_client_identifier: assigned.then(|| connect.client_id.clone()),
                 topic_alias_maximum: (c.topic_alias_maximum > 0).then_some(c.topic_alias_maximum),
                 wildcard_subscription_available: (!c.wildcard_subscription_available)
@@ -372,7 +390,7 @@ impl Broker {
                 shared_subscription_available: (!c.shared_subscription_available).then_some(false),
                 server_keep_alive,
                 response_information: (props.request_response_information == Some(true))
-                    .then(|| format!("{}{}/", c.response_topic_prefix, connect.client_id)),
+                    .then(|| response_information(&c.response_topic_prefix, &connect.client_id)),
                 authentication_method: method,
                 ..ConnAckProperties::default()
             }
@@ -428,42 +446,49 @@ impl Broker {
 
     /// A session resumed on a new connection: re-send what was in flight (PUBLISH with DUP,
     /// or PUBREL), in the original order, then whatever waits in the queue.
-    fn resume(&mut self, sid: SessionId, conn_id: ConnId) {
-        let Some(session) = self.session(sid) else {
-            return;
-        };
-        let pending: Vec<(u16, InflightState)> = session
-            .inflight
-            .iter()
-            .map(|m| (m.packet_id, m.state))
-            .collect();
-        for (packet_id, state) in pending {
-            match state {
-                InflightState::AwaitAck => {
-                    let Some(session) = self.session(sid) else {
-                        return;
-                    };
-                    let Some(pos) = session.inflight_position(packet_id) else {
-                        continue;
-                    };
-                    let delivery = session.inflight[pos].delivery.clone();
-                    self.write_publish(conn_id, &delivery, Some(packet_id), true);
-                }
-                InflightState::AwaitComp => {
-                    self.send(conn_id, &Packet::PubRel(crate::codec::Ack::new(packet_id)));
-                }
-            }
-        }
+    /// `pump` re-sends in-flight entries (as the new Receive Maximum allows) before the queue.
+    fn resume(&mut self, sid: SessionId, _conn_id: ConnId) {
         self.pump(sid);
+    }
+
+    /// Forget the expiry and will timers of the session's current generation.
+    fn cancel_session_timers(&mut self, sid: SessionId) {
+        let Some(s) = self.session(sid) else { return };
+        let generation = s.generation;
+        let expiry = s.expires_at.map(|at| {
+            (
+                at,
+                Timer::SessionExpiry {
+                    session: sid,
+                    generation,
+                },
+            )
+        });
+        let will = s.pending_will.as_ref().map(|(_, due)| {
+            (
+                *due,
+                Timer::Will {
+                    session: sid,
+                    generation,
+                },
+            )
+        });
+        for timer in [expiry, will].into_iter().flatten() {
+            self.timers.remove(&timer);
+        }
     }
 
     pub(super) fn on_disconnect(&mut self, conn_id: ConnId, sid: SessionId, d: Disconnect) {
         if let Some(expiry) = d.properties.session_expiry_interval {
             let max_expiry = self.config.max_session_expiry_secs;
+            let requested_zero = self
+                .conns
+                .get(&conn_id)
+                .is_some_and(|c| c.expiry_requested_zero);
             let Some(session) = self.session_mut(sid) else {
                 return;
             };
-            if session.expiry_secs == 0 && expiry != 0 {
+            if requested_zero && expiry != 0 {
                 return self.protocol_violation(
                     conn_id,
                     ReasonCode::PROTOCOL_ERROR,
@@ -495,6 +520,10 @@ impl Broker {
         }
         session.conn = None;
         session.generation = generation;
+        session.disconnected_at = Some(now);
+        for m in session.inflight.iter_mut() {
+            m.sent = false;
+        }
         let client_id = session.client_id.to_string();
         let will = session.will.take().filter(|_| cause.publishes_will());
         let expiry = session.expiry_secs;
@@ -522,7 +551,7 @@ impl Broker {
                 ));
             }
         }
-        self.hand_over_shared(sid);
+        self.hand_over_shared(sid, false);
         if expiry == 0 {
             self.end_session(sid);
         } else {
@@ -558,7 +587,8 @@ impl Broker {
 
     /// The session ends: subscriptions go, a pending will is published, records are deleted.
     pub(super) fn end_session(&mut self, sid: SessionId) {
-        self.hand_over_shared(sid);
+        self.hand_over_shared(sid, true);
+        self.cancel_session_timers(sid);
         let Some(session) = self.session_mut(sid) else {
             return;
         };
@@ -584,7 +614,6 @@ impl Broker {
     // ----- persistence of session state -----
 
     pub(super) fn persist_session_meta(&mut self, sid: SessionId) {
-        let now = self.now;
         let Some(s) = self.session_mut(sid) else {
             return;
         };
@@ -597,7 +626,7 @@ impl Broker {
             protocol: s.protocol,
             expiry_secs: s.expiry_secs,
             username: s.username.clone(),
-            disconnected_at: s.conn.is_none().then_some(now),
+            disconnected_at: s.disconnected_at,
             will: match (&s.will, &s.pending_will) {
                 (Some(w), _) => Some((w.clone(), None)),
                 (None, Some((w, due))) => Some((w.clone(), Some(*due))),
@@ -682,4 +711,14 @@ fn will_from(w: &LastWill) -> Will {
         },
         delay_secs: p.will_delay_interval.unwrap_or(0),
     }
+}
+
+/// Response Information for a client: the configured prefix and the client id, with characters
+/// that cannot stand in a topic level ('/', '+', '#') replaced, and a trailing '/'.
+fn response_information(prefix: &str, client_id: &str) -> String {
+    let level: String = client_id
+        .chars()
+        .map(|c| if matches!(c, '/' | '+' | '#') { '_' } else { c })
+        .collect();
+    format!("{prefix}{level}/")
 }

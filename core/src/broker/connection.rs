@@ -52,6 +52,8 @@ pub(crate) struct Connection {
     pub outbound_aliases: OutboundAliases,
     /// Authentication method agreed at CONNECT (for re-authentication).
     pub auth_method: Option<String>,
+    /// CONNECT asked for no session expiry: DISCONNECT may then not set one (MQTT-3.14.2-2).
+    pub expiry_requested_zero: bool,
 }
 
 impl Connection {
@@ -73,6 +75,7 @@ impl Connection {
             inbound_aliases: InboundAliases::default(),
             outbound_aliases: OutboundAliases::default(),
             auth_method: None,
+            expiry_requested_zero: true,
         }
     }
 
@@ -122,17 +125,6 @@ pub(crate) struct OutboundAliases {
     next_victim: u16,
 }
 
-/// How to send a topic to the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AliasUse {
-    /// No alias.
-    None,
-    /// The client knows this alias: send an empty topic and the alias.
-    Known(u16),
-    /// Send the topic and the alias, which the client will remember.
-    New(u16),
-}
-
 impl OutboundAliases {
     pub fn with_maximum(maximum: u16) -> Self {
         Self {
@@ -141,13 +133,14 @@ impl OutboundAliases {
         }
     }
 
-    pub fn lookup(&mut self, topic: &Arc<str>) -> AliasUse {
-        if self.maximum == 0 {
-            return AliasUse::None;
-        }
-        if let Some(&alias) = self.by_topic.get(topic) {
-            return AliasUse::Known(alias);
-        }
+    /// The alias the client already knows for this topic.
+    pub fn known(&self, topic: &str) -> Option<u16> {
+        self.by_topic.get(topic).copied()
+    }
+
+    /// Give the topic an alias: a free one while there are, then reuse them in round-robin
+    /// order. The client learns it from the PUBLISH that carries topic and alias together.
+    pub fn assign(&mut self, topic: &Arc<str>) -> u16 {
         let alias = if self.by_alias.len() < usize::from(self.maximum) {
             self.by_alias.push(topic.clone());
             // by_alias.len() <= maximum, a u16.
@@ -161,6 +154,6 @@ impl OutboundAliases {
             alias
         };
         self.by_topic.insert(topic.clone(), alias);
-        AliasUse::New(alias)
+        alias
     }
 }

@@ -85,6 +85,8 @@ pub struct Broker {
     retained: TopicTree<Arc<Message>>,
     /// Retained messages with an expiry, by deadline (entries of replaced messages are skipped).
     retained_expiry: BTreeSet<(Timestamp, Arc<str>)>,
+    /// When the one `RetainedExpiry` timer is armed.
+    retained_timer: Option<Timestamp>,
     outputs: VecDeque<Output>,
     /// Connections with bytes in their write buffer, in the order they were first written.
     dirty: Vec<ConnId>,
@@ -136,6 +138,7 @@ impl Broker {
             subs: SubscriptionIndex::new(seed ^ 2),
             retained: TopicTree::new(seed ^ 3),
             retained_expiry: BTreeSet::new(),
+            retained_timer: None,
             outputs: VecDeque::new(),
             dirty: Vec::new(),
             timers: BTreeSet::new(),
@@ -270,9 +273,15 @@ impl Broker {
 
     /// Publish a message from the shell itself (system topics, bridges, embedding apps).
     /// Returns the number of sessions it was delivered or queued to.
-    pub fn publish(&mut self, now: Timestamp, message: Message) -> usize {
+    /// A message with an invalid topic name is refused.
+    pub fn publish(
+        &mut self,
+        now: Timestamp,
+        message: Message,
+    ) -> Result<usize, topic::TopicError> {
         self.advance(now);
-        self.publish_message(message)
+        topic::TopicName::with_limits(&*message.topic, &self.topic_limits)?;
+        Ok(self.publish_message(message))
     }
 
     fn advance(&mut self, now: Timestamp) {
@@ -349,9 +358,24 @@ impl Broker {
     }
 
     /// Encode a packet into a connection's write buffer.
+    /// Packets larger than the client's Maximum Packet Size lose their Reason String and User
+    /// Properties first, and are not sent if still too large (MQTT-3.1.2-24, -25).
     fn send(&mut self, conn_id: ConnId, packet: &Packet) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;
+        };
+        let max = conn.client_max_packet as usize;
+        let too_large = |p: &Packet| codec::encoded_len(p, conn.protocol).is_ok_and(|n| n > max);
+        let stripped;
+        let packet = if too_large(packet) {
+            stripped = without_problem_properties(packet);
+            if too_large(&stripped) {
+                self.stats.dropped_too_large += 1;
+                return;
+            }
+            &stripped
+        } else {
+            packet
         };
         let before = conn.write_buf.len();
         if codec::encode(packet, conn.protocol, &mut conn.write_buf).is_err() {
@@ -385,6 +409,11 @@ impl Broker {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 return;
             };
+            if matches!(conn.state, ConnState::Authenticating { method: None, .. }) {
+                // A decision is pending: packets pipelined after CONNECT wait in the read
+                // buffer (bounded by the packet size limit per packet) until it comes.
+                return;
+            }
             let limit = conn.info.max_packet_size.map_or(max, |m| m.min(max));
             match codec::decode(&mut conn.read_buf, conn.protocol, limit) {
                 Ok(None) => return,
@@ -507,7 +536,7 @@ impl Broker {
                 if let DisconnectCause::ByServer(reason) = cause
                     && conn.protocol == ProtocolVersion::V5
                 {
-                    let mut disconnect = Disconnect::new(reason);
+                    let mut disconnect = Disconnect::new(disconnect_reason(reason));
                     if self.config.reason_strings {
                         disconnect.properties.reason_string = detail.map(str::to_owned);
                     }
@@ -618,6 +647,7 @@ impl Broker {
                 }
             }
             Timer::RetainedExpiry => {
+                self.retained_timer = None;
                 while let Some((at, topic)) = self.retained_expiry.first().cloned() {
                     if at > self.now {
                         break;
@@ -635,7 +665,53 @@ impl Broker {
                         self.persist(key.encode(), None);
                     }
                 }
+                self.rearm_retained_timer();
             }
         }
     }
+}
+
+/// A reason the server may put in DISCONNECT (MQTT 5.0 §3.14.2.1); others (e.g. an
+/// authenticator's 0x86 on re-authentication) become 0x87, or 0x82 for protocol trouble.
+fn disconnect_reason(reason: ReasonCode) -> ReasonCode {
+    match reason.0 {
+        0x00 | 0x80..=0x83 | 0x87 | 0x89 | 0x8B | 0x8D..=0x90 | 0x93..=0xA2 => reason,
+        0x84 | 0x85 | 0x91 | 0x92 => ReasonCode::PROTOCOL_ERROR,
+        _ => ReasonCode::NOT_AUTHORIZED,
+    }
+}
+
+/// A reason CONNACK may carry (MQTT 5.0 §3.2.2.2); others become 0x87.
+pub(crate) fn connack_reason(reason: ReasonCode) -> ReasonCode {
+    match reason.0 {
+        0x00 | 0x80..=0x8A | 0x8C | 0x90 | 0x95 | 0x97 | 0x99..=0x9D | 0x9F => reason,
+        _ => ReasonCode::NOT_AUTHORIZED,
+    }
+}
+
+/// The packet without Reason String and User Properties, for a client with a small Maximum
+/// Packet Size.
+fn without_problem_properties(packet: &Packet) -> Packet {
+    let mut p = packet.clone();
+    match &mut p {
+        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
+            a.properties = codec::ReasonProperties::default();
+        }
+        Packet::SubAck(a) => a.properties = codec::ReasonProperties::default(),
+        Packet::UnsubAck(a) => a.properties = codec::ReasonProperties::default(),
+        Packet::Disconnect(d) => {
+            d.properties.reason_string = None;
+            d.properties.user_properties.clear();
+        }
+        Packet::Auth(a) => {
+            a.properties.reason_string = None;
+            a.properties.user_properties.clear();
+        }
+        Packet::ConnAck(c) => {
+            c.properties.reason_string = None;
+            c.properties.user_properties.clear();
+        }
+        _ => {}
+    }
+    p
 }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use super::connection::AliasUse;
 use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
@@ -77,6 +76,24 @@ impl Broker {
             }
         }
 
+        if !p.properties.subscription_identifiers.is_empty() {
+            return self.protocol_violation(
+                conn_id,
+                ReasonCode::PROTOCOL_ERROR,
+                "a client PUBLISH cannot carry a subscription identifier",
+            );
+        }
+        if p.properties
+            .response_topic
+            .as_deref()
+            .is_some_and(|t| t.contains(['+', '#']))
+        {
+            return self.protocol_violation(
+                conn_id,
+                ReasonCode::PROTOCOL_ERROR,
+                "response topic contains wildcards",
+            );
+        }
         let reason = self.check_publish(sid, &p);
         if reason == Some(ReasonCode::TOPIC_NAME_INVALID) && !v5 {
             // 3.1.1 has no way to refuse a PUBLISH but closing the connection.
@@ -96,6 +113,9 @@ impl Broker {
                 expires_at: None,
                 origin: Some(sid),
             };
+            // Route first: the subscribers' records must exist before the marker that makes a
+            // re-sent PUBLISH count as already delivered.
+            self.publish_message(message);
             if p.qos == QoS::ExactlyOnce {
                 let Some(session) = self.session_mut(sid) else {
                     return;
@@ -109,7 +129,6 @@ impl Broker {
                     self.persist(key.encode(), Some(persist::marker()));
                 }
             }
-            self.publish_message(message);
         }
         // 3.1.1 clients whose message was refused still get a normal acknowledgement (the
         // message is dropped), so that they do not re-send it forever.
@@ -176,7 +195,8 @@ impl Broker {
         }
         .encode();
         if message.payload.is_empty() {
-            if self.retained.remove(&message.topic).is_some() {
+            if let Some(old) = self.retained.remove(&message.topic) {
+                self.forget_retained_expiry(&old);
                 self.persist(key, None);
             }
             return;
@@ -187,7 +207,9 @@ impl Broker {
             self.stats.dropped_retained_full += 1;
             return;
         }
-        self.retained.insert(&message.topic, message.clone());
+        if let Some(old) = self.retained.insert(&message.topic, message.clone()) {
+            self.forget_retained_expiry(&old);
+        }
         self.arm_retained_expiry(message);
         self.persist(key, Some(persist::encode_retained(message)));
     }
@@ -196,7 +218,28 @@ impl Broker {
     pub(super) fn arm_retained_expiry(&mut self, message: &Arc<Message>) {
         if let Some(at) = message.expires_at {
             self.retained_expiry.insert((at, message.topic.clone()));
-            self.timers.insert((at, super::Timer::RetainedExpiry));
+            self.rearm_retained_timer();
+        }
+    }
+
+    fn forget_retained_expiry(&mut self, old: &Arc<Message>) {
+        if let Some(at) = old.expires_at {
+            self.retained_expiry.remove(&(at, old.topic.clone()));
+            self.rearm_retained_timer();
+        }
+    }
+
+    /// One timer, at the earliest retained expiry.
+    pub(super) fn rearm_retained_timer(&mut self) {
+        let next = self.retained_expiry.first().map(|(at, _)| *at);
+        if next != self.retained_timer {
+            if let Some(at) = self.retained_timer {
+                self.timers.remove(&(at, super::Timer::RetainedExpiry));
+            }
+            if let Some(at) = next {
+                self.timers.insert((at, super::Timer::RetainedExpiry));
+            }
+            self.retained_timer = next;
         }
     }
 
@@ -253,17 +296,26 @@ impl Broker {
         if let Some(conn) = conn
             && session.queue.is_empty()
             && session.inflight.len() < window
+            && session.first_unsent().is_none()
         {
             let seq = self.session_mut(sid).map_or(0, |s| s.take_seq());
             self.send_inflight(sid, conn, delivery, seq, false);
             return;
         }
         let weight = delivery.message.weight();
-        if session.queue.len() >= self.config.max_queued_messages
-            || session.queued_bytes + weight > self.config.max_queued_bytes
-        {
-            self.stats.dropped_queue_full += 1;
-            return;
+        let full = |s: &super::session::Session, c: &super::Config| {
+            s.queue.len() >= c.max_queued_messages || s.queued_bytes + weight > c.max_queued_bytes
+        };
+        if full(session, &self.config) {
+            // Expired messages make room first; they must not be delivered anyway.
+            self.purge_expired_queue(sid);
+            let Some(session) = self.session(sid) else {
+                return;
+            };
+            if full(session, &self.config) {
+                self.stats.dropped_queue_full += 1;
+                return;
+            }
         }
         let Some(session) = self.session_mut(sid) else {
             return;
@@ -281,6 +333,37 @@ impl Broker {
             self.persist(key.encode(), Some(value));
         } else {
             session.queue.push_back(Queued { delivery, seq });
+        }
+    }
+
+    /// Drop expired messages from a session's queue, with their records.
+    fn purge_expired_queue(&mut self, sid: SessionId) {
+        let now = self.now;
+        let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let mut expired = Vec::new();
+        session.queue.retain(|q| {
+            let keep = !q.delivery.message.is_expired(now);
+            if !keep {
+                expired.push((q.seq, q.delivery.message.weight()));
+            }
+            keep
+        });
+        for &(_, weight) in &expired {
+            session.queued_bytes = session.queued_bytes.saturating_sub(weight);
+        }
+        let client_id = session.client_id.to_string();
+        let persistent = session.is_persistent();
+        self.stats.dropped_expired += expired.len() as u64;
+        if persistent {
+            for (seq, _) in expired {
+                let key = Key::Queued {
+                    client_id: client_id.clone(),
+                    seq,
+                };
+                self.persist(key.encode(), None);
+            }
         }
     }
 
@@ -323,6 +406,7 @@ impl Broker {
                 state: InflightState::AwaitAck,
                 delivery,
                 seq,
+                sent: true,
             });
         }
     }
@@ -342,20 +426,27 @@ impl Broker {
         };
         let msg = &delivery.message;
         let v5 = conn.protocol == ProtocolVersion::V5;
+        let max = conn.client_max_packet as usize;
+        let protocol = conn.protocol;
+        let within =
+            |o: &OutgoingPublish<'_>| codec::publish_len(o, protocol).is_ok_and(|l| l <= max);
         let mut out = outgoing(delivery, v5, now, packet_id, dup);
-        if !fits(&out, conn) {
+        if v5 && conn.outbound_aliases.maximum > 0 {
+            if let Some(alias) = conn.outbound_aliases.known(&msg.topic) {
+                out.topic = "";
+                out.topic_alias = Some(alias);
+            } else {
+                // A new alias adds its property; take one only if the packet still fits.
+                let mut aliased = out;
+                aliased.topic_alias = Some(1);
+                if within(&aliased) {
+                    out.topic_alias = Some(conn.outbound_aliases.assign(&msg.topic));
+                }
+            }
+        }
+        if !within(&out) {
             self.stats.dropped_too_large += 1;
             return false;
-        }
-        if v5 {
-            match conn.outbound_aliases.lookup(&msg.topic) {
-                AliasUse::None => {}
-                AliasUse::Known(alias) => {
-                    out.topic = "";
-                    out.topic_alias = Some(alias);
-                }
-                AliasUse::New(alias) => out.topic_alias = Some(alias),
-            }
         }
         let before = conn.write_buf.len();
         if codec::encode_publish(&out, conn.protocol, &mut conn.write_buf).is_err() {
@@ -381,7 +472,8 @@ impl Broker {
         })
     }
 
-    /// Move queued messages into flight while the window has room.
+    /// Fill the client's window: first re-send in-flight messages not yet sent on this
+    /// connection (after a reconnect: PUBLISH with DUP, or PUBREL), then queued messages.
     pub(super) fn pump(&mut self, sid: SessionId) {
         loop {
             let Some(session) = self.session(sid) else {
@@ -392,6 +484,13 @@ impl Broker {
                 .conns
                 .get(&conn)
                 .map_or(0, |c| usize::from(c.send_window));
+            if let Some(pos) = session.first_unsent() {
+                if session.sent_inflight() >= window {
+                    return;
+                }
+                self.resend_inflight(sid, conn, pos);
+                continue;
+            }
             if session.inflight.len() >= window {
                 return;
             }
@@ -421,8 +520,27 @@ impl Broker {
         }
     }
 
-    /// Remove a finished in-flight message and its record, then refill the window.
-    fn complete_inflight(&mut self, sid: SessionId, pos: usize) {
+    /// Re-send one in-flight entry on a new connection, with its packet id: PUBLISH with DUP
+    /// (or, once PUBREC'd, PUBREL). A PUBLISH now too large for the client is dropped.
+    fn resend_inflight(&mut self, sid: SessionId, conn: ConnId, pos: usize) {
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        let entry = &mut session.inflight[pos];
+        entry.sent = true;
+        let (packet_id, state, delivery) = (entry.packet_id, entry.state, entry.delivery.clone());
+        match state {
+            InflightState::AwaitComp => self.send(conn, &Packet::PubRel(Ack::new(packet_id))),
+            InflightState::AwaitAck => {
+                if !self.write_publish(conn, &delivery, Some(packet_id), true) {
+                    self.drop_inflight(sid, pos);
+                }
+            }
+        }
+    }
+
+    /// Remove an in-flight entry and its record.
+    fn drop_inflight(&mut self, sid: SessionId, pos: usize) {
         let Some(session) = self.session_mut(sid) else {
             return;
         };
@@ -436,6 +554,11 @@ impl Broker {
             };
             self.persist(key.encode(), None);
         }
+    }
+
+    /// Remove a finished in-flight message and its record, then refill the window.
+    fn complete_inflight(&mut self, sid: SessionId, pos: usize) {
+        self.drop_inflight(sid, pos);
         self.pump(sid);
     }
 
@@ -520,14 +643,16 @@ impl Broker {
     /// shared subscriptions go to another connected member of the same group. Messages already
     /// PUBREC'd stay (the client has them), and so does everything when no other member is
     /// connected (it is re-sent on reconnect, with its packet id).
-    pub(super) fn hand_over_shared(&mut self, sid: SessionId) {
+    pub(super) fn hand_over_shared(&mut self, sid: SessionId, session_ends: bool) {
         let Some(session) = self.session(sid) else {
             return;
         };
+        // A QoS 2 message once sent must be completed with the same client (MQTT-4.8.2-5):
+        // only QoS 1 in flight and messages never sent may move.
         let candidates: Vec<(u64, Arc<str>)> = session
             .inflight
             .iter()
-            .filter(|m| m.state == InflightState::AwaitAck)
+            .filter(|m| m.state == InflightState::AwaitAck && m.delivery.qos == QoS::AtLeastOnce)
             .map(|m| (m.seq, &m.delivery))
             .chain(session.queue.iter().map(|m| (m.seq, &m.delivery)))
             .filter_map(|(seq, d)| Some((seq, d.shared.clone()?)))
@@ -538,11 +663,13 @@ impl Broker {
             };
             let target = {
                 let sessions = &self.sessions;
+                // While the session lives on, only a connected member is worth moving to; when
+                // it ends, any member (an offline one queues the message) beats losing it.
                 self.subs.other_shared_member(&filter, sid, |s| {
                     sessions
                         .get(s as usize)
                         .and_then(Option::as_ref)
-                        .is_some_and(|x| x.conn.is_some())
+                        .is_some_and(|x| session_ends || x.conn.is_some())
                 })
             };
             let Some((other, sub)) = target else { continue };
@@ -563,16 +690,18 @@ impl Broker {
             let Some(mut delivery) = delivery else {
                 continue;
             };
-            if session.is_persistent() {
-                let key = Key::Queued {
-                    client_id: session.client_id.to_string(),
-                    seq,
-                };
+            let old_key = session.is_persistent().then(|| Key::Queued {
+                client_id: session.client_id.to_string(),
+                seq,
+            });
+            delivery.qos = delivery.message.qos.min(sub.options.qos);
+            delivery.retain = delivery.message.retain && sub.options.retain_as_published;
+            delivery.subscription_ids = sub.subscription_id.into_iter().collect();
+            // The new member's record is written before the old one is deleted.
+            self.deliver(other, delivery);
+            if let Some(key) = old_key {
                 self.persist(key.encode(), None);
             }
-            delivery.qos = delivery.message.qos.min(sub.options.qos);
-            delivery.subscription_ids = sub.subscription_id.into_iter().collect();
-            self.deliver(other, delivery);
         }
     }
 }
@@ -604,14 +733,22 @@ fn outgoing(
     }
 }
 
-/// Whether the PUBLISH fits the client's Maximum Packet Size, leaving room for a topic alias
-/// property when aliases are in use (an alias never makes the packet larger than that).
+/// Whether the PUBLISH can be sent within the client's Maximum Packet Size: as it is, or with
+/// an empty topic and an alias the client already knows.
 fn fits(out: &OutgoingPublish<'_>, conn: &super::connection::Connection) -> bool {
-    let alias_room = if conn.outbound_aliases.maximum > 0 {
-        3
-    } else {
-        0
-    };
-    codec::publish_len(out, conn.protocol)
-        .is_ok_and(|len| len + alias_room <= conn.client_max_packet as usize)
+    let max = conn.client_max_packet as usize;
+    let within =
+        |o: &OutgoingPublish<'_>| codec::publish_len(o, conn.protocol).is_ok_and(|l| l <= max);
+    if within(out) {
+        return true;
+    }
+    match conn.outbound_aliases.known(out.topic) {
+        Some(alias) if conn.protocol == ProtocolVersion::V5 => {
+            let mut aliased = *out;
+            aliased.topic = "";
+            aliased.topic_alias = Some(alias);
+            within(&aliased)
+        }
+        _ => false,
+    }
 }

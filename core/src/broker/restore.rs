@@ -39,6 +39,10 @@ impl Broker {
         let mut subscriptions = Vec::new();
         let mut queued: BTreeMap<(String, u64), QueuedRecord> = BTreeMap::new();
         let mut incoming = Vec::new();
+        // Sorted, so that the rebuilt state (and so the order of later outputs) does not depend
+        // on the order in which the shell's store hands the records back.
+        let mut records: Vec<(Bytes, Bytes)> = records.into_iter().collect();
+        records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (key, value) in records {
             let parsed = Key::decode(&key).and_then(|k| {
                 match k {
@@ -81,15 +85,17 @@ impl Broker {
         }
 
         let mut due_wills = Vec::new();
+        let mut crashed = Vec::new();
         for (client_id, record) in sessions {
             let sid = self.new_session(&client_id, record.protocol);
             let generation = self.next_generation();
-            let expires_at = (record.expiry_secs != u32::MAX).then(|| {
-                record
-                    .disconnected_at
-                    .unwrap_or(now)
-                    .plus_secs(record.expiry_secs)
-            });
+            // A session connected at the crash lost its connection now.
+            let disconnected_at = record.disconnected_at.unwrap_or(now);
+            if record.disconnected_at.is_none() {
+                crashed.push(sid);
+            }
+            let expires_at = (record.expiry_secs != u32::MAX)
+                .then(|| disconnected_at.plus_secs(record.expiry_secs));
             let pending_will = record.will.map(|(will, due)| {
                 let due = due.unwrap_or_else(|| now.plus_secs(will.delay_secs));
                 (will, due)
@@ -99,6 +105,7 @@ impl Broker {
             session.username = record.username;
             session.expiry_secs = record.expiry_secs;
             session.expires_at = expires_at;
+            session.disconnected_at = Some(disconnected_at);
             session.generation = generation;
             session.persisted = true;
             if let Some((will, due)) = pending_will {
@@ -155,7 +162,7 @@ impl Broker {
             let Some(session) = self.session_mut(sid) else {
                 continue;
             };
-            session.next_seq = session.next_seq.max(seq + 1);
+            session.next_seq = session.next_seq.max(seq.saturating_add(1));
             match record.inflight {
                 Some((packet_id, state)) if session.inflight_position(packet_id).is_none() => {
                     session.inflight.push_back(Inflight {
@@ -163,6 +170,7 @@ impl Broker {
                         state,
                         delivery: record.delivery,
                         seq,
+                        sent: false,
                     });
                 }
                 _ => {
@@ -194,6 +202,11 @@ impl Broker {
             }
         }
 
+        // Record the disconnection of sessions that were connected at the crash, so that another
+        // restart does not start their expiry (or will delay) over again.
+        for sid in crashed {
+            self.persist_session_meta(sid);
+        }
         for (due, sid, generation) in due_wills {
             self.timers.insert((
                 due,

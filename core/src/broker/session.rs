@@ -34,6 +34,9 @@ pub(crate) struct Inflight {
     pub delivery: Delivery,
     /// Persistence key sequence, when the session is persistent.
     pub seq: u64,
+    /// Sent on the current connection. After a reconnect, entries are re-sent as the client's
+    /// Receive Maximum allows.
+    pub sent: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +63,8 @@ pub(crate) struct Session {
     pub expiry_secs: u32,
     /// When a disconnected session expires.
     pub expires_at: Option<Timestamp>,
+    /// When the session lost its connection (persisted: expiry counts from here).
+    pub disconnected_at: Option<Timestamp>,
     pub subscriptions: BTreeMap<String, SubscriptionEntry>,
     pub inflight: VecDeque<Inflight>,
     pub queue: VecDeque<Queued>,
@@ -87,6 +92,7 @@ impl Session {
             conn: None,
             expiry_secs: 0,
             expires_at: None,
+            disconnected_at: None,
             subscriptions: BTreeMap::new(),
             inflight: VecDeque::new(),
             queue: VecDeque::new(),
@@ -122,6 +128,16 @@ impl Session {
         let seq = self.next_seq;
         self.next_seq += 1;
         seq
+    }
+
+    /// In-flight entries sent on the current connection.
+    pub fn sent_inflight(&self) -> usize {
+        self.inflight.iter().filter(|m| m.sent).count()
+    }
+
+    /// The first in-flight entry not yet re-sent on the current connection.
+    pub fn first_unsent(&self) -> Option<usize> {
+        self.inflight.iter().position(|m| !m.sent)
     }
 
     pub fn inflight_position(&self, packet_id: u16) -> Option<usize> {

@@ -197,19 +197,19 @@ impl SubscriptionIndex {
         out.append(&mut shared);
     }
 
-    /// Another connected member of the shared group `filter` than `except`, for re-sending a
-    /// message `except` did not acknowledge.
+    /// Another member of the shared group `filter` than `except`, among those `eligible`
+    /// accepts, for re-sending a message `except` did not acknowledge.
     pub fn other_shared_member(
         &self,
         filter: &TopicFilter,
         except: SessionId,
-        is_connected: impl Fn(SessionId) -> bool,
+        eligible: impl Fn(SessionId) -> bool,
     ) -> Option<(SessionId, Subscriber)> {
         let name = filter.shared_group()?;
         let entry = self.trie.get(filter.pattern())?;
         let group = entry.shared.iter().find(|g| &*g.name == name)?;
-        let (session, sub) = pick_member(group, &|s| s != except && is_connected(s))?;
-        (session != except && is_connected(session)).then_some((session, sub))
+        let (session, sub) = pick_member(group, &|s| s != except && eligible(s))?;
+        (session != except && eligible(session)).then_some((session, sub))
     }
 }
 
