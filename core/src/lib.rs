@@ -52,6 +52,7 @@
 
 pub mod broker;
 pub mod codec;
+pub mod routes;
 pub mod topic;
 
 pub use broker::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};

@@ -1,0 +1,121 @@
+//! The replicated route index: which topic filters have subscribers on which node.
+//!
+//! Each node owns its *route set* (the filter patterns with at least one local subscriber) and
+//! is its only writer, so the index is conflict-free by construction. The owner keeps a
+//! versioned log of changes ([`RouteLog`]); other nodes hold a [`Replica`] per owner inside one
+//! [`RouteTable`], whose trie answers "which nodes want this topic" with one match.
+//!
+//! Replication, all of it driven by the link layer:
+//! - Changes are batched ([`RouteLog::add`], [`RouteLog::remove`]); an add and a remove of the
+//!   same filter inside one batch cancel. [`RouteLog::flush`] gives every surviving change the
+//!   next version and returns a [`RouteDelta`] to broadcast.
+//! - Every delta carries the hash of the owner's live set after it ([`set_hash`]). A replica
+//!   applies deltas in version order, keeps a bounded number that arrive early, drops
+//!   duplicates, and asks for what it misses ([`DeltaOutcome`]).
+//! - An owner keeps changes until every peer acknowledged them ([`RouteLog::ack`]), within a
+//!   tombstone budget; a peer that fell behind the budget, or whose hash disagrees, gets a
+//!   chunked snapshot ([`RouteLog::snapshot`]) instead.
+//! - Owner identity is `(node id, incarnation)`: a restarted owner's new incarnation replaces
+//!   everything its earlier one announced.
+
+mod hash;
+mod log;
+mod table;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use hash::{filter_hash, set_hash};
+pub use log::RouteLog;
+pub use table::{DeltaOutcome, NodeSet, Replica, RouteTable, SnapshotOutcome};
+
+/// A node of the deployment, named by the shell (e.g. `euc1-a` or a libp2p peer id).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(Arc<str>);
+
+/// Why a node id was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid node id: {0}")]
+pub struct NodeIdError(&'static str);
+
+impl NodeId {
+    /// 1 to 255 bytes of printable characters.
+    pub fn new(id: &str) -> Result<Self, NodeIdError> {
+        if id.is_empty() {
+            return Err(NodeIdError("empty"));
+        }
+        if id.len() > 255 {
+            return Err(NodeIdError("longer than 255 bytes"));
+        }
+        if id.chars().any(char::is_control) {
+            return Err(NodeIdError("contains control characters"));
+        }
+        Ok(Self(id.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who writes a route set: a node, in one incarnation (bumped on every restart that lost
+/// its in-memory route state).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner {
+    pub node: NodeId,
+    pub incarnation: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RouteOp {
+    Add,
+    Remove,
+}
+
+/// One versioned change of an owner's route set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteChange {
+    pub version: u64,
+    pub filter: Arc<str>,
+    pub op: RouteOp,
+}
+
+/// The changes of one owner after version `after`, one version each, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteDelta {
+    pub owner: Owner,
+    pub after: u64,
+    pub changes: Vec<RouteChange>,
+    /// [`set_hash`] of the owner's live set once these changes are applied.
+    pub hash: u64,
+}
+
+impl RouteDelta {
+    /// The version the delta brings a replica to.
+    pub fn to(&self) -> u64 {
+        self.after + self.changes.len() as u64
+    }
+}
+
+/// One piece of an owner's live set at `version`; chunks `0..count` together are the set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotChunk {
+    pub owner: Owner,
+    pub version: u64,
+    pub hash: u64,
+    pub index: u32,
+    pub count: u32,
+    pub filters: Vec<Arc<str>>,
+}

@@ -1,0 +1,289 @@
+//! The receiving side: a replica of every other owner's route set, merged into one trie whose
+//! values are node sets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::hash::filter_hash;
+use super::{NodeId, RouteDelta, RouteOp, SnapshotChunk};
+use crate::topic::FilterTrie;
+
+/// Deltas kept while an earlier one is missing.
+const MAX_BUFFERED_DELTAS: usize = 64;
+
+/// The nodes that have a filter (sorted, small: one entry per region node).
+pub type NodeSet = Vec<NodeId>;
+
+/// What applying a delta did, and what the replica needs next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeltaOutcome {
+    /// Applied (with any buffered deltas that followed it); the replica is at `version`.
+    Applied { version: u64 },
+    /// Nothing new (already applied).
+    Duplicate,
+    /// It starts after the replica's version: kept for later, ask the owner for the changes
+    /// after `after`.
+    Gap { after: u64 },
+    /// The replica cannot continue from deltas (the hash disagreed, a new incarnation began
+    /// mid-log, or too many deltas are out of order): ask for a snapshot.
+    NeedSnapshot,
+    /// From an older incarnation of the owner: ignored.
+    Stale,
+}
+
+/// What applying a snapshot chunk did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotOutcome {
+    /// More chunks are needed.
+    InProgress,
+    /// The snapshot is complete and installed; the replica is at `version`.
+    Installed { version: u64 },
+    /// Older than what the replica has, or from an older incarnation: ignored.
+    Stale,
+    /// The chunks did not add up to the announced hash: ask again.
+    Corrupt,
+}
+
+/// One owner's route set as this node knows it.
+#[derive(Debug, Clone, Default)]
+pub struct Replica {
+    pub incarnation: u64,
+    pub version: u64,
+    pub hash: u64,
+    filters: BTreeSet<Arc<str>>,
+    /// Deltas that arrived before the one they follow, by `after`.
+    early: BTreeMap<u64, RouteDelta>,
+    /// A snapshot being received.
+    assembling: Option<Assembly>,
+}
+
+/// The chunks of one snapshot received so far.
+#[derive(Debug, Clone)]
+struct Assembly {
+    /// (version, hash, count): which snapshot the chunks belong to.
+    id: (u64, u64, u32),
+    parts: BTreeMap<u32, Vec<Arc<str>>>,
+}
+
+impl Replica {
+    pub fn filters(&self) -> impl Iterator<Item = &str> {
+        self.filters.iter().map(|f| &**f)
+    }
+
+    pub fn len(&self) -> usize {
+        self.filters.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.filters.is_empty()
+    }
+}
+
+/// Every other owner's route set, and one trie that answers which nodes want a topic.
+#[derive(Debug)]
+pub struct RouteTable {
+    replicas: BTreeMap<NodeId, Replica>,
+    trie: FilterTrie<NodeSet>,
+}
+
+impl RouteTable {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            replicas: BTreeMap::new(),
+            trie: FilterTrie::new(seed),
+        }
+    }
+
+    pub fn replica(&self, node: &NodeId) -> Option<&Replica> {
+        self.replicas.get(node)
+    }
+
+    pub fn replicas(&self) -> impl Iterator<Item = (&NodeId, &Replica)> {
+        self.replicas.iter()
+    }
+
+    /// Distinct filter patterns with at least one remote node.
+    pub fn patterns(&self) -> usize {
+        self.trie.len()
+    }
+
+    /// The nodes with a subscriber whose filter matches `topic`, each once, sorted.
+    pub fn nodes_for(&self, topic: &str, out: &mut Vec<NodeId>) {
+        out.clear();
+        self.trie
+            .for_each_match(topic, |nodes| out.extend(nodes.iter().cloned()));
+        if out.len() > 1 {
+            out.sort();
+            out.dedup();
+        }
+    }
+
+    /// Forget a node (it left the deployment).
+    pub fn remove_node(&mut self, node: &NodeId) {
+        if let Some(replica) = self.replicas.remove(node) {
+            for filter in &replica.filters {
+                unindex(&mut self.trie, filter, node);
+            }
+        }
+    }
+
+    /// Apply a delta from its owner.
+    pub fn apply_delta(&mut self, delta: &RouteDelta) -> DeltaOutcome {
+        let node = &delta.owner.node;
+        let replica = self.replicas.entry(node.clone()).or_default();
+        if delta.owner.incarnation < replica.incarnation {
+            return DeltaOutcome::Stale;
+        }
+        if delta.owner.incarnation > replica.incarnation {
+            // A new incarnation replaces everything the earlier one announced.
+            let old = std::mem::take(replica);
+            for filter in &old.filters {
+                unindex(&mut self.trie, filter, node);
+            }
+            let replica = self.replicas.entry(node.clone()).or_default();
+            replica.incarnation = delta.owner.incarnation;
+        }
+        let replica = self.replicas.entry(node.clone()).or_default();
+        if delta.to() <= replica.version {
+            return DeltaOutcome::Duplicate;
+        }
+        if delta.after > replica.version {
+            if replica.early.len() >= MAX_BUFFERED_DELTAS {
+                replica.early.clear();
+                return DeltaOutcome::NeedSnapshot;
+            }
+            replica.early.insert(delta.after, delta.clone());
+            return DeltaOutcome::Gap {
+                after: replica.version,
+            };
+        }
+        if !self.apply_in_order(node, delta) {
+            return DeltaOutcome::NeedSnapshot;
+        }
+        // Deltas that were waiting for this one.
+        while let Some(delta) = self.next_early(node) {
+            if !self.apply_in_order(node, &delta) {
+                return DeltaOutcome::NeedSnapshot;
+            }
+        }
+        let version = self.replicas.get(node).map_or(0, |r| r.version);
+        DeltaOutcome::Applied { version }
+    }
+
+    /// A buffered delta that now continues the replica (those entirely behind it are dropped).
+    fn next_early(&mut self, node: &NodeId) -> Option<RouteDelta> {
+        let replica = self.replicas.get_mut(node)?;
+        loop {
+            let (&after, _) = replica.early.range(..=replica.version).next_back()?;
+            let delta = replica.early.remove(&after)?;
+            if delta.to() > replica.version {
+                return Some(delta);
+            }
+        }
+    }
+
+    /// Apply the changes of `delta` newer than the replica (which must be at or past
+    /// `delta.after`); false if the result's hash disagrees with the owner's.
+    fn apply_in_order(&mut self, node: &NodeId, delta: &RouteDelta) -> bool {
+        let Some(replica) = self.replicas.get_mut(node) else {
+            return false;
+        };
+        let start = replica.version;
+        for change in delta.changes.iter().filter(|c| c.version > start) {
+            let present = replica.filters.contains(&change.filter);
+            match (change.op, present) {
+                (RouteOp::Add, false) => {
+                    replica.filters.insert(change.filter.clone());
+                    replica.hash ^= filter_hash(&change.filter);
+                    index(&mut self.trie, &change.filter, node);
+                }
+                (RouteOp::Remove, true) => {
+                    replica.filters.remove(&change.filter);
+                    replica.hash ^= filter_hash(&change.filter);
+                    unindex(&mut self.trie, &change.filter, node);
+                }
+                // Adding what is there or removing what is not: the replica diverged.
+                _ => return false,
+            }
+            replica.version = change.version;
+        }
+        replica.version = replica.version.max(delta.to());
+        replica.hash == delta.hash
+    }
+
+    /// Apply one snapshot chunk; the replica switches to the snapshot once all chunks are in.
+    pub fn apply_snapshot_chunk(&mut self, chunk: &SnapshotChunk) -> SnapshotOutcome {
+        let node = &chunk.owner.node;
+        let replica = self.replicas.entry(node.clone()).or_default();
+        if chunk.owner.incarnation < replica.incarnation
+            || (chunk.owner.incarnation == replica.incarnation && chunk.version < replica.version)
+        {
+            return SnapshotOutcome::Stale;
+        }
+        let id = (chunk.version, chunk.hash, chunk.count);
+        if replica.assembling.as_ref().is_none_or(|a| a.id != id) {
+            replica.assembling = Some(Assembly {
+                id,
+                parts: BTreeMap::new(),
+            });
+        }
+        let Some(Assembly { parts, .. }) = replica.assembling.as_mut() else {
+            return SnapshotOutcome::InProgress;
+        };
+        if chunk.index >= chunk.count {
+            replica.assembling = None;
+            return SnapshotOutcome::Corrupt;
+        }
+        parts.insert(chunk.index, chunk.filters.clone());
+        if parts.len() < chunk.count as usize {
+            return SnapshotOutcome::InProgress;
+        }
+        let Some(Assembly { parts, .. }) = replica.assembling.take() else {
+            return SnapshotOutcome::InProgress;
+        };
+        let filters: BTreeSet<Arc<str>> = parts.into_values().flatten().collect();
+        if super::set_hash(filters.iter().map(|f| &**f)) != chunk.hash {
+            return SnapshotOutcome::Corrupt;
+        }
+        // Install: index the difference, keep deltas that follow the snapshot.
+        let old = std::mem::take(&mut replica.filters);
+        let early = std::mem::take(&mut replica.early);
+        for gone in old.difference(&filters) {
+            unindex(&mut self.trie, gone, node);
+        }
+        for new in filters.difference(&old) {
+            index(&mut self.trie, new, node);
+        }
+        let replica = self.replicas.entry(node.clone()).or_default();
+        replica.filters = filters;
+        replica.incarnation = chunk.owner.incarnation;
+        replica.version = chunk.version;
+        replica.hash = chunk.hash;
+        replica.early = early
+            .into_iter()
+            .filter(|(_, d)| d.to() > chunk.version)
+            .collect();
+        SnapshotOutcome::Installed {
+            version: chunk.version,
+        }
+    }
+}
+
+fn index(trie: &mut FilterTrie<NodeSet>, filter: &str, node: &NodeId) {
+    let nodes = trie.entry(filter);
+    if let Err(at) = nodes.binary_search(node) {
+        nodes.insert(at, node.clone());
+    }
+}
+
+fn unindex(trie: &mut FilterTrie<NodeSet>, filter: &str, node: &NodeId) {
+    let Some(nodes) = trie.get_mut(filter) else {
+        return;
+    };
+    if let Ok(at) = nodes.binary_search(node) {
+        nodes.remove(at);
+    }
+    if nodes.is_empty() {
+        trie.remove(filter);
+    }
+}
