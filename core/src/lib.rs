@@ -52,6 +52,7 @@
 
 pub mod broker;
 pub mod codec;
+pub mod link;
 pub mod routes;
 pub mod topic;
 

@@ -1,0 +1,378 @@
+//! Frame encoding and strict decoding.
+
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::{DigestEntry, Forward, Frame};
+use crate::codec::{self as mqtt, Packet, ProtocolVersion};
+use crate::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
+use crate::topic::TopicFilter;
+
+const HELLO: u8 = 1;
+const ROUTE_DELTA: u8 = 2;
+const ROUTE_ACK: u8 = 3;
+const DIGEST: u8 = 4;
+const SNAPSHOT_REQUEST: u8 = 5;
+const SNAPSHOT_CHUNK: u8 = 6;
+const FORWARD: u8 = 7;
+const FORWARD_ACK: u8 = 8;
+const KEEP_ALIVE: u8 = 9;
+
+/// Why a frame was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge { len: u32, max: u32 },
+    #[error("malformed {frame} frame: {detail}")]
+    Malformed {
+        frame: &'static str,
+        detail: &'static str,
+    },
+    #[error("unknown frame type {0}")]
+    UnknownType(u8),
+    #[error("cannot encode: {0}")]
+    Encode(&'static str),
+}
+
+/// Decode one frame from the front of `buf`: `Ok(None)` until a whole frame is there (then
+/// `buf` is untouched). The length is checked against `max_len` before the body is awaited.
+pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if len > max_len {
+        return Err(LinkError::TooLarge { len, max: max_len });
+    }
+    let total = 4 + len as usize;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(total).freeze();
+    frame.advance(4);
+    if frame.is_empty() {
+        return Err(LinkError::Malformed {
+            frame: "any",
+            detail: "empty frame",
+        });
+    }
+    let kind = frame.get_u8();
+    let mut r = Reader {
+        buf: frame,
+        frame: name_of(kind),
+    };
+    let out = match kind {
+        HELLO => Frame::Hello {
+            node: r.node()?,
+            incarnation: r.u64()?,
+            protocol: r.u16()?,
+            region: r.string()?,
+        },
+        ROUTE_DELTA => Frame::RouteDelta(r.delta()?),
+        ROUTE_ACK => Frame::RouteAck {
+            owner: r.owner()?,
+            version: r.u64()?,
+        },
+        DIGEST => {
+            let n = r.count(8 + 8 + 8)?;
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                entries.push(DigestEntry {
+                    owner: r.owner()?,
+                    version: r.u64()?,
+                    hash: r.u64()?,
+                });
+            }
+            Frame::Digest(entries)
+        }
+        SNAPSHOT_REQUEST => Frame::SnapshotRequest,
+        SNAPSHOT_CHUNK => {
+            let owner = r.owner()?;
+            let version = r.u64()?;
+            let hash = r.u64()?;
+            let index = r.u32()?;
+            let count = r.u32()?;
+            if index >= count {
+                return Err(r.bad("chunk index beyond count"));
+            }
+            let n = r.count(2)?;
+            let mut filters = Vec::with_capacity(n);
+            for _ in 0..n {
+                filters.push(r.filter()?);
+            }
+            Frame::SnapshotChunk(SnapshotChunk {
+                owner,
+                version,
+                hash,
+                index,
+                count,
+                filters,
+            })
+        }
+        FORWARD => {
+            let origin = r.owner()?;
+            let seq = r.u64()?;
+            let mut rest = BytesMut::from(&r.buf[..]);
+            r.buf.clear();
+            let message = match mqtt::decode(&mut rest, ProtocolVersion::V5, u32::MAX) {
+                Ok(Some(Packet::Publish(p))) if rest.is_empty() => p,
+                _ => return Err(r.bad("embedded PUBLISH")),
+            };
+            if message.topic.is_empty() || message.properties.topic_alias.is_some() {
+                return Err(r.bad("forwarded PUBLISH needs its topic, without alias"));
+            }
+            Frame::Forward(Forward {
+                origin,
+                seq,
+                message,
+            })
+        }
+        FORWARD_ACK => Frame::ForwardAck {
+            origin: r.owner()?,
+            seq: r.u64()?,
+        },
+        KEEP_ALIVE => Frame::KeepAlive,
+        other => return Err(LinkError::UnknownType(other)),
+    };
+    if !r.buf.is_empty() {
+        return Err(r.bad("bytes after the frame's content"));
+    }
+    Ok(Some(out))
+}
+
+/// Append one frame to `out`.
+pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
+    let mut body = BytesMut::new();
+    let kind = match frame {
+        Frame::Hello {
+            node,
+            incarnation,
+            protocol,
+            region,
+        } => {
+            put_str(&mut body, node.as_str())?;
+            body.put_u64(*incarnation);
+            body.put_u16(*protocol);
+            put_str(&mut body, region)?;
+            HELLO
+        }
+        Frame::RouteDelta(d) => {
+            put_owner(&mut body, &d.owner)?;
+            body.put_u64(d.after);
+            body.put_u64(d.hash);
+            put_count(&mut body, d.changes.len())?;
+            for (i, c) in d.changes.iter().enumerate() {
+                if c.version != d.after + 1 + i as u64 {
+                    return Err(LinkError::Encode("delta versions are not consecutive"));
+                }
+                body.put_u8(match c.op {
+                    RouteOp::Add => 0,
+                    RouteOp::Remove => 1,
+                });
+                put_str(&mut body, &c.filter)?;
+            }
+            ROUTE_DELTA
+        }
+        Frame::RouteAck { owner, version } => {
+            put_owner(&mut body, owner)?;
+            body.put_u64(*version);
+            ROUTE_ACK
+        }
+        Frame::Digest(entries) => {
+            put_count(&mut body, entries.len())?;
+            for e in entries {
+                put_owner(&mut body, &e.owner)?;
+                body.put_u64(e.version);
+                body.put_u64(e.hash);
+            }
+            DIGEST
+        }
+        Frame::SnapshotRequest => SNAPSHOT_REQUEST,
+        Frame::SnapshotChunk(c) => {
+            put_owner(&mut body, &c.owner)?;
+            body.put_u64(c.version);
+            body.put_u64(c.hash);
+            body.put_u32(c.index);
+            body.put_u32(c.count);
+            put_count(&mut body, c.filters.len())?;
+            for f in &c.filters {
+                put_str(&mut body, f)?;
+            }
+            SNAPSHOT_CHUNK
+        }
+        Frame::Forward(f) => {
+            put_owner(&mut body, &f.origin)?;
+            body.put_u64(f.seq);
+            mqtt::encode(
+                &Packet::Publish(f.message.clone()),
+                ProtocolVersion::V5,
+                &mut body,
+            )
+            .map_err(|_| LinkError::Encode("forwarded PUBLISH"))?;
+            FORWARD
+        }
+        Frame::ForwardAck { origin, seq } => {
+            put_owner(&mut body, origin)?;
+            body.put_u64(*seq);
+            FORWARD_ACK
+        }
+        Frame::KeepAlive => KEEP_ALIVE,
+    };
+    let len = u32::try_from(body.len() + 1).map_err(|_| LinkError::Encode("frame over 4 GiB"))?;
+    out.reserve(4 + len as usize);
+    out.put_u32(len);
+    out.put_u8(kind);
+    out.put_slice(&body);
+    Ok(())
+}
+
+/// Encoded size of a frame, length prefix included.
+pub fn encoded_len(frame: &Frame) -> Result<usize, LinkError> {
+    let mut buf = BytesMut::new();
+    encode(frame, &mut buf)?;
+    Ok(buf.len())
+}
+
+fn name_of(kind: u8) -> &'static str {
+    match kind {
+        HELLO => "hello",
+        ROUTE_DELTA => "route-delta",
+        ROUTE_ACK => "route-ack",
+        DIGEST => "digest",
+        SNAPSHOT_REQUEST => "snapshot-request",
+        SNAPSHOT_CHUNK => "snapshot-chunk",
+        FORWARD => "forward",
+        FORWARD_ACK => "forward-ack",
+        KEEP_ALIVE => "keep-alive",
+        _ => "unknown",
+    }
+}
+
+fn put_str(out: &mut BytesMut, s: &str) -> Result<(), LinkError> {
+    let n = u16::try_from(s.len()).map_err(|_| LinkError::Encode("string over 65,535 bytes"))?;
+    out.put_u16(n);
+    out.put_slice(s.as_bytes());
+    Ok(())
+}
+
+fn put_owner(out: &mut BytesMut, owner: &Owner) -> Result<(), LinkError> {
+    put_str(out, owner.node.as_str())?;
+    out.put_u64(owner.incarnation);
+    Ok(())
+}
+
+fn put_count(out: &mut BytesMut, n: usize) -> Result<(), LinkError> {
+    out.put_u32(u32::try_from(n).map_err(|_| LinkError::Encode("too many items"))?);
+    Ok(())
+}
+
+struct Reader {
+    buf: Bytes,
+    frame: &'static str,
+}
+
+impl Reader {
+    fn bad(&self, detail: &'static str) -> LinkError {
+        LinkError::Malformed {
+            frame: self.frame,
+            detail,
+        }
+    }
+
+    fn need(&self, n: usize) -> Result<(), LinkError> {
+        if self.buf.len() < n {
+            Err(self.bad("truncated"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn u8(&mut self) -> Result<u8, LinkError> {
+        self.need(1)?;
+        Ok(self.buf.get_u8())
+    }
+
+    fn u16(&mut self) -> Result<u16, LinkError> {
+        self.need(2)?;
+        Ok(self.buf.get_u16())
+    }
+
+    fn u32(&mut self) -> Result<u32, LinkError> {
+        self.need(4)?;
+        Ok(self.buf.get_u32())
+    }
+
+    fn u64(&mut self) -> Result<u64, LinkError> {
+        self.need(8)?;
+        Ok(self.buf.get_u64())
+    }
+
+    /// An item count, refused if the items (at least `min_item` bytes each) cannot fit in
+    /// what is left: no allocation beyond the frame's size.
+    fn count(&mut self, min_item: usize) -> Result<usize, LinkError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item.max(1)) > self.buf.len() {
+            return Err(self.bad("item count larger than the frame"));
+        }
+        Ok(n)
+    }
+
+    fn string(&mut self) -> Result<String, LinkError> {
+        let n = usize::from(self.u16()?);
+        self.need(n)?;
+        let bytes = self.buf.split_to(n);
+        let s = std::str::from_utf8(&bytes).map_err(|_| self.bad("string is not UTF-8"))?;
+        if s.contains('\0') {
+            return Err(self.bad("string contains U+0000"));
+        }
+        Ok(s.to_owned())
+    }
+
+    fn node(&mut self) -> Result<NodeId, LinkError> {
+        let s = self.string()?;
+        NodeId::new(&s).map_err(|_| self.bad("invalid node id"))
+    }
+
+    fn owner(&mut self) -> Result<Owner, LinkError> {
+        Ok(Owner {
+            node: self.node()?,
+            incarnation: self.u64()?,
+        })
+    }
+
+    fn filter(&mut self) -> Result<Arc<str>, LinkError> {
+        let s = self.string()?;
+        TopicFilter::new(s.as_str()).map_err(|_| self.bad("invalid topic filter"))?;
+        Ok(s.into())
+    }
+
+    fn delta(&mut self) -> Result<RouteDelta, LinkError> {
+        let owner = self.owner()?;
+        let after = self.u64()?;
+        let hash = self.u64()?;
+        let n = self.count(3)?;
+        if after.checked_add(n as u64).is_none() {
+            return Err(self.bad("versions overflow"));
+        }
+        let mut changes = Vec::with_capacity(n);
+        for i in 0..n {
+            let op = match self.u8()? {
+                0 => RouteOp::Add,
+                1 => RouteOp::Remove,
+                _ => return Err(self.bad("unknown route operation")),
+            };
+            changes.push(RouteChange {
+                version: after + 1 + i as u64,
+                filter: self.filter()?,
+                op,
+            });
+        }
+        Ok(RouteDelta {
+            owner,
+            after,
+            changes,
+            hash,
+        })
+    }
+}

@@ -1,0 +1,86 @@
+//! The link protocol between nodes: versioned, length-prefixed frames that carry the route
+//! index and forwarded messages. Transport-agnostic: the daemon carries frames over libp2p
+//! streams and gossip, the edge worker over a WebSocket, the simulator over virtual links.
+//!
+//! A frame is a 4-byte big-endian length (of what follows), a type byte and its body. Every
+//! decoder refuses malformed input with a [`LinkError`], never a panic, and never allocates
+//! more than the frame's own length.
+
+mod codec;
+
+use crate::codec::Publish;
+use crate::routes::{NodeId, Owner, RouteDelta, SnapshotChunk};
+
+pub use codec::{LinkError, decode, encode, encoded_len};
+
+/// The link protocol version spoken by this build; sent in [`Frame::Hello`].
+pub const LINK_PROTOCOL_VERSION: u16 = 1;
+
+/// Largest frame accepted by default (a snapshot chunk or a forwarded message).
+pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
+
+/// One owner's position, as announced in a [`Frame::Digest`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DigestEntry {
+    pub owner: Owner,
+    pub version: u64,
+    pub hash: u64,
+}
+
+/// A PUBLISH forwarded from the node where it was published (`origin`) to a node with a
+/// matching subscriber. `seq` numbers QoS 1/2 forwards per (origin, destination) so that the
+/// receiver drops duplicates; QoS 0 forwards carry 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forward {
+    pub origin: Owner,
+    pub seq: u64,
+    /// The message with every MQTT 5.0 property. Its packet id means nothing on the link; its
+    /// Message Expiry Interval is what remained when it was sent.
+    pub message: Publish,
+}
+
+/// Everything nodes say to each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// First frame on a link, both ways.
+    Hello {
+        node: NodeId,
+        incarnation: u64,
+        protocol: u16,
+        region: String,
+    },
+    RouteDelta(RouteDelta),
+    /// The sender applied `owner`'s changes up to `version`.
+    RouteAck {
+        owner: Owner,
+        version: u64,
+    },
+    /// Where the sender stands for each owner it knows (anti-entropy).
+    Digest(Vec<DigestEntry>),
+    /// Send me a snapshot of your route set.
+    SnapshotRequest,
+    SnapshotChunk(SnapshotChunk),
+    Forward(Forward),
+    /// Every forward from `origin` with a sequence number up to `seq` arrived.
+    ForwardAck {
+        origin: Owner,
+        seq: u64,
+    },
+    KeepAlive,
+}
+
+impl Frame {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frame::Hello { .. } => "hello",
+            Frame::RouteDelta(_) => "route-delta",
+            Frame::RouteAck { .. } => "route-ack",
+            Frame::Digest(_) => "digest",
+            Frame::SnapshotRequest => "snapshot-request",
+            Frame::SnapshotChunk(_) => "snapshot-chunk",
+            Frame::Forward(_) => "forward",
+            Frame::ForwardAck { .. } => "forward-ack",
+            Frame::KeepAlive => "keep-alive",
+        }
+    }
+}

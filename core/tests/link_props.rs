@@ -1,0 +1,231 @@
+//! Link frames: every frame round-trips, also when its bytes arrive split anywhere; arbitrary
+//! bytes never panic the decoder and never make it allocate past the frame.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use meridian_core::codec::{Publish, PublishProperties, QoS};
+use meridian_core::link::{self, DigestEntry, Forward, Frame, LinkError};
+use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
+use proptest::prelude::*;
+
+fn node() -> impl Strategy<Value = NodeId> {
+    "[a-z0-9-]{1,12}".prop_map(|s| NodeId::new(&s).unwrap())
+}
+
+fn owner() -> impl Strategy<Value = Owner> {
+    (node(), any::<u64>()).prop_map(|(node, incarnation)| Owner { node, incarnation })
+}
+
+fn filter() -> impl Strategy<Value = Arc<str>> {
+    prop::collection::vec(
+        prop_oneof!["[a-z]{1,5}", Just("+".to_string()), Just("".to_string())],
+        1..4,
+    )
+    .prop_flat_map(|levels| {
+        let base = levels.join("/");
+        let base = if base.is_empty() {
+            "x".to_string()
+        } else {
+            base
+        };
+        prop_oneof![
+            Just(base.clone()),
+            Just(format!("{base}/#")),
+            Just("#".to_string())
+        ]
+    })
+    .prop_map(Arc::from)
+}
+
+fn publish() -> impl Strategy<Value = Publish> {
+    (
+        "[a-z]{1,6}(/[a-z0-9]{1,6}){0,3}",
+        prop::collection::vec(any::<u8>(), 0..64),
+        0u8..3,
+        any::<bool>(),
+        prop::option::of(0u8..2),
+        prop::option::of(any::<u32>()),
+        prop::option::of("[a-z/]{1,10}"),
+        prop::collection::vec(("[a-z]{0,4}", "[a-z]{0,4}"), 0..3),
+    )
+        .prop_map(
+            |(topic, payload, qos, retain, pfi, expiry, content_type, user)| {
+                let qos = QoS::from_u8(qos).unwrap();
+                Publish {
+                    dup: false,
+                    qos,
+                    retain,
+                    topic,
+                    packet_id: (qos != QoS::AtMostOnce).then_some(1),
+                    payload: Bytes::from(payload),
+                    properties: PublishProperties {
+                        payload_format_indicator: pfi,
+                        message_expiry_interval: expiry,
+                        content_type,
+                        correlation_data: Some(Bytes::from_static(b"c")),
+                        user_properties: user,
+                        ..Default::default()
+                    },
+                }
+            },
+        )
+}
+
+fn frame() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        (node(), any::<u64>(), any::<u16>(), "[a-z0-9]{0,8}").prop_map(
+            |(node, incarnation, protocol, region)| Frame::Hello {
+                node,
+                incarnation,
+                protocol,
+                region
+            }
+        ),
+        (
+            owner(),
+            0u64..1_000_000,
+            any::<u64>(),
+            prop::collection::vec((any::<bool>(), filter()), 0..6)
+        )
+            .prop_map(|(owner, after, hash, changes)| {
+                let changes = changes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (add, filter))| RouteChange {
+                        version: after + 1 + i as u64,
+                        filter,
+                        op: if add { RouteOp::Add } else { RouteOp::Remove },
+                    })
+                    .collect();
+                Frame::RouteDelta(RouteDelta {
+                    owner,
+                    after,
+                    changes,
+                    hash,
+                })
+            }),
+        (owner(), any::<u64>()).prop_map(|(owner, version)| Frame::RouteAck { owner, version }),
+        prop::collection::vec((owner(), any::<u64>(), any::<u64>()), 0..4).prop_map(|v| {
+            Frame::Digest(
+                v.into_iter()
+                    .map(|(owner, version, hash)| DigestEntry {
+                        owner,
+                        version,
+                        hash,
+                    })
+                    .collect(),
+            )
+        }),
+        Just(Frame::SnapshotRequest),
+        (
+            owner(),
+            any::<u64>(),
+            any::<u64>(),
+            1u32..10,
+            prop::collection::vec(filter(), 0..6)
+        )
+            .prop_flat_map(
+                |(owner, version, hash, count, filters)| (0..count).prop_map(move |index| {
+                    Frame::SnapshotChunk(SnapshotChunk {
+                        owner: owner.clone(),
+                        version,
+                        hash,
+                        index,
+                        count,
+                        filters: filters.clone(),
+                    })
+                })
+            ),
+        (owner(), any::<u64>(), publish()).prop_map(|(origin, seq, message)| Frame::Forward(
+            Forward {
+                origin,
+                seq,
+                message
+            }
+        )),
+        (owner(), any::<u64>()).prop_map(|(origin, seq)| Frame::ForwardAck { origin, seq }),
+        Just(Frame::KeepAlive),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_frame_round_trips(f in frame()) {
+        let mut buf = BytesMut::new();
+        link::encode(&f, &mut buf).unwrap();
+        prop_assert_eq!(link::encoded_len(&f).unwrap(), buf.len());
+        let got = link::decode(&mut buf, link::DEFAULT_MAX_FRAME_LEN).unwrap();
+        prop_assert_eq!(got, Some(f));
+        prop_assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn frames_split_at_every_position_decode_the_same(frames in prop::collection::vec(frame(), 1..4)) {
+        let mut all = BytesMut::new();
+        for f in &frames {
+            link::encode(f, &mut all).unwrap();
+        }
+        let bytes = all.freeze();
+        for cut in 0..=bytes.len() {
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            for part in [&bytes[..cut], &bytes[cut..]] {
+                buf.extend_from_slice(part);
+                while let Some(f) = link::decode(&mut buf, link::DEFAULT_MAX_FRAME_LEN).unwrap() {
+                    got.push(f);
+                }
+            }
+            prop_assert_eq!(&got, &frames);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256), max in 0u32..512) {
+        let mut buf = BytesMut::from(&bytes[..]);
+        while let Ok(Some(_)) = link::decode(&mut buf, max) {}
+    }
+
+    #[test]
+    fn corrupted_frames_are_refused_or_decoded_never_panic(f in frame(), at in any::<usize>(), byte in any::<u8>()) {
+        let mut buf = BytesMut::new();
+        link::encode(&f, &mut buf).unwrap();
+        let i = at % buf.len();
+        buf[i] = byte;
+        let _ = link::decode(&mut buf, link::DEFAULT_MAX_FRAME_LEN);
+    }
+}
+
+#[test]
+fn oversized_frame_is_refused_before_its_body_arrives() {
+    let mut buf = BytesMut::from(&[0x01, 0x00, 0x00, 0x00][..]);
+    assert_eq!(
+        link::decode(&mut buf, 1024),
+        Err(LinkError::TooLarge {
+            len: 0x0100_0000,
+            max: 1024
+        })
+    );
+}
+
+#[test]
+fn hostile_item_count_is_refused_without_allocating() {
+    // A digest claiming 4 billion entries in a 5-byte body.
+    let mut buf = BytesMut::from(&[0, 0, 0, 5, 4, 0xff, 0xff, 0xff, 0xff][..]);
+    assert!(matches!(
+        link::decode(&mut buf, 1024),
+        Err(LinkError::Malformed {
+            frame: "digest",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn unknown_frame_type_is_refused() {
+    let mut buf = BytesMut::from(&[0, 0, 0, 1, 200][..]);
+    assert_eq!(
+        link::decode(&mut buf, 1024),
+        Err(LinkError::UnknownType(200))
+    );
+}
