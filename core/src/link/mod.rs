@@ -7,11 +7,15 @@
 //! more than the frame's own length.
 
 mod codec;
+mod inbox;
+mod outbox;
 
 use crate::codec::Publish;
 use crate::routes::{NodeId, Owner, RouteDelta, SnapshotChunk};
 
 pub use codec::{LinkError, decode, encode, encoded_len};
+pub use inbox::{Arrival, Inbox};
+pub use outbox::{Outbox, OutboxFull, OutboxLimits};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
 pub const LINK_PROTOCOL_VERSION: u16 = 1;
