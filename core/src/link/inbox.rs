@@ -2,17 +2,22 @@
 //!
 //! A link carries an origin's forwards in sequence order, and after an outage the origin
 //! re-sends from its first unacknowledged one, so a high-water mark per origin incarnation is
-//! enough: a forward at or below it was delivered already. The broker persists the marks so
-//! that a restart does not deliver anything twice.
+//! enough: a forward at or below it was delivered already. Marks are kept per incarnation
+//! because a restarted origin still re-sends what its outbox held under the earlier one. The
+//! broker persists the marks so that a restart of the receiver delivers nothing twice.
 
 use std::collections::BTreeMap;
 
 use crate::routes::{NodeId, Owner};
 
-/// Highest sequence number delivered, per origin node (in its latest incarnation).
+/// Incarnations of one origin whose marks are kept; older ones are forgotten (their forwards
+/// were acknowledged long ago, or the origin restarted this many times since).
+const INCARNATIONS_KEPT: usize = 4;
+
+/// Highest sequence number delivered, per origin incarnation.
 #[derive(Debug, Clone, Default)]
 pub struct Inbox {
-    marks: BTreeMap<NodeId, (u64, u64)>,
+    marks: BTreeMap<NodeId, BTreeMap<u64, u64>>,
 }
 
 /// What to do with an arriving forward.
@@ -22,43 +27,40 @@ pub enum Arrival {
     Deliver,
     /// Delivered before: only acknowledge.
     Duplicate,
-    /// From an older incarnation of the origin: ignore.
-    Stale,
 }
 
 impl Inbox {
     /// Record an arriving QoS 1/2 forward and say whether to deliver it.
     pub fn arrive(&mut self, origin: &Owner, seq: u64) -> Arrival {
-        let mark = self
-            .marks
-            .entry(origin.node.clone())
-            .or_insert((origin.incarnation, 0));
-        if origin.incarnation < mark.0 {
-            return Arrival::Stale;
+        let marks = self.marks.entry(origin.node.clone()).or_default();
+        let mark = marks.entry(origin.incarnation).or_insert(0);
+        let arrival = if seq <= *mark {
+            Arrival::Duplicate
+        } else {
+            *mark = seq;
+            Arrival::Deliver
+        };
+        while marks.len() > INCARNATIONS_KEPT {
+            marks.pop_first();
         }
-        if origin.incarnation > mark.0 {
-            *mark = (origin.incarnation, 0);
-        }
-        if seq <= mark.1 {
-            return Arrival::Duplicate;
-        }
-        mark.1 = seq;
-        Arrival::Deliver
+        arrival
     }
 
-    /// The mark for an origin: (incarnation, highest delivered sequence).
-    pub fn mark(&self, node: &NodeId) -> Option<(u64, u64)> {
-        self.marks.get(node).copied()
+    /// The mark for an origin incarnation: the highest delivered sequence.
+    pub fn mark(&self, origin: &Owner) -> Option<u64> {
+        self.marks
+            .get(&origin.node)?
+            .get(&origin.incarnation)
+            .copied()
     }
 
     /// Put back a persisted mark after a restart.
     pub fn restore(&mut self, origin: &Owner, seq: u64) {
-        let mark = self
-            .marks
-            .entry(origin.node.clone())
-            .or_insert((origin.incarnation, 0));
-        if (origin.incarnation, seq) > *mark {
-            *mark = (origin.incarnation, seq);
+        let marks = self.marks.entry(origin.node.clone()).or_default();
+        let mark = marks.entry(origin.incarnation).or_insert(0);
+        *mark = (*mark).max(seq);
+        while marks.len() > INCARNATIONS_KEPT {
+            marks.pop_first();
         }
     }
 }
@@ -75,7 +77,7 @@ mod tests {
     }
 
     #[test]
-    fn duplicates_and_stale_incarnations_are_dropped() {
+    fn duplicates_are_dropped_per_incarnation() {
         let mut inbox = Inbox::default();
         assert_eq!(inbox.arrive(&origin(1), 1), Arrival::Deliver);
         assert_eq!(inbox.arrive(&origin(1), 2), Arrival::Deliver);
@@ -90,16 +92,26 @@ mod tests {
             Arrival::Deliver,
             "a restarted origin starts over"
         );
-        assert_eq!(inbox.arrive(&origin(1), 3), Arrival::Stale);
+        // The restarted origin still re-sends its earlier incarnation's outbox.
+        assert_eq!(inbox.arrive(&origin(1), 3), Arrival::Deliver);
+        assert_eq!(inbox.arrive(&origin(1), 3), Arrival::Duplicate);
     }
 
     #[test]
-    fn restored_marks_keep_deduplicating() {
+    fn restored_marks_keep_deduplicating_and_few_incarnations_are_kept() {
         let mut inbox = Inbox::default();
         inbox.restore(&origin(3), 10);
-        inbox.restore(&origin(2), 50);
-        assert_eq!(inbox.mark(&NodeId::new("euc1").unwrap()), Some((3, 10)));
+        assert_eq!(inbox.mark(&origin(3)), Some(10));
         assert_eq!(inbox.arrive(&origin(3), 10), Arrival::Duplicate);
         assert_eq!(inbox.arrive(&origin(3), 11), Arrival::Deliver);
+        for incarnation in 4..10 {
+            inbox.arrive(&origin(incarnation), 1);
+        }
+        assert_eq!(
+            inbox.mark(&origin(3)),
+            None,
+            "old incarnations are forgotten"
+        );
+        assert_eq!(inbox.mark(&origin(9)), Some(1));
     }
 }
