@@ -1,7 +1,9 @@
 //! The receiving side: a replica of every other owner's route set, merged into one trie whose
 //! values are node sets.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashSet};
+
+use foldhash::fast::FixedState;
 use std::sync::Arc;
 
 use super::hash::filter_hash;
@@ -50,7 +52,8 @@ pub struct Replica {
     pub incarnation: u64,
     pub version: u64,
     pub hash: u64,
-    filters: BTreeSet<Arc<str>>,
+    /// Hashed with a fixed seed: iteration order depends only on the operations applied.
+    filters: HashSet<Arc<str>, FixedState>,
     /// Deltas that arrived before the one they follow, by `after`.
     early: BTreeMap<u64, RouteDelta>,
     /// A snapshot being received.
@@ -241,7 +244,7 @@ impl RouteTable {
         let Some(Assembly { parts, .. }) = replica.assembling.take() else {
             return SnapshotOutcome::InProgress;
         };
-        let filters: BTreeSet<Arc<str>> = parts.into_values().flatten().collect();
+        let filters: HashSet<Arc<str>, FixedState> = parts.into_values().flatten().collect();
         if super::set_hash(filters.iter().map(|f| &**f)) != chunk.hash {
             return SnapshotOutcome::Corrupt;
         }
