@@ -3,6 +3,8 @@
 use bytes::Bytes;
 
 use crate::codec::{ProtocolVersion, ReasonCode};
+use crate::link::Frame;
+use crate::routes::NodeId;
 
 /// Milliseconds since the Unix epoch (or any epoch the shell keeps stable across restarts:
 /// persisted expiry deadlines are absolute). Passed in by the shell; the core never reads a clock.
@@ -62,6 +64,12 @@ pub enum Input<'a> {
         conn: ConnId,
         outcome: super::AuthOutcome,
     },
+    /// A link to a peer node is up (cluster mode).
+    PeerUp { peer: NodeId },
+    /// A frame from a peer node, decoded with [`crate::link::decode`].
+    PeerFrame { peer: NodeId, frame: Box<Frame> },
+    /// The link to a peer node is down.
+    PeerDown { peer: NodeId },
 }
 
 /// One thing the shell must do, taken from [`crate::Broker::poll_output`] in order.
@@ -79,6 +87,10 @@ pub enum Output {
     Persist { key: Bytes, value: Option<Bytes> },
     /// Something worth logging, counting or reacting to.
     Event(Event),
+    /// Send this frame to one peer node (cluster mode), on its ordered link.
+    ToPeer { peer: NodeId, frame: Frame },
+    /// Send this frame to every peer node (route deltas and digests; gossip is fine).
+    Broadcast { frame: Frame },
 }
 
 /// Why a connection ended.

@@ -4,6 +4,7 @@
 //! drains its outputs; see the crate documentation for the drive loop.
 
 mod auth;
+mod cluster;
 mod config;
 mod connect;
 mod connection;
@@ -25,6 +26,7 @@ use bytes::Bytes;
 use foldhash::fast::FixedState;
 
 pub use auth::{AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
+pub use cluster::{ClusterConfig, PeerSummary};
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
 pub use message::Message;
@@ -54,6 +56,10 @@ enum Timer {
     },
     /// The earliest entry of `retained_expiry` is due.
     RetainedExpiry,
+    /// Close the batch of route changes and send it.
+    RouteFlush,
+    /// Announce this node's route-set version.
+    Digest,
 }
 
 /// Hash maps with a fixed seed: deterministic, no OS randomness.
@@ -98,6 +104,8 @@ pub struct Broker {
     stats: Stats,
     scratch: Vec<Recipient>,
     topic_limits: topic::Limits,
+    /// Set when the broker is a node of a multi-region deployment.
+    cluster: Option<Box<cluster::Cluster>>,
 }
 
 impl fmt::Debug for Broker {
@@ -149,6 +157,7 @@ impl Broker {
             stats: Stats::default(),
             scratch: Vec::new(),
             topic_limits,
+            cluster: None,
             config,
             now,
         }
@@ -177,6 +186,9 @@ impl Broker {
             Input::Closed { conn } => self.close_conn(conn, DisconnectCause::ConnectionLost),
             Input::Timeout => self.on_timeout(),
             Input::AuthDecision { conn, outcome } => self.on_auth_decision(conn, outcome),
+            Input::PeerUp { peer } => self.on_peer_up(peer),
+            Input::PeerFrame { peer, frame } => self.on_peer_frame(peer, *frame),
+            Input::PeerDown { peer } => self.on_peer_down(peer),
         }
     }
 
@@ -646,6 +658,8 @@ impl Broker {
                     self.end_session(session);
                 }
             }
+            Timer::RouteFlush => self.fire_route_flush(),
+            Timer::Digest => self.fire_digest(),
             Timer::RetainedExpiry => {
                 self.retained_timer = None;
                 while let Some((at, topic)) = self.retained_expiry.first().cloned() {

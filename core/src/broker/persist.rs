@@ -12,6 +12,8 @@
 //! | `Q` cid seq(u64 BE) | a queued or in-flight outgoing QoS 1/2 message |
 //! | `I` cid packet-id(u16 BE) | an incoming QoS 2 packet id waiting for PUBREL |
 //! | `R` topic | a retained message |
+//! | `O` peer seq(u64 BE) | a QoS 1/2 forward waiting in a peer's outbox (a link frame) |
+//! | `M` origin incarnation(u64 BE) | the highest forward delivered from an origin incarnation |
 
 use std::sync::Arc;
 
@@ -46,6 +48,8 @@ pub(crate) enum Key {
     Queued { client_id: String, seq: u64 },
     Incoming { client_id: String, packet_id: u16 },
     Retained { topic: String },
+    Outbox { peer: String, seq: u64 },
+    InboxMark { origin: String, incarnation: u64 },
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -77,6 +81,19 @@ impl Key {
             } => {
                 let mut k = with_client(b'I', client_id, 2);
                 k.put_u16(*packet_id);
+                k.freeze()
+            }
+            Key::Outbox { peer, seq } => {
+                let mut k = with_client(b'O', peer, 8);
+                k.put_u64(*seq);
+                k.freeze()
+            }
+            Key::InboxMark {
+                origin,
+                incarnation,
+            } => {
+                let mut k = with_client(b'M', origin, 8);
+                k.put_u64(*incarnation);
                 k.freeze()
             }
             Key::Retained { topic } => {
@@ -121,6 +138,14 @@ impl Key {
             b'I' if k.len() == 2 => Key::Incoming {
                 client_id,
                 packet_id: k.get_u16(),
+            },
+            b'O' if k.len() == 8 => Key::Outbox {
+                peer: client_id,
+                seq: k.get_u64(),
+            },
+            b'M' if k.len() == 8 => Key::InboxMark {
+                origin: client_id,
+                incarnation: k.get_u64(),
             },
             _ => return Err(e("unknown key kind")),
         })

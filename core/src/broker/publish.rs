@@ -94,7 +94,15 @@ impl Broker {
                 "response topic contains wildcards",
             );
         }
-        let reason = self.check_publish(sid, &p);
+        let mut reason = self.check_publish(sid, &p);
+        // A node that wants the message has a full outbox: refuse rather than lose it.
+        if reason.is_none()
+            && v5
+            && p.qos != QoS::AtMostOnce
+            && self.outbox_full_for(&p.topic, p.payload.len() + p.topic.len())
+        {
+            reason = Some(ReasonCode::QUOTA_EXCEEDED);
+        }
         if reason == Some(ReasonCode::TOPIC_NAME_INVALID) && !v5 {
             // 3.1.1 has no way to refuse a PUBLISH but closing the connection.
             return self.protocol_violation(
@@ -186,7 +194,17 @@ impl Broker {
         if message.retain {
             self.store_retained(&message);
         }
-        self.route(&message)
+        let n = self.route(&message);
+        self.forward(&message);
+        n
+    }
+
+    /// A message forwarded by another node: to local subscribers only.
+    pub(super) fn deliver_local(&mut self, mut message: Message) -> usize {
+        message.properties.message_expiry_interval = None;
+        message.properties.topic_alias = None;
+        message.properties.subscription_identifiers.clear();
+        self.route(&Arc::new(message))
     }
 
     fn store_retained(&mut self, message: &Arc<Message>) {

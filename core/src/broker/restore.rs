@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use super::io::{Event, Timestamp};
+use super::io::Timestamp;
 use super::persist::{self, Key, QueuedRecord, RecordError, SessionRecord};
 use super::session::{Inflight, Queued};
 use super::subscriptions::Subscriber;
@@ -46,6 +46,9 @@ impl Broker {
         for (key, value) in records {
             let parsed = Key::decode(&key).and_then(|k| {
                 match k {
+                    k @ (Key::Outbox { .. } | Key::InboxMark { .. }) => {
+                        self.restore_cluster_record(&k, &value)?;
+                    }
                     Key::Session { client_id } => {
                         sessions.insert(client_id, SessionRecord::decode(&value)?);
                     }
@@ -142,9 +145,7 @@ impl Broker {
                 },
             );
             if change.route_changed {
-                self.event(Event::RouteAdded {
-                    filter: filter.pattern().to_owned(),
-                });
+                self.route_added(filter.pattern());
             }
             if let Some(session) = self.session_mut(sid) {
                 session

@@ -25,6 +25,11 @@ pub struct Stats {
     pub dropped_qos0_offline: u64,
     pub dropped_not_authorized: u64,
     pub dropped_retained_full: u64,
+    /// QoS 0 forwards for a peer whose link was down.
+    pub dropped_peer_down: u64,
+    /// QoS 1/2 forwards refused by a full peer outbox (MQTT 3.1.1 publishers only; 5.0
+    /// publishers get 0x97 instead).
+    pub dropped_outbox_full: u64,
     pub connects_refused: u64,
     pub protocol_errors: u64,
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::io::{ConnId, Event};
+use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
 use super::session::{SessionId, SubscriptionEntry};
@@ -96,9 +96,7 @@ impl Broker {
                 },
             );
             if change.route_changed {
-                self.event(Event::RouteAdded {
-                    filter: filter.pattern().to_owned(),
-                });
+                self.route_added(filter.pattern());
             }
             let Some(session) = self.session_mut(sid) else {
                 return;
@@ -216,9 +214,7 @@ impl Broker {
         if let Ok(filter) = TopicFilter::new(filter_text) {
             let change = self.subs.remove(&filter, sid);
             if change.route_changed {
-                self.event(Event::RouteRemoved {
-                    filter: filter.pattern().to_owned(),
-                });
+                self.route_removed(filter.pattern());
             }
         }
         true

@@ -3,15 +3,20 @@
 
 #![allow(dead_code)]
 
+pub mod mesh;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::{Bytes, BytesMut};
+use meridian_core::broker::ClusterConfig;
 use meridian_core::broker::{AuthOutcome, Authenticator, Authorizer};
 use meridian_core::codec::{
     self, Ack, ConnAck, Connect, ConnectProperties, Packet, ProtocolVersion, Publish,
     PublishProperties, QoS, ReasonCode, Subscribe, SubscribeFilter, SubscribeProperties,
     SubscriptionOptions, Unsubscribe,
 };
+use meridian_core::link::Frame;
+use meridian_core::routes::NodeId;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 
 pub const V3: ProtocolVersion = ProtocolVersion::V311;
@@ -31,6 +36,10 @@ pub struct World {
     pub events: Vec<Event>,
     /// Every output in the order the broker gave it.
     pub log: Vec<Output>,
+    /// Frames for peer nodes (`None`: to every peer), not yet carried.
+    pub peer_out: Vec<(Option<NodeId>, Frame)>,
+    /// Set for a node of a deployment; a restart bumps the incarnation.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl World {
@@ -64,12 +73,27 @@ impl World {
             store: BTreeMap::new(),
             events: Vec::new(),
             log: Vec::new(),
+            peer_out: Vec::new(),
+            cluster: None,
         }
+    }
+
+    /// A node of a deployment.
+    pub fn node(config: Config, cluster: ClusterConfig) -> Self {
+        let mut w = Self::with_config(config);
+        w.broker.enable_cluster(cluster.clone());
+        w.cluster = Some(cluster);
+        w
     }
 
     /// Simulate a crash and restart: a new broker restored from what was persisted.
     pub fn restart(&mut self) {
-        let broker = Broker::new(self.config.clone(), Timestamp(self.now));
+        let mut broker = Broker::new(self.config.clone(), Timestamp(self.now));
+        if let Some(c) = &mut self.cluster {
+            c.incarnation += 1;
+            broker.enable_cluster(c.clone());
+        }
+        self.peer_out.clear();
         let old = std::mem::replace(&mut self.broker, broker);
         drop(old);
         self.inbox.clear();
@@ -112,6 +136,8 @@ impl World {
                     }
                 },
                 Output::Event(e) => self.events.push(e),
+                Output::ToPeer { peer, frame } => self.peer_out.push((Some(peer), frame)),
+                Output::Broadcast { frame } => self.peer_out.push((None, frame)),
             }
         }
     }

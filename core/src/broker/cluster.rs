@@ -1,0 +1,567 @@
+//! The broker as a node of a multi-region deployment: its route set replicated to peers,
+//! their route sets replicated here, and PUBLISH forwarded once per node that wants it,
+//! QoS 1/2 through a durable per-peer outbox, deduplicated on arrival.
+//!
+//! Nothing here waits on another region: a client's SUBSCRIBE is answered locally and its
+//! route reaches peers in the next batch; a PUBLISH is acknowledged once it is routed locally
+//! and queued (persisted) for every peer that wants it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use super::io::{Event, Output};
+use super::message::Message;
+use super::persist::Key;
+use super::{Broker, Timer};
+use crate::codec::{Publish, QoS};
+use crate::link::{
+    self, Arrival, DEFAULT_MAX_FRAME_LEN, DigestEntry, Forward, Frame, Inbox,
+    LINK_PROTOCOL_VERSION, Outbox, OutboxLimits,
+};
+use crate::routes::{DeltaOutcome, NodeId, Owner, RouteLog, RouteTable, SnapshotOutcome};
+
+/// This node's identity in the deployment and the bounds of its links.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub node: NodeId,
+    /// Must grow on every start of the node (the shell keeps a counter in its data dir).
+    pub incarnation: u64,
+    pub region: String,
+    /// Route changes are collected for this long, then sent as one delta.
+    pub route_batch_ms: u64,
+    /// How often this node announces its route-set version (anti-entropy).
+    pub digest_interval_ms: u64,
+    /// Route changes kept for peers that are behind; beyond, they get a snapshot.
+    pub tombstone_budget: usize,
+    pub snapshot_chunk_filters: usize,
+    /// Per-peer outbox of QoS 1/2 forwards. When one is full, a QoS 1/2 PUBLISH that a node
+    /// behind it wants is refused with 0x97 (MQTT 5.0) so that nothing acknowledged is lost;
+    /// an MQTT 3.1.1 publisher cannot be told, so the forward to that node is dropped and
+    /// counted (`Stats::dropped_outbox_full`).
+    pub outbox: OutboxLimits,
+}
+
+impl ClusterConfig {
+    pub fn new(node: NodeId, incarnation: u64, region: impl Into<String>) -> Self {
+        Self {
+            node,
+            incarnation,
+            region: region.into(),
+            route_batch_ms: 20,
+            digest_interval_ms: 5_000,
+            tombstone_budget: 100_000,
+            snapshot_chunk_filters: 10_000,
+            outbox: OutboxLimits {
+                window: 1_024,
+                max_messages: 100_000,
+                max_bytes: 256 * 1024 * 1024,
+            },
+        }
+    }
+}
+
+/// What the broker knows about one peer node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSummary {
+    pub node: NodeId,
+    pub connected: bool,
+    pub region: Option<String>,
+    /// Filters the peer has subscribers for, as replicated here.
+    pub routes: usize,
+    /// Route-set version replicated here, and the latest the peer announced.
+    pub route_version: u64,
+    pub announced_version: u64,
+    pub outbox_messages: usize,
+    pub outbox_bytes: usize,
+    pub forwarded_to: u64,
+    pub forwarded_from: u64,
+}
+
+#[derive(Debug)]
+struct Peer {
+    connected: bool,
+    region: Option<String>,
+    outbox: Outbox,
+    announced_version: u64,
+    forwarded_to: u64,
+    forwarded_from: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Cluster {
+    config: ClusterConfig,
+    owner: Owner,
+    routes: RouteLog,
+    table: RouteTable,
+    peers: BTreeMap<NodeId, Peer>,
+    inbox: Inbox,
+    flush_armed: bool,
+    scratch: Vec<NodeId>,
+}
+
+impl Cluster {
+    pub(super) fn new(config: ClusterConfig, seed: u64) -> Self {
+        let owner = Owner {
+            node: config.node.clone(),
+            incarnation: config.incarnation,
+        };
+        Self {
+            routes: RouteLog::new(owner.clone(), config.tombstone_budget),
+            table: RouteTable::new(seed),
+            owner,
+            peers: BTreeMap::new(),
+            inbox: Inbox::default(),
+            flush_armed: false,
+            scratch: Vec::new(),
+            config,
+        }
+    }
+
+    fn peer(&mut self, node: &NodeId) -> &mut Peer {
+        let limits = self.config.outbox;
+        self.peers.entry(node.clone()).or_insert_with(|| Peer {
+            connected: false,
+            region: None,
+            outbox: Outbox::new(limits),
+            announced_version: 0,
+            forwarded_to: 0,
+            forwarded_from: 0,
+        })
+    }
+
+    fn own_digest(&self) -> Frame {
+        Frame::Digest(vec![DigestEntry {
+            owner: self.owner.clone(),
+            version: self.routes.version(),
+            hash: self.routes.hash(),
+        }])
+    }
+}
+
+impl Broker {
+    /// Make this broker a node of a deployment. Call before [`Broker::restore`] and before
+    /// accepting connections.
+    pub fn enable_cluster(&mut self, config: ClusterConfig) {
+        let seed = self.config.seed ^ 0x5eed;
+        let cluster = Cluster::new(config, seed);
+        let first_digest = self.now.plus_ms(cluster.config.digest_interval_ms);
+        self.cluster = Some(Box::new(cluster));
+        self.timers.insert((first_digest, Timer::Digest));
+    }
+
+    /// Peers this node knows, for admin listings and metrics.
+    pub fn peers(&self) -> Vec<PeerSummary> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        c.peers
+            .iter()
+            .map(|(node, p)| {
+                let replica = c.table.replica(node);
+                PeerSummary {
+                    node: node.clone(),
+                    connected: p.connected,
+                    region: p.region.clone(),
+                    routes: replica.map_or(0, |r| r.len()),
+                    route_version: replica.map_or(0, |r| r.version),
+                    announced_version: p.announced_version,
+                    outbox_messages: p.outbox.len(),
+                    outbox_bytes: p.outbox.bytes(),
+                    forwarded_to: p.forwarded_to,
+                    forwarded_from: p.forwarded_from,
+                }
+            })
+            .collect()
+    }
+
+    /// Nodes whose subscribers want `topic` (for tests and admin tools).
+    pub fn nodes_for(&self, topic: &str) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        if let Some(c) = &self.cluster {
+            c.table.nodes_for(topic, &mut out);
+        }
+        out
+    }
+
+    fn send_to_peer(&mut self, peer: NodeId, frame: Frame) {
+        self.outputs.push_back(Output::ToPeer { peer, frame });
+    }
+
+    // ----- route set -----
+
+    /// A filter pattern got its first local subscriber.
+    pub(super) fn route_added(&mut self, filter: &str) {
+        self.event(Event::RouteAdded {
+            filter: filter.to_owned(),
+        });
+        if let Some(c) = &mut self.cluster {
+            c.routes.add(filter);
+            self.arm_route_flush();
+        }
+    }
+
+    /// A filter pattern lost its last local subscriber.
+    pub(super) fn route_removed(&mut self, filter: &str) {
+        self.event(Event::RouteRemoved {
+            filter: filter.to_owned(),
+        });
+        if let Some(c) = &mut self.cluster {
+            c.routes.remove(filter);
+            self.arm_route_flush();
+        }
+    }
+
+    fn arm_route_flush(&mut self) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        if !c.flush_armed && c.routes.has_pending() {
+            c.flush_armed = true;
+            self.timers
+                .insert((now.plus_ms(c.config.route_batch_ms), Timer::RouteFlush));
+        }
+    }
+
+    pub(super) fn fire_route_flush(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        c.flush_armed = false;
+        if let Some(delta) = c.routes.flush() {
+            self.outputs.push_back(Output::Broadcast {
+                frame: Frame::RouteDelta(delta),
+            });
+        }
+    }
+
+    pub(super) fn fire_digest(&mut self) {
+        let Some(c) = &self.cluster else { return };
+        let frame = c.own_digest();
+        let next = self.now.plus_ms(c.config.digest_interval_ms);
+        self.outputs.push_back(Output::Broadcast { frame });
+        self.timers.insert((next, Timer::Digest));
+    }
+
+    // ----- links -----
+
+    pub(super) fn on_peer_up(&mut self, peer: NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        if peer == c.owner.node {
+            return;
+        }
+        c.peer(&peer).connected = true;
+        c.routes.add_peer(peer.clone());
+        let hello = Frame::Hello {
+            node: c.owner.node.clone(),
+            incarnation: c.owner.incarnation,
+            protocol: LINK_PROTOCOL_VERSION,
+            region: c.config.region.clone(),
+        };
+        let digest = c.own_digest();
+        self.send_to_peer(peer.clone(), hello);
+        self.send_to_peer(peer.clone(), digest);
+        self.pump_outbox(&peer);
+    }
+
+    pub(super) fn on_peer_down(&mut self, peer: NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        if let Some(p) = c.peers.get_mut(&peer) {
+            p.connected = false;
+            p.outbox.link_down();
+        }
+    }
+
+    pub(super) fn on_peer_frame(&mut self, peer: NodeId, frame: Frame) {
+        let Some(c) = &mut self.cluster else { return };
+        match frame {
+            Frame::Hello {
+                region, protocol, ..
+            } => {
+                if protocol != LINK_PROTOCOL_VERSION {
+                    self.stats.protocol_errors += 1;
+                }
+                c.peer(&peer).region = Some(region);
+            }
+            Frame::RouteDelta(delta) => {
+                if delta.owner.node == c.owner.node {
+                    return;
+                }
+                let owner = delta.owner.clone();
+                match c.table.apply_delta(&delta) {
+                    DeltaOutcome::Applied { version } => {
+                        self.send_to_peer(owner.node.clone(), Frame::RouteAck { owner, version })
+                    }
+                    DeltaOutcome::Gap { after } => {
+                        let hash = c.table.replica(&owner.node).map_or(0, |r| r.hash);
+                        let entry = DigestEntry {
+                            owner: owner.clone(),
+                            version: after,
+                            hash,
+                        };
+                        self.send_to_peer(owner.node, Frame::Digest(vec![entry]));
+                    }
+                    DeltaOutcome::NeedSnapshot => {
+                        self.send_to_peer(owner.node, Frame::SnapshotRequest)
+                    }
+                    DeltaOutcome::Duplicate | DeltaOutcome::Stale => {}
+                }
+            }
+            Frame::RouteAck { owner, version } => {
+                if owner == c.owner {
+                    c.routes.ack(&peer, version);
+                }
+            }
+            Frame::Digest(entries) => {
+                for entry in entries {
+                    self.on_digest_entry(&peer, entry);
+                }
+            }
+            Frame::SnapshotRequest => self.send_snapshot(&peer),
+            Frame::SnapshotChunk(chunk) => {
+                if chunk.owner.node == c.owner.node {
+                    return;
+                }
+                let owner = chunk.owner.clone();
+                match c.table.apply_snapshot_chunk(&chunk) {
+                    SnapshotOutcome::Installed { version } => {
+                        self.send_to_peer(owner.node.clone(), Frame::RouteAck { owner, version })
+                    }
+                    SnapshotOutcome::Corrupt => {
+                        self.send_to_peer(owner.node, Frame::SnapshotRequest)
+                    }
+                    SnapshotOutcome::InProgress | SnapshotOutcome::Stale => {}
+                }
+            }
+            Frame::Forward(forward) => self.on_forward(peer, forward),
+            Frame::ForwardAck { seq, .. } => {
+                let done = c.peer(&peer).outbox.ack(seq);
+                for seq in done {
+                    self.persist(
+                        Key::Outbox {
+                            peer: peer.to_string(),
+                            seq,
+                        }
+                        .encode(),
+                        None,
+                    );
+                }
+                self.pump_outbox(&peer);
+            }
+            Frame::KeepAlive => {}
+        }
+    }
+
+    /// A peer says where it stands for one owner's route set.
+    fn on_digest_entry(&mut self, peer: &NodeId, entry: DigestEntry) {
+        let Some(c) = &mut self.cluster else { return };
+        if entry.owner.node == c.owner.node {
+            // About our own routes: help the peer catch up.
+            let same = entry.owner.incarnation == c.owner.incarnation;
+            if same && entry.version == c.routes.version() && entry.hash == c.routes.hash() {
+                return;
+            }
+            let delta = (same && entry.version <= c.routes.version())
+                .then(|| c.routes.delta_since(entry.version))
+                .flatten()
+                .filter(|_| entry.version < c.routes.version());
+            match delta {
+                Some(delta) => self.send_to_peer(peer.clone(), Frame::RouteDelta(delta)),
+                None => self.send_snapshot(peer),
+            }
+            return;
+        }
+        // About someone else's routes (usually the peer's own): are we behind?
+        if entry.owner.node == *peer {
+            c.peer(peer).announced_version = entry.version;
+        }
+        let replica = c.table.replica(&entry.owner.node);
+        let (incarnation, version, hash) =
+            replica.map_or((0, 0, 0), |r| (r.incarnation, r.version, r.hash));
+        let behind = (incarnation, version) < (entry.owner.incarnation, entry.version);
+        let diverged = (incarnation, version) == (entry.owner.incarnation, entry.version)
+            && hash != entry.hash;
+        if diverged || (behind && incarnation != entry.owner.incarnation) {
+            self.send_to_peer(entry.owner.node, Frame::SnapshotRequest);
+        } else if behind {
+            let mine = DigestEntry {
+                owner: entry.owner.clone(),
+                version,
+                hash,
+            };
+            self.send_to_peer(entry.owner.node, Frame::Digest(vec![mine]));
+        }
+    }
+
+    fn send_snapshot(&mut self, peer: &NodeId) {
+        let Some(c) = &self.cluster else { return };
+        let chunks = c.routes.snapshot(c.config.snapshot_chunk_filters);
+        for chunk in chunks {
+            self.send_to_peer(peer.clone(), Frame::SnapshotChunk(chunk));
+        }
+    }
+
+    // ----- forwarding -----
+
+    /// Whether a QoS 1/2 message on `topic` would overflow the outbox of a node that wants it.
+    pub(super) fn outbox_full_for(&self, topic: &str, weight: usize) -> bool {
+        let Some(c) = &self.cluster else { return false };
+        let mut nodes = Vec::new();
+        c.table.nodes_for(topic, &mut nodes);
+        nodes
+            .iter()
+            .any(|n| c.peers.get(n).is_some_and(|p| !p.outbox.has_room(weight)))
+    }
+
+    /// Send a locally published message to every node that has a matching subscriber, once.
+    pub(super) fn forward(&mut self, message: &Arc<Message>) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        let mut nodes = std::mem::take(&mut c.scratch);
+        c.table.nodes_for(&message.topic, &mut nodes);
+        if nodes.is_empty() {
+            c.scratch = nodes;
+            return;
+        }
+        let mut properties = message.properties.clone();
+        properties.message_expiry_interval = message.remaining_expiry_secs(now).map(|s| s.max(1));
+        let publish = Publish {
+            dup: false,
+            qos: message.qos,
+            retain: message.retain,
+            topic: message.topic.to_string(),
+            packet_id: (message.qos != QoS::AtMostOnce).then_some(1),
+            payload: message.payload.clone(),
+            properties,
+        };
+        let forward = Forward {
+            origin: c.owner.clone(),
+            seq: 0,
+            message: publish,
+        };
+        for node in nodes.drain(..) {
+            let Some(c) = &mut self.cluster else { break };
+            let peer = c.peer(&node);
+            if message.qos == QoS::AtMostOnce {
+                if peer.connected {
+                    peer.forwarded_to += 1;
+                    self.send_to_peer(node, Frame::Forward(forward.clone()));
+                } else {
+                    self.stats.dropped_peer_down += 1;
+                }
+                continue;
+            }
+            match peer.outbox.push(forward.clone()) {
+                Ok(queued) => {
+                    peer.forwarded_to += 1;
+                    let mut value = BytesMut::new();
+                    if link::encode(&Frame::Forward(queued.clone()), &mut value).is_ok() {
+                        let key = Key::Outbox {
+                            peer: node.to_string(),
+                            seq: queued.seq,
+                        };
+                        self.persist(key.encode(), Some(value.freeze()));
+                    }
+                    self.pump_outbox(&node);
+                }
+                Err(_) => self.stats.dropped_outbox_full += 1,
+            }
+        }
+        if let Some(c) = &mut self.cluster {
+            c.scratch = nodes;
+        }
+    }
+
+    /// Send what the window allows from a peer's outbox, if the link is up.
+    fn pump_outbox(&mut self, node: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        let Some(peer) = c.peers.get_mut(node) else {
+            return;
+        };
+        if !peer.connected {
+            return;
+        }
+        for forward in peer.outbox.take_sendable() {
+            self.send_to_peer(node.clone(), Frame::Forward(forward));
+        }
+    }
+
+    /// A message forwarded by a peer: delivered to local subscribers only (never forwarded
+    /// again, so nothing loops), once.
+    fn on_forward(&mut self, peer: NodeId, forward: Forward) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        c.peer(&peer).forwarded_from += 1;
+        let p = forward.message;
+        let message = Message {
+            topic: p.topic.as_str().into(),
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            expires_at: p
+                .properties
+                .message_expiry_interval
+                .map(|s| now.plus_secs(s)),
+            properties: p.properties,
+            origin: None,
+        };
+        if p.qos == QoS::AtMostOnce {
+            self.deliver_local(message);
+            return;
+        }
+        let origin = forward.origin;
+        let seq = forward.seq;
+        if c.inbox.arrive(&origin, seq) == Arrival::Deliver {
+            self.deliver_local(message);
+            let key = Key::InboxMark {
+                origin: origin.node.to_string(),
+                incarnation: origin.incarnation,
+            };
+            self.persist(
+                key.encode(),
+                Some(Bytes::copy_from_slice(&seq.to_be_bytes())),
+            );
+        }
+        self.send_to_peer(peer, Frame::ForwardAck { origin, seq });
+    }
+
+    /// Restore a cluster record; false if the record is not a cluster one.
+    pub(super) fn restore_cluster_record(
+        &mut self,
+        key: &Key,
+        value: &[u8],
+    ) -> Result<bool, super::RecordError> {
+        let bad = |detail| super::RecordError {
+            kind: "cluster",
+            detail,
+        };
+        let Some(c) = &mut self.cluster else {
+            return Ok(matches!(key, Key::Outbox { .. } | Key::InboxMark { .. }));
+        };
+        match key {
+            Key::Outbox { peer, seq } => {
+                let node = NodeId::new(peer).map_err(|_| bad("peer id"))?;
+                let mut buf = BytesMut::from(value);
+                match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+                    Ok(Some(Frame::Forward(f))) if f.seq == *seq => c.peer(&node).outbox.restore(f),
+                    _ => return Err(bad("outbox entry")),
+                }
+                Ok(true)
+            }
+            Key::InboxMark {
+                origin,
+                incarnation,
+            } => {
+                let node = NodeId::new(origin).map_err(|_| bad("origin id"))?;
+                let seq = <[u8; 8]>::try_from(value).map_err(|_| bad("inbox mark"))?;
+                c.inbox.restore(
+                    &Owner {
+                        node,
+                        incarnation: *incarnation,
+                    },
+                    u64::from_be_bytes(seq),
+                );
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}

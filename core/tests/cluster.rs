@@ -1,0 +1,342 @@
+//! Brokers as nodes of a deployment: interest replicated between nodes, each PUBLISH forwarded
+//! once per node that wants it, QoS 1/2 through durable outboxes, exactly once, in order,
+//! through link cuts and crashes.
+
+mod common;
+
+use bytes::Bytes;
+use common::mesh::{Mesh, id};
+use common::*;
+use meridian_core::Config;
+use meridian_core::broker::PeerSummary;
+use meridian_core::codec::{Packet, PublishProperties, QoS, ReasonCode};
+use meridian_core::link::OutboxLimits;
+
+fn persistent(c: &mut meridian_core::codec::Connect) {
+    c.clean_start = false;
+    c.properties.session_expiry_interval = Some(3600);
+}
+
+fn peer<'a>(peers: &'a [PeerSummary], name: &str) -> &'a PeerSummary {
+    peers
+        .iter()
+        .find(|p| p.node == id(name))
+        .expect("peer known")
+}
+
+fn payloads(w: &mut World, conn: meridian_core::ConnId) -> Vec<u32> {
+    let got = w.received_publishes(conn);
+    for p in &got {
+        w.ack(conn, p);
+    }
+    got.iter()
+        .map(|p| u32::from_be_bytes(p.payload[..4].try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn publish_goes_only_to_nodes_with_a_matching_subscriber() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "geo/a/#", QoS::AtLeastOnce);
+    mesh.advance(50); // one route batch
+    assert_eq!(mesh.node("c").broker.nodes_for("geo/a/x"), vec![id("a")]);
+    assert!(mesh.node("c").broker.nodes_for("geo/b/x").is_empty());
+
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 0..10u32 {
+        mesh.node("c").publish(
+            publisher,
+            "geo/a/x",
+            &i.to_be_bytes(),
+            QoS::AtLeastOnce,
+            false,
+            i as u16 + 1,
+        );
+        mesh.settle();
+    }
+    assert_eq!(payloads(mesh.node("a"), sub), (0..10).collect::<Vec<_>>());
+    let c_peers = mesh.node("c").broker.peers();
+    assert_eq!(peer(&c_peers, "a").forwarded_to, 10);
+    assert_eq!(peer(&c_peers, "b").forwarded_to, 0, "b has no subscriber");
+    assert_eq!(peer(&mesh.node("b").broker.peers(), "c").forwarded_from, 0);
+
+    // a unsubscribes: once the route change propagates, c stops forwarding.
+    mesh.node("a").unsubscribe(sub, "geo/a/#");
+    mesh.advance(50);
+    assert!(mesh.node("c").broker.nodes_for("geo/a/x").is_empty());
+    mesh.node("c").publish(
+        publisher,
+        "geo/a/x",
+        &99u32.to_be_bytes(),
+        QoS::AtLeastOnce,
+        false,
+        50,
+    );
+    mesh.settle();
+    assert_eq!(peer(&mesh.node("c").broker.peers(), "a").forwarded_to, 10);
+}
+
+#[test]
+fn suback_is_local_even_with_every_link_down() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |_| {});
+    mesh.link_down(&id("a"), &id("b"));
+    let sub = mesh.node("a").connect(V5, "sub");
+    assert_eq!(
+        mesh.node("a").subscribe(sub, "t/#", QoS::AtMostOnce),
+        vec![ReasonCode::GRANTED_QOS_0]
+    );
+    mesh.advance(50);
+    assert!(
+        mesh.node("b").broker.nodes_for("t/x").is_empty(),
+        "not yet known: the link is down"
+    );
+    mesh.link_up(&id("a"), &id("b"));
+    mesh.advance(50);
+    assert_eq!(
+        mesh.node("b").broker.nodes_for("t/x"),
+        vec![id("a")],
+        "learned when the link came back"
+    );
+}
+
+#[test]
+fn qos1_and_qos2_cross_a_cut_link_exactly_once_in_order() {
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect_with(V5, "sub", persistent).0;
+    mesh.node("a").subscribe(sub, "o/#", QoS::ExactlyOnce);
+    mesh.advance(50);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    let mut received = Vec::new();
+    for i in 0..100u32 {
+        if i == 30 {
+            mesh.link_down(&id("a"), &id("c"));
+        }
+        if i == 70 {
+            mesh.link_up(&id("a"), &id("c"));
+        }
+        let qos = if i % 2 == 0 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::ExactlyOnce
+        };
+        let w = mesh.node("c");
+        w.publish(publisher, "o/x", &i.to_be_bytes(), qos, false, i as u16 + 1);
+        if qos == QoS::ExactlyOnce {
+            let rec = w.recv(publisher);
+            assert!(
+                matches!(&rec[..], [Packet::PubRec(a)] if a.reason == ReasonCode::SUCCESS),
+                "{rec:?}"
+            );
+            w.send(
+                publisher,
+                Packet::PubRel(meridian_core::codec::Ack::new(i as u16 + 1)),
+            );
+        }
+        w.recv(publisher);
+        mesh.settle();
+        received.extend(payloads(mesh.node("a"), sub));
+    }
+    assert_eq!(
+        received,
+        (0..100).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    assert_eq!(peer(&mesh.node("c").broker.peers(), "a").outbox_messages, 0);
+}
+
+#[test]
+fn outbox_survives_a_crash_of_the_publishing_node() {
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect_with(V5, "sub", persistent).0;
+    mesh.node("a").subscribe(sub, "d/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    mesh.link_down(&id("a"), &id("c"));
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 0..20u32 {
+        mesh.node("c").publish(
+            publisher,
+            "d/x",
+            &i.to_be_bytes(),
+            QoS::AtLeastOnce,
+            false,
+            i as u16 + 1,
+        );
+    }
+    let acks = mesh.node("c").recv(publisher);
+    assert_eq!(acks.len(), 20, "acknowledged while the link is down");
+    assert_eq!(
+        peer(&mesh.node("c").broker.peers(), "a").outbox_messages,
+        20
+    );
+    mesh.crash_and_restart("c");
+    assert_eq!(
+        peer(&mesh.node("c").broker.peers(), "a").outbox_messages,
+        20,
+        "restored from storage"
+    );
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.settle();
+    assert_eq!(payloads(mesh.node("a"), sub), (0..20).collect::<Vec<_>>());
+    assert_eq!(peer(&mesh.node("c").broker.peers(), "a").outbox_messages, 0);
+}
+
+#[test]
+fn receiver_crash_does_not_deliver_twice() {
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect_with(V5, "sub", persistent).0;
+    mesh.node("a").subscribe(sub, "r/#", QoS::ExactlyOnce);
+    mesh.advance(50);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 0..10u32 {
+        mesh.node("c").publish(
+            publisher,
+            "r/x",
+            &i.to_be_bytes(),
+            QoS::AtLeastOnce,
+            false,
+            i as u16 + 1,
+        );
+    }
+    // The forwards reach a, but a's acks are lost with the link, and then a crashes.
+    mesh.deliver_one_way("c", "a");
+    assert_eq!(mesh.node("a").received_publishes(sub).len(), 10);
+    mesh.link_down(&id("a"), &id("c"));
+    assert_eq!(
+        peer(&mesh.node("c").broker.peers(), "a").outbox_messages,
+        10,
+        "unacknowledged"
+    );
+    mesh.crash_and_restart("a");
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.settle();
+    // c re-sent all ten; a's persisted marks dropped them as duplicates and acknowledged.
+    assert_eq!(peer(&mesh.node("a").broker.peers(), "c").forwarded_from, 10);
+    assert_eq!(peer(&mesh.node("c").broker.peers(), "a").outbox_messages, 0);
+    // The subscriber's session holds the ten in flight, re-sent as DUP; no second copies.
+    let sub2 = mesh.node("a").connect_with(V5, "sub", persistent).0;
+    let again = mesh.node("a").received_publishes(sub2);
+    assert_eq!(again.len(), 10);
+    assert!(again.iter().all(|p| p.dup));
+}
+
+#[test]
+fn restarted_node_replaces_its_routes_everywhere() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "clean");
+    mesh.node("a").subscribe(sub, "gone/#", QoS::AtMostOnce);
+    mesh.advance(50);
+    assert_eq!(mesh.node("b").broker.nodes_for("gone/x"), vec![id("a")]);
+    // A clean session does not survive the crash: the new incarnation has no such route.
+    mesh.crash_and_restart("a");
+    mesh.advance(6_000); // a digest round
+    assert!(mesh.node("b").broker.nodes_for("gone/x").is_empty());
+}
+
+#[test]
+fn full_outbox_refuses_a_v5_publish_with_quota_exceeded() {
+    let limits = OutboxLimits {
+        window: 10,
+        max_messages: 2,
+        max_bytes: 1 << 20,
+    };
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), move |c| c.outbox = limits);
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "f", QoS::AtLeastOnce);
+    mesh.advance(50);
+    mesh.link_down(&id("a"), &id("c"));
+    let v5 = mesh.node("c").connect(V5, "p5");
+    let v3 = mesh.node("c").connect(V3, "p3");
+    for i in 1..=3u16 {
+        mesh.node("c")
+            .publish(v5, "f", b"x", QoS::AtLeastOnce, false, i);
+    }
+    let acks = mesh.node("c").recv(v5);
+    let reasons: Vec<ReasonCode> = acks
+        .iter()
+        .map(|p| match p {
+            Packet::PubAck(a) => a.reason,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            ReasonCode::SUCCESS,
+            ReasonCode::SUCCESS,
+            ReasonCode::QUOTA_EXCEEDED
+        ]
+    );
+    mesh.node("c")
+        .publish(v3, "f", b"x", QoS::AtLeastOnce, false, 1);
+    assert_eq!(
+        mesh.node("c").broker.stats().dropped_outbox_full,
+        1,
+        "3.1.1: dropped and counted"
+    );
+}
+
+#[test]
+fn forwarded_message_keeps_every_property_and_qos0_goes_direct() {
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "p", QoS::AtLeastOnce);
+    mesh.advance(50);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    let mut msg = publish_packet("p", b"{}", QoS::AtMostOnce, false, 0);
+    msg.properties = PublishProperties {
+        payload_format_indicator: Some(1),
+        content_type: Some("application/json".into()),
+        response_topic: Some("reply/c".into()),
+        correlation_data: Some(Bytes::from_static(b"corr")),
+        user_properties: vec![("k".into(), "v".into())],
+        ..Default::default()
+    };
+    mesh.node("c").send(publisher, Packet::Publish(msg.clone()));
+    mesh.settle();
+    let got = mesh.node("a").received_publishes(sub);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].properties, msg.properties);
+    assert_eq!(
+        peer(&mesh.node("c").broker.peers(), "a").outbox_messages,
+        0,
+        "QoS 0 skips the outbox"
+    );
+}
+
+#[test]
+fn nothing_loops_in_a_full_mesh() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
+    for name in ["a", "b", "c"] {
+        let w = mesh.node(name);
+        let s = w.connect(V5, "s");
+        w.subscribe(s, "all/#", QoS::AtLeastOnce);
+    }
+    mesh.advance(50);
+    let p = mesh.node("b").connect(V5, "p");
+    mesh.node("b")
+        .publish(p, "all/x", &7u32.to_be_bytes(), QoS::AtLeastOnce, false, 1);
+    mesh.advance(10);
+    mesh.settle();
+    for name in ["a", "b", "c"] {
+        let w = mesh.node(name);
+        let conn = w
+            .broker
+            .clients()
+            .iter()
+            .find(|c| c.client_id == "s")
+            .unwrap()
+            .conn
+            .unwrap();
+        assert_eq!(
+            w.received_publishes(conn).len(),
+            1,
+            "exactly one copy at {name}"
+        );
+    }
+    let peers = mesh.node("b").broker.peers();
+    assert_eq!(
+        peer(&peers, "a").forwarded_to + peer(&peers, "c").forwarded_to,
+        2
+    );
+}

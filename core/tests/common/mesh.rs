@@ -1,0 +1,210 @@
+//! Several broker nodes joined by links that carry link frames in order, can be cut and
+//! restored, and move in virtual time together.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::BytesMut;
+use meridian_core::broker::ClusterConfig;
+use meridian_core::link::{self, Frame};
+use meridian_core::routes::NodeId;
+use meridian_core::{Config, Input, Timestamp};
+
+use super::World;
+
+pub struct Mesh {
+    pub nodes: BTreeMap<NodeId, World>,
+    /// Links that are up (unordered pairs, stored with the smaller id first).
+    up: BTreeSet<(NodeId, NodeId)>,
+    /// Frames in flight on each directed link, in order.
+    wire: BTreeMap<(NodeId, NodeId), VecDeque<Frame>>,
+    /// Frames delivered per directed link (every frame goes through the real codec).
+    pub carried: BTreeMap<(NodeId, NodeId), usize>,
+}
+
+pub fn id(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+
+fn pair(a: &NodeId, b: &NodeId) -> (NodeId, NodeId) {
+    if a < b {
+        (a.clone(), b.clone())
+    } else {
+        (b.clone(), a.clone())
+    }
+}
+
+impl Mesh {
+    /// Nodes named `names`, all linked to each other and up.
+    pub fn new(names: &[&str], config: Config, tweak: impl Fn(&mut ClusterConfig)) -> Self {
+        let mut nodes = BTreeMap::new();
+        for name in names {
+            let mut cluster = ClusterConfig::new(id(name), 1, format!("region-{name}"));
+            tweak(&mut cluster);
+            nodes.insert(id(name), World::node(config.clone(), cluster));
+        }
+        let mut mesh = Self {
+            nodes,
+            up: BTreeSet::new(),
+            wire: BTreeMap::new(),
+            carried: BTreeMap::new(),
+        };
+        let ids: Vec<NodeId> = mesh.nodes.keys().cloned().collect();
+        for (i, a) in ids.iter().enumerate() {
+            for b in &ids[i + 1..] {
+                mesh.link_up(a, b);
+            }
+        }
+        mesh.settle();
+        mesh
+    }
+
+    pub fn node(&mut self, name: &str) -> &mut World {
+        self.nodes.get_mut(&id(name)).expect("node exists")
+    }
+
+    pub fn is_up(&self, a: &NodeId, b: &NodeId) -> bool {
+        self.up.contains(&pair(a, b))
+    }
+
+    pub fn link_up(&mut self, a: &NodeId, b: &NodeId) {
+        if self.up.insert(pair(a, b)) {
+            for (x, y) in [(a, b), (b, a)] {
+                let w = self.nodes.get_mut(x).unwrap();
+                w.broker
+                    .handle_input(Timestamp(w.now), Input::PeerUp { peer: y.clone() });
+                w.drain();
+            }
+        }
+    }
+
+    /// Cut a link: frames in flight on it are lost.
+    pub fn link_down(&mut self, a: &NodeId, b: &NodeId) {
+        if self.up.remove(&pair(a, b)) {
+            self.wire.remove(&(a.clone(), b.clone()));
+            self.wire.remove(&(b.clone(), a.clone()));
+            for (x, y) in [(a, b), (b, a)] {
+                let w = self.nodes.get_mut(x).unwrap();
+                w.broker
+                    .handle_input(Timestamp(w.now), Input::PeerDown { peer: y.clone() });
+                w.drain();
+            }
+        }
+    }
+
+    /// Crash a node and restart it from its storage (new incarnation); its links drop and
+    /// come back.
+    pub fn crash_and_restart(&mut self, name: &str) {
+        let me = id(name);
+        let others: Vec<NodeId> = self.nodes.keys().filter(|n| **n != me).cloned().collect();
+        let was_up: Vec<NodeId> = others
+            .iter()
+            .filter(|o| self.is_up(&me, o))
+            .cloned()
+            .collect();
+        for o in &was_up {
+            self.link_down(&me, o);
+        }
+        self.node(name).restart();
+        for o in &was_up {
+            self.link_up(&me, o);
+        }
+    }
+
+    /// Move every pending frame onto the wires.
+    fn collect(&mut self) {
+        let ids: Vec<NodeId> = self.nodes.keys().cloned().collect();
+        for from in &ids {
+            let out = std::mem::take(&mut self.nodes.get_mut(from).unwrap().peer_out);
+            for (to, frame) in out {
+                let targets: Vec<NodeId> = match to {
+                    Some(t) => vec![t],
+                    None => ids.iter().filter(|n| *n != from).cloned().collect(),
+                };
+                for t in targets {
+                    if self.is_up(from, &t) {
+                        self.wire
+                            .entry((from.clone(), t))
+                            .or_default()
+                            .push_back(frame.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deliver one frame per non-empty link, through the link codec. Returns whether any moved.
+    fn step(&mut self) -> bool {
+        self.collect();
+        let links: Vec<(NodeId, NodeId)> = self
+            .wire
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (from, to) in &links {
+            let Some(frame) = self
+                .wire
+                .get_mut(&(from.clone(), to.clone()))
+                .and_then(VecDeque::pop_front)
+            else {
+                continue;
+            };
+            let mut bytes = BytesMut::new();
+            link::encode(&frame, &mut bytes).expect("frames encode");
+            let decoded = link::decode(&mut bytes, link::DEFAULT_MAX_FRAME_LEN)
+                .expect("frames decode")
+                .expect("whole frame");
+            *self.carried.entry((from.clone(), to.clone())).or_default() += 1;
+            let w = self.nodes.get_mut(to).unwrap();
+            w.broker.handle_input(
+                Timestamp(w.now),
+                Input::PeerFrame {
+                    peer: from.clone(),
+                    frame: Box::new(decoded),
+                },
+            );
+            w.drain();
+        }
+        !links.is_empty()
+    }
+
+    /// Deliver everything queued from `from` to `to`, and nothing else (answers stay queued).
+    pub fn deliver_one_way(&mut self, from: &str, to: &str) {
+        self.collect();
+        let key = (id(from), id(to));
+        while let Some(frame) = self.wire.get_mut(&key).and_then(VecDeque::pop_front) {
+            let w = self.nodes.get_mut(&key.1).unwrap();
+            w.broker.handle_input(
+                Timestamp(w.now),
+                Input::PeerFrame {
+                    peer: key.0.clone(),
+                    frame: Box::new(frame),
+                },
+            );
+            w.drain();
+        }
+    }
+
+    /// Deliver frames until the wires are empty (bounded).
+    pub fn settle(&mut self) {
+        for _ in 0..100_000 {
+            if !self.step() {
+                self.collect();
+                if self.wire.values().all(VecDeque::is_empty) {
+                    return;
+                }
+            }
+        }
+        panic!("mesh did not settle");
+    }
+
+    /// Advance every node's clock by `ms` (firing timers), then settle.
+    pub fn advance(&mut self, ms: u64) {
+        for w in self.nodes.values_mut() {
+            w.advance(ms);
+        }
+        self.settle();
+    }
+}
