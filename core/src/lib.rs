@@ -55,6 +55,8 @@ pub mod broker;
 pub mod codec;
 pub mod link;
 pub mod routes;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod topic;
 
 pub use broker::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};

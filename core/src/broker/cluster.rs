@@ -565,3 +565,33 @@ impl Broker {
         }
     }
 }
+
+impl Broker {
+    /// This node's own route set (filters with a local subscriber), as last flushed.
+    pub fn route_set(&self) -> Vec<String> {
+        self.cluster
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.routes.live().map(str::to_owned).collect())
+    }
+
+    /// Another node's route set as replicated here.
+    pub fn replicated_routes(&self, node: &NodeId) -> Vec<String> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        let mut routes: Vec<String> = c
+            .table
+            .replica(node)
+            .map(|r| r.filters().map(str::to_owned).collect())
+            .unwrap_or_default();
+        routes.sort();
+        routes
+    }
+
+    /// Whether route changes wait for the next batch.
+    pub fn routes_pending(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.routes.has_pending())
+    }
+}

@@ -1,0 +1,626 @@
+//! A deterministic simulation of a whole deployment in virtual time (feature `sim`).
+//!
+//! Nodes are real [`Broker`]s in cluster mode, each with an in-memory store; links between them
+//! carry link frames with latency and jitter, ordered for the point-to-point stream and lossy,
+//! duplicating and reordering for broadcasts (gossip); links can be cut and healed; nodes can
+//! crash (losing everything not persisted) and restart with a new incarnation; clients speak
+//! MQTT 5.0 through the real codec with their own round trip to their node. One seed gives one
+//! run: [`Sim::trace_hash`] is the same every time, which [`Sim`]'s tests check.
+
+mod client;
+mod rng;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use bytes::Bytes;
+
+pub use client::{Received, SimClient};
+pub use rng::Rng;
+
+use crate::broker::ClusterConfig;
+use crate::codec::QoS;
+use crate::link::Frame;
+use crate::routes::NodeId;
+use crate::{Broker, Config, ConnId, ConnInfo, Input, Output, Timestamp};
+
+/// Virtual time starts here (milliseconds), so that no timestamp is zero.
+const EPOCH_MS: u64 = 1_000_000;
+
+/// The behaviour of the link between two nodes (both directions).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkSpec {
+    /// Round-trip time; each direction takes half.
+    pub rtt_ms: u64,
+    /// Up to this much extra delay per frame (stream frames stay in order).
+    pub jitter_ms: u64,
+    /// Broadcast (gossip) frames lost, and duplicated, per million.
+    pub gossip_loss_ppm: u32,
+    pub gossip_dup_ppm: u32,
+}
+
+impl LinkSpec {
+    pub fn rtt(rtt_ms: u64) -> Self {
+        Self {
+            rtt_ms,
+            jitter_ms: 0,
+            gossip_loss_ppm: 0,
+            gossip_dup_ppm: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Link {
+    spec: LinkSpec,
+    up: bool,
+    /// Bumped on every cut: stream frames of an earlier epoch died with the connection.
+    epoch: u64,
+    /// When the last stream frame in each direction arrives (keeps the stream ordered).
+    stream_tail: [u64; 2],
+}
+
+#[derive(Debug)]
+struct Node {
+    broker: Option<Broker>,
+    store: BTreeMap<Bytes, Bytes>,
+    cluster: ClusterConfig,
+    timer_at: Option<u64>,
+    /// Connection -> client index.
+    conns: BTreeMap<ConnId, usize>,
+}
+
+/// A client action, scheduled with [`Sim::at`].
+#[derive(Debug, Clone)]
+pub enum Action {
+    Connect {
+        client: usize,
+    },
+    Subscribe {
+        client: usize,
+        filter: String,
+        qos: QoS,
+    },
+    Publish {
+        client: usize,
+        topic: String,
+        payload: Bytes,
+        qos: QoS,
+    },
+    Cut {
+        a: NodeId,
+        b: NodeId,
+    },
+    Heal {
+        a: NodeId,
+        b: NodeId,
+    },
+    Crash {
+        node: NodeId,
+    },
+    Restart {
+        node: NodeId,
+    },
+}
+
+#[derive(Debug)]
+enum Event {
+    Act(Action),
+    Frame {
+        from: NodeId,
+        to: NodeId,
+        epoch: Option<u64>,
+        frame: Box<Frame>,
+    },
+    ToNode {
+        client: usize,
+        data: Bytes,
+    },
+    ToClient {
+        client: usize,
+        conn: ConnId,
+        data: Bytes,
+    },
+    Timer {
+        node: NodeId,
+    },
+}
+
+/// The simulated world.
+#[derive(Debug)]
+pub struct Sim {
+    now: u64,
+    rng: Rng,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(u64, u64)>>,
+    events: BTreeMap<u64, Event>,
+    nodes: BTreeMap<NodeId, Node>,
+    links: BTreeMap<(NodeId, NodeId), Link>,
+    pub clients: Vec<SimClient>,
+    config: Config,
+    trace: u64,
+    /// Called after every event (invariant checks, measurements).
+    observed_events: u64,
+}
+
+fn key(a: &NodeId, b: &NodeId) -> (NodeId, NodeId) {
+    if a < b {
+        (a.clone(), b.clone())
+    } else {
+        (b.clone(), a.clone())
+    }
+}
+
+impl Sim {
+    /// Nodes `(name, region)`, every pair linked with `link(a, b)`.
+    pub fn new(
+        seed: u64,
+        config: Config,
+        nodes: &[(&str, &str)],
+        link: impl Fn(&str, &str) -> LinkSpec,
+        tweak: impl Fn(&mut ClusterConfig),
+    ) -> Self {
+        let mut sim = Self {
+            now: EPOCH_MS,
+            rng: Rng::new(seed),
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            links: BTreeMap::new(),
+            clients: Vec::new(),
+            config,
+            trace: 0xcbf2_9ce4_8422_2325,
+            observed_events: 0,
+        };
+        for (name, region) in nodes {
+            let id = NodeId::new(name).expect("simulated node names are valid");
+            let mut cluster = ClusterConfig::new(id.clone(), 1, *region);
+            tweak(&mut cluster);
+            let mut node = Node {
+                broker: None,
+                store: BTreeMap::new(),
+                cluster,
+                timer_at: None,
+                conns: BTreeMap::new(),
+            };
+            node.broker = Some(sim.boot(&node.cluster, &node.store));
+            sim.nodes.insert(id, node);
+        }
+        for (i, (a, _)) in nodes.iter().enumerate() {
+            for (b, _) in &nodes[i + 1..] {
+                let (x, y) = (
+                    NodeId::new(a).expect("valid"),
+                    NodeId::new(b).expect("valid"),
+                );
+                sim.links.insert(
+                    key(&x, &y),
+                    Link {
+                        spec: link(a, b),
+                        up: false,
+                        epoch: 0,
+                        stream_tail: [0; 2],
+                    },
+                );
+            }
+        }
+        let pairs: Vec<(NodeId, NodeId)> = sim.links.keys().cloned().collect();
+        for (a, b) in pairs {
+            sim.heal(&a, &b);
+        }
+        sim
+    }
+
+    fn boot(&self, cluster: &ClusterConfig, store: &BTreeMap<Bytes, Bytes>) -> Broker {
+        let mut config = self.config.clone();
+        config.seed ^= cluster.incarnation.wrapping_mul(0x9E37_79B9)
+            ^ crate::routes::filter_hash(cluster.node.as_str());
+        let mut broker = Broker::new(config, Timestamp(self.now));
+        broker.enable_cluster(cluster.clone());
+        broker.restore(
+            Timestamp(self.now),
+            store.iter().map(|(k, v)| (k.clone(), v.clone())),
+        );
+        broker
+    }
+
+    /// Milliseconds since the simulation began.
+    pub fn elapsed_ms(&self) -> u64 {
+        self.now - EPOCH_MS
+    }
+
+    /// A hash of everything that happened, in order: equal for equal seeds.
+    pub fn trace_hash(&self) -> u64 {
+        self.trace
+    }
+
+    pub fn broker(&self, node: &NodeId) -> Option<&Broker> {
+        self.nodes.get(node)?.broker.as_ref()
+    }
+
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.nodes.keys().cloned().collect()
+    }
+
+    /// Add a client of `node` with its round trip to it; returns its index.
+    pub fn add_client(&mut self, name: &str, node: &NodeId, rtt_ms: u64) -> usize {
+        self.clients
+            .push(SimClient::new(name.to_owned(), node.clone(), rtt_ms));
+        self.clients.len() - 1
+    }
+
+    /// Schedule an action `at_ms` after the start of the simulation.
+    pub fn at(&mut self, at_ms: u64, action: Action) {
+        self.schedule(EPOCH_MS + at_ms, Event::Act(action));
+    }
+
+    fn schedule(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse((at.max(self.now), self.seq)));
+        self.events.insert(self.seq, event);
+    }
+
+    fn mix(&mut self, parts: &[u64]) {
+        for p in parts {
+            for b in p.to_le_bytes() {
+                self.trace ^= u64::from(b);
+                self.trace = self.trace.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+    }
+
+    /// Run events until `until_ms` after the start (or until nothing is left), calling
+    /// `observe` after each one.
+    pub fn run_until(&mut self, until_ms: u64, mut observe: impl FnMut(&Sim)) {
+        let until = EPOCH_MS + until_ms;
+        while let Some(Reverse((at, seq))) = self.queue.peek().copied() {
+            if at > until {
+                break;
+            }
+            self.queue.pop();
+            self.now = at;
+            let Some(event) = self.events.remove(&seq) else {
+                continue;
+            };
+            self.handle(event);
+            self.observed_events += 1;
+            observe(self);
+        }
+        self.now = self.now.max(until);
+    }
+
+    /// Run until no event is left (bounded by `limit_ms`).
+    pub fn run_to_quiet(&mut self, limit_ms: u64) {
+        let limit = self.elapsed_ms() + limit_ms;
+        self.run_until(limit, |_| {});
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Act(action) => self.act(action),
+            Event::Frame {
+                from,
+                to,
+                epoch,
+                frame,
+            } => {
+                let link = self.links.get(&key(&from, &to));
+                let alive = link.is_some_and(|l| l.up && epoch.is_none_or(|e| e == l.epoch));
+                if alive {
+                    self.mix(&[self.now, 1, crate::routes::filter_hash(frame.name())]);
+                    self.feed(&to, Input::PeerFrame { peer: from, frame });
+                }
+            }
+            Event::ToNode { client, data } => {
+                let Some(c) = self.clients.get(client) else {
+                    return;
+                };
+                let (node, conn) = (c.node.clone(), c.conn);
+                if let Some(conn) = conn {
+                    self.mix(&[self.now, 2, client as u64, data.len() as u64]);
+                    self.feed(&node, Input::Bytes { conn, data: &data });
+                }
+            }
+            Event::ToClient { client, conn, data } => {
+                let Some(c) = self.clients.get_mut(client) else {
+                    return;
+                };
+                if c.conn != Some(conn) {
+                    return;
+                }
+                let replies = c.receive(self.now - EPOCH_MS, &data);
+                let half = c.rtt_ms / 2;
+                self.mix(&[self.now, 3, client as u64, data.len() as u64]);
+                for reply in replies {
+                    self.schedule(
+                        self.now + half,
+                        Event::ToNode {
+                            client,
+                            data: reply,
+                        },
+                    );
+                }
+            }
+            Event::Timer { node } => {
+                if let Some(n) = self.nodes.get_mut(&node) {
+                    n.timer_at = None;
+                }
+                self.feed(&node, Input::Timeout);
+            }
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::Connect { client } => {
+                let Some(c) = self.clients.get(client) else {
+                    return;
+                };
+                let node = c.node.clone();
+                let half = c.rtt_ms / 2;
+                let bytes = c.connect_bytes();
+                let now = Timestamp(self.now);
+                let Some(n) = self.nodes.get_mut(&node) else {
+                    return;
+                };
+                let Some(broker) = n.broker.as_mut() else {
+                    return;
+                };
+                let conn = broker.accept(now, ConnInfo::default());
+                n.conns.insert(conn, client);
+                self.clients[client].conn = Some(conn);
+                // The TCP handshake takes one round trip before CONNECT is sent.
+                self.schedule(
+                    self.now + half + self.clients[client].rtt_ms,
+                    Event::ToNode {
+                        client,
+                        data: bytes,
+                    },
+                );
+            }
+            Action::Subscribe {
+                client,
+                filter,
+                qos,
+            } => {
+                let half = self.clients[client].rtt_ms / 2;
+                let bytes = self.clients[client].subscribe_bytes(&filter, qos);
+                self.schedule(
+                    self.now + half,
+                    Event::ToNode {
+                        client,
+                        data: bytes,
+                    },
+                );
+            }
+            Action::Publish {
+                client,
+                topic,
+                payload,
+                qos,
+            } => {
+                let half = self.clients[client].rtt_ms / 2;
+                let bytes = self.clients[client].publish_bytes(&topic, payload, qos);
+                self.schedule(
+                    self.now + half,
+                    Event::ToNode {
+                        client,
+                        data: bytes,
+                    },
+                );
+            }
+            Action::Cut { a, b } => self.cut(&a, &b),
+            Action::Heal { a, b } => self.heal(&a, &b),
+            Action::Crash { node } => self.crash(&node),
+            Action::Restart { node } => self.restart(&node),
+        }
+    }
+
+    /// Cut a link: frames on it are lost; both ends see the link go down.
+    pub fn cut(&mut self, a: &NodeId, b: &NodeId) {
+        let Some(link) = self.links.get_mut(&key(a, b)) else {
+            return;
+        };
+        if !link.up {
+            return;
+        }
+        link.up = false;
+        link.epoch += 1;
+        for (x, y) in [(a, b), (b, a)] {
+            self.feed(x, Input::PeerDown { peer: y.clone() });
+        }
+    }
+
+    /// Heal a link: both ends see it come up.
+    pub fn heal(&mut self, a: &NodeId, b: &NodeId) {
+        let both_alive = self.nodes.get(a).is_some_and(|n| n.broker.is_some())
+            && self.nodes.get(b).is_some_and(|n| n.broker.is_some());
+        let Some(link) = self.links.get_mut(&key(a, b)) else {
+            return;
+        };
+        if link.up || !both_alive {
+            return;
+        }
+        link.up = true;
+        link.epoch += 1;
+        link.stream_tail = [self.now; 2];
+        for (x, y) in [(a, b), (b, a)] {
+            self.feed(x, Input::PeerUp { peer: y.clone() });
+        }
+    }
+
+    /// A node crashes: its connections and links drop, only its store survives.
+    pub fn crash(&mut self, node: &NodeId) {
+        let others: Vec<NodeId> = self.nodes.keys().filter(|n| *n != node).cloned().collect();
+        for other in &others {
+            self.cut(node, other);
+        }
+        let Some(n) = self.nodes.get_mut(node) else {
+            return;
+        };
+        n.broker = None;
+        n.timer_at = None;
+        for (_, client) in std::mem::take(&mut n.conns) {
+            self.clients[client].disconnected();
+        }
+    }
+
+    /// A crashed node starts again from its store, with a new incarnation.
+    pub fn restart(&mut self, node: &NodeId) {
+        let Some(n) = self.nodes.get_mut(node) else {
+            return;
+        };
+        if n.broker.is_some() {
+            return;
+        }
+        n.cluster.incarnation += 1;
+        let (cluster, store) = (n.cluster.clone(), n.store.clone());
+        let broker = self.boot(&cluster, &store);
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.broker = Some(broker);
+        }
+        self.after_input(node);
+        let others: Vec<NodeId> = self.nodes.keys().filter(|n| *n != node).cloned().collect();
+        for other in others {
+            self.heal(node, &other);
+        }
+    }
+
+    fn feed(&mut self, node: &NodeId, input: Input<'_>) {
+        let now = Timestamp(self.now);
+        let Some(broker) = self.nodes.get_mut(node).and_then(|n| n.broker.as_mut()) else {
+            return;
+        };
+        broker.handle_input(now, input);
+        self.after_input(node);
+    }
+
+    /// Apply a node's outputs the way a shell would, and arm its timer.
+    fn after_input(&mut self, node: &NodeId) {
+        let mut outputs = Vec::new();
+        if let Some(broker) = self.nodes.get_mut(node).and_then(|n| n.broker.as_mut()) {
+            while let Some(out) = broker.poll_output() {
+                outputs.push(out);
+            }
+        }
+        for out in outputs {
+            match out {
+                Output::Send { conn, data } => {
+                    let Some(&client) = self.nodes.get(node).and_then(|n| n.conns.get(&conn))
+                    else {
+                        continue;
+                    };
+                    let half = self.clients[client].rtt_ms / 2;
+                    self.schedule(self.now + half, Event::ToClient { client, conn, data });
+                }
+                Output::Close { conn } => {
+                    if let Some(client) =
+                        self.nodes.get_mut(node).and_then(|n| n.conns.remove(&conn))
+                        && self.clients[client].conn == Some(conn)
+                    {
+                        self.clients[client].disconnected();
+                    }
+                }
+                Output::Persist { key, value } => {
+                    let Some(n) = self.nodes.get_mut(node) else {
+                        continue;
+                    };
+                    match value {
+                        Some(v) => n.store.insert(key, v),
+                        None => n.store.remove(&key),
+                    };
+                }
+                Output::Event(_) => {}
+                Output::ToPeer { peer, frame } => self.send_frame(node, &peer, frame, true),
+                Output::Broadcast { frame } => {
+                    let peers: Vec<NodeId> =
+                        self.nodes.keys().filter(|n| *n != node).cloned().collect();
+                    for peer in peers {
+                        self.send_frame(node, &peer, frame.clone(), false);
+                    }
+                }
+            }
+        }
+        let next = self
+            .nodes
+            .get(node)
+            .and_then(|n| n.broker.as_ref())
+            .and_then(Broker::poll_timeout);
+        if let Some(at) = next {
+            let at = at.0.max(self.now);
+            let Some(n) = self.nodes.get_mut(node) else {
+                return;
+            };
+            if n.timer_at.is_none_or(|t| at < t) {
+                n.timer_at = Some(at);
+                self.schedule(at, Event::Timer { node: node.clone() });
+            }
+        }
+    }
+
+    fn send_frame(&mut self, from: &NodeId, to: &NodeId, frame: Frame, stream: bool) {
+        let k = key(from, to);
+        let Some(link) = self.links.get(&k) else {
+            return;
+        };
+        if !link.up {
+            return;
+        }
+        let spec = link.spec;
+        let epoch = link.epoch;
+        let delay = spec.rtt_ms / 2 + self.rng.up_to(spec.jitter_ms);
+        if stream {
+            let dir = usize::from(from > to);
+            let link = self.links.get_mut(&k).expect("link exists");
+            let at = (self.now + delay).max(link.stream_tail[dir]);
+            link.stream_tail[dir] = at;
+            self.schedule(
+                at,
+                Event::Frame {
+                    from: from.clone(),
+                    to: to.clone(),
+                    epoch: Some(epoch),
+                    frame: Box::new(frame),
+                },
+            );
+        } else {
+            if self.rng.chance(spec.gossip_loss_ppm) {
+                return;
+            }
+            let copies = if self.rng.chance(spec.gossip_dup_ppm) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let delay = spec.rtt_ms / 2 + self.rng.up_to(spec.jitter_ms);
+                self.schedule(
+                    self.now + delay,
+                    Event::Frame {
+                        from: from.clone(),
+                        to: to.clone(),
+                        epoch: None,
+                        frame: Box::new(frame.clone()),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Whether every node's replica of every other node's routes equals that node's own set.
+    pub fn routes_converged(&self) -> bool {
+        self.nodes.iter().all(|(owner, n)| {
+            let Some(b) = &n.broker else { return true };
+            let mut own = b.route_set();
+            own.sort();
+            self.nodes
+                .iter()
+                .filter(|(other, _)| *other != owner)
+                .all(|(_, m)| {
+                    m.broker
+                        .as_ref()
+                        .is_none_or(|mb| mb.replicated_routes(owner) == own)
+                })
+        })
+    }
+}
