@@ -1,0 +1,352 @@
+//! Authentication (password file) and authorization (ACL rules) for the broker.
+//!
+//! Password hashes are verified off the broker thread: the authenticator answers
+//! [`AuthOutcome::Pending`], a blocking task runs Argon2 (at most [`MAX_CONCURRENT_VERIFY`] at
+//! once), and the decision comes back as [`ToEngine::AuthDecision`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use meridian_core::broker::{AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
+use meridian_core::codec::ReasonCode;
+use meridian_core::topic::{self, TopicFilter};
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::config::{AclAction, AclRule, DaemonConfig, Permission};
+use crate::engine::ToEngine;
+use crate::passwd::{self, PasswordDb};
+
+/// Argon2 verifications running at once (each takes ~19 MiB and tens of milliseconds).
+pub const MAX_CONCURRENT_VERIFY: usize = 4;
+/// Verifications waiting at once; beyond it CONNECT is refused with 0x89 Server busy.
+pub const MAX_PENDING_VERIFY: usize = 1024;
+
+/// Everything needed to build the broker's authenticator and authorizer inside the broker
+/// thread (the core wants them boxed and not `Send`).
+#[derive(Debug, Clone)]
+pub struct AuthSetup {
+    users: Option<Arc<PasswordDb>>,
+    /// A valid hash checked for unknown users, so that "no such user" costs as much as a
+    /// wrong password.
+    dummy_hash: Arc<str>,
+    anonymous: bool,
+    acl: Acl,
+}
+
+impl AuthSetup {
+    /// Check the configuration and load the password file. Anonymous access needs every
+    /// listener on loopback; a non-loopback listener without a password file is refused.
+    pub fn from_config(config: &DaemonConfig) -> anyhow::Result<Self> {
+        let users = if config.auth.password_file.is_empty() {
+            None
+        } else {
+            Some(Arc::new(passwd::load(std::path::Path::new(
+                &config.auth.password_file,
+            ))?))
+        };
+        let mut all_loopback = true;
+        for (name, l) in config.listeners() {
+            if l.enabled && !l.bind.ip().is_loopback() {
+                all_loopback = false;
+                let certs_required = matches!(name, "tls" | "wss") && l.require_client_cert;
+                if users.is_none() && !certs_required {
+                    anyhow::bail!(
+                        "listeners.{name} binds {} (not loopback) but no authentication is \
+                         configured: set auth.password_file (create it with `meridian passwd \
+                         FILE USER`), or require client certificates on a TLS listener \
+                         (require_client_cert, client_ca), or bind the listener to 127.0.0.1",
+                        l.bind
+                    );
+                }
+            }
+        }
+        let anonymous = users.is_none() || (config.auth.allow_anonymous && all_loopback);
+        if users.is_some() && config.auth.allow_anonymous && !all_loopback {
+            tracing::warn!(
+                "auth.allow_anonymous ignored: a listener is not on loopback, clients must log in"
+            );
+        }
+        // Any stored hash will do (`known` stays false for unknown users): same parameters,
+        // same cost.
+        let dummy_hash: Arc<str> = users
+            .as_ref()
+            .and_then(|u| u.values().next())
+            .map_or_else(|| Arc::from(""), |h| Arc::from(h.as_str()));
+        Ok(Self {
+            users,
+            dummy_hash,
+            anonymous,
+            acl: Acl {
+                default: config.acl.default,
+                rules: config.acl.rules.clone(),
+            },
+        })
+    }
+
+    /// Build inside the broker thread (a tokio runtime must be current: verifications run on
+    /// its blocking pool).
+    pub fn build(
+        self,
+        engine: mpsc::Sender<ToEngine>,
+    ) -> (Box<dyn Authenticator>, Box<dyn Authorizer>) {
+        let authn = PasswordAuth {
+            users: self.users,
+            dummy_hash: self.dummy_hash,
+            anonymous: self.anonymous,
+            engine,
+            permits: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFY)),
+            pending: Arc::new(AtomicUsize::new(0)),
+        };
+        (Box::new(authn), Box::new(self.acl))
+    }
+}
+
+struct PasswordAuth {
+    users: Option<Arc<PasswordDb>>,
+    dummy_hash: Arc<str>,
+    anonymous: bool,
+    engine: mpsc::Sender<ToEngine>,
+    permits: Arc<Semaphore>,
+    pending: Arc<AtomicUsize>,
+}
+
+impl Authenticator for PasswordAuth {
+    fn authenticate(&mut self, request: &AuthRequest<'_>) -> AuthOutcome {
+        if request.method.is_some() {
+            return AuthOutcome::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD);
+        }
+        // A verified client certificate logs the client in as its Common Name (unless the
+        // client names another user, who must then give that user's password).
+        if let Some(identity) = request.tls_identity
+            && request.username.is_none_or(|u| u == identity)
+        {
+            return AuthOutcome::Allow {
+                username: Some(identity.to_owned()),
+            };
+        }
+        let Some(users) = &self.users else {
+            return AuthOutcome::Allow { username: None };
+        };
+        let Some(username) = request.username else {
+            return if self.anonymous {
+                AuthOutcome::Allow { username: None }
+            } else {
+                AuthOutcome::Deny(ReasonCode::NOT_AUTHORIZED)
+            };
+        };
+        let Some(password) = request.password else {
+            return AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        };
+        if self.pending.load(Ordering::Relaxed) >= MAX_PENDING_VERIFY {
+            return AuthOutcome::Deny(ReasonCode::SERVER_BUSY);
+        }
+        let (hash, known) = match users.get(username) {
+            Some(h) => (h.clone(), true),
+            None => (self.dummy_hash.to_string(), false),
+        };
+        let password = password.to_vec();
+        let conn = request.conn;
+        let engine = self.engine.clone();
+        let permits = self.permits.clone();
+        let pending = self.pending.clone();
+        pending.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let ok = match permits.acquire_owned().await {
+                Ok(_permit) => {
+                    tokio::task::spawn_blocking(move || passwd::verify(&password, &hash) && known)
+                        .await
+                        .unwrap_or(false)
+                }
+                Err(_) => false,
+            };
+            pending.fetch_sub(1, Ordering::Relaxed);
+            let outcome = if ok {
+                AuthOutcome::Allow { username: None }
+            } else {
+                AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+            };
+            let _ = engine.send(ToEngine::AuthDecision { conn, outcome }).await;
+        });
+        AuthOutcome::Pending
+    }
+}
+
+/// ACL rules from the config: the first rule that applies decides, else `default`.
+#[derive(Debug, Clone)]
+pub struct Acl {
+    pub default: Permission,
+    pub rules: Vec<AclRule>,
+}
+
+impl Acl {
+    fn decide(&self, client: &ClientRef<'_>, action: AclAction, target: &str) -> bool {
+        for rule in &self.rules {
+            if rule.action != AclAction::All && rule.action != action {
+                continue;
+            }
+            if rule
+                .user
+                .as_deref()
+                .is_some_and(|u| Some(u) != client.username)
+            {
+                continue;
+            }
+            if rule
+                .client_id
+                .as_deref()
+                .is_some_and(|c| c != client.client_id)
+            {
+                continue;
+            }
+            let Some(filter) = substitute(&rule.topic, client) else {
+                continue;
+            };
+            let applies = match (action, rule.permission) {
+                (AclAction::Subscribe, Permission::Allow) => covers(&filter, target),
+                // A deny rule catches any subscription that could receive a denied topic.
+                (AclAction::Subscribe, Permission::Deny) => overlaps(&filter, target),
+                _ => topic::matches(&filter, target),
+            };
+            if applies {
+                return rule.permission == Permission::Allow;
+            }
+        }
+        self.default == Permission::Allow
+    }
+}
+
+impl Authorizer for Acl {
+    fn may_publish(&self, client: &ClientRef<'_>, topic: &str) -> bool {
+        self.decide(client, AclAction::Publish, topic)
+    }
+
+    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> bool {
+        self.decide(client, AclAction::Subscribe, filter.pattern())
+    }
+}
+
+/// `%u` and `%c` replaced by the username and client id. `None` (the rule does not apply) when
+/// a needed value is missing or contains characters that would change the filter's shape.
+fn substitute(template: &str, client: &ClientRef<'_>) -> Option<String> {
+    let unsafe_part = |s: &str| s.is_empty() || s.contains(['/', '+', '#']);
+    let mut out = template.to_owned();
+    if out.contains("%u") {
+        let u = client.username?;
+        if unsafe_part(u) {
+            return None;
+        }
+        out = out.replace("%u", u);
+    }
+    if out.contains("%c") {
+        if unsafe_part(client.client_id) {
+            return None;
+        }
+        out = out.replace("%c", client.client_id);
+    }
+    Some(out)
+}
+
+/// Whether every topic `inner` matches is also matched by `outer`.
+fn covers(outer: &str, inner: &str) -> bool {
+    let mut o = outer.split('/');
+    let mut i = inner.split('/');
+    loop {
+        match (o.next(), i.next()) {
+            (Some("#"), _) => return true,
+            (Some(_), Some("#")) => return false,
+            (Some("+"), Some(_)) => {}
+            (Some(_), Some("+")) => return false,
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// Whether some topic is matched by both filters.
+fn overlaps(a: &str, b: &str) -> bool {
+    let mut x = a.split('/');
+    let mut y = b.split('/');
+    loop {
+        match (x.next(), y.next()) {
+            (Some("#"), _) | (_, Some("#")) => return true,
+            (Some("+"), Some(_)) | (Some(_), Some("+")) => {}
+            (Some(p), Some(q)) if p == q => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(permission: Permission, action: AclAction, topic: &str) -> AclRule {
+        AclRule {
+            permission,
+            action,
+            topic: topic.to_owned(),
+            user: None,
+            client_id: None,
+        }
+    }
+
+    #[test]
+    fn cover_and_overlap() {
+        assert!(covers("a/#", "a/b/c"));
+        assert!(covers("a/+", "a/b"));
+        assert!(covers("a/+", "a/+"));
+        assert!(!covers("a/+", "a/#"));
+        assert!(!covers("a/b", "a/+"));
+        assert!(covers("#", "x/#"));
+        assert!(overlaps("secret/#", "#"));
+        assert!(overlaps("a/+/c", "a/b/+"));
+        assert!(!overlaps("a/b", "a/c"));
+        assert!(!overlaps("a/b", "a/b/c"));
+    }
+
+    #[test]
+    fn first_match_wins_with_substitution() {
+        let acl = Acl {
+            default: Permission::Deny,
+            rules: vec![
+                rule(Permission::Deny, AclAction::Subscribe, "secret/#"),
+                rule(Permission::Allow, AclAction::All, "users/%u/#"),
+                rule(Permission::Allow, AclAction::Subscribe, "#"),
+                rule(Permission::Allow, AclAction::Publish, "clients/%c"),
+            ],
+        };
+        let alice = ClientRef {
+            client_id: "c1",
+            username: Some("alice"),
+        };
+        let anon = ClientRef {
+            client_id: "c2",
+            username: None,
+        };
+        assert!(acl.may_publish(&alice, "users/alice/x"));
+        assert!(!acl.may_publish(&alice, "users/bob/x"));
+        assert!(!acl.may_publish(&anon, "users/x"));
+        assert!(acl.may_publish(&anon, "clients/c2"));
+        assert!(!acl.may_publish(&anon, "clients/c1"));
+        let f = |s: &str| TopicFilter::new(s).unwrap();
+        assert!(acl.may_subscribe(&alice, &f("news/#")));
+        assert!(
+            !acl.may_subscribe(&alice, &f("#")),
+            "overlaps a denied filter"
+        );
+        assert!(!acl.may_subscribe(&alice, &f("secret/x")));
+    }
+
+    #[test]
+    fn substitution_refuses_wildcards_in_names() {
+        let evil = ClientRef {
+            client_id: "#",
+            username: Some("a/b"),
+        };
+        assert_eq!(substitute("users/%u", &evil), None);
+        assert_eq!(substitute("c/%c", &evil), None);
+        assert_eq!(substitute("plain", &evil).as_deref(), Some("plain"));
+    }
+}

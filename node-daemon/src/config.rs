@@ -1,0 +1,539 @@
+//! The daemon's TOML configuration: parsing, validation and the mapping onto
+//! [`meridian_core::Config`].
+//!
+//! The embedded default ([`DEFAULT_CONFIG`]) is the complete, commented file that
+//! `meridian run --print-default-config` prints. A user file is read on top of it: every key
+//! is optional, unknown keys and bad values are refused with the key and the line named.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use meridian_core::codec::QoS;
+use serde::Deserialize;
+
+/// The full default configuration file, with comments.
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// A configuration error, with the line it is on when it comes from a file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{source_name}: line {line}: {message}")]
+    Parse {
+        source_name: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{source_name}: {message}")]
+    Invalid {
+        source_name: String,
+        message: String,
+    },
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    pub node: NodeConfig,
+    pub listeners: Listeners,
+    pub admin: AdminConfig,
+    pub storage: StorageConfig,
+    pub log: LogConfig,
+    pub limits: Limits,
+    pub mqtt: MqttFeatures,
+    pub auth: AuthConfig,
+    pub acl: AclConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Listeners {
+    pub tcp: ListenerConfig,
+    pub ws: ListenerConfig,
+    pub tls: ListenerConfig,
+    pub wss: ListenerConfig,
+}
+
+/// One listener. `path` applies to WebSocket listeners, `cert`/`key` to TLS ones.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    pub enabled: bool,
+    pub bind: SocketAddr,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// TLS listeners: PEM CA certificates that client certificates are verified against.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// TLS listeners: refuse clients without a valid certificate (needs `client_ca`).
+    #[serde(default)]
+    pub require_client_cert: bool,
+    pub max_connections: usize,
+    pub max_packet_size: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    pub enabled: bool,
+    pub bind: SocketAddr,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncPolicy {
+    Always,
+    Periodic,
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    pub data_dir: PathBuf,
+    pub sync: SyncPolicy,
+    pub sync_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub max_packet_size: u32,
+    pub receive_maximum: u16,
+    pub max_inflight: u16,
+    pub max_queued_messages: usize,
+    pub max_queued_bytes: usize,
+    pub max_subscriptions_per_client: usize,
+    pub max_topic_len: usize,
+    pub max_topic_levels: usize,
+    pub max_client_id_len: usize,
+    pub connect_timeout_ms: u64,
+    pub max_keep_alive_secs: u16,
+    pub max_session_expiry_secs: u32,
+    pub max_sessions: usize,
+    pub v3_session_expiry_secs: u32,
+    pub max_retained_messages: usize,
+    pub topic_alias_maximum: u16,
+    pub outbound_topic_alias_maximum: u16,
+    pub max_write_buffer_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MqttFeatures {
+    pub maximum_qos: u8,
+    pub retain_available: bool,
+    pub wildcard_subscription_available: bool,
+    pub subscription_identifiers_available: bool,
+    pub shared_subscription_available: bool,
+    pub reason_strings: bool,
+    pub response_topic_prefix: String,
+    pub assigned_client_id_prefix: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    pub password_file: String,
+    pub allow_anonymous: bool,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Permission {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AclAction {
+    Publish,
+    Subscribe,
+    All,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AclRule {
+    pub permission: Permission,
+    pub action: AclAction,
+    pub topic: String,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub client_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AclConfig {
+    pub default: Permission,
+    #[serde(default)]
+    pub rules: Vec<AclRule>,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        // The embedded file is checked by a unit test; it always parses.
+        Self::parse(DEFAULT_CONFIG, "default config").expect("embedded default config parses")
+    }
+}
+
+impl DaemonConfig {
+    /// Parse a whole file on top of the embedded defaults.
+    pub fn parse(text: &str, source_name: &str) -> Result<Self, ConfigError> {
+        let mut merged: toml::Table = toml::from_str(DEFAULT_CONFIG)
+            .map_err(|e| parse_error(&e, DEFAULT_CONFIG, "default config"))?;
+        let user: toml::Table =
+            toml::from_str(text).map_err(|e| parse_error(&e, text, source_name))?;
+        // Deserialise the user file alone first (with every section optional) so that unknown
+        // keys and bad values get errors with spans in the user's own text.
+        let partial: Partial =
+            toml::from_str(text).map_err(|e| parse_error(&e, text, source_name))?;
+        drop(partial);
+        merge(&mut merged, user);
+        let config: DaemonConfig =
+            merged
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Invalid {
+                    source_name: source_name.to_owned(),
+                    message: e.message().to_owned(),
+                })?;
+        config.validate(source_name)?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.display().to_string(),
+            error,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    fn validate(&self, source_name: &str) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            source_name: source_name.to_owned(),
+            message,
+        };
+        if self.mqtt.maximum_qos > 2 {
+            return Err(invalid(format!(
+                "mqtt.maximum_qos: must be 0, 1 or 2, not {}",
+                self.mqtt.maximum_qos
+            )));
+        }
+        for (name, l) in self.listeners.iter() {
+            if !l.enabled {
+                continue;
+            }
+            if matches!(name, "ws" | "wss") {
+                let path = l.path.as_deref().unwrap_or("");
+                if !path.starts_with('/') {
+                    return Err(invalid(format!(
+                        "listeners.{name}.path: must start with '/', not {path:?}"
+                    )));
+                }
+            }
+            if matches!(name, "tls" | "wss") {
+                for (key, value) in [("cert", &l.cert), ("key", &l.key)] {
+                    if value.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+                        return Err(invalid(format!(
+                            "listeners.{name}.{key}: a PEM file is required when the listener is enabled"
+                        )));
+                    }
+                }
+            }
+            if l.require_client_cert
+                && l.client_ca
+                    .as_ref()
+                    .is_none_or(|p| p.as_os_str().is_empty())
+            {
+                return Err(invalid(format!(
+                    "listeners.{name}.client_ca: required with require_client_cert = true"
+                )));
+            }
+            if l.max_connections == 0 {
+                return Err(invalid(format!(
+                    "listeners.{name}.max_connections: must be at least 1"
+                )));
+            }
+        }
+        if self.limits.max_write_buffer_bytes < 1024 {
+            return Err(invalid(
+                "limits.max_write_buffer_bytes: must be at least 1024".to_owned(),
+            ));
+        }
+        if self.limits.max_packet_size < 64 {
+            return Err(invalid(
+                "limits.max_packet_size: must be at least 64".to_owned(),
+            ));
+        }
+        if self.storage.sync == SyncPolicy::Periodic && self.storage.sync_interval_ms == 0 {
+            return Err(invalid(
+                "storage.sync_interval_ms: must be at least 1 with sync = \"periodic\"".to_owned(),
+            ));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(invalid(format!("log.level: {e}")));
+        }
+        Ok(())
+    }
+
+    /// The listeners by name, in a fixed order.
+    pub fn listeners(&self) -> [(&'static str, &ListenerConfig); 4] {
+        self.listeners.iter()
+    }
+
+    /// The broker core's configuration.
+    pub fn core_config(&self) -> meridian_core::Config {
+        let l = &self.limits;
+        let m = &self.mqtt;
+        meridian_core::Config {
+            max_packet_size: l.max_packet_size,
+            receive_maximum: l.receive_maximum,
+            max_inflight: l.max_inflight,
+            max_queued_messages: l.max_queued_messages,
+            max_queued_bytes: l.max_queued_bytes,
+            max_subscriptions_per_client: l.max_subscriptions_per_client,
+            max_topic_len: l.max_topic_len,
+            max_topic_levels: l.max_topic_levels,
+            max_client_id_len: l.max_client_id_len,
+            connect_timeout_ms: l.connect_timeout_ms,
+            max_keep_alive_secs: l.max_keep_alive_secs,
+            max_session_expiry_secs: l.max_session_expiry_secs,
+            max_sessions: l.max_sessions,
+            v3_session_expiry_secs: l.v3_session_expiry_secs,
+            max_retained_messages: l.max_retained_messages,
+            topic_alias_maximum: l.topic_alias_maximum,
+            outbound_topic_alias_maximum: l.outbound_topic_alias_maximum,
+            maximum_qos: match m.maximum_qos {
+                0 => QoS::AtMostOnce,
+                1 => QoS::AtLeastOnce,
+                _ => QoS::ExactlyOnce,
+            },
+            retain_available: m.retain_available,
+            wildcard_subscription_available: m.wildcard_subscription_available,
+            subscription_identifiers_available: m.subscription_identifiers_available,
+            shared_subscription_available: m.shared_subscription_available,
+            reason_strings: m.reason_strings,
+            response_topic_prefix: m.response_topic_prefix.clone(),
+            assigned_client_id_prefix: m.assigned_client_id_prefix.clone(),
+            ..meridian_core::Config::default()
+        }
+    }
+}
+
+impl Listeners {
+    pub fn iter(&self) -> [(&'static str, &ListenerConfig); 4] {
+        [
+            ("tcp", &self.tcp),
+            ("ws", &self.ws),
+            ("tls", &self.tls),
+            ("wss", &self.wss),
+        ]
+    }
+}
+
+/// Deep-merge `over` into `base` (tables merge key by key; everything else replaces).
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+fn parse_error(e: &toml::de::Error, text: &str, source_name: &str) -> ConfigError {
+    let line = e
+        .span()
+        .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1)
+        .unwrap_or(1);
+    ConfigError::Parse {
+        source_name: source_name.to_owned(),
+        line,
+        message: e.message().trim_end().to_owned(),
+    }
+}
+
+// ----- the same shape with every field optional, to check a user file on its own -----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct Partial {
+    node: Option<PNode>,
+    listeners: Option<PListeners>,
+    admin: Option<PAdmin>,
+    storage: Option<PStorage>,
+    log: Option<PLog>,
+    limits: Option<PLimits>,
+    mqtt: Option<PMqtt>,
+    auth: Option<PAuth>,
+    acl: Option<PAcl>,
+}
+
+macro_rules! partial {
+    ($name:ident { $($field:ident : $ty:ty),* $(,)? }) => {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct $name { $($field: Option<$ty>),* }
+    };
+}
+
+partial!(PNode { name: String });
+partial!(PListeners {
+    tcp: PListener,
+    ws: PListener,
+    tls: PListener,
+    wss: PListener
+});
+partial!(PListener {
+    enabled: bool,
+    bind: SocketAddr,
+    path: String,
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: PathBuf,
+    require_client_cert: bool,
+    max_connections: usize,
+    max_packet_size: u32,
+});
+partial!(PAdmin {
+    enabled: bool,
+    bind: SocketAddr
+});
+partial!(PStorage {
+    data_dir: PathBuf,
+    sync: SyncPolicy,
+    sync_interval_ms: u64
+});
+partial!(PLog {
+    format: LogFormat,
+    level: String
+});
+partial!(PLimits {
+    max_packet_size: u32,
+    receive_maximum: u16,
+    max_inflight: u16,
+    max_queued_messages: usize,
+    max_queued_bytes: usize,
+    max_subscriptions_per_client: usize,
+    max_topic_len: usize,
+    max_topic_levels: usize,
+    max_client_id_len: usize,
+    connect_timeout_ms: u64,
+    max_keep_alive_secs: u16,
+    max_session_expiry_secs: u32,
+    max_sessions: usize,
+    v3_session_expiry_secs: u32,
+    max_retained_messages: usize,
+    topic_alias_maximum: u16,
+    outbound_topic_alias_maximum: u16,
+    max_write_buffer_bytes: usize,
+});
+partial!(PMqtt {
+    maximum_qos: u8,
+    retain_available: bool,
+    wildcard_subscription_available: bool,
+    subscription_identifiers_available: bool,
+    shared_subscription_available: bool,
+    reason_strings: bool,
+    response_topic_prefix: String,
+    assigned_client_id_prefix: String,
+});
+partial!(PAuth {
+    password_file: String,
+    allow_anonymous: bool
+});
+partial!(PAcl { default: Permission, rules: Vec<AclRule> });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_file_parses_and_matches_core_defaults() {
+        let c = DaemonConfig::parse(DEFAULT_CONFIG, "default").unwrap();
+        assert_eq!(c.listeners.tcp.bind.to_string(), "127.0.0.1:1883");
+        assert_eq!(c.listeners.ws.bind.to_string(), "127.0.0.1:8083");
+        assert_eq!(c.listeners.ws.path.as_deref(), Some("/mqtt"));
+        assert_eq!(c.admin.bind.to_string(), "127.0.0.1:8081");
+        assert_eq!(c.storage.data_dir, PathBuf::from("./meridian-data"));
+        assert_eq!(c.storage.sync, SyncPolicy::Always);
+        assert_eq!(c.core_config(), meridian_core::Config::default());
+    }
+
+    #[test]
+    fn a_partial_file_overrides_only_its_keys() {
+        let c = DaemonConfig::parse("[limits]\nmax_inflight = 7\n", "x.toml").unwrap();
+        assert_eq!(c.limits.max_inflight, 7);
+        assert_eq!(c.limits.receive_maximum, 1024);
+        assert_eq!(c.listeners.tcp.bind.to_string(), "127.0.0.1:1883");
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_name_and_line() {
+        let e = DaemonConfig::parse("[limits]\n\nmax_inflite = 7\n", "x.toml").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("line 3"), "{text}");
+        assert!(text.contains("max_inflite"), "{text}");
+    }
+
+    #[test]
+    fn bad_value_is_refused_with_its_line() {
+        let e = DaemonConfig::parse("[storage]\nsync = \"sometimes\"\n", "x.toml").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("line 2"), "{text}");
+        assert!(text.contains("sometimes"), "{text}");
+        let e = DaemonConfig::parse("[listeners.tcp]\nbind = \"nowhere\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
+        let e = DaemonConfig::parse("[limits]\nmax_inflight = 70000\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_the_key() {
+        let e = DaemonConfig::parse("[listeners.tls]\nenabled = true\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listeners.tls.cert"), "{e}");
+        let e = DaemonConfig::parse("[mqtt]\nmaximum_qos = 3\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mqtt.maximum_qos"), "{e}");
+    }
+}

@@ -1,0 +1,478 @@
+//! The broker thread: the one place that owns the [`Broker`] and the [`Store`].
+//!
+//! Connection tasks send it [`ToEngine`] messages over a bounded channel (a full channel makes
+//! readers wait: back-pressure). It runs the core's drive loop: take one message and up to
+//! [`MAX_BATCH`] more that are ready, feed each, drain every output, commit all `Persist`
+//! records of the batch in one transaction, and only then hand bytes to the connections'
+//! writer tasks. Then it sleeps until the next message or the broker's deadline.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use meridian_core::broker::{AuthOutcome, ClientSummary, Message, Stats};
+use meridian_core::codec::ReasonCode;
+use meridian_core::topic::TopicError;
+use meridian_core::{Broker, ConnId, ConnInfo, Event, Input, Output, Timestamp};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tracing::{debug, error, info, warn};
+
+use crate::storage::{StorageError, Store};
+
+/// Inputs taken per turn of the loop before outputs are committed and sent.
+pub const MAX_BATCH: usize = 256;
+/// Capacity of the channel into the broker thread (each message at most one 16 KiB read).
+pub const ENGINE_QUEUE: usize = 1024;
+/// Capacity (in chunks) of a connection's write queue; the byte bound is the real limit.
+pub const WRITE_QUEUE: usize = 4096;
+
+/// A message for the broker thread.
+#[derive(Debug)]
+pub enum ToEngine {
+    Accept {
+        info: ConnInfo,
+        writer: ConnWriter,
+        reply: oneshot::Sender<ConnId>,
+    },
+    Bytes {
+        conn: ConnId,
+        data: Bytes,
+    },
+    Closed {
+        conn: ConnId,
+    },
+    AuthDecision {
+        conn: ConnId,
+        outcome: AuthOutcome,
+    },
+    Stats(oneshot::Sender<Stats>),
+    Clients(oneshot::Sender<Vec<ClientSummary>>),
+    Kick {
+        client_id: String,
+        reply: oneshot::Sender<bool>,
+    },
+    Publish {
+        message: Message,
+        reply: oneshot::Sender<Result<usize, TopicError>>,
+    },
+    Shutdown,
+}
+
+/// What a writer task is told.
+#[derive(Debug)]
+pub enum WriteCmd {
+    Data(Bytes),
+    /// Write everything before this, then close.
+    Close,
+}
+
+/// The broker thread's end of one connection's writer.
+#[derive(Debug, Clone)]
+pub struct ConnWriter {
+    pub tx: mpsc::Sender<WriteCmd>,
+    /// Bytes handed to the writer and not yet written to the socket.
+    pub queued: Arc<AtomicUsize>,
+    /// Close at once, dropping what is queued (slow consumers).
+    pub kill: Arc<Notify>,
+}
+
+impl ConnWriter {
+    pub fn new() -> (Self, mpsc::Receiver<WriteCmd>) {
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        (
+            Self {
+                tx,
+                queued: Arc::new(AtomicUsize::new(0)),
+                kill: Arc::new(Notify::new()),
+            },
+            rx,
+        )
+    }
+}
+
+/// Counters kept by the daemon itself (the broker's are in [`Stats`]).
+#[derive(Debug, Default)]
+pub struct DaemonCounters {
+    pub slow_consumer_disconnects: AtomicU64,
+    pub connections_rejected: AtomicU64,
+    pub storage_commits: AtomicU64,
+    pub connections_accepted: AtomicU64,
+}
+
+/// A cheap handle to the broker thread.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    pub tx: mpsc::Sender<ToEngine>,
+    pub counters: Arc<DaemonCounters>,
+}
+
+impl EngineHandle {
+    /// Register a connection; `None` if the broker is stopping.
+    pub async fn accept(&self, info: ConnInfo, writer: ConnWriter) -> Option<ConnId> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ToEngine::Accept {
+                info,
+                writer,
+                reply,
+            })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn stats(&self) -> Option<Stats> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(ToEngine::Stats(reply)).await.ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn clients(&self) -> Option<Vec<ClientSummary>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(ToEngine::Clients(reply)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Disconnect a client (0x98 Administrative action); whether it was connected.
+    pub async fn kick(&self, client_id: String) -> Option<bool> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ToEngine::Kick { client_id, reply })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+
+    /// Publish from the application; the number of sessions it reached.
+    pub async fn publish(&self, message: Message) -> Option<Result<usize, TopicError>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ToEngine::Publish { message, reply })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch (stable across restarts, as the core needs
+/// for persisted deadlines), never going backwards within a process.
+#[derive(Debug, Default)]
+pub struct Clock {
+    last: u64,
+}
+
+impl Clock {
+    pub fn now(&mut self) -> Timestamp {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.last = self.last.max(ms);
+        Timestamp(self.last)
+    }
+}
+
+/// The broker thread's state.
+pub struct Engine {
+    broker: Broker,
+    store: Store,
+    clock: Clock,
+    writers: HashMap<ConnId, ConnWriter>,
+    max_write_buffer_bytes: usize,
+    counters: Arc<DaemonCounters>,
+    outputs: Vec<Output>,
+    records: Vec<(Bytes, Option<Bytes>)>,
+    /// Connections to report closed to the broker after this batch's outputs are out.
+    slow: Vec<ConnId>,
+    stopping: bool,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("broker", &self.broker)
+            .field("connections", &self.writers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Build the engine and restore every stored record into the broker.
+    pub fn new(
+        broker: Broker,
+        store: Store,
+        max_write_buffer_bytes: usize,
+        counters: Arc<DaemonCounters>,
+    ) -> Result<Self, StorageError> {
+        let mut engine = Self {
+            broker,
+            store,
+            clock: Clock::default(),
+            writers: HashMap::new(),
+            max_write_buffer_bytes,
+            counters,
+            outputs: Vec::new(),
+            records: Vec::new(),
+            slow: Vec::new(),
+            stopping: false,
+        };
+        let records = engine.store.load_all()?;
+        let count = records.len();
+        let now = engine.clock.now();
+        let report = engine.broker.restore(now, records);
+        for (key, e) in &report.unreadable {
+            warn!(key = ?key, error = %e, "unreadable stored record left in place");
+        }
+        info!(
+            records = count,
+            sessions = report.sessions,
+            subscriptions = report.subscriptions,
+            messages = report.messages,
+            retained = report.retained,
+            "restored state"
+        );
+        engine.drain();
+        engine.flush()?;
+        Ok(engine)
+    }
+
+    /// The drive loop. Returns when told to shut down or when every handle is gone.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<ToEngine>) -> Result<(), StorageError> {
+        loop {
+            let wake = self.next_wake();
+            let first = tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(m) => Some(m),
+                    None => { self.stopping = true; None }
+                },
+                () = sleep_until(wake) => None,
+            };
+            if let Some(msg) = first {
+                self.handle(msg);
+                for _ in 1..MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(msg) => self.handle(msg),
+                        Err(_) => break,
+                    }
+                }
+            }
+            let now = self.clock.now();
+            if self.broker.poll_timeout().is_some_and(|at| at <= now) {
+                self.broker.handle_input(now, Input::Timeout);
+                self.drain();
+            }
+            if self.stopping {
+                let now = self.clock.now();
+                self.broker.shutdown(now);
+                self.drain();
+                self.flush()?;
+                self.store.sync()?;
+                info!("broker stopped; storage flushed");
+                return Ok(());
+            }
+            self.flush()?;
+            if self
+                .store
+                .sync_due()
+                .is_some_and(|at| at <= std::time::Instant::now())
+            {
+                self.store.sync()?;
+            }
+        }
+    }
+
+    fn next_wake(&mut self) -> Option<tokio::time::Instant> {
+        let now = self.clock.now();
+        let broker = self
+            .broker
+            .poll_timeout()
+            .map(|at| tokio::time::Instant::now() + Duration::from_millis(at.millis_since(now)));
+        let sync = self.store.sync_due().map(tokio::time::Instant::from_std);
+        match (broker, sync) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn handle(&mut self, msg: ToEngine) {
+        let now = self.clock.now();
+        match msg {
+            ToEngine::Accept {
+                info,
+                writer,
+                reply,
+            } => {
+                let conn = self.broker.accept(now, info);
+                self.writers.insert(conn, writer);
+                if reply.send(conn).is_err() {
+                    // The connection task is gone already.
+                    self.broker.handle_input(now, Input::Closed { conn });
+                }
+                self.drain();
+            }
+            ToEngine::Bytes { conn, data } => {
+                self.broker
+                    .handle_input(now, Input::Bytes { conn, data: &data });
+                self.drain();
+            }
+            ToEngine::Closed { conn } => {
+                self.broker.handle_input(now, Input::Closed { conn });
+                self.drain();
+                // The broker may have forgotten the connection already (no Close output).
+                self.slow.push(conn);
+            }
+            ToEngine::AuthDecision { conn, outcome } => {
+                self.broker
+                    .handle_input(now, Input::AuthDecision { conn, outcome });
+                self.drain();
+            }
+            ToEngine::Stats(reply) => {
+                let _ = reply.send(self.broker.stats());
+            }
+            ToEngine::Clients(reply) => {
+                let _ = reply.send(self.broker.clients());
+            }
+            ToEngine::Kick { client_id, reply } => {
+                let was = self.broker.disconnect_client(
+                    now,
+                    &client_id,
+                    ReasonCode::ADMINISTRATIVE_ACTION,
+                );
+                self.drain();
+                let _ = reply.send(was);
+            }
+            ToEngine::Publish { message, reply } => {
+                let n = self.broker.publish(now, message);
+                self.drain();
+                let _ = reply.send(n);
+            }
+            ToEngine::Shutdown => self.stopping = true,
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(output) = self.broker.poll_output() {
+            self.outputs.push(output);
+        }
+    }
+
+    /// Commit the batch's records, then write and close.
+    fn flush(&mut self) -> Result<(), StorageError> {
+        loop {
+            if self.outputs.is_empty() && self.slow.is_empty() {
+                return Ok(());
+            }
+            let outputs = std::mem::take(&mut self.outputs);
+            self.records.clear();
+            for out in &outputs {
+                if let Output::Persist { key, value } = out {
+                    self.records.push((key.clone(), value.clone()));
+                }
+            }
+            if !self.records.is_empty() {
+                self.store.apply(&self.records)?;
+                self.counters
+                    .storage_commits
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            for out in outputs {
+                match out {
+                    Output::Send { conn, data } => self.send(conn, data),
+                    Output::Close { conn } => {
+                        if let Some(w) = self.writers.remove(&conn)
+                            && w.tx.try_send(WriteCmd::Close).is_err()
+                        {
+                            w.kill.notify_one();
+                        }
+                    }
+                    Output::Persist { .. } => {}
+                    Output::Event(event) => log_event(&event),
+                    // The daemon does not enable cluster mode yet, so the core never asks
+                    // it to talk to other nodes.
+                    Output::ToPeer { .. } | Output::Broadcast { .. } => {}
+                }
+            }
+            // Connections that went away (or were cut off as slow consumers) during the batch.
+            let now = self.clock.now();
+            for conn in std::mem::take(&mut self.slow) {
+                if let Some(w) = self.writers.remove(&conn) {
+                    w.kill.notify_one();
+                    self.broker.handle_input(now, Input::Closed { conn });
+                    self.drain();
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, conn: ConnId, data: Bytes) {
+        let Some(w) = self.writers.get(&conn) else {
+            return;
+        };
+        let len = data.len();
+        let queued = w.queued.fetch_add(len, Ordering::AcqRel) + len;
+        if queued > self.max_write_buffer_bytes || w.tx.try_send(WriteCmd::Data(data)).is_err() {
+            warn!(
+                conn = conn.0,
+                queued, "slow consumer: write buffer full, disconnecting"
+            );
+            self.counters
+                .slow_consumer_disconnects
+                .fetch_add(1, Ordering::Relaxed);
+            self.slow.push(conn);
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn log_event(event: &Event) {
+    match event {
+        Event::ClientConnected {
+            conn,
+            client_id,
+            username,
+            protocol,
+            session_present,
+        } => info!(
+            conn = conn.0,
+            client_id,
+            username = username.as_deref(),
+            protocol = ?protocol,
+            session_present,
+            "client connected"
+        ),
+        Event::ConnectRefused {
+            conn,
+            client_id,
+            reason,
+        } => {
+            info!(conn = conn.0, client_id = client_id.as_deref(), reason = %format!("{:#04x}", reason.0), "connect refused")
+        }
+        Event::ClientDisconnected {
+            conn,
+            client_id,
+            cause,
+        } => info!(conn = conn.0, client_id, cause = ?cause, "client disconnected"),
+        Event::ConnectionClosed {
+            conn,
+            reason,
+            detail,
+        } => {
+            debug!(conn = conn.0, reason = %format!("{:#04x}", reason.0), detail, "connection closed")
+        }
+        Event::SessionEnded { client_id } => debug!(client_id, "session ended"),
+        Event::RouteAdded { filter } => debug!(filter, "route added"),
+        Event::RouteRemoved { filter } => debug!(filter, "route removed"),
+    }
+}
+
+/// Log a fatal storage error (the broker stops rather than acknowledge what it cannot store).
+pub fn log_storage_failure(e: &StorageError) {
+    error!(error = %e, "storage failure: stopping the broker");
+}

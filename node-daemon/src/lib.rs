@@ -1,0 +1,27 @@
+//! The Meridian MQTT broker daemon.
+//!
+//! `meridian-daemon` runs the sans-IO [`meridian_core::Broker`] on real sockets: TCP, TLS,
+//! WebSocket and WSS listeners, persistence in redb, a TOML configuration, admin HTTP with
+//! Prometheus metrics. The binary `meridian` is a thin CLI over [`BrokerBuilder`]; apps embed
+//! the same broker in their own tokio runtime through it.
+//!
+//! # Architecture
+//!
+//! One dedicated thread owns the `Broker` and the store and runs the core's drive loop
+//! ([`engine`]). Connection tasks on the tokio multi-thread runtime read sockets and send the
+//! bytes to it over a bounded channel; it commits what must be persisted, then hands outgoing
+//! bytes to per-connection writer tasks whose backlog is bounded in bytes.
+
+pub mod admin;
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod engine;
+pub mod net;
+pub mod passwd;
+pub mod server;
+pub mod storage;
+pub mod tls;
+
+pub use config::{DEFAULT_CONFIG, DaemonConfig};
+pub use server::{AuthDecisions, AuthFactory, BrokerBuilder, Server};

@@ -1,0 +1,160 @@
+//! `meridian`: the Meridian MQTT broker.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use meridian_daemon::config::LogFormat;
+use meridian_daemon::{DEFAULT_CONFIG, DaemonConfig, Server};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "meridian",
+    version,
+    about = "Meridian: a geo-distributed MQTT broker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the broker.
+    Run(RunArgs),
+    /// Create or update USER in the password FILE (the password is read from stdin).
+    Passwd { file: PathBuf, user: String },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// TOML configuration file (default: the embedded default, see --print-default-config).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// MQTT over TCP listener address (ip:port).
+    #[arg(long, value_name = "ADDR")]
+    mqtt: Option<SocketAddr>,
+    /// MQTT over WebSocket listener address (ip:port).
+    #[arg(long, value_name = "ADDR")]
+    ws: Option<SocketAddr>,
+    /// Admin HTTP address (ip:port).
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<SocketAddr>,
+    /// Data directory.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Node name (logs).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// Print the full default configuration file and exit.
+    #[arg(long)]
+    print_default_config: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Passwd { file, user } => meridian_daemon::passwd::passwd_command(&file, &user),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("meridian: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    if args.print_default_config {
+        #[allow(clippy::print_stdout)]
+        {
+            print!("{DEFAULT_CONFIG}");
+        }
+        return Ok(());
+    }
+    let mut config = match &args.config {
+        Some(path) => DaemonConfig::load(path)?,
+        None => DaemonConfig::default(),
+    };
+    if let Some(a) = args.mqtt {
+        config.listeners.tcp.enabled = true;
+        config.listeners.tcp.bind = a;
+    }
+    if let Some(a) = args.ws {
+        config.listeners.ws.enabled = true;
+        config.listeners.ws.bind = a;
+    }
+    if let Some(a) = args.admin {
+        config.admin.enabled = true;
+        config.admin.bind = a;
+    }
+    if let Some(d) = args.data_dir {
+        config.storage.data_dir = d;
+    }
+    if let Some(n) = args.node_name {
+        config.node.name = n;
+    }
+    init_logging(&config)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("meridian-io")
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(async move {
+        let span = tracing::info_span!("node", name = %config.node.name);
+        let _enter = span.enter();
+        let mut server = Server::start(config).await?;
+        tracing::info!("ready");
+        tokio::select! {
+            r = server.stopped() => {
+                r?;
+                anyhow::bail!("the broker stopped unexpectedly");
+            }
+            s = shutdown_signal() => {
+                s?;
+            }
+        }
+        tracing::info!("shutting down");
+        server.shutdown().await?;
+        tracing::info!("bye");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await.context("Ctrl-C handler")?;
+    Ok(())
+}
+
+fn init_logging(config: &DaemonConfig) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(v).context("RUST_LOG")?,
+        _ => EnvFilter::try_new(&config.log.level).context("log.level")?,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}

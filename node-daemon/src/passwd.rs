@@ -1,0 +1,128 @@
+//! The password file: one `user:$argon2id$...` line per user (PHC strings), `#` comments.
+//! Managed by `meridian passwd FILE USER`, which reads the password from stdin.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use argon2::Argon2;
+use argon2::password_hash::PasswordHasher;
+
+/// Users and their password hashes.
+pub type PasswordDb = HashMap<String, String>;
+
+/// Read a password file. Errors name the line.
+pub fn load(path: &Path) -> anyhow::Result<PasswordDb> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read password file {}", path.display()))?;
+    parse(&text).with_context(|| format!("password file {}", path.display()))
+}
+
+pub fn parse(text: &str) -> anyhow::Result<PasswordDb> {
+    let mut db = PasswordDb::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((user, hash)) = line.split_once(':') else {
+            bail!("line {}: expected `user:hash`", i + 1);
+        };
+        if user.is_empty() || !hash.starts_with("$argon2") {
+            bail!("line {}: expected `user:$argon2...`", i + 1);
+        }
+        db.insert(user.to_owned(), hash.to_owned());
+    }
+    Ok(db)
+}
+
+/// A PHC string for `password` (Argon2id, default parameters, random salt).
+pub fn hash(password: &[u8]) -> anyhow::Result<String> {
+    Argon2::default()
+        .hash_password(password)
+        .map(|h| h.to_string())
+        .map_err(|e| anyhow::anyhow!("hashing failed: {e}"))
+}
+
+/// Whether `password` matches the PHC string `hash`.
+pub fn verify(password: &[u8], hash: &str) -> bool {
+    use argon2::password_hash::PasswordVerifier;
+    Argon2::default().verify_password(password, hash).is_ok()
+}
+
+/// `meridian passwd FILE USER`: create or update USER's line, password from stdin (the first
+/// line, without its line ending).
+pub fn passwd_command(file: &Path, user: &str) -> anyhow::Result<()> {
+    if user.is_empty() || user.contains([':', '\n', '\r']) {
+        bail!("a user name must be non-empty and contain no ':' or line breaks");
+    }
+    let mut input = String::new();
+    std::io::stdin()
+        .take(64 * 1024)
+        .read_to_string(&mut input)
+        .context("cannot read the password from stdin")?;
+    let password = input.lines().next().unwrap_or("");
+    if password.is_empty() {
+        bail!("empty password (write it to stdin, e.g. `echo secret | meridian passwd FILE USER`)");
+    }
+    let existing = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
+    // Validate what is there before rewriting it.
+    parse(&existing).with_context(|| format!("password file {}", file.display()))?;
+    let line = format!("{user}:{}", hash(password.as_bytes())?);
+    let mut out = String::new();
+    let mut replaced = false;
+    for l in existing.lines() {
+        if l.trim().split_once(':').is_some_and(|(u, _)| u == user) && !l.trim().starts_with('#') {
+            if !replaced {
+                out.push_str(&line);
+                out.push('\n');
+                replaced = true;
+            }
+        } else {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    if !replaced {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, out).with_context(|| format!("cannot write {}", tmp.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600));
+    }
+    std::fs::rename(&tmp, file).with_context(|| format!("cannot replace {}", file.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_then_verify() {
+        let h = hash(b"secret").unwrap();
+        assert!(h.starts_with("$argon2id$"));
+        assert!(verify(b"secret", &h));
+        assert!(!verify(b"wrong", &h));
+        assert!(!verify(b"secret", "garbage"));
+    }
+
+    #[test]
+    fn parse_names_bad_lines() {
+        let db = parse("# users\nalice:$argon2id$x\n\nbob:$argon2id$y\n").unwrap();
+        assert_eq!(db.len(), 2);
+        let e = parse("alice:$argon2id$x\nbroken\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2"), "{e}");
+    }
+}

@@ -1,0 +1,379 @@
+//! Starting and stopping a whole broker: storage, the broker thread, listeners, admin HTTP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use meridian_core::broker::{AuthOutcome, Authenticator, Authorizer};
+use meridian_core::{Broker, ConnId};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tracing::{info, warn};
+
+use crate::auth;
+use crate::config::DaemonConfig;
+use crate::engine::{DaemonCounters, ENGINE_QUEUE, Engine, EngineHandle, ToEngine};
+use crate::net::{self, ListenerSpec, Transport};
+use crate::storage::Store;
+
+/// Builds and starts a broker inside the caller's tokio runtime.
+///
+/// ```no_run
+/// # async fn demo() -> anyhow::Result<()> {
+/// let server = meridian_daemon::BrokerBuilder::new()
+///     .mqtt_addr("127.0.0.1:0".parse()?)
+///     .data_dir("/tmp/meridian-example")
+///     .start()
+///     .await?;
+/// println!("MQTT on {}", server.local_addr("tcp").unwrap());
+/// server.shutdown().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Default)]
+pub struct BrokerBuilder {
+    config: DaemonConfig,
+    auth: Option<AuthFactory>,
+}
+
+impl std::fmt::Debug for BrokerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerBuilder")
+            .field("config", &self.config)
+            .field("custom_auth", &self.auth.is_some())
+            .finish()
+    }
+}
+
+/// Builds the broker's authenticator and authorizer inside the broker thread (they need not
+/// be `Send`). The [`AuthDecisions`] handle lets an authenticator that answered
+/// `AuthOutcome::Pending` deliver its decision later, from any thread or task.
+pub type AuthFactory = Box<
+    dyn FnOnce(AuthDecisions) -> (Box<dyn Authenticator>, Box<dyn Authorizer>) + Send + 'static,
+>;
+
+/// Delivers decisions for authentications answered with `AuthOutcome::Pending`.
+#[derive(Debug, Clone)]
+pub struct AuthDecisions {
+    tx: mpsc::Sender<ToEngine>,
+}
+
+impl AuthDecisions {
+    /// Decide for `conn` (from `AuthRequest::conn`). Waits if the broker thread is busy.
+    pub async fn decide(&self, conn: ConnId, outcome: AuthOutcome) {
+        let _ = self.tx.send(ToEngine::AuthDecision { conn, outcome }).await;
+    }
+
+    /// Same, from a thread that is not running async code.
+    pub fn blocking_decide(&self, conn: ConnId, outcome: AuthOutcome) {
+        let _ = self
+            .tx
+            .blocking_send(ToEngine::AuthDecision { conn, outcome });
+    }
+}
+
+impl BrokerBuilder {
+    /// The embedded default configuration (see [`crate::DEFAULT_CONFIG`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_config(config: DaemonConfig) -> Self {
+        Self { config, auth: None }
+    }
+
+    /// Replace the password file and ACL of the configuration with the application's own
+    /// authentication (including MQTT 5.0 enhanced authentication: answer
+    /// `AuthOutcome::Continue` to send AUTH challenges) and authorization. Non-loopback
+    /// listeners are allowed with it: the application is responsible for who gets in.
+    pub fn auth(mut self, factory: AuthFactory) -> Self {
+        self.auth = Some(factory);
+        self
+    }
+
+    pub fn config_mut(&mut self) -> &mut DaemonConfig {
+        &mut self.config
+    }
+
+    pub fn mqtt_addr(mut self, addr: SocketAddr) -> Self {
+        self.config.listeners.tcp.enabled = true;
+        self.config.listeners.tcp.bind = addr;
+        self
+    }
+
+    /// Turn the WebSocket listener on at `addr`, or off with `None`.
+    pub fn ws_addr(mut self, addr: Option<SocketAddr>) -> Self {
+        match addr {
+            Some(a) => {
+                self.config.listeners.ws.enabled = true;
+                self.config.listeners.ws.bind = a;
+            }
+            None => self.config.listeners.ws.enabled = false,
+        }
+        self
+    }
+
+    /// Turn admin HTTP on at `addr`, or off with `None`.
+    pub fn admin_addr(mut self, addr: Option<SocketAddr>) -> Self {
+        match addr {
+            Some(a) => {
+                self.config.admin.enabled = true;
+                self.config.admin.bind = a;
+            }
+            None => self.config.admin.enabled = false,
+        }
+        self
+    }
+
+    pub fn data_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.config.storage.data_dir = dir.into();
+        self
+    }
+
+    /// Restore state, bind every listener and start serving. Returns once the listeners
+    /// accept connections.
+    pub async fn start(self) -> anyhow::Result<Server> {
+        Server::start_with_auth(self.config, self.auth).await
+    }
+}
+
+/// A running broker. Dropping it without [`Server::shutdown`] leaves it running until the
+/// runtime ends.
+#[derive(Debug)]
+pub struct Server {
+    handle: EngineHandle,
+    addrs: Vec<(&'static str, SocketAddr)>,
+    stop: watch::Sender<bool>,
+    engine_done: oneshot::Receiver<anyhow::Result<()>>,
+    permits: Vec<(Arc<Semaphore>, usize)>,
+}
+
+impl Server {
+    pub async fn start(config: DaemonConfig) -> anyhow::Result<Self> {
+        Self::start_with_auth(config, None).await
+    }
+
+    /// Start with the application's own authenticator and authorizer (see
+    /// [`BrokerBuilder::auth`]).
+    pub async fn start_with_auth(
+        config: DaemonConfig,
+        custom_auth: Option<AuthFactory>,
+    ) -> anyhow::Result<Self> {
+        let auth_setup = match custom_auth {
+            Some(f) => Err(f),
+            None => Ok(auth::AuthSetup::from_config(&config)?),
+        };
+        let counters = Arc::new(DaemonCounters::default());
+        let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
+        let handle = EngineHandle {
+            tx,
+            counters: counters.clone(),
+        };
+
+        // The broker thread: creates the Broker (it is not Send), restores, then serves.
+        let (ready_tx, ready_rx) = oneshot::channel::<anyhow::Result<()>>();
+        let (done_tx, done_rx) = oneshot::channel();
+        let mut core_config = config.core_config();
+        // A fresh seed per start: assigned client ids must not repeat those of sessions that
+        // survived a restart.
+        core_config.seed = fresh_seed();
+        let storage = config.storage.clone();
+        let max_write = config.limits.max_write_buffer_bytes;
+        let engine_tx = handle.tx.clone();
+        std::thread::Builder::new()
+            .name("meridian-broker".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                let result = rt.block_on(async move {
+                    let store = Store::open(
+                        &storage.data_dir,
+                        storage.sync,
+                        Duration::from_millis(storage.sync_interval_ms),
+                    )?;
+                    let (authn, authz) = match auth_setup {
+                        Ok(setup) => setup.build(engine_tx),
+                        Err(factory) => factory(AuthDecisions { tx: engine_tx }),
+                    };
+                    let now = crate::engine::Clock::default().now();
+                    let broker = Broker::with_auth(core_config, now, authn, authz);
+                    let engine = Engine::new(broker, store, max_write, counters)?;
+                    Ok::<_, anyhow::Error>(engine)
+                });
+                let engine = match result {
+                    Ok(e) => {
+                        let _ = ready_tx.send(Ok(()));
+                        e
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let r = rt.block_on(engine.run(rx));
+                if let Err(e) = &r {
+                    crate::engine::log_storage_failure(e);
+                }
+                let _ = done_tx.send(r.map_err(anyhow::Error::from));
+            })
+            .context("cannot start the broker thread")?;
+        ready_rx
+            .await
+            .context("broker thread ended during start-up")??;
+
+        // Listeners, only now that the state is restored.
+        let (stop, stop_rx) = watch::channel(false);
+        let mut addrs = Vec::new();
+        let mut permits = Vec::new();
+        let bound = async {
+            if config.admin.enabled {
+                let listener = TcpListener::bind(config.admin.bind)
+                    .await
+                    .with_context(|| format!("admin: cannot bind {}", config.admin.bind))?;
+                let local = listener.local_addr()?;
+                info!(addr = %local, "admin HTTP listening");
+                addrs.push(("admin", local));
+                tokio::spawn(crate::admin::serve(
+                    listener,
+                    handle.clone(),
+                    stop_rx.clone(),
+                ));
+            }
+            // The plain TCP listener is bound last: its accepting connections means every other
+            // listener is up too (readiness).
+            let mut order = config.listeners();
+            order.reverse();
+            for (name, l) in order {
+                if !l.enabled {
+                    continue;
+                }
+                let listener = TcpListener::bind(l.bind)
+                    .await
+                    .with_context(|| format!("listeners.{name}: cannot bind {}", l.bind))?;
+                let local = listener.local_addr()?;
+                let transport = match name {
+                    "ws" | "wss" => Transport::WebSocket {
+                        path: l.path.clone().unwrap_or_else(|| "/mqtt".to_owned()),
+                        max_message_bytes: usize::try_from(if l.max_packet_size > 0 {
+                            l.max_packet_size.min(config.limits.max_packet_size)
+                        } else {
+                            config.limits.max_packet_size
+                        })
+                        .unwrap_or(usize::MAX)
+                        .saturating_add(1024),
+                    },
+                    _ => Transport::Tcp,
+                };
+                let tls = match name {
+                    "tls" | "wss" => Some(crate::tls::acceptor(l).with_context(|| {
+                        format!("listeners.{name}: cannot load the TLS certificate or key")
+                    })?),
+                    _ => None,
+                };
+                let spec = ListenerSpec {
+                    name,
+                    transport,
+                    tls,
+                    max_connections: l.max_connections,
+                    max_packet_size: (l.max_packet_size > 0).then_some(l.max_packet_size),
+                };
+                let sem = Arc::new(Semaphore::new(l.max_connections));
+                permits.push((sem.clone(), l.max_connections));
+                info!(listener = name, addr = %local, "listening");
+                addrs.push((name, local));
+                tokio::spawn(net::accept_loop(
+                    listener,
+                    spec,
+                    handle.clone(),
+                    sem,
+                    stop_rx.clone(),
+                ));
+            }
+            Ok::<_, anyhow::Error>(())
+        }
+        .await;
+        if let Err(e) = bound {
+            // Undo what started: accept loops and the broker thread.
+            let _ = stop.send(true);
+            let _ = handle.tx.send(ToEngine::Shutdown).await;
+            let _ = done_rx.await;
+            return Err(e);
+        }
+        if addrs.iter().all(|(n, _)| *n == "admin") {
+            warn!("no MQTT listener is enabled");
+        }
+        Ok(Self {
+            handle,
+            addrs,
+            stop,
+            engine_done: done_rx,
+            permits,
+        })
+    }
+
+    /// The bound address of a listener: "tcp", "ws", "tls", "wss" or "admin".
+    pub fn local_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.addrs.iter().find(|(n, _)| *n == name).map(|(_, a)| *a)
+    }
+
+    /// A handle to the broker thread (stats, clients, publish, in-process clients).
+    pub fn handle(&self) -> &EngineHandle {
+        &self.handle
+    }
+
+    /// An in-process MQTT client: a virtual connection on the broker, no socket.
+    pub fn client(&self) -> crate::client::ClientBuilder {
+        crate::client::ClientBuilder::new(self.handle.clone())
+    }
+
+    /// Graceful stop: no new connections, MQTT 5.0 clients get DISCONNECT 0x8B, storage is
+    /// flushed, writers get a moment to deliver what is queued.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(true);
+        if self.handle.tx.send(ToEngine::Shutdown).await.is_err() {
+            bail!("the broker thread had already stopped");
+        }
+        let result = self
+            .engine_done
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker thread panicked")));
+        // Let writer tasks finish their last bytes (the DISCONNECTs), within a bound.
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            for (sem, n) in &self.permits {
+                let _ = sem
+                    .acquire_many(u32::try_from(*n).unwrap_or(u32::MAX))
+                    .await;
+            }
+        })
+        .await;
+        result
+    }
+
+    /// Wait until the broker thread stops by itself (a storage failure).
+    pub async fn stopped(&mut self) -> anyhow::Result<()> {
+        (&mut self.engine_done)
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker thread panicked")))
+    }
+}
+
+/// 64 bits that differ between starts: OS-seeded hasher keys mixed with the time and pid.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}

@@ -1,0 +1,216 @@
+//! Persistence in redb: one table of the opaque records the broker core emits through
+//! [`meridian_core::Output::Persist`].
+//!
+//! The engine applies every record of a batch in one write transaction and commits it before
+//! any acknowledgement of that batch is written to a socket. How a commit reaches the disk is
+//! the sync policy ([`SyncPolicy`]).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use redb::{Database, Durability, ReadableTable, TableDefinition};
+
+use crate::config::SyncPolicy;
+
+const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
+
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "meridian.redb";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("cannot create data directory {path}: {error}")]
+    CreateDir { path: String, error: std::io::Error },
+    #[error("cannot open database {path}: {error}")]
+    Open {
+        path: String,
+        error: redb::DatabaseError,
+    },
+    #[error("storage: {0}")]
+    Redb(String),
+}
+
+fn redb_err(e: impl std::fmt::Display) -> StorageError {
+    StorageError::Redb(e.to_string())
+}
+
+/// The daemon's store.
+pub struct Store {
+    db: Database,
+    sync: SyncPolicy,
+    interval: Duration,
+    last_sync: Instant,
+    /// Commits since the last durable one.
+    unsynced: bool,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("sync", &self.sync)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    pub fn open(dir: &Path, sync: SyncPolicy, interval: Duration) -> Result<Self, StorageError> {
+        std::fs::create_dir_all(dir).map_err(|error| StorageError::CreateDir {
+            path: dir.display().to_string(),
+            error,
+        })?;
+        let path = dir.join(DB_FILE);
+        let db = Database::create(&path).map_err(|error| StorageError::Open {
+            path: path.display().to_string(),
+            error,
+        })?;
+        let txn = db.begin_write().map_err(redb_err)?;
+        txn.open_table(RECORDS).map_err(redb_err)?;
+        txn.commit().map_err(redb_err)?;
+        Ok(Self {
+            db,
+            sync,
+            interval,
+            last_sync: Instant::now(),
+            unsynced: false,
+        })
+    }
+
+    /// Every stored record, for [`meridian_core::Broker::restore`].
+    pub fn load_all(&self) -> Result<Vec<(Bytes, Bytes)>, StorageError> {
+        let txn = self.db.begin_read().map_err(redb_err)?;
+        let table = txn.open_table(RECORDS).map_err(redb_err)?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(redb_err)? {
+            let (k, v) = entry.map_err(redb_err)?;
+            out.push((
+                Bytes::copy_from_slice(k.value()),
+                Bytes::copy_from_slice(v.value()),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Apply puts (`Some`) and deletes (`None`) in order, in one transaction, and commit it
+    /// according to the sync policy.
+    pub fn apply(&mut self, records: &[(Bytes, Option<Bytes>)]) -> Result<(), StorageError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut txn = self.db.begin_write().map_err(redb_err)?;
+        let durable = match self.sync {
+            SyncPolicy::Always => true,
+            SyncPolicy::Periodic => self.last_sync.elapsed() >= self.interval,
+            SyncPolicy::None => false,
+        };
+        txn.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        });
+        {
+            let mut table = txn.open_table(RECORDS).map_err(redb_err)?;
+            for (key, value) in records {
+                match value {
+                    Some(v) => {
+                        table.insert(key.as_ref(), v.as_ref()).map_err(redb_err)?;
+                    }
+                    None => {
+                        table.remove(key.as_ref()).map_err(redb_err)?;
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(redb_err)?;
+        if durable {
+            self.last_sync = Instant::now();
+            self.unsynced = false;
+        } else {
+            self.unsynced = true;
+        }
+        Ok(())
+    }
+
+    /// When the periodic policy wants the next fsync, if anything is waiting for one.
+    pub fn sync_due(&self) -> Option<Instant> {
+        (self.sync == SyncPolicy::Periodic && self.unsynced).then(|| self.last_sync + self.interval)
+    }
+
+    /// Make every commit so far durable (an empty durable commit).
+    pub fn sync(&mut self) -> Result<(), StorageError> {
+        if !self.unsynced {
+            return Ok(());
+        }
+        let mut txn = self.db.begin_write().map_err(redb_err)?;
+        txn.set_durability(Durability::Immediate);
+        txn.commit().map_err(redb_err)?;
+        self.unsynced = false;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_survive_reopen_and_deletes_apply_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s =
+                Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+            s.apply(&[
+                (Bytes::from_static(b"a"), Some(Bytes::from_static(b"1"))),
+                (Bytes::from_static(b"b"), Some(Bytes::from_static(b"2"))),
+                (Bytes::from_static(b"a"), None),
+                (Bytes::from_static(b"c"), Some(Bytes::from_static(b"3"))),
+            ])
+            .unwrap();
+        }
+        let s = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+        let all = s.load_all().unwrap();
+        assert_eq!(
+            all,
+            vec![
+                (Bytes::from_static(b"b"), Bytes::from_static(b"2")),
+                (Bytes::from_static(b"c"), Bytes::from_static(b"3")),
+            ]
+        );
+    }
+
+    #[test]
+    fn non_durable_commits_become_durable_on_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s = Store::open(dir.path(), SyncPolicy::None, Duration::from_secs(1)).unwrap();
+            s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
+                .unwrap();
+            assert!(s.unsynced);
+            s.sync().unwrap();
+            assert!(!s.unsynced);
+        }
+        let s = Store::open(dir.path(), SyncPolicy::None, Duration::from_secs(1)).unwrap();
+        assert_eq!(s.load_all().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn periodic_policy_defers_fsync_until_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s =
+            Store::open(dir.path(), SyncPolicy::Periodic, Duration::from_secs(3600)).unwrap();
+        assert_eq!(s.sync_due(), None);
+        s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
+            .unwrap();
+        let due = s.sync_due().expect("a sync is pending");
+        assert!(due > Instant::now());
+        s.sync().unwrap();
+        assert_eq!(s.sync_due(), None);
+        let mut always =
+            Store::open(&dir.path().join("b"), SyncPolicy::Always, Duration::ZERO).unwrap();
+        always
+            .apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
+            .unwrap();
+        assert_eq!(always.sync_due(), None, "always: durable at commit");
+    }
+}

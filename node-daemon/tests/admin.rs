@@ -1,0 +1,73 @@
+//! Admin HTTP against the real daemon.
+
+mod common;
+
+use common::raw::Raw;
+use common::{Daemon, http, v3};
+use meridian_core::codec::{Packet, ProtocolVersion::V5, ReasonCode};
+use rumqttc::QoS;
+
+#[tokio::test]
+async fn health_metrics_clients_and_kick() {
+    let d = Daemon::start();
+    let (status, body) = http(d.admin, "GET", "/health").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("ok"), "{body}");
+
+    let mut sub = v3::connect(v3::options("watcher", d.mqtt)).await;
+    sub.subscribe("a/+", QoS::AtLeastOnce).await;
+    let mut victim = Raw::connect(d.mqtt, V5, "victim").await;
+    sub.client
+        .publish("a/b", QoS::AtLeastOnce, true, "x")
+        .await
+        .unwrap();
+    sub.publish_msg().await;
+
+    let (status, body) = http(d.admin, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    for needle in [
+        "meridian_connections 2",
+        "meridian_subscriptions 1",
+        "meridian_retained_messages 1",
+        "meridian_messages_received_total{qos=\"1\"} 1",
+        "meridian_messages_sent_total{qos=\"1\"} 1",
+        "meridian_messages_dropped_total{reason=\"queue_full\"} 0",
+        "meridian_bytes_received_total",
+        "meridian_queued_messages 0",
+        "meridian_slow_consumer_disconnects_total 0",
+    ] {
+        assert!(body.contains(needle), "missing {needle} in\n{body}");
+    }
+
+    let (status, body) = http(d.admin, "GET", "/api/clients").await;
+    assert_eq!(status, 200);
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    let watcher = list.iter().find(|c| c["client_id"] == "watcher").unwrap();
+    assert_eq!(watcher["subscriptions"][0]["filter"], "a/+");
+    assert_eq!(watcher["subscriptions"][0]["qos"], 1);
+    assert_eq!(watcher["protocol"], "3.1.1");
+    assert_eq!(watcher["connected"], true);
+
+    let (status, body) = http(d.admin, "GET", "/api/subscriptions").await;
+    assert_eq!(status, 200);
+    let subs: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        subs,
+        serde_json::json!([{"client_id": "watcher", "filter": "a/+", "qos": 1}])
+    );
+
+    let (status, _) = http(d.admin, "GET", "/api/clients/victim").await;
+    assert_eq!(status, 200);
+    let (status, _) = http(d.admin, "DELETE", "/api/clients/victim").await;
+    assert_eq!(status, 200);
+    match victim.next().await {
+        Some(Packet::Disconnect(x)) => assert_eq!(x.reason, ReasonCode::ADMINISTRATIVE_ACTION),
+        other => panic!("expected DISCONNECT 0x98, got {other:?}"),
+    }
+    let (status, _) = http(d.admin, "DELETE", "/api/clients/victim").await;
+    assert_eq!(status, 404);
+    let (status, _) = http(d.admin, "GET", "/nope").await;
+    assert_eq!(status, 404);
+}

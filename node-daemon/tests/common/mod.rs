@@ -1,0 +1,535 @@
+//! The real `meridian` binary as a child process, and rumqttc helpers.
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A free loopback port (bound then released; the daemon binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A daemon child process with its own data directory and ports. Killed on drop.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub data_dir: PathBuf,
+    pub mqtt: u16,
+    pub ws: u16,
+    pub admin: u16,
+    pub config: Option<PathBuf>,
+    pub log: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Daemon {
+    /// Start on fresh ports with a fresh data directory.
+    pub fn start() -> Self {
+        Self::start_with_config(None)
+    }
+
+    /// Start with a config file body (written into the temp dir).
+    pub fn start_with_config(config: Option<&str>) -> Self {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let config = config.map(|body| {
+            let p = tmp.path().join("meridian.toml");
+            std::fs::write(&p, body).expect("write config");
+            p
+        });
+        let mut d = Self {
+            child: None,
+            data_dir: tmp.path().join("data"),
+            mqtt: 0,
+            ws: 0,
+            admin: 0,
+            config,
+            log: tmp.path().join("daemon.log"),
+            _tmp: Some(tmp),
+        };
+        d.spawn_and_wait();
+        d
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.data_dir.parent().expect("data dir has a parent")
+    }
+
+    pub fn mqtt_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.mqtt))
+    }
+
+    /// Spawn the binary (new ports unless already chosen) and wait until MQTT accepts.
+    fn spawn_and_wait(&mut self) {
+        // A port picked by free_port can be taken by someone else before the daemon binds
+        // it; try a few times with new ports.
+        for attempt in 0..5 {
+            if self.mqtt == 0 || attempt > 0 {
+                self.mqtt = free_port();
+                self.ws = free_port();
+                self.admin = free_port();
+            }
+            self.spawn();
+            if self.wait_ready() {
+                return;
+            }
+            self.kill9();
+        }
+        panic!("daemon did not become ready; log:\n{}", self.log_text());
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_meridian"));
+        cmd.arg("run");
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.arg("--mqtt")
+            .arg(format!("127.0.0.1:{}", self.mqtt))
+            .arg("--ws")
+            .arg(format!("127.0.0.1:{}", self.ws))
+            .arg("--admin")
+            .arg(format!("127.0.0.1:{}", self.admin))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .env("RUST_LOG", "meridian_daemon=debug,info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("spawn meridian"));
+    }
+
+    /// Wait until the MQTT port accepts connections or the process exits.
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + DEADLINE;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                return false;
+            }
+            // The daemon binds MQTT/TCP last, but check every port anyway.
+            let up = |port: u16| {
+                TcpStream::connect_timeout(
+                    &SocketAddr::from(([127, 0, 0, 1], port)),
+                    Duration::from_millis(200),
+                )
+                .is_ok()
+            };
+            if up(self.mqtt) && up(self.ws) && up(self.admin) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Restart on the same ports and data directory (after a stop or a kill).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill the daemon first");
+        for _ in 0..50 {
+            self.spawn();
+            if self.wait_ready() {
+                return;
+            }
+            // The old process's ports may still be in TIME_WAIT on some systems; retry.
+            self.kill9();
+        }
+        panic!("daemon did not restart; log:\n{}", self.log_text());
+    }
+
+    /// SIGKILL, no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait (bounded) for the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "daemon did not exit after SIGTERM; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// rumqttc 3.1.1 helpers.
+pub mod v3 {
+    use std::time::Duration;
+
+    use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, Publish, QoS};
+    use tokio::sync::mpsc;
+
+    use super::DEADLINE;
+
+    /// A client whose event loop runs in a task; incoming packets arrive on `rx`.
+    pub struct Client {
+        pub client: AsyncClient,
+        pub rx: mpsc::Receiver<Packet>,
+        pub task: tokio::task::JoinHandle<()>,
+    }
+
+    pub fn options(id: &str, port: u16) -> MqttOptions {
+        let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        o.set_keep_alive(Duration::from_secs(30));
+        o
+    }
+
+    /// Connect and wait for CONNACK.
+    pub async fn connect(opts: MqttOptions) -> Client {
+        let (client, eventloop) = AsyncClient::new(opts, 100);
+        let (tx, mut rx) = mpsc::channel(1000);
+        let task = tokio::spawn(drive(eventloop, tx));
+        let first = tokio::time::timeout(DEADLINE, rx.recv())
+            .await
+            .expect("CONNACK in time")
+            .expect("event loop alive");
+        assert!(
+            matches!(first, Packet::ConnAck(_)),
+            "expected CONNACK, got {first:?}"
+        );
+        Client { client, rx, task }
+    }
+
+    async fn drive(mut eventloop: EventLoop, tx: mpsc::Sender<Packet>) {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(p)) => {
+                    if tx.send(p).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Event::Outgoing(_)) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    impl Client {
+        /// The next packet matching `f`, skipping others, within the deadline.
+        pub async fn expect<T>(&mut self, mut f: impl FnMut(Packet) -> Option<T>) -> T {
+            tokio::time::timeout(DEADLINE, async {
+                loop {
+                    let p = self
+                        .rx
+                        .recv()
+                        .await
+                        .expect("connection ended while waiting");
+                    if let Some(t) = f(p) {
+                        return t;
+                    }
+                }
+            })
+            .await
+            .expect("expected packet in time")
+        }
+
+        pub async fn publish_msg(&mut self) -> Publish {
+            self.expect(|p| match p {
+                Packet::Publish(p) => Some(p),
+                _ => None,
+            })
+            .await
+        }
+
+        pub async fn subscribe(
+            &mut self,
+            filter: &str,
+            qos: QoS,
+        ) -> Vec<rumqttc::SubscribeReasonCode> {
+            self.client
+                .subscribe(filter, qos)
+                .await
+                .expect("subscribe queued");
+            self.expect(|p| match p {
+                Packet::SubAck(a) => Some(a.return_codes),
+                _ => None,
+            })
+            .await
+        }
+
+        /// Drop the connection without DISCONNECT.
+        pub fn abort(self) {
+            self.task.abort();
+        }
+
+        /// DISCONNECT and wait for the event loop to end.
+        pub async fn disconnect(self) {
+            let _ = self.client.disconnect().await;
+            let _ = tokio::time::timeout(DEADLINE, self.task).await;
+        }
+    }
+}
+
+/// rumqttc MQTT 5.0 helpers.
+pub mod v5 {
+    use std::time::Duration;
+
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::{Disconnect, Packet, Publish};
+    use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, StateError};
+    use tokio::sync::mpsc;
+
+    use super::DEADLINE;
+
+    pub struct Client {
+        pub client: AsyncClient,
+        pub rx: mpsc::Receiver<Packet>,
+        pub task: tokio::task::JoinHandle<()>,
+    }
+
+    pub fn options(id: &str, port: u16) -> MqttOptions {
+        let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        o.set_keep_alive(Duration::from_secs(30));
+        o
+    }
+
+    pub async fn connect(opts: MqttOptions) -> Client {
+        let (client, eventloop) = AsyncClient::new(opts, 100);
+        let (tx, mut rx) = mpsc::channel(1000);
+        let task = tokio::spawn(drive(eventloop, tx));
+        let first = tokio::time::timeout(DEADLINE, rx.recv())
+            .await
+            .expect("CONNACK in time")
+            .expect("event loop alive");
+        assert!(
+            matches!(first, Packet::ConnAck(_)),
+            "expected CONNACK, got {first:?}"
+        );
+        Client { client, rx, task }
+    }
+
+    async fn drive(mut eventloop: EventLoop, tx: mpsc::Sender<Packet>) {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(p)) => {
+                    if tx.send(p).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Event::Outgoing(_)) => {}
+                // rumqttc reports a server DISCONNECT as an error; hand it on as the packet.
+                Err(ConnectionError::MqttState(StateError::ServerDisconnect {
+                    reason_code,
+                    ..
+                })) => {
+                    let _ = tx
+                        .send(Packet::Disconnect(Disconnect::new(reason_code)))
+                        .await;
+                    return;
+                }
+                Err(e) => {
+                    eprintln!("v5 event loop ended: {e:?}");
+                    return;
+                }
+            }
+        }
+    }
+
+    impl Client {
+        pub async fn expect<T>(&mut self, mut f: impl FnMut(Packet) -> Option<T>) -> T {
+            tokio::time::timeout(DEADLINE, async {
+                loop {
+                    let p = self
+                        .rx
+                        .recv()
+                        .await
+                        .expect("connection ended while waiting");
+                    if let Some(t) = f(p) {
+                        return t;
+                    }
+                }
+            })
+            .await
+            .expect("expected packet in time")
+        }
+
+        pub async fn publish_msg(&mut self) -> Publish {
+            self.expect(|p| match p {
+                Packet::Publish(p) => Some(p),
+                _ => None,
+            })
+            .await
+        }
+
+        pub async fn subscribe(&mut self, filter: &str, qos: QoS) {
+            self.client
+                .subscribe(filter, qos)
+                .await
+                .expect("subscribe queued");
+            self.expect(|p| matches!(p, Packet::SubAck(_)).then_some(()))
+                .await;
+        }
+
+        pub fn abort(self) {
+            self.task.abort();
+        }
+    }
+}
+
+/// A raw MQTT client over the core's codec, for what rumqttc hides (the exact DISCONNECT).
+pub mod raw {
+    use bytes::BytesMut;
+    use meridian_core::codec::{self, Connect, ConnectProperties, Packet, ProtocolVersion};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::DEADLINE;
+
+    pub struct Raw {
+        pub stream: TcpStream,
+        pub version: ProtocolVersion,
+        buf: BytesMut,
+    }
+
+    pub fn connect_packet(version: ProtocolVersion, client_id: &str) -> Connect {
+        Connect {
+            protocol: version,
+            clean_start: true,
+            keep_alive: 0,
+            client_id: client_id.into(),
+            will: None,
+            username: None,
+            password: None,
+            properties: ConnectProperties::default(),
+        }
+    }
+
+    impl Raw {
+        pub async fn open(port: u16, version: ProtocolVersion) -> Self {
+            let stream = TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
+            Self {
+                stream,
+                version,
+                buf: BytesMut::new(),
+            }
+        }
+
+        /// Open, send this CONNECT, return the CONNACK.
+        pub async fn connect_with(
+            port: u16,
+            connect: Connect,
+        ) -> (Self, meridian_core::codec::ConnAck) {
+            let mut r = Self::open(port, connect.protocol).await;
+            r.send(&Packet::Connect(connect)).await;
+            match r.next().await {
+                Some(Packet::ConnAck(a)) => (r, a),
+                other => panic!("expected CONNACK, got {other:?}"),
+            }
+        }
+
+        /// Open, CONNECT, and check the CONNACK accepts.
+        pub async fn connect(port: u16, version: ProtocolVersion, client_id: &str) -> Self {
+            let mut r = Self::open(port, version).await;
+            r.send(&Packet::Connect(connect_packet(version, client_id)))
+                .await;
+            match r.next().await {
+                Some(Packet::ConnAck(a)) => assert!(!a.reason.is_error(), "refused: {a:?}"),
+                other => panic!("expected CONNACK, got {other:?}"),
+            }
+            r
+        }
+
+        pub async fn send(&mut self, p: &Packet) {
+            let mut out = BytesMut::new();
+            codec::encode(p, self.version, &mut out).expect("encode");
+            self.stream.write_all(&out).await.expect("write");
+        }
+
+        /// The next packet, or `None` at end of stream (within the deadline).
+        pub async fn next(&mut self) -> Option<Packet> {
+            tokio::time::timeout(DEADLINE, async {
+                loop {
+                    if let Some(p) =
+                        codec::decode(&mut self.buf, self.version, u32::MAX).expect("decodes")
+                    {
+                        return Some(p);
+                    }
+                    match self.stream.read_buf(&mut self.buf).await {
+                        Ok(0) | Err(_) => return None,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await
+            .expect("a packet or end of stream in time")
+        }
+
+        /// Whether the server closes the connection (within the deadline), skipping packets.
+        pub async fn closed(&mut self) -> bool {
+            while self.next().await.is_some() {}
+            true
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 client for the admin API: (status, body).
+pub async fn http(port: u16, method: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::timeout(DEADLINE, async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("admin connect");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.expect("write request");
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).await.expect("read response");
+        let text = String::from_utf8(resp).expect("utf-8 response");
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status code");
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    })
+    .await
+    .expect("HTTP answer in time")
+}

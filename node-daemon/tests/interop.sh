@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Interop: third-party clients against the real `meridian` daemon, over loopback.
+#   mosquitto_pub/mosquitto_sub (Debian mosquitto-clients): TCP, MQTT 3.1.1 and 5.0
+#   paho-mqtt (Python):                                        TCP and WebSocket, 3.1.1 and 5.0
+#   MQTT.js (npm mqtt@5):                                      TCP and WebSocket, 3.1.1 and 5.0
+# Installs what is missing (idempotent), builds the daemon, runs every check, prints
+# "N passed, M failed" and exits non-zero on any failure.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CRATE="$(dirname "$HERE")"
+cd "$CRATE"
+
+log() { echo "interop: $*" >&2; }
+
+# ----- tools -----
+if ! command -v mosquitto_sub >/dev/null || ! command -v mosquitto_pub >/dev/null; then
+  log "installing mosquitto-clients"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq mosquitto-clients >/dev/null || { log "cannot install mosquitto-clients"; exit 1; }
+fi
+if ! python3 -c "import paho.mqtt" 2>/dev/null; then
+  log "installing paho-mqtt"
+  python3 -m pip install -q paho-mqtt 2>/dev/null || python3 -m pip install -q --break-system-packages paho-mqtt || { log "cannot install paho-mqtt"; exit 1; }
+fi
+if [ ! -d "$HERE/interop/node_modules/mqtt" ]; then
+  log "installing mqtt@5 (npm)"
+  (cd "$HERE/interop" && npm install --no-audit --no-fund --silent) || { log "cannot install mqtt"; exit 1; }
+fi
+
+# ----- daemon -----
+cargo build -q -p meridian-daemon --bin meridian || exit 1
+TARGET_DIR="${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')}"
+BIN="$TARGET_DIR/debug/meridian"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+TMP="$(mktemp -d)"
+MQTT=$(free_port); WS=$(free_port); ADMIN=$(free_port)
+"$BIN" run --mqtt 127.0.0.1:$MQTT --ws 127.0.0.1:$WS --admin 127.0.0.1:$ADMIN --data-dir "$TMP/data" 2>"$TMP/daemon.log" &
+PID=$!
+cleanup() { kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+
+# Ready when every port accepts connections (deadline 30 s).
+python3 - "$MQTT" "$WS" "$ADMIN" <<'PY' || { log "daemon not ready"; cat "$TMP/daemon.log" >&2; exit 1; }
+import socket, sys, time
+deadline = time.time() + 30
+for port in map(int, sys.argv[1:]):
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if time.time() > deadline:
+                sys.exit(1)
+            time.sleep(0.05)
+PY
+
+PASSED=0; FAILED=0
+check() {
+  local name="$1"; shift
+  local runner=(timeout 60)
+  declare -F "$1" >/dev/null && runner=()   # shell functions bound their own waits
+  if out=$("${runner[@]}" "$@" 2>&1); then
+    PASSED=$((PASSED + 1)); log "ok   $name"
+  else
+    FAILED=$((FAILED + 1)); log "FAIL $name"; echo "$out" | sed 's/^/    /' >&2
+  fi
+}
+
+# GET from the admin API (python: no curl needed); fails on non-2xx.
+http_get() {
+  python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:$ADMIN$1"
+}
+
+mosquitto_round_trip() {
+  local v="$1" topic="interop/mosquitto/$1"
+  mosquitto_sub -h 127.0.0.1 -p "$MQTT" -V "$v" -t "$topic" -q 1 -C 2 -W 10 -i "msub-$v" >"$TMP/msub-$v.out" &
+  local sub=$!
+  # Wait until the subscription exists (admin API), not a fixed sleep.
+  for _ in $(seq 1 200); do
+    http_get "/api/clients/msub-$v" 2>/dev/null | grep -q "$topic" && break
+    python3 -c 'import time; time.sleep(0.05)'
+  done
+  mosquitto_pub -h 127.0.0.1 -p "$MQTT" -V "$v" -t "$topic" -q 1 -m one -i "mpub1-$v" || return 1
+  mosquitto_pub -h 127.0.0.1 -p "$MQTT" -V "$v" -t "$topic" -q 2 -m two -i "mpub2-$v" || return 1
+  wait "$sub" || return 1
+  [ "$(cat "$TMP/msub-$v.out")" = "$(printf 'one\ntwo')" ]
+}
+
+mosquitto_retained() {
+  mosquitto_pub -h 127.0.0.1 -p "$MQTT" -V mqttv5 -t interop/retained -r -q 1 -m kept || return 1
+  [ "$(mosquitto_sub -h 127.0.0.1 -p "$MQTT" -V mqttv311 -t interop/retained -C 1 -W 10)" = "kept" ]
+}
+
+check "mosquitto 3.1.1 tcp" mosquitto_round_trip mqttv311
+check "mosquitto 5.0 tcp" mosquitto_round_trip mqttv5
+check "mosquitto retained 5.0 -> 3.1.1" mosquitto_retained
+for transport in tcp websockets; do
+  port=$MQTT; [ "$transport" = websockets ] && port=$WS
+  for v in 3 5; do
+    check "paho $transport v$v" python3 "$HERE/interop/paho_check.py" "$transport" "$v" 127.0.0.1 "$port"
+  done
+done
+for url in "mqtt://127.0.0.1:$MQTT" "ws://127.0.0.1:$WS/mqtt"; do
+  for v in 4 5; do
+    check "mqtt.js $url v$v" node "$HERE/interop/mqttjs_check.js" "$url" "$v"
+  done
+done
+
+# The daemon is still healthy after all of it.
+check "daemon healthy" http_get /health
+
+echo "interop: $PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]

@@ -1,0 +1,58 @@
+//! Operational behaviour: JSON logs, per-listener connection limits.
+
+mod common;
+
+use std::time::Instant;
+
+use common::{DEADLINE, Daemon, http};
+use meridian_core::codec::ProtocolVersion::V311;
+use tokio::io::AsyncReadExt;
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let d = Daemon::start_with_config(Some("[log]\nformat = \"json\"\n"));
+    let _c = common::raw::Raw::connect(d.mqtt, V311, "logged").await;
+    // The connect is logged by the broker thread; wait (bounded) for the line.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let log = d.log_text();
+        if log.contains("client connected") {
+            for line in log.lines().filter(|l| !l.trim().is_empty()) {
+                let v: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(
+                    v.get("level").is_some() && v.get("fields").is_some(),
+                    "{line}"
+                );
+            }
+            assert!(log.contains("\"client_id\":\"logged\""), "{log}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no connect log line:\n{log}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn listener_max_connections_closes_the_excess() {
+    let d = Daemon::start_with_config(Some("[listeners.tcp]\nmax_connections = 2\n"));
+    let _a = common::raw::Raw::connect(d.mqtt, V311, "a").await;
+    let _b = common::raw::Raw::connect(d.mqtt, V311, "b").await;
+    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", d.mqtt))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 8];
+    let n = tokio::time::timeout(DEADLINE, extra.read(&mut buf))
+        .await
+        .expect("closed in time");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "third connection closed: {n:?}"
+    );
+    let (_, metrics) = http(d.admin, "GET", "/metrics").await;
+    assert!(
+        metrics.contains("meridian_connections_rejected_total 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("meridian_connections 2"), "{metrics}");
+}
