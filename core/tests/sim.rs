@@ -206,3 +206,29 @@ fn invariants_hold_across_random_seeds_with_faults() {
         check(seed, &sim);
     }
 }
+
+#[test]
+fn geo_writeup_scenarios_answer_locally_and_converge() {
+    for row in meridian_core::sim::geo_writeup(1) {
+        // Correctness, not timing: every client got its SUBACK and every region learned every
+        // filter. (The numbers themselves go to docs/geo.md, measured by `meridian sim`.)
+        assert_ne!(
+            row.all_subacks_ms,
+            u64::MAX,
+            "{} clients on {}: a SUBACK is missing",
+            row.clients,
+            row.filter
+        );
+        assert_ne!(
+            row.routes_converged_ms,
+            u64::MAX,
+            "{} clients on {}: routes never converged",
+            row.clients,
+            row.filter
+        );
+        eprintln!(
+            "{:>5} x {:<24} subacks {:>5} ms  routes {:>5} ms",
+            row.clients, row.filter, row.all_subacks_ms, row.routes_converged_ms
+        );
+    }
+}

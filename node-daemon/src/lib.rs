@@ -20,6 +20,7 @@ pub mod engine;
 pub mod net;
 pub mod passwd;
 pub mod server;
+pub mod sim;
 pub mod storage;
 pub mod tls;
 

@@ -26,6 +26,18 @@ enum Command {
     Run(RunArgs),
     /// Create or update USER in the password FILE (the password is read from stdin).
     Passwd { file: PathBuf, user: String },
+    /// Run a simulated multi-region deployment in virtual time and print what it measured.
+    Sim {
+        /// Built-in scenario: geo-writeup.
+        #[arg(long, default_value = "geo-writeup")]
+        scenario: String,
+        /// Seed of the run: the same seed gives the same run.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// One JSON object per row instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -58,6 +70,13 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Passwd { file, user } => meridian_daemon::passwd::passwd_command(&file, &user),
+        Command::Sim {
+            scenario,
+            seed,
+            json,
+        } => {
+            meridian_daemon::sim::sim_command(&scenario, seed, json, &mut std::io::stdout().lock())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

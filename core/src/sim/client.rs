@@ -37,6 +37,8 @@ pub struct SimClient {
     next_packet_id: u16,
     /// Own QoS 1/2 publishes waiting for their acknowledgement, by packet id.
     waiting: Vec<(u16, Bytes)>,
+    /// A subscription to send as soon as CONNACK arrives (as load generators do).
+    pub(super) subscribe_on_connack: Option<(String, QoS)>,
 }
 
 impl SimClient {
@@ -53,6 +55,7 @@ impl SimClient {
             buf: BytesMut::new(),
             next_packet_id: 0,
             waiting: Vec::new(),
+            subscribe_on_connack: None,
         }
     }
 
@@ -117,7 +120,12 @@ impl SimClient {
         // invariants report through the counts they compare.
         while let Ok(Some(packet)) = codec::decode(&mut self.buf, ProtocolVersion::V5, u32::MAX) {
             match packet {
-                Packet::ConnAck(_) => self.connack_at_ms = Some(now_ms),
+                Packet::ConnAck(_) => {
+                    self.connack_at_ms = Some(now_ms);
+                    if let Some((filter, qos)) = self.subscribe_on_connack.take() {
+                        replies.push(self.subscribe_bytes(&filter, qos));
+                    }
+                }
                 Packet::SubAck(_) => self.subacks_at_ms.push(now_ms),
                 Packet::Publish(p) => {
                     self.received.push(Received {

@@ -8,6 +8,7 @@
 //! run: [`Sim::trace_hash`] is the same every time, which [`Sim`]'s tests check.
 
 mod client;
+mod geo;
 mod rng;
 
 use std::cmp::Reverse;
@@ -16,6 +17,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use bytes::Bytes;
 
 pub use client::{Received, SimClient};
+pub use geo::{GeoRow, HKG_CPT_RTT_MS, geo_writeup};
 pub use rng::Rng;
 
 use crate::broker::ClusterConfig;
@@ -75,6 +77,12 @@ struct Node {
 pub enum Action {
     Connect {
         client: usize,
+    },
+    /// Connect, and subscribe as soon as CONNACK arrives.
+    ConnectAndSubscribe {
+        client: usize,
+        filter: String,
+        qos: QoS,
     },
     Subscribe {
         client: usize,
@@ -377,6 +385,16 @@ impl Sim {
                         data: bytes,
                     },
                 );
+            }
+            Action::ConnectAndSubscribe {
+                client,
+                filter,
+                qos,
+            } => {
+                if let Some(c) = self.clients.get_mut(client) {
+                    c.subscribe_on_connack = Some((filter, qos));
+                }
+                self.act(Action::Connect { client });
             }
             Action::Subscribe {
                 client,
