@@ -406,6 +406,10 @@ impl Engine {
     }
 
     fn send(&mut self, conn: ConnId, data: Bytes) {
+        // Already cut off in this batch: drop the rest, and count the connection once.
+        if self.slow.contains(&conn) {
+            return;
+        }
         let Some(w) = self.writers.get(&conn) else {
             return;
         };

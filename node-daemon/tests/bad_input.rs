@@ -207,7 +207,13 @@ async fn slow_consumer_is_disconnected_and_counted() {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let (_, metrics) = http(d.admin, "GET", "/metrics").await;
-        if metrics.contains("meridian_slow_consumer_disconnects_total 1") {
+        let cut: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("meridian_slow_consumer_disconnects_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if cut > 0 {
+            assert_eq!(cut, 1, "one slow connection is cut off, and counted, once");
             break;
         }
         assert!(
