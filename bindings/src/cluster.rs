@@ -1,0 +1,189 @@
+//! The broker as a node of a deployment, for JavaScript shells: peer links carry the core's
+//! link frames as bytes.
+//!
+//! `enableCluster` once, then per peer link: `handlePeerUp`, `handlePeerBytes` for what the
+//! link delivers (whole frames or any pieces of the stream), `handlePeerDown`. Outputs
+//! `{ type: "toPeer", peer, frame }` and `{ type: "broadcast", frame }` are frames to write to
+//! one peer's link or to every peer's. Frames are self-delimiting (a 4-byte length prefix),
+//! so a byte stream and a message transport (one WebSocket message per frame) both work.
+
+use bytes::BytesMut;
+use meridian_core::Input;
+use meridian_core::broker::{ClusterConfig, PeerSummary};
+use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
+use meridian_core::routes::NodeId;
+use wasm_bindgen::prelude::*;
+
+use crate::broker::{JsBroker, now};
+use crate::js::{self, Fields, Obj};
+
+fn node_id(value: &JsValue, what: &str) -> Result<NodeId, JsValue> {
+    let s = js::string(value, what)?;
+    NodeId::new(&s).map_err(|e| js::type_error(&format!("{what}: {e}")))
+}
+
+/// `ClusterConfig` (see `types.d.ts`) to the core's.
+fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
+    let mut f = Fields::new(value, "cluster")?;
+    let node_path = f.path_of("node");
+    let node = node_id(&f.required("node")?, &node_path)?;
+    let inc_path = f.path_of("incarnation");
+    let incarnation = js::uint(&f.required("incarnation")?, js::MAX_SAFE_INTEGER, &inc_path)?;
+    let region_path = f.path_of("region");
+    let region = js::string(&f.required("region")?, &region_path)?;
+    let mut c = ClusterConfig::new(node, incarnation, region);
+    if let Some(ms) = f.uint("routeBatchMs", js::MAX_SAFE_INTEGER)? {
+        c.route_batch_ms = ms;
+    }
+    if let Some(ms) = f.uint("digestIntervalMs", js::MAX_SAFE_INTEGER)? {
+        c.digest_interval_ms = ms;
+    }
+    if let Some(n) = f.usize("tombstoneBudget")? {
+        c.tombstone_budget = n;
+    }
+    if let Some(n) = f.usize("snapshotChunkFilters")? {
+        c.snapshot_chunk_filters = n;
+    }
+    if let Some(n) = f.usize("outboxWindow")? {
+        c.outbox.window = n;
+    }
+    if let Some(n) = f.usize("outboxMaxMessages")? {
+        c.outbox.max_messages = n;
+    }
+    if let Some(n) = f.usize("outboxMaxBytes")? {
+        c.outbox.max_bytes = n;
+    }
+    f.finish()?;
+    Ok(c)
+}
+
+/// A frame the core produced, as the bytes to write to a link. Encoding cannot fail for
+/// frames within the link's own limits; if one ever does, the output says so instead.
+pub(crate) fn frame_output(ty: &'static str, peer: Option<&NodeId>, frame: &Frame) -> JsValue {
+    let mut out = BytesMut::new();
+    match link::encode(frame, &mut out) {
+        Ok(()) => {
+            let o = Obj::tagged(ty);
+            o.opt("peer", peer.map(NodeId::as_str))
+                .set("frame", js::u8array(&out));
+            o.into_js()
+        }
+        Err(e) => {
+            let o = Obj::tagged("linkError");
+            o.opt("peer", peer.map(NodeId::as_str)).set(
+                "error",
+                js::error(&format!("cannot encode a {} frame: {e}", frame.name())),
+            );
+            o.into_js()
+        }
+    }
+}
+
+fn peer_summary(p: &PeerSummary) -> JsValue {
+    let o = Obj::new();
+    o.set("node", p.node.as_str())
+        .set("connected", p.connected)
+        .set(
+            "region",
+            p.region.as_deref().map_or(JsValue::NULL, JsValue::from_str),
+        )
+        .set("routes", p.routes)
+        .set("routeVersion", js::num(p.route_version))
+        .set("announcedVersion", js::num(p.announced_version))
+        .set("outboxMessages", p.outbox_messages)
+        .set("outboxBytes", p.outbox_bytes)
+        .set("forwardedTo", js::num(p.forwarded_to))
+        .set("forwardedFrom", js::num(p.forwarded_from));
+    o.into_js()
+}
+
+#[wasm_bindgen(js_class = Broker)]
+impl JsBroker {
+    /// Makes this broker a node of a deployment: `{ node, incarnation, region, ... }`
+    /// (`incarnation` must grow on every start). Call before `restore` and the first `accept`.
+    #[wasm_bindgen(js_name = enableCluster)]
+    pub fn enable_cluster(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "ClusterConfig")] config: JsValue,
+    ) -> Result<(), JsValue> {
+        let config = cluster_config(&config)?;
+        self.inner.enable_cluster(config);
+        Ok(())
+    }
+
+    /// The link to node `peer` is up.
+    #[wasm_bindgen(js_name = handlePeerUp)]
+    pub fn handle_peer_up(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "string")] peer: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
+    ) -> Result<(), JsValue> {
+        let peer = node_id(&peer, "peer")?;
+        let now = now(now_ms)?;
+        self.peer_bufs.remove(peer.as_str());
+        self.inner.handle_input(now, Input::PeerUp { peer });
+        self.collect_hook_errors();
+        Ok(())
+    }
+
+    /// Bytes from node `peer`'s link: whole frames, or any pieces of the frame stream. Throws
+    /// on a malformed frame (after feeding the frames before it): close that link and call
+    /// `handlePeerDown`.
+    #[wasm_bindgen(js_name = handlePeerBytes)]
+    pub fn handle_peer_bytes(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "string")] peer: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Uint8Array")] data: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
+    ) -> Result<(), JsValue> {
+        let peer = node_id(&peer, "peer")?;
+        let now = now(now_ms)?;
+        let mut buf = self.peer_bufs.remove(peer.as_str()).unwrap_or_default();
+        js::append_bytes(&data, &mut buf, "data")?;
+        let result = loop {
+            match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+                Ok(Some(frame)) => self.inner.handle_input(
+                    now,
+                    Input::PeerFrame {
+                        peer: peer.clone(),
+                        frame: Box::new(frame),
+                    },
+                ),
+                Ok(None) => {
+                    if !buf.is_empty() {
+                        self.peer_bufs.insert(peer.as_str().to_owned(), buf);
+                    }
+                    break Ok(());
+                }
+                Err(e) => {
+                    break Err(js::error(&format!(
+                        "malformed frame from peer {peer}: {e}; close the link and call handlePeerDown"
+                    )));
+                }
+            }
+        };
+        self.collect_hook_errors();
+        result
+    }
+
+    /// The link to node `peer` is down.
+    #[wasm_bindgen(js_name = handlePeerDown)]
+    pub fn handle_peer_down(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "string")] peer: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
+    ) -> Result<(), JsValue> {
+        let peer = node_id(&peer, "peer")?;
+        let now = now(now_ms)?;
+        self.peer_bufs.remove(peer.as_str());
+        self.inner.handle_input(now, Input::PeerDown { peer });
+        self.collect_hook_errors();
+        Ok(())
+    }
+
+    /// The peer nodes this node knows (empty unless `enableCluster` was called).
+    #[wasm_bindgen(unchecked_return_type = "PeerSummary[]")]
+    pub fn peers(&self) -> JsValue {
+        js::array(self.inner.peers().iter().map(peer_summary))
+    }
+}

@@ -1,0 +1,192 @@
+//! What the broker hands back to the shell, as plain JS objects.
+
+use meridian_core::broker::{ClientSummary, DisconnectCause, RestoreReport, Stats};
+use meridian_core::{ConnId, Event, Output};
+use wasm_bindgen::JsValue;
+
+use crate::js::{self, Obj};
+use crate::packet::version_level;
+use crate::{cluster, glue};
+
+pub(crate) fn conn(id: ConnId) -> JsValue {
+    js::num(id.0)
+}
+
+/// `{ type: "send", conn, data }`, `{ type: "close", conn }`, `{ type: "persist", key, value }`
+/// `{ type: "event", event }`, or in cluster mode `{ type: "toPeer", peer, frame }` and
+/// `{ type: "broadcast", frame }`.
+pub(crate) fn output(o: &Output) -> JsValue {
+    match o {
+        // The two outputs of every packet: built by JS object literals (see `glue`).
+        Output::Send { conn: c, data } => glue::send_output(c.0 as f64, data),
+        Output::Close { conn: c } => glue::close_output(c.0 as f64),
+        Output::Persist { key, value } => {
+            let obj = Obj::tagged("persist");
+            obj.set("key", js::u8array(key)).set(
+                "value",
+                value.as_ref().map_or(JsValue::NULL, |v| js::u8array(v)),
+            );
+            obj.into_js()
+        }
+        Output::Event(e) => {
+            let obj = Obj::tagged("event");
+            obj.set("event", event(e));
+            obj.into_js()
+        }
+        Output::ToPeer { peer, frame } => cluster::frame_output("toPeer", Some(peer), frame),
+        Output::Broadcast { frame } => cluster::frame_output("broadcast", None, frame),
+    }
+}
+
+fn opt_str(s: Option<&str>) -> JsValue {
+    s.map_or(JsValue::NULL, JsValue::from_str)
+}
+
+/// A broker event, tagged by `type` in camelCase.
+pub(crate) fn event(e: &Event) -> JsValue {
+    match e {
+        Event::ClientConnected {
+            conn: c,
+            client_id,
+            username,
+            protocol,
+            session_present,
+        } => {
+            let o = Obj::tagged("clientConnected");
+            o.set("conn", conn(*c))
+                .set("clientId", client_id.as_str())
+                .set("username", opt_str(username.as_deref()))
+                .set("protocolVersion", version_level(*protocol))
+                .set("sessionPresent", *session_present);
+            o.into_js()
+        }
+        Event::ConnectRefused {
+            conn: c,
+            client_id,
+            reason,
+        } => {
+            let o = Obj::tagged("connectRefused");
+            o.set("conn", conn(*c))
+                .set("clientId", opt_str(client_id.as_deref()))
+                .set("reasonCode", reason.0)
+                .set("reason", reason.name());
+            o.into_js()
+        }
+        Event::ClientDisconnected {
+            conn: c,
+            client_id,
+            cause,
+        } => {
+            let o = Obj::tagged("clientDisconnected");
+            let (kind, reason) = match cause {
+                DisconnectCause::ByClient(r) => ("client", Some(r)),
+                DisconnectCause::ConnectionLost => ("connectionLost", None),
+                DisconnectCause::ByServer(r) => ("server", Some(r)),
+            };
+            o.set("conn", conn(*c))
+                .set("clientId", client_id.as_str())
+                .set("cause", kind)
+                .set(
+                    "reasonCode",
+                    reason.map_or(JsValue::NULL, |r| JsValue::from(r.0)),
+                )
+                .set("reason", opt_str(reason.map(|r| r.name())))
+                .set("publishesWill", cause.publishes_will());
+            o.into_js()
+        }
+        Event::ConnectionClosed {
+            conn: c,
+            reason,
+            detail,
+        } => {
+            let o = Obj::tagged("connectionClosed");
+            o.set("conn", conn(*c))
+                .set("reasonCode", reason.0)
+                .set("reason", reason.name())
+                .set("detail", *detail);
+            o.into_js()
+        }
+        Event::SessionEnded { client_id } => {
+            let o = Obj::tagged("sessionEnded");
+            o.set("clientId", client_id.as_str());
+            o.into_js()
+        }
+        Event::RouteAdded { filter } => {
+            let o = Obj::tagged("routeAdded");
+            o.set("filter", filter.as_str());
+            o.into_js()
+        }
+        Event::RouteRemoved { filter } => {
+            let o = Obj::tagged("routeRemoved");
+            o.set("filter", filter.as_str());
+            o.into_js()
+        }
+    }
+}
+
+pub(crate) fn stats(s: &Stats) -> JsValue {
+    let o = Obj::new();
+    let by_qos = |a: &[u64; 3]| js::array(a.iter().map(|&n| js::num(n)));
+    o.set("connections", s.connections)
+        .set("sessions", s.sessions)
+        .set("subscriptions", s.subscriptions)
+        .set("retainedMessages", s.retained_messages)
+        .set("queuedMessages", s.queued_messages)
+        .set("inflightMessages", s.inflight_messages)
+        .set("packetsReceived", js::num(s.packets_received))
+        .set("packetsSent", js::num(s.packets_sent))
+        .set("bytesReceived", js::num(s.bytes_received))
+        .set("bytesSent", js::num(s.bytes_sent))
+        .set("messagesReceived", by_qos(&s.messages_received))
+        .set("messagesSent", by_qos(&s.messages_sent))
+        .set("droppedQueueFull", js::num(s.dropped_queue_full))
+        .set("droppedTooLarge", js::num(s.dropped_too_large))
+        .set("droppedExpired", js::num(s.dropped_expired))
+        .set("droppedQos0Offline", js::num(s.dropped_qos0_offline))
+        .set("droppedNotAuthorized", js::num(s.dropped_not_authorized))
+        .set("droppedRetainedFull", js::num(s.dropped_retained_full))
+        .set("droppedPeerDown", js::num(s.dropped_peer_down))
+        .set("droppedOutboxFull", js::num(s.dropped_outbox_full))
+        .set("connectsRefused", js::num(s.connects_refused))
+        .set("protocolErrors", js::num(s.protocol_errors));
+    o.into_js()
+}
+
+pub(crate) fn client(c: &ClientSummary) -> JsValue {
+    let o = Obj::new();
+    o.set("clientId", c.client_id.as_str())
+        .set("username", opt_str(c.username.as_deref()))
+        .set("protocolVersion", version_level(c.protocol))
+        .set("connected", c.connected)
+        .set("conn", c.conn.map_or(JsValue::NULL, conn))
+        .set(
+            "subscriptions",
+            js::array(c.subscriptions.iter().map(|(filter, qos)| {
+                let s = Obj::new();
+                s.set("filter", filter.as_str()).set("qos", *qos as u8);
+                s.into_js()
+            })),
+        )
+        .set("inflight", c.inflight)
+        .set("queued", c.queued);
+    o.into_js()
+}
+
+pub(crate) fn restore_report(r: &RestoreReport) -> JsValue {
+    let o = Obj::new();
+    o.set("sessions", r.sessions)
+        .set("subscriptions", r.subscriptions)
+        .set("messages", r.messages)
+        .set("retained", r.retained)
+        .set(
+            "unreadable",
+            js::array(r.unreadable.iter().map(|(key, e)| {
+                let u = Obj::new();
+                u.set("key", js::u8array(key))
+                    .set("kind", e.kind)
+                    .set("detail", e.detail);
+                u.into_js()
+            })),
+        );
+    o.into_js()
+}
