@@ -397,14 +397,22 @@ impl Broker {
         } else {
             ConnAckProperties::default()
         };
-        self.send(
-            conn_id,
-            &Packet::ConnAck(ConnAck {
-                session_present,
-                reason: ReasonCode::SUCCESS,
-                properties,
-            }),
-        );
+        let connack = Packet::ConnAck(ConnAck {
+            session_present,
+            reason: ReasonCode::SUCCESS,
+            properties,
+        });
+        if !self.try_send(conn_id, &connack) {
+            // Even without its reason string, CONNACK exceeds the client's Maximum Packet
+            // Size: the connection cannot be completed. No DISCONNECT either: nothing may
+            // precede CONNACK.
+            self.finish_close(conn_id);
+            return self.session_disconnected(
+                sid,
+                conn_id,
+                DisconnectCause::ByServer(ReasonCode::PACKET_TOO_LARGE),
+            );
+        }
         self.event(Event::ClientConnected {
             conn: conn_id,
             client_id: connect.client_id.clone(),

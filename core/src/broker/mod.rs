@@ -373,8 +373,13 @@ impl Broker {
     /// Packets larger than the client's Maximum Packet Size lose their Reason String and User
     /// Properties first, and are not sent if still too large (MQTT-3.1.2-24, -25).
     fn send(&mut self, conn_id: ConnId, packet: &Packet) {
+        self.try_send(conn_id, packet);
+    }
+
+    /// [`Broker::send`], saying whether the packet went out.
+    fn try_send(&mut self, conn_id: ConnId, packet: &Packet) -> bool {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
-            return;
+            return false;
         };
         let max = conn.client_max_packet as usize;
         let too_large = |p: &Packet| codec::encoded_len(p, conn.protocol).is_ok_and(|n| n > max);
@@ -383,7 +388,7 @@ impl Broker {
             stripped = without_problem_properties(packet);
             if too_large(&stripped) {
                 self.stats.dropped_too_large += 1;
-                return;
+                return false;
             }
             &stripped
         } else {
@@ -395,7 +400,7 @@ impl Broker {
             // would be a bug, and the connection is better closed than fed half a packet.
             conn.write_buf.truncate(before);
             self.stats.protocol_errors += 1;
-            return;
+            return false;
         }
         self.stats.packets_sent += 1;
         self.stats.bytes_sent += (conn.write_buf.len() - before) as u64;
@@ -403,6 +408,7 @@ impl Broker {
             conn.dirty = true;
             self.dirty.push(conn_id);
         }
+        true
     }
 
     // ----- input -----
@@ -507,7 +513,11 @@ impl Broker {
                 self.close_conn_because(conn_id, DisconnectCause::ByServer(reason), Some(detail));
             }
             _ => {
-                if reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
+                // Only a first CONNECT is answered in 3.1.1 form; later in the handshake the
+                // connection already speaks its own version.
+                if reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION
+                    && matches!(conn.state, ConnState::AwaitConnect)
+                {
                     conn.protocol = ProtocolVersion::V311;
                     self.send(
                         conn_id,

@@ -1,0 +1,54 @@
+# Shared by run.sh and ci.sh: toolchain checks and the cargo-fuzz command line.
+# shellcheck shell=bash
+
+FUZZ_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(dirname "$FUZZ_DIR")"
+# Fuzz builds (nightly, coverage instrumentation) are cached apart from the workspace's.
+FUZZ_TARGET_DIR="${MERIDIAN_FUZZ_TARGET_DIR:-$HOME/.cache/meridian-fuzz-target}"
+# Safe Rust under `forbid(unsafe_code)`: AddressSanitizer finds little and halves the speed.
+# Debug assertions and overflow checks stay on (cargo-fuzz's default).
+FUZZ_BUILD_FLAGS=(--sanitizer none --target-dir "$FUZZ_TARGET_DIR")
+
+# True when a nightly toolchain is installed.
+have_nightly() {
+    cargo +nightly --version >/dev/null 2>&1
+}
+
+# Installs cargo-fuzz from crates.io unless it is already there.
+ensure_cargo_fuzz() {
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        echo "installing cargo-fuzz (once)"
+        cargo install cargo-fuzz --locked
+    fi
+}
+
+# libFuzzer's maximum input size per target (structured targets need room for many ops).
+max_len_for() {
+    case "$1" in
+        broker_sequence | topic_match) echo 8192 ;;
+        *) echo 4096 ;;
+    esac
+}
+
+# cargo fuzz run TARGET with a working corpus (new inputs go there; FUZZ_CORPUS, by default
+# fuzz/corpus/TARGET) and the committed seeds.
+fuzz_run() {
+    local target="$1"
+    shift
+    local corpus="${FUZZ_CORPUS:-$FUZZ_DIR/corpus/$target}"
+    mkdir -p "$corpus" "$FUZZ_DIR/artifacts/$target"
+    (cd "$REPO_DIR" && cargo +nightly fuzz run "${FUZZ_BUILD_FLAGS[@]}" "$target" \
+        "$corpus" "fuzz/seeds/$target" -- \
+        -max_len="$(max_len_for "$target")" -timeout=10 -print_final_stats=1 "$@")
+}
+
+# Total executions reported in a libFuzzer log: "Done N runs" (one process) or the last
+# "#N:" status line (fork mode).
+exec_count() {
+    local log="$1" n
+    n="$(grep -oE '^Done [0-9]+ runs' "$log" | tail -n1 | grep -oE '[0-9]+')"
+    if [ -z "$n" ]; then
+        n="$(grep -oE '^#[0-9]+' "$log" | tail -n1 | tr -d '#')"
+    fi
+    echo "${n:-0}"
+}
