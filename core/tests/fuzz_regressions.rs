@@ -2,8 +2,8 @@
 //!
 //! Every input that made a fuzz target fail becomes a plain test here: the bytes inline, run
 //! through the public API, asserting the invariant the target checks. Tests for bugs not fixed
-//! yet are `#[ignore = "bug: ..."]`; `cargo test -p meridian-core --test fuzz_regressions --
-//! --ignored` runs them. The committed codec seed corpora (`fuzz/seeds/codec_*`) go through the
+//! yet are `#[ignore = "bug: ..."]` (none at the moment); `cargo test -p meridian-core --test
+//! fuzz_regressions -- --ignored` runs them. The committed codec seed corpora (`fuzz/seeds/codec_*`) go through the
 //! same round-trip check as the codec targets, so the check itself stays exercised on stable.
 
 use std::path::PathBuf;
@@ -136,10 +136,11 @@ fn connect_v5_with_maximum_packet_size(max: u32) -> Vec<u8> {
 /// Found by broker_sequence: a client whose Maximum Packet Size (here 10 bytes) is smaller
 /// than the CONNACK the broker builds (16 bytes with default config: Receive Maximum, Maximum
 /// Packet Size and Topic Alias Maximum; more with an assigned client id, a lowered expiry,
-/// response information...; the fuzzer's case was a 20-byte limit). The broker drops the CONNACK in `send` (counted as
-/// `dropped_too_large`) yet completes the connection: the session is connected, the
-/// `ClientConnected` event goes out, and the client waits for a CONNACK that never comes.
-/// Expected: a CONNACK that fits (the optional properties left out), or a refusal and close.
+/// response information...; the fuzzer's case was a 20-byte limit). The broker dropped the
+/// CONNACK in `send` (counted as `dropped_too_large`) yet completed the connection: the
+/// session was connected, `ClientConnected` went out, and the client waited for a CONNACK that
+/// never came. Fixed: the connection is closed (nothing may precede CONNACK). Accepted here: a
+/// CONNACK that fits, or a close.
 #[test]
 fn connack_larger_than_client_maximum_packet_size() {
     let mut broker = Broker::new(Config::default(), NOW);
@@ -172,8 +173,8 @@ fn connack_larger_than_client_maximum_packet_size() {
     );
 }
 
-/// The other side of the bug above, which the fuzz target relies on: with a Maximum Packet
-/// Size of 128 bytes the CONNACK fits and is sent.
+/// The other side of the case above: with a Maximum Packet Size of 128 bytes the CONNACK fits
+/// and is sent.
 #[test]
 fn connack_fits_a_128_byte_maximum_packet_size() {
     let mut broker = Broker::new(Config::default(), NOW);
@@ -209,11 +210,11 @@ impl meridian_core::broker::Authenticator for Challenge {
 
 /// Found by broker_sequence: an MQTT 5.0 client in enhanced authentication (the broker has
 /// answered its CONNECT with AUTH 0x18) sends a second CONNECT whose protocol level is not
-/// supported. `protocol_violation` (core/src/broker/mod.rs) treats every state but `Connected`
-/// like `AwaitConnect`: it switches the connection to 3.1.1 and sends the 3.1.1 CONNACK
-/// `20 02 00 01`, which is not a valid MQTT 5.0 packet, to a client that speaks 5.0. Only a
-/// first packet of an unsupported version should get that answer; here the client should get
-/// a 5.0 CONNACK (or nothing) and a close.
+/// supported. `protocol_violation` (core/src/broker/mod.rs) treated every state but
+/// `Connected` like `AwaitConnect`: it switched the connection to 3.1.1 and sent the 3.1.1
+/// CONNACK `20 02 00 01`, which is not a valid MQTT 5.0 packet, to a client that speaks 5.0.
+/// Fixed: only a connection's first CONNECT is answered in 3.1.1 form; here the client gets a
+/// 5.0 CONNACK (or nothing) and a close.
 #[test]
 fn unsupported_connect_during_authentication_gets_a_v311_connack() {
     let mut broker = Broker::with_auth(

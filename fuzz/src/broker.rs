@@ -51,13 +51,6 @@ use crate::trace;
 
 const START_MS: u64 = 1_700_000_000_000;
 
-/// Known bugs the checker steps around so that fuzzing goes on finding new ones; each has an
-/// ignored test in core/tests/fuzz_regressions.rs. Set to `false` once it is fixed.
-///
-/// `unsupported_connect_during_authentication_gets_a_v311_connack`: a second CONNECT of an
-/// unsupported version during enhanced authentication gets a 3.1.1 CONNACK on a 5.0 connection.
-const KNOWN_BUG_V311_CONNACK_DURING_AUTH: bool = true;
-
 // ---------------------------------------------------------------------------------------------
 // What the input chooses
 
@@ -488,10 +481,7 @@ fn build_connect(c: &ConnectSpec) -> Connect {
             receive_maximum: c.receive_maximum.map(|r| small(r, &[1, 2, 100]) as u16),
             maximum_packet_size: c
                 .maximum_packet_size
-                // Not below 128: every CONNACK fits (a smaller limit makes the broker drop the
-                // CONNACK, a known bug: `connack_larger_than_client_maximum_packet_size` in
-                // core/tests/fuzz_regressions.rs).
-                .map(|m| small(m, &[128, 200, 100_000])),
+                .map(|m| small(m, &[20, 64, 200, 100_000])),
             topic_alias_maximum: c.topic_alias_maximum.map(|t| small(t, &[0, 1, 2]) as u16),
             request_response_information: c.request_response_information,
             request_problem_information: c.request_problem_information,
@@ -832,16 +822,6 @@ impl Shell {
         let version = c.output_version();
         let mut buf = BytesMut::from(&data[..]);
         while !buf.is_empty() {
-            if KNOWN_BUG_V311_CONNACK_DURING_AUTH
-                && version == ProtocolVersion::V5
-                && c.connack.is_none()
-                && buf.starts_with(&[0x20, 2, 0, 1])
-            {
-                // The 3.1.1 CONNACK "unsupported protocol version", sent to a 5.0 client.
-                let _ = buf.split_to(4);
-                c.connack = Some(false);
-                continue;
-            }
             let before = buf.len();
             let packet = match codec::decode(&mut buf, version, u32::MAX) {
                 Ok(Some(p)) => p,
