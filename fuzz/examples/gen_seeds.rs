@@ -54,5 +54,21 @@ fn main() {
         count += 1;
     }
 
+    let dir = root.join("link_frame");
+    for (name, bytes) in seeds::link_seeds() {
+        meridian_fuzz::link::check(&bytes);
+        write(&dir, &name, &bytes);
+        count += 1;
+    }
+
+    let dir = root.join("route_merge");
+    for (name, budget, chunk, ops) in seeds::route_seeds() {
+        let (bytes, expected) = seeds::route_scenario(budget, chunk, &ops);
+        seeds::check_scenario::<meridian_fuzz::routes::Scenario>(&bytes, &expected);
+        meridian_fuzz::routes::check(&bytes);
+        write(&dir, name, &bytes);
+        count += 1;
+    }
+
     eprintln!("wrote {count} seed files under {}", root.display());
 }

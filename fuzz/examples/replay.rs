@@ -22,6 +22,8 @@ fn checker(target: &str) -> Option<fn(&[u8])> {
         "codec_v5" => |d| meridian_fuzz::codec::check(d, ProtocolVersion::V5),
         "broker_sequence" => meridian_fuzz::broker::check,
         "topic_match" => meridian_fuzz::topic::check,
+        "link_frame" => meridian_fuzz::link::check,
+        "route_merge" => meridian_fuzz::routes::check,
         _ => return None,
     })
 }
@@ -48,7 +50,8 @@ fn main() -> ExitCode {
     }
     let Some(check) = args.first().and_then(|t| checker(t)) else {
         eprintln!(
-            "usage: replay [--quiet] codec_v311|codec_v5|broker_sequence|topic_match PATH..."
+            "usage: replay [--quiet] TARGET PATH... (targets: codec_v311 codec_v5 broker_sequence \
+             topic_match link_frame route_merge)"
         );
         return ExitCode::from(2);
     };

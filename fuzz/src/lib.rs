@@ -13,9 +13,16 @@
 //!   invariants checked after every step.
 //! - [`topic`]: validation never panics; both tries agree with the naive matcher, also after
 //!   removals.
+//! - [`link`]: link frames: decode → encode → decode agrees, frames split anywhere decode the
+//!   same, a declared length over the limit is refused before the body arrives.
+//! - [`routes`]: route replication between owners and replicas over a network that reorders,
+//!   duplicates and loses frames; replicas never hold a set the owner did not have, and
+//!   converge once the network heals.
 
 pub mod broker;
 pub mod codec;
+pub mod link;
+pub mod routes;
 pub mod seeds;
 pub mod topic;
 

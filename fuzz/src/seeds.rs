@@ -8,6 +8,7 @@
 //! operation enums shows up as a generator failure, not as silently useless seeds.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::{Bytes, BytesMut};
@@ -18,9 +19,11 @@ use meridian_core::codec::{
     SubscribeFilter, SubscribeProperties, SubscriptionOptions, UnsubAck, Unsubscribe,
     WillProperties,
 };
+use meridian_core::link::{self, DigestEntry, Forward, Frame};
+use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 
 use crate::broker::{self, Wire};
-use crate::topic;
+use crate::{routes, topic};
 
 // ---------------------------------------------------------------------------------------------
 // Packets
@@ -687,6 +690,311 @@ pub fn topic_seeds() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)
             "dollar-and-empty-levels",
             vec!["+/a", "#", "$s/#", "$s/+", "/a", "+/+", "a//b"],
             vec!["$s/a", "/a", "a//b", "$s", ""],
+        ),
+    ]
+}
+
+// --- link_frame
+
+fn owner(name: &str, incarnation: u64) -> Owner {
+    Owner {
+        node: NodeId::new(name).expect("valid node id"),
+        incarnation,
+    }
+}
+
+/// One link frame of every type, as the cluster layer sends them (the test vectors of
+/// `core/tests/link_props.rs`).
+pub fn link_frames() -> Vec<(&'static str, Frame)> {
+    let euc1 = owner("euc1-a", 3);
+    let change = |version, filter: &str, op| RouteChange {
+        version,
+        filter: Arc::from(filter),
+        op,
+    };
+    let mut message = publish("sensors/1/temp", QoS::AtLeastOnce, Some(1), b"21.5");
+    message.properties = PublishProperties {
+        payload_format_indicator: Some(1),
+        message_expiry_interval: Some(60),
+        content_type: Some("text/plain".into()),
+        correlation_data: Some(Bytes::from_static(b"c")),
+        user_properties: users(),
+        ..Default::default()
+    };
+    vec![
+        (
+            "hello",
+            Frame::Hello {
+                node: euc1.node.clone(),
+                incarnation: 3,
+                protocol: link::LINK_PROTOCOL_VERSION,
+                region: "eu-central-1".into(),
+            },
+        ),
+        (
+            "route-delta",
+            Frame::RouteDelta(RouteDelta {
+                owner: euc1.clone(),
+                after: 4,
+                changes: vec![
+                    change(5, "a/+", RouteOp::Add),
+                    change(6, "sensors/#", RouteOp::Add),
+                    change(7, "$SYS/x", RouteOp::Remove),
+                ],
+                hash: 0x0123_4567_89ab_cdef,
+            }),
+        ),
+        (
+            "route-delta-empty",
+            Frame::RouteDelta(RouteDelta {
+                owner: euc1.clone(),
+                after: 7,
+                changes: Vec::new(),
+                hash: 0,
+            }),
+        ),
+        (
+            "route-ack",
+            Frame::RouteAck {
+                owner: euc1.clone(),
+                version: 7,
+            },
+        ),
+        (
+            "digest",
+            Frame::Digest(vec![
+                DigestEntry {
+                    owner: euc1.clone(),
+                    version: 7,
+                    hash: 42,
+                },
+                DigestEntry {
+                    owner: owner("use1-b", 1),
+                    version: 0,
+                    hash: 0,
+                },
+            ]),
+        ),
+        ("snapshot-request", Frame::SnapshotRequest),
+        (
+            "snapshot-chunk",
+            Frame::SnapshotChunk(SnapshotChunk {
+                owner: euc1.clone(),
+                version: 7,
+                hash: 42,
+                index: 1,
+                count: 3,
+                filters: vec![Arc::from("a/+"), Arc::from("#"), Arc::from("/x//")],
+            }),
+        ),
+        (
+            "forward",
+            Frame::Forward(Forward {
+                origin: euc1.clone(),
+                seq: 9,
+                message,
+            }),
+        ),
+        (
+            "forward-qos0",
+            Frame::Forward(Forward {
+                origin: euc1.clone(),
+                seq: 0,
+                message: publish("a", QoS::AtMostOnce, None, b""),
+            }),
+        ),
+        (
+            "forward-ack",
+            Frame::ForwardAck {
+                origin: euc1,
+                seq: 9,
+            },
+        ),
+        ("keep-alive", Frame::KeepAlive),
+    ]
+}
+
+/// Seed files for `link_frame`: one per frame, and all of them back to back.
+pub fn link_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut all = Vec::new();
+    for (name, frame) in link_frames() {
+        let mut out = BytesMut::new();
+        link::encode(&frame, &mut out)
+            .unwrap_or_else(|e| panic!("seed frame {frame:?} does not encode: {e}"));
+        all.extend_from_slice(&out);
+        files.push((name.to_owned(), out.to_vec()));
+    }
+    files.push(("all-back-to-back".to_owned(), all));
+    files
+}
+
+// --- route_merge
+
+/// Variant index of a [`routes::Op`] (the order of its declaration).
+fn route_op_index(op: &routes::Op) -> u32 {
+    use routes::Op::*;
+    match op {
+        Add { .. } => 0,
+        Remove { .. } => 1,
+        Flush { .. } => 2,
+        Deliver(_) => 3,
+        Duplicate(_) => 4,
+        Drop(_) => 5,
+        Digest { .. } => 6,
+        Restart { .. } => 7,
+        PeerUp { .. } => 8,
+        RemovePeer { .. } => 9,
+        RequestSnapshot { .. } => 10,
+    }
+}
+const ROUTE_OP_COUNT: u32 = 11;
+
+/// Encodes a route scenario; returns the bytes and the `Debug` text they must decode to.
+pub fn route_scenario(budget: u8, chunk: u8, ops: &[routes::Op]) -> (Vec<u8>, String) {
+    use routes::Op::*;
+    let mut w = Writer::default();
+    w.pick(budget).pick(chunk);
+    for op in ops {
+        w.more().variant(route_op_index(op), ROUTE_OP_COUNT);
+        match *op {
+            Add { owner, filter } | Remove { owner, filter } => w.pick(owner).pick(filter),
+            Flush { owner } | Digest { owner } | Restart { owner } => w.pick(owner),
+            Deliver(i) | Duplicate(i) | Drop(i) => w.pick(i),
+            PeerUp { owner, replica }
+            | RemovePeer { owner, replica }
+            | RequestSnapshot { owner, replica } => w.pick(owner).pick(replica),
+        };
+    }
+    let expected = format!(
+        "{:?}",
+        routes::Scenario {
+            budget,
+            chunk,
+            ops: ops.to_vec(),
+        }
+    );
+    (w.finish(), expected)
+}
+
+/// Route scenarios: (name, tombstone budget byte, chunk byte, ops).
+pub fn route_seeds() -> Vec<(&'static str, u8, u8, Vec<routes::Op>)> {
+    use routes::Op::*;
+    let add = |owner, filter| Add { owner, filter };
+    let remove = |owner, filter| Remove { owner, filter };
+    let flush = |owner| Flush { owner };
+    vec![
+        // Both owners change their sets; every frame arrives in order.
+        (
+            "in-order",
+            15,
+            1,
+            vec![
+                add(0, 0),
+                add(0, 1),
+                flush(0),
+                add(1, 3),
+                add(1, 5),
+                flush(1),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                remove(0, 0),
+                add(0, 6),
+                flush(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+            ],
+        ),
+        // Deltas reordered, duplicated and lost; the gap is repaired through digests.
+        (
+            "reorder-duplicate-lose",
+            3,
+            0,
+            vec![
+                add(0, 0),
+                flush(0),
+                add(0, 2),
+                flush(0),
+                remove(0, 0),
+                add(0, 7),
+                flush(0),
+                Deliver(5),
+                Duplicate(0),
+                Drop(1),
+                Deliver(2),
+                Deliver(0),
+                Digest { owner: 0 },
+                Deliver(3),
+                Deliver(1),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+            ],
+        ),
+        // An owner restarts while its earlier frames are still in flight.
+        (
+            "restart",
+            7,
+            1,
+            vec![
+                add(0, 0),
+                add(0, 4),
+                flush(0),
+                Deliver(0),
+                add(0, 9),
+                flush(0),
+                Restart { owner: 0 },
+                add(0, 2),
+                flush(0),
+                Deliver(2),
+                Deliver(1),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+            ],
+        ),
+        // A peer falls behind the tombstone budget and is forgotten: snapshots in chunks of 1.
+        (
+            "snapshot-chunks",
+            0,
+            0,
+            vec![
+                RemovePeer {
+                    owner: 1,
+                    replica: 1,
+                },
+                add(1, 0),
+                add(1, 1),
+                add(1, 2),
+                flush(1),
+                add(1, 3),
+                flush(1),
+                Drop(0),
+                Drop(0),
+                Drop(0),
+                PeerUp {
+                    owner: 1,
+                    replica: 1,
+                },
+                RequestSnapshot {
+                    owner: 1,
+                    replica: 0,
+                },
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+                Deliver(0),
+            ],
         ),
     ]
 }
