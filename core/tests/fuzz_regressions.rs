@@ -6,10 +6,12 @@
 //! fuzz_regressions -- --ignored` runs them. The committed codec seed corpora (`fuzz/seeds/codec_*`) go through the
 //! same round-trip check as the codec targets, so the check itself stays exercised on stable.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use bytes::BytesMut;
 use meridian_core::codec::{self, Packet, ProtocolVersion, ReasonCode};
+use meridian_core::routes::{DeltaOutcome, NodeId, Owner, RouteLog, RouteTable};
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 
 // ---------------------------------------------------------------------------------------------
@@ -248,4 +250,66 @@ fn unsupported_connect_during_authentication_gets_a_v311_connack() {
             "{sent:02x?} is not valid MQTT 5.0: {packet:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// route_merge
+
+fn route_owner(incarnation: u64) -> Owner {
+    Owner {
+        node: NodeId::new("o0").unwrap(),
+        incarnation,
+    }
+}
+
+/// Found by route_merge: a replica buffered an early delta of an owner's incarnation 1 (it
+/// arrived before the delta it follows: `Gap`), then the owner restarted and the replica
+/// installed a snapshot of incarnation 2. `apply_snapshot_chunk` (core/src/routes/table.rs)
+/// kept every buffered delta that followed the snapshot's version, whatever its incarnation,
+/// so the next delta of incarnation 2 pulled the stale one in after it: the replica ended at
+/// version 2 of incarnation 2 holding `{a/b, c}`, a version the owner never had, and every
+/// later snapshot at a lower version was refused as `Stale`, so the replica stayed wrong until
+/// the owner's version passed it. Fixed: installing a snapshot drops buffered deltas of other
+/// incarnations.
+#[test]
+fn snapshot_of_a_new_incarnation_drops_early_deltas_of_the_old_one() {
+    let replica_node = NodeId::new("r1").unwrap();
+    let mut first = RouteLog::new(route_owner(1), 16);
+    first.add_peer(replica_node.clone());
+    first.add("a/+");
+    first.flush().unwrap();
+    first.add("c");
+    let second_delta = first.flush().unwrap();
+
+    let mut table = RouteTable::new(1);
+    // The second delta of incarnation 1 arrives first and is kept for later.
+    assert_eq!(
+        table.apply_delta(&second_delta),
+        DeltaOutcome::Gap { after: 0 }
+    );
+
+    // The owner restarts with nothing; the replica installs its (empty) snapshot.
+    let mut restarted = RouteLog::new(route_owner(2), 16);
+    restarted.add_peer(replica_node);
+    let snapshot = restarted.snapshot(2);
+    restarted.add("a/b");
+    let delta = restarted.flush().unwrap();
+    for chunk in &snapshot {
+        table.apply_snapshot_chunk(chunk);
+    }
+    assert_eq!(table.replica(&route_owner(2).node).unwrap().incarnation, 2);
+
+    // The first delta of incarnation 2 brings the replica to the owner's set, nothing more.
+    assert_eq!(
+        table.apply_delta(&delta),
+        DeltaOutcome::Applied { version: 1 }
+    );
+    let replica = table.replica(&route_owner(2).node).unwrap();
+    let filters: BTreeSet<&str> = replica.filters().collect();
+    assert_eq!(
+        (replica.incarnation, replica.version, filters),
+        (2, 1, BTreeSet::from(["a/b"])),
+        "the replica holds a set its owner never had"
+    );
+    assert_eq!(replica.hash, restarted.hash());
 }

@@ -248,7 +248,8 @@ impl RouteTable {
         if super::set_hash(filters.iter().map(|f| &**f)) != chunk.hash {
             return SnapshotOutcome::Corrupt;
         }
-        // Install: index the difference, keep deltas that follow the snapshot.
+        // Install: index the difference, keep deltas of this incarnation that follow the
+        // snapshot (those of an earlier one would be applied on top of the new set).
         let old = std::mem::take(&mut replica.filters);
         let early = std::mem::take(&mut replica.early);
         for gone in old.difference(&filters) {
@@ -264,6 +265,7 @@ impl RouteTable {
         replica.hash = chunk.hash;
         replica.early = early
             .into_iter()
+            .filter(|(_, d)| d.owner.incarnation == chunk.owner.incarnation)
             .filter(|(_, d)| d.to() > chunk.version)
             .collect();
         SnapshotOutcome::Installed {
