@@ -46,11 +46,15 @@ fuzz_run() {
         -max_len="$(max_len_for "$target")" -timeout=10 -print_final_stats=1 "$@")
 }
 
-# Total executions reported in a libFuzzer log: "Done N runs" (one process) or the last
-# "#N:" status line (fork mode).
+# Total executions reported in a libFuzzer log: its final `stat::number_of_executed_units`
+# (printed at the end of a run, also when interrupted), else "Done N runs", else the last "#N"
+# status line (a run killed outright, or fork mode).
 exec_count() {
     local log="$1" n
-    n="$(grep -oE '^Done [0-9]+ runs' "$log" | tail -n1 | grep -oE '[0-9]+')"
+    n="$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | tail -n1 | grep -oE '[0-9]+$')"
+    if [ -z "$n" ]; then
+        n="$(grep -oE '^Done [0-9]+ runs' "$log" | tail -n1 | grep -oE '[0-9]+')"
+    fi
     if [ -z "$n" ]; then
         n="$(grep -oE '^#[0-9]+' "$log" | tail -n1 | tr -d '#')"
     fi

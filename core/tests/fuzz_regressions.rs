@@ -3,14 +3,16 @@
 //! Every input that made a fuzz target fail becomes a plain test here: the bytes inline, run
 //! through the public API, asserting the invariant the target checks. Tests for bugs not fixed
 //! yet are `#[ignore = "bug: ..."]` (none at the moment); `cargo test -p meridian-core --test
-//! fuzz_regressions -- --ignored` runs them. The committed codec seed corpora (`fuzz/seeds/codec_*`) go through the
-//! same round-trip check as the codec targets, so the check itself stays exercised on stable.
+//! fuzz_regressions -- --ignored` runs them. The committed codec and link seed corpora
+//! (`fuzz/seeds/codec_*`, `fuzz/seeds/link_frame`) go through the same round-trip checks as
+//! their targets, so the seeds stay valid and the checks stay exercised on stable.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use bytes::BytesMut;
 use meridian_core::codec::{self, Packet, ProtocolVersion, ReasonCode};
+use meridian_core::link;
 use meridian_core::routes::{DeltaOutcome, NodeId, Owner, RouteLog, RouteTable};
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 
@@ -100,6 +102,43 @@ fn codec_v311_seeds_round_trip() {
 #[test]
 fn codec_v5_seeds_round_trip() {
     check_seeds("codec_v5", ProtocolVersion::V5);
+}
+
+/// The committed `link_frame` seeds are whole, valid frames that re-encode to their own bytes
+/// and decode the same split at every byte (the core of the `link_frame` target's check).
+#[test]
+fn link_frame_seeds_round_trip() {
+    let files = seed_files("link_frame");
+    assert!(files.len() >= 10, "seed corpus link_frame is missing");
+    for (path, bytes) in files {
+        let name = path.display();
+        let mut buf = BytesMut::from(&bytes[..]);
+        let mut frames = Vec::new();
+        while let Some(frame) = link::decode(&mut buf, link::DEFAULT_MAX_FRAME_LEN)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+        {
+            frames.push(frame);
+        }
+        assert!(!frames.is_empty() && buf.is_empty(), "{name}: whole frames");
+        let mut again = BytesMut::new();
+        for frame in &frames {
+            link::encode(frame, &mut again).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        assert_eq!(&again[..], &bytes[..], "{name}: re-encodes to other bytes");
+        for at in 0..=bytes.len() {
+            let mut buf = BytesMut::new();
+            let mut split = Vec::new();
+            for part in [&bytes[..at], &bytes[at..]] {
+                buf.extend_from_slice(part);
+                while let Some(frame) = link::decode(&mut buf, link::DEFAULT_MAX_FRAME_LEN)
+                    .unwrap_or_else(|e| panic!("{name} split at {at}: {e}"))
+                {
+                    split.push(frame);
+                }
+            }
+            assert_eq!(split, frames, "{name} split at {at}");
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
