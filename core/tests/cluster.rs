@@ -221,6 +221,36 @@ fn receiver_crash_does_not_deliver_twice() {
 }
 
 #[test]
+fn a_restarted_node_remembers_remote_routes_and_queues_for_an_unreachable_peer() {
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect_with(V5, "sub", persistent).0;
+    mesh.node("a").subscribe(sub, "k/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    assert_eq!(mesh.node("c").broker.nodes_for("k/x"), vec![id("a")]);
+    // c restarts while the link is down: what it knew of a's routes came back from storage,
+    // so what its clients publish meanwhile waits in its outbox instead of going nowhere.
+    mesh.link_down(&id("a"), &id("c"));
+    mesh.crash_and_restart("c");
+    assert_eq!(mesh.node("c").broker.nodes_for("k/x"), vec![id("a")]);
+    assert_eq!(mesh.node("c").broker.replicated_routes(&id("a")), ["k/#"]);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 0..5u32 {
+        mesh.node("c").publish(
+            publisher,
+            "k/x",
+            &i.to_be_bytes(),
+            QoS::AtLeastOnce,
+            false,
+            i as u16 + 1,
+        );
+    }
+    assert_eq!(peer(&mesh.node("c").broker.peers(), "a").outbox_messages, 5);
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.settle();
+    assert_eq!(payloads(mesh.node("a"), sub), (0..5).collect::<Vec<_>>());
+}
+
+#[test]
 fn restarted_node_replaces_its_routes_everywhere() {
     let mut mesh = Mesh::new(&["a", "b"], Config::default(), |_| {});
     let sub = mesh.node("a").connect(V5, "clean");

@@ -8,6 +8,10 @@
 //! | `GET /api/clients/{id}` | one session, or 404 |
 //! | `GET /api/subscriptions` | JSON array of every subscription: `client_id`, `filter`, `qos` |
 //! | `DELETE /api/clients/{id}` | disconnect the client (MQTT 5.0 gets DISCONNECT 0x98); 404 if not connected |
+//! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode) |
+//! | `GET /api/peers` | JSON array of the peer nodes: connected, region, RTT, routes, route lag, outbox, forwards |
+//! | `GET /api/peers/{peer_id}/routes` | the filters that peer has subscribers for, as replicated here |
+//! | `GET /api/routes` | this node's own route set (filters with a local subscriber) |
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -19,8 +23,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use meridian_core::broker::{ClientSummary, Stats};
+use meridian_core::broker::{ClientSummary, PeerSummary, Stats};
 use meridian_core::codec::ProtocolVersion;
+use meridian_core::routes::NodeId;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -31,11 +36,26 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use crate::engine::{DaemonCounters, EngineHandle};
+use crate::mesh::MeshStats;
+
+/// What the admin API says about this node itself.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    pub name: String,
+    pub region: Option<String>,
+    pub peer_id: Option<String>,
+    pub p2p_addrs: Vec<String>,
+}
 
 type Body = Full<Bytes>;
 
 /// Serve admin HTTP until `stop` changes.
-pub async fn serve(listener: TcpListener, engine: EngineHandle, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    engine: EngineHandle,
+    node: std::sync::Arc<NodeInfo>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -49,10 +69,12 @@ pub async fn serve(listener: TcpListener, engine: EngineHandle, mut stop: watch:
             _ = stop.changed() => return,
         };
         let engine = engine.clone();
+        let node = node.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let engine = engine.clone();
-                async move { Ok::<_, Infallible>(route(req, &engine).await) }
+                let node = node.clone();
+                async move { Ok::<_, Infallible>(route(req, &engine, &node).await) }
             });
             if let Err(e) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -64,7 +86,7 @@ pub async fn serve(listener: TcpListener, engine: EngineHandle, mut stop: watch:
     }
 }
 
-async fn route(req: Request<Incoming>, engine: &EngineHandle) -> Response<Body> {
+async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     match (method, path.as_str()) {
@@ -75,8 +97,8 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle) -> Response<Body> 
                 serde_json::json!({"status": "stopping"}),
             ),
         },
-        (Method::GET, "/metrics") => match engine.stats().await {
-            Some(stats) => Response::builder()
+        (Method::GET, "/metrics") => match (engine.stats().await, engine.peers().await) {
+            (Some(stats), Some(peers)) => Response::builder()
                 .header(
                     "content-type",
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -84,10 +106,59 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle) -> Response<Body> 
                 .body(Full::new(Bytes::from(render_metrics(
                     &stats,
                     &engine.counters,
+                    &peers,
+                    engine.mesh.as_deref(),
                 ))))
                 .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
+            _ => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+        },
+        (Method::GET, "/api/node") => json(
+            StatusCode::OK,
+            serde_json::json!({
+                "name": node.name,
+                "region": node.region,
+                "peer_id": node.peer_id,
+                "p2p_addrs": node.p2p_addrs,
+            }),
+        ),
+        (Method::GET, "/api/peers") => match engine.peers().await {
+            Some(peers) => {
+                let rtt = rtt_map(engine.mesh.as_deref());
+                json(
+                    StatusCode::OK,
+                    serde_json::Value::Array(
+                        peers
+                            .iter()
+                            .map(|p| peer_json(p, rtt.get(p.node.as_str())))
+                            .collect(),
+                    ),
+                )
+            }
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
+        (Method::GET, "/api/routes") => match engine.routes(None).await {
+            Some(routes) => json(StatusCode::OK, serde_json::json!(routes)),
+            None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+        },
+        (Method::GET, p) if p.starts_with("/api/peers/") && p.ends_with("/routes") => {
+            let id = &p["/api/peers/".len()..p.len() - "/routes".len()];
+            let Ok(node) = NodeId::new(id) else {
+                return plain(StatusCode::BAD_REQUEST, "bad peer id\n");
+            };
+            match engine.peers().await {
+                Some(peers) if peers.iter().any(|p| p.node == node) => {
+                    match engine.routes(Some(node)).await {
+                        Some(routes) => json(StatusCode::OK, serde_json::json!(routes)),
+                        None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+                    }
+                }
+                Some(_) => json(
+                    StatusCode::NOT_FOUND,
+                    serde_json::json!({"error": "no such peer"}),
+                ),
+                None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+            }
+        }
         (Method::GET, "/api/clients") => match engine.clients().await {
             Some(list) => json(
                 StatusCode::OK,
@@ -185,6 +256,28 @@ fn client_json(c: &ClientSummary) -> serde_json::Value {
     })
 }
 
+fn rtt_map(mesh: Option<&MeshStats>) -> std::collections::HashMap<String, std::time::Duration> {
+    mesh.and_then(|m| m.rtt.lock().ok().map(|r| r.clone()))
+        .unwrap_or_default()
+}
+
+fn peer_json(p: &PeerSummary, rtt: Option<&std::time::Duration>) -> serde_json::Value {
+    serde_json::json!({
+        "peer_id": p.node.as_str(),
+        "connected": p.connected,
+        "region": p.region,
+        "rtt_ms": rtt.map(|d| d.as_secs_f64() * 1000.0),
+        "routes": p.routes,
+        "route_version": p.route_version,
+        "announced_version": p.announced_version,
+        "route_lag": p.announced_version.saturating_sub(p.route_version),
+        "outbox_messages": p.outbox_messages,
+        "outbox_bytes": p.outbox_bytes,
+        "forwarded_to": p.forwarded_to,
+        "forwarded_from": p.forwarded_from,
+    })
+}
+
 /// `%XX` escapes decoded; `None` for a bad escape or non-UTF-8 result.
 fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
@@ -203,8 +296,14 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// The metrics page from a snapshot of the broker's [`Stats`] and the daemon's counters.
-pub fn render_metrics(s: &Stats, d: &DaemonCounters) -> String {
+/// The metrics page from a snapshot of the broker's [`Stats`], the daemon's counters and, in
+/// cluster mode, the peers and the mesh's counters.
+pub fn render_metrics(
+    s: &Stats,
+    d: &DaemonCounters,
+    peers: &[PeerSummary],
+    mesh: Option<&MeshStats>,
+) -> String {
     let mut r = Registry::with_prefix("meridian");
     let gauge = |r: &mut Registry, name: &str, help: &str, v: usize| {
         let g: Gauge = Gauge::default();
@@ -294,6 +393,8 @@ pub fn render_metrics(s: &Stats, d: &DaemonCounters) -> String {
         ("qos0_offline", s.dropped_qos0_offline),
         ("not_authorized", s.dropped_not_authorized),
         ("retained_full", s.dropped_retained_full),
+        ("outbox_full", s.dropped_outbox_full),
+        ("peer_down", s.dropped_peer_down),
     ] {
         dropped
             .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
@@ -336,10 +437,116 @@ pub fn render_metrics(s: &Stats, d: &DaemonCounters) -> String {
         "Storage transactions committed",
         d.storage_commits.load(Ordering::Relaxed),
     );
+    if let Some(m) = mesh {
+        render_mesh_metrics(&mut r, peers, m);
+    }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &r);
     out
+}
+
+type Labels = Vec<(String, String)>;
+/// A per-peer gauge: name, help, value.
+type PeerGauge = (&'static str, &'static str, fn(&PeerSummary) -> i64);
+
+fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
+    let rtt = rtt_map(Some(m));
+    let label = |p: &PeerSummary| vec![("peer".to_owned(), p.node.to_string())];
+    let gauges: [PeerGauge; 5] = [
+        (
+            "peer_connected",
+            "1 while a link session to the peer is up",
+            |p| i64::from(p.connected),
+        ),
+        (
+            "peer_routes",
+            "Filters the peer has subscribers for, as replicated here",
+            |p| i64::try_from(p.routes).unwrap_or(i64::MAX),
+        ),
+        (
+            "peer_route_lag",
+            "Route-set versions the peer announced and this node has not applied yet",
+            |p| {
+                i64::try_from(p.announced_version.saturating_sub(p.route_version))
+                    .unwrap_or(i64::MAX)
+            },
+        ),
+        (
+            "peer_outbox_messages",
+            "QoS 1/2 forwards waiting for the peer's ack",
+            |p| i64::try_from(p.outbox_messages).unwrap_or(i64::MAX),
+        ),
+        (
+            "peer_outbox_bytes",
+            "Topic and payload bytes waiting in the peer's outbox",
+            |p| i64::try_from(p.outbox_bytes).unwrap_or(i64::MAX),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let family = Family::<Labels, Gauge>::default();
+        for p in peers {
+            family.get_or_create(&label(p)).set(value(p));
+        }
+        r.register(name, help, family);
+    }
+    let rtt_family = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    for p in peers {
+        if let Some(d) = rtt.get(p.node.as_str()) {
+            rtt_family.get_or_create(&label(p)).set(d.as_secs_f64());
+        }
+    }
+    r.register(
+        "peer_rtt_seconds",
+        "Last ping round trip to the peer",
+        rtt_family,
+    );
+    for (name, help, value) in [
+        (
+            "forward_sent_messages",
+            "Messages forwarded to the peer (once per message, whatever its subscriber count)",
+            (|p: &PeerSummary| p.forwarded_to) as fn(&PeerSummary) -> u64,
+        ),
+        (
+            "forward_received_messages",
+            "Messages the peer forwarded to this node",
+            |p: &PeerSummary| p.forwarded_from,
+        ),
+    ] {
+        let family = Family::<Labels, Counter>::default();
+        for p in peers {
+            family.get_or_create(&label(p)).inc_by(value(p));
+        }
+        r.register(name, help, family);
+    }
+    let refused = Family::<Labels, Counter>::default();
+    for (reason, v) in [
+        ("handshake", m.refused_handshake.load(Ordering::Relaxed)),
+        ("not_allowed", m.refused_not_allowed.load(Ordering::Relaxed)),
+    ] {
+        refused
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc_by(v);
+    }
+    r.register(
+        "p2p_refused_connections",
+        "Connections refused: failed handshake (no or wrong cluster key) or peer not allowed",
+        refused,
+    );
+    let c = Counter::<u64>::default();
+    c.inc_by(m.dial_failures.load(Ordering::Relaxed));
+    r.register(
+        "p2p_dial_failures",
+        "Dials of bootstrap peers that failed",
+        c,
+    );
+    let c = Counter::<u64>::default();
+    c.inc_by(m.gossip_fallbacks.load(Ordering::Relaxed));
+    r.register(
+        "p2p_gossip_fallbacks",
+        "Broadcasts gossip could not take, sent over the link sessions instead",
+        c,
+    );
 }
 
 #[cfg(test)]
@@ -354,7 +561,7 @@ mod tests {
             dropped_queue_full: 7,
             ..Stats::default()
         };
-        let page = render_metrics(&stats, &DaemonCounters::default());
+        let page = render_metrics(&stats, &DaemonCounters::default(), &[], None);
         assert!(page.contains("meridian_connections 3"), "{page}");
         assert!(
             page.contains("meridian_messages_received_total{qos=\"2\"} 3"),

@@ -44,7 +44,52 @@ pub struct DaemonConfig {
     pub mqtt: MqttFeatures,
     pub auth: AuthConfig,
     pub acl: AclConfig,
+    pub cluster: ClusterSection,
 }
+
+/// `[cluster]`: this node as a region of a multi-region deployment (the libp2p mesh).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub enabled: bool,
+    pub region: String,
+    pub listen: Vec<P2pAddr>,
+    pub peers: Vec<P2pAddr>,
+    pub key_file: PathBuf,
+    pub allow_peers: Vec<P2pPeerId>,
+    pub route_batch_ms: u64,
+    pub digest_interval_ms: u64,
+    pub tombstone_budget: usize,
+    pub outbox_window: usize,
+    pub outbox_max_messages: usize,
+    pub outbox_max_bytes: usize,
+    pub ping_interval_ms: u64,
+}
+
+/// A libp2p multiaddr in the configuration (`/ip4/127.0.0.1/tcp/7001`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct P2pAddr(pub libp2p::Multiaddr);
+
+/// A libp2p peer id in the configuration (`12D3KooW...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct P2pPeerId(pub libp2p::PeerId);
+
+/// Deserialise a newtype from a string through its inner type's `FromStr` (the error, with the
+/// value, gets the key and line like every other).
+macro_rules! from_str_de {
+    ($t:ident, $inner:ty, $what:literal) => {
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse::<$inner>()
+                    .map($t)
+                    .map_err(|e| serde::de::Error::custom(format!("{s:?} is not {}: {e}", $what)))
+            }
+        }
+    };
+}
+from_str_de!(P2pAddr, libp2p::Multiaddr, "a multiaddr");
+from_str_de!(P2pPeerId, libp2p::PeerId, "a peer id");
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -302,7 +347,17 @@ impl DaemonConfig {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!("log.level: {e}")));
         }
-        Ok(())
+        self.cluster.validate().map_err(invalid)
+    }
+
+    /// The check of `[cluster]` alone, also run after command-line overrides.
+    pub fn validate_cluster(&self, source_name: &str) -> Result<(), ConfigError> {
+        self.cluster
+            .validate()
+            .map_err(|message| ConfigError::Invalid {
+                source_name: source_name.to_owned(),
+                message,
+            })
     }
 
     /// The listeners by name, in a fixed order.
@@ -346,6 +401,56 @@ impl DaemonConfig {
             assigned_client_id_prefix: m.assigned_client_id_prefix.clone(),
             ..meridian_core::Config::default()
         }
+    }
+}
+
+impl ClusterSection {
+    fn validate(&self) -> Result<(), String> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.region.is_empty()
+            || self.region.len() > 64
+            || self
+                .region
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(format!(
+                "cluster.region: 1 to 64 characters without spaces, not {:?}",
+                self.region
+            ));
+        }
+        if self.listen.is_empty() {
+            return Err("cluster.listen: at least one address is needed (or --p2p)".to_owned());
+        }
+        if self.key_file.as_os_str().is_empty() {
+            return Err(
+                "cluster.key_file: the deployment's cluster key is required (--cluster-key FILE; \
+                 create one with `meridian keygen --cluster-key FILE`)"
+                    .to_owned(),
+            );
+        }
+        for (key, v) in [
+            ("route_batch_ms", self.route_batch_ms),
+            ("digest_interval_ms", self.digest_interval_ms),
+            ("ping_interval_ms", self.ping_interval_ms),
+        ] {
+            if v == 0 {
+                return Err(format!("cluster.{key}: must be at least 1"));
+            }
+        }
+        for (key, v) in [
+            ("tombstone_budget", self.tombstone_budget),
+            ("outbox_window", self.outbox_window),
+            ("outbox_max_messages", self.outbox_max_messages),
+            ("outbox_max_bytes", self.outbox_max_bytes),
+        ] {
+            if v == 0 {
+                return Err(format!("cluster.{key}: must be at least 1"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -399,6 +504,7 @@ struct Partial {
     mqtt: Option<PMqtt>,
     auth: Option<PAuth>,
     acl: Option<PAcl>,
+    cluster: Option<PCluster>,
 }
 
 macro_rules! partial {
@@ -476,6 +582,21 @@ partial!(PAuth {
     allow_anonymous: bool
 });
 partial!(PAcl { default: Permission, rules: Vec<AclRule> });
+partial!(PCluster {
+    enabled: bool,
+    region: String,
+    listen: Vec<P2pAddr>,
+    peers: Vec<P2pAddr>,
+    key_file: PathBuf,
+    allow_peers: Vec<P2pPeerId>,
+    route_batch_ms: u64,
+    digest_interval_ms: u64,
+    tombstone_budget: usize,
+    outbox_window: usize,
+    outbox_max_messages: usize,
+    outbox_max_bytes: usize,
+    ping_interval_ms: u64,
+});
 
 #[cfg(test)]
 mod tests {

@@ -11,14 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use meridian_core::broker::{AuthOutcome, ClientSummary, Message, Stats};
+use bytes::{Bytes, BytesMut};
+use meridian_core::broker::{AuthOutcome, ClientSummary, Message, PeerSummary, Stats};
 use meridian_core::codec::ReasonCode;
+use meridian_core::link::{self, Frame};
+use meridian_core::routes::NodeId;
 use meridian_core::topic::TopicError;
 use meridian_core::{Broker, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
+use crate::mesh::MeshCmd;
+use crate::mesh::session::PeerWriter;
 use crate::storage::{StorageError, Store};
 
 /// Inputs taken per turn of the loop before outputs are committed and sent.
@@ -56,6 +60,30 @@ pub enum ToEngine {
     Publish {
         message: Message,
         reply: oneshot::Sender<Result<usize, TopicError>>,
+    },
+    /// A link session to a peer node started (it replaces any earlier one).
+    PeerUp {
+        peer: NodeId,
+        session: u64,
+        writer: PeerWriter,
+    },
+    /// A frame from a peer node (from its session or from gossip).
+    PeerFrame {
+        peer: NodeId,
+        frame: Box<Frame>,
+    },
+    /// A link session ended.
+    PeerDown {
+        peer: NodeId,
+        session: u64,
+    },
+    /// An encoded broadcast frame that gossip could not take: send it on every session.
+    BroadcastDirect(Bytes),
+    Peers(oneshot::Sender<Vec<PeerSummary>>),
+    /// A peer's route set as replicated here (`None`: this node's own).
+    Routes {
+        peer: Option<NodeId>,
+        reply: oneshot::Sender<Vec<String>>,
     },
     Shutdown,
 }
@@ -106,6 +134,8 @@ pub struct DaemonCounters {
 pub struct EngineHandle {
     pub tx: mpsc::Sender<ToEngine>,
     pub counters: Arc<DaemonCounters>,
+    /// The region mesh's counters, in cluster mode.
+    pub mesh: Option<Arc<crate::mesh::MeshStats>>,
 }
 
 impl EngineHandle {
@@ -126,6 +156,20 @@ impl EngineHandle {
     pub async fn stats(&self) -> Option<Stats> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(ToEngine::Stats(reply)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Peer nodes this node knows (cluster mode; empty otherwise).
+    pub async fn peers(&self) -> Option<Vec<PeerSummary>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(ToEngine::Peers(reply)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// A peer's route set as replicated here, or this node's own with `None`.
+    pub async fn routes(&self, peer: Option<NodeId>) -> Option<Vec<String>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(ToEngine::Routes { peer, reply }).await.ok()?;
         rx.await.ok()
     }
 
@@ -185,7 +229,20 @@ pub struct Engine {
     records: Vec<(Bytes, Option<Bytes>)>,
     /// Connections to report closed to the broker after this batch's outputs are out.
     slow: Vec<ConnId>,
+    /// Link sessions to peer nodes, by node.
+    links: HashMap<NodeId, PeerLink>,
+    /// Sessions whose queue overflowed in this batch: cut after the batch.
+    cut: Vec<NodeId>,
+    /// Where broadcasts go (gossip), in cluster mode.
+    mesh: Option<mpsc::Sender<MeshCmd>>,
+    frame_buf: BytesMut,
     stopping: bool,
+}
+
+#[derive(Debug)]
+struct PeerLink {
+    session: u64,
+    writer: PeerWriter,
 }
 
 impl std::fmt::Debug for Engine {
@@ -215,6 +272,10 @@ impl Engine {
             outputs: Vec::new(),
             records: Vec::new(),
             slow: Vec::new(),
+            links: HashMap::new(),
+            cut: Vec::new(),
+            mesh: None,
+            frame_buf: BytesMut::new(),
             stopping: false,
         };
         let records = engine.store.load_all()?;
@@ -235,6 +296,12 @@ impl Engine {
         engine.drain();
         engine.flush()?;
         Ok(engine)
+    }
+
+    /// Send broadcasts to the region mesh (cluster mode; the broker must have cluster enabled).
+    pub fn with_mesh(mut self, mesh: mpsc::Sender<MeshCmd>) -> Self {
+        self.mesh = Some(mesh);
+        self
     }
 
     /// The drive loop. Returns when told to shut down or when every handle is gone.
@@ -347,7 +414,95 @@ impl Engine {
                 self.drain();
                 let _ = reply.send(n);
             }
+            ToEngine::PeerUp {
+                peer,
+                session,
+                writer,
+            } => {
+                let old = self
+                    .links
+                    .insert(peer.clone(), PeerLink { session, writer });
+                if let Some(old) = old {
+                    // A new session replaces the old one: the core re-sends what was in flight.
+                    old.writer.kill.notify_one();
+                    self.broker
+                        .handle_input(now, Input::PeerDown { peer: peer.clone() });
+                }
+                info!(peer = %peer, session, "link session up");
+                self.broker.handle_input(now, Input::PeerUp { peer });
+                self.drain();
+            }
+            ToEngine::PeerFrame { peer, frame } => {
+                self.broker
+                    .handle_input(now, Input::PeerFrame { peer, frame });
+                self.drain();
+            }
+            ToEngine::PeerDown { peer, session } => {
+                if self.links.get(&peer).is_some_and(|l| l.session == session) {
+                    self.links.remove(&peer);
+                    info!(peer = %peer, session, "link session down");
+                    self.broker.handle_input(now, Input::PeerDown { peer });
+                    self.drain();
+                }
+            }
+            ToEngine::BroadcastDirect(frame) => {
+                let peers: Vec<NodeId> = self.links.keys().cloned().collect();
+                for peer in peers {
+                    self.write_to_peer(&peer, frame.clone());
+                }
+            }
+            ToEngine::Peers(reply) => {
+                let _ = reply.send(self.broker.peers());
+            }
+            ToEngine::Routes { peer, reply } => {
+                let routes = match peer {
+                    Some(p) => self.broker.replicated_routes(&p),
+                    None => {
+                        let mut r = self.broker.route_set();
+                        r.sort();
+                        r
+                    }
+                };
+                let _ = reply.send(routes);
+            }
             ToEngine::Shutdown => self.stopping = true,
+        }
+    }
+
+    fn encode_frame(&mut self, frame: &Frame) -> Option<Bytes> {
+        self.frame_buf.clear();
+        match link::encode(frame, &mut self.frame_buf) {
+            Ok(()) => Some(self.frame_buf.split().freeze()),
+            Err(e) => {
+                error!(frame = frame.name(), error = %e, "cannot encode a link frame");
+                None
+            }
+        }
+    }
+
+    /// Queue an encoded frame on a peer's session; a session that cannot keep up is cut.
+    fn write_to_peer(&mut self, peer: &NodeId, frame: Bytes) {
+        let Some(link) = self.links.get(peer) else {
+            return; // No session: the core re-sends what matters on the next one.
+        };
+        if link.writer.tx.try_send(frame).is_err() && !self.cut.contains(peer) {
+            warn!(peer = %peer, "link session queue full: cutting the session");
+            self.cut.push(peer.clone());
+        }
+    }
+
+    fn broadcast(&mut self, frame: &Frame) {
+        let Some(bytes) = self.encode_frame(frame) else {
+            return;
+        };
+        if let Some(mesh) = &self.mesh
+            && mesh.try_send(MeshCmd::Gossip(bytes.clone())).is_ok()
+        {
+            return;
+        }
+        let peers: Vec<NodeId> = self.links.keys().cloned().collect();
+        for peer in peers {
+            self.write_to_peer(&peer, bytes.clone());
         }
     }
 
@@ -360,7 +515,7 @@ impl Engine {
     /// Commit the batch's records, then write and close.
     fn flush(&mut self) -> Result<(), StorageError> {
         loop {
-            if self.outputs.is_empty() && self.slow.is_empty() {
+            if self.outputs.is_empty() && self.slow.is_empty() && self.cut.is_empty() {
                 return Ok(());
             }
             let outputs = std::mem::take(&mut self.outputs);
@@ -388,9 +543,23 @@ impl Engine {
                     }
                     Output::Persist { .. } => {}
                     Output::Event(event) => log_event(&event),
-                    // The daemon does not enable cluster mode yet, so the core never asks
-                    // it to talk to other nodes.
-                    Output::ToPeer { .. } | Output::Broadcast { .. } => {}
+                    Output::ToPeer { peer, frame } => {
+                        if self.links.contains_key(&peer)
+                            && let Some(bytes) = self.encode_frame(&frame)
+                        {
+                            self.write_to_peer(&peer, bytes);
+                        }
+                    }
+                    Output::Broadcast { frame } => self.broadcast(&frame),
+                }
+            }
+            // Sessions that could not keep up: the core re-sends on the next one.
+            for peer in std::mem::take(&mut self.cut) {
+                if let Some(link) = self.links.remove(&peer) {
+                    link.writer.kill.notify_one();
+                    let now = self.clock.now();
+                    self.broker.handle_input(now, Input::PeerDown { peer });
+                    self.drain();
                 }
             }
             // Connections that went away (or were cut off as slow consumers) during the batch.

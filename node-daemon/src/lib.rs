@@ -17,6 +17,8 @@ pub mod auth;
 pub mod client;
 pub mod config;
 pub mod engine;
+pub mod link_proxy;
+pub mod mesh;
 pub mod net;
 pub mod passwd;
 pub mod server;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use meridian_daemon::config::LogFormat;
+use meridian_daemon::config::{LogFormat, P2pAddr, P2pPeerId};
 use meridian_daemon::{DEFAULT_CONFIG, DaemonConfig, Server};
 
 #[derive(Debug, Parser)]
@@ -23,9 +23,20 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the broker.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Create or update USER in the password FILE (the password is read from stdin).
     Passwd { file: PathBuf, user: String },
+    /// Write a new cluster key (the deployment's private-network key) to FILE.
+    Keygen {
+        #[arg(long, value_name = "FILE")]
+        cluster_key: PathBuf,
+    },
+    /// Print the node's peer id (its id in the region mesh), creating its identity if needed.
+    PeerId {
+        /// Data directory of the node.
+        #[arg(long, value_name = "DIR", default_value = "./meridian-data")]
+        data_dir: PathBuf,
+    },
     /// Run a simulated multi-region deployment in virtual time and print what it measured.
     Sim {
         /// Built-in scenario: geo-writeup.
@@ -60,6 +71,22 @@ struct RunArgs {
     /// Node name (logs).
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+    /// Region of this node in a multi-region deployment.
+    #[arg(long, value_name = "NAME")]
+    region: Option<String>,
+    /// Join a multi-region deployment: libp2p listen address (repeatable), e.g.
+    /// /ip4/0.0.0.0/tcp/7000.
+    #[arg(long, value_name = "MULTIADDR")]
+    p2p: Vec<libp2p::Multiaddr>,
+    /// A bootstrap peer of the deployment (repeatable), e.g. /ip4/10.0.0.2/tcp/7000.
+    #[arg(long, value_name = "MULTIADDR")]
+    peer: Vec<libp2p::Multiaddr>,
+    /// The deployment's cluster key file (`meridian keygen --cluster-key FILE`).
+    #[arg(long, value_name = "FILE")]
+    cluster_key: Option<PathBuf>,
+    /// Let only these peer ids in (repeatable; adds to cluster.allow_peers).
+    #[arg(long, value_name = "PEER_ID")]
+    allow_peer: Vec<libp2p::PeerId>,
     /// Print the full default configuration file and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -68,8 +95,14 @@ struct RunArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Passwd { file, user } => meridian_daemon::passwd::passwd_command(&file, &user),
+        Command::Keygen { cluster_key } => {
+            meridian_daemon::mesh::keys::keygen_command(&cluster_key, &mut std::io::stdout().lock())
+        }
+        Command::PeerId { data_dir } => {
+            meridian_daemon::mesh::keys::peer_id_command(&data_dir, &mut std::io::stdout().lock())
+        }
         Command::Sim {
             scenario,
             seed,
@@ -117,6 +150,22 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(n) = args.node_name {
         config.node.name = n;
     }
+    let cluster = &mut config.cluster;
+    if let Some(r) = args.region {
+        cluster.region = r;
+    }
+    if !args.p2p.is_empty() {
+        cluster.enabled = true;
+        cluster.listen = args.p2p.into_iter().map(P2pAddr).collect();
+    }
+    cluster.peers.extend(args.peer.into_iter().map(P2pAddr));
+    if let Some(k) = args.cluster_key {
+        cluster.key_file = k;
+    }
+    cluster
+        .allow_peers
+        .extend(args.allow_peer.into_iter().map(P2pPeerId));
+    config.validate_cluster("command line")?;
     init_logging(&config)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use meridian_core::broker::ClusterConfig;
 use meridian_core::broker::{AuthOutcome, Authenticator, Authorizer};
+use meridian_core::link::OutboxLimits;
+use meridian_core::routes::NodeId;
 use meridian_core::{Broker, ConnId};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -14,6 +17,7 @@ use tracing::{info, warn};
 use crate::auth;
 use crate::config::DaemonConfig;
 use crate::engine::{DaemonCounters, ENGINE_QUEUE, Engine, EngineHandle, ToEngine};
+use crate::mesh::{self, Mesh, MeshCmd, MeshSettings, MeshStats};
 use crate::net::{self, ListenerSpec, Transport};
 use crate::storage::Store;
 
@@ -146,6 +150,7 @@ pub struct Server {
     stop: watch::Sender<bool>,
     engine_done: oneshot::Receiver<anyhow::Result<()>>,
     permits: Vec<(Arc<Semaphore>, usize)>,
+    mesh: Option<Mesh>,
 }
 
 impl Server {
@@ -165,10 +170,34 @@ impl Server {
         };
         let counters = Arc::new(DaemonCounters::default());
         let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
+        // Cluster mode: the secrets first, so that a missing key stops the start early.
+        let cluster = &config.cluster;
+        let p2p = if cluster.enabled {
+            let key =
+                mesh::keys::load_cluster_key(&cluster.key_file).context("cluster.key_file")?;
+            let identity = mesh::keys::load_or_create_identity(&config.storage.data_dir)?;
+            let node = NodeId::new(&identity.public().to_peer_id().to_string())
+                .context("peer id as node id")?;
+            let (cmd_tx, cmd_rx) = mpsc::channel::<MeshCmd>(MESH_QUEUE);
+            Some((
+                key,
+                identity,
+                node,
+                cmd_tx,
+                cmd_rx,
+                Arc::new(MeshStats::default()),
+            ))
+        } else {
+            None
+        };
         let handle = EngineHandle {
             tx,
             counters: counters.clone(),
+            mesh: p2p.as_ref().map(|p| p.5.clone()),
         };
+        let core_cluster = p2p.as_ref().map(|(_, _, node, cmd_tx, _, _)| {
+            (core_cluster_config(cluster, node.clone()), cmd_tx.clone())
+        });
 
         // The broker thread: creates the Broker (it is not Send), restores, then serves.
         let (ready_tx, ready_rx) = oneshot::channel::<anyhow::Result<()>>();
@@ -194,7 +223,7 @@ impl Server {
                     }
                 };
                 let result = rt.block_on(async move {
-                    let store = Store::open(
+                    let mut store = Store::open(
                         &storage.data_dir,
                         storage.sync,
                         Duration::from_millis(storage.sync_interval_ms),
@@ -204,8 +233,24 @@ impl Server {
                         Err(factory) => factory(AuthDecisions { tx: engine_tx }),
                     };
                     let now = crate::engine::Clock::default().now();
-                    let broker = Broker::with_auth(core_config, now, authn, authz);
-                    let engine = Engine::new(broker, store, max_write, counters)?;
+                    let mut broker = Broker::with_auth(core_config, now, authn, authz);
+                    let mut mesh_tx = None;
+                    if let Some((mut cluster, cmd_tx)) = core_cluster {
+                        // A new incarnation per start: peers replace this node's old routes.
+                        cluster.incarnation = store.next_incarnation()?;
+                        info!(
+                            node = %cluster.node,
+                            incarnation = cluster.incarnation,
+                            region = %cluster.region,
+                            "cluster mode"
+                        );
+                        broker.enable_cluster(cluster);
+                        mesh_tx = Some(cmd_tx);
+                    }
+                    let mut engine = Engine::new(broker, store, max_write, counters)?;
+                    if let Some(tx) = mesh_tx {
+                        engine = engine.with_mesh(tx);
+                    }
                     Ok::<_, anyhow::Error>(engine)
                 });
                 let engine = match result {
@@ -233,7 +278,30 @@ impl Server {
         let (stop, stop_rx) = watch::channel(false);
         let mut addrs = Vec::new();
         let mut permits = Vec::new();
+        let mut mesh = None;
         let bound = async {
+            if let Some((key, identity, _, _, cmd_rx, stats)) = p2p {
+                let settings = MeshSettings {
+                    listen: cluster.listen.iter().map(|a| a.0.clone()).collect(),
+                    bootstrap: cluster.peers.iter().map(|a| a.0.clone()).collect(),
+                    cluster_key: key,
+                    allow: cluster.allow_peers.iter().map(|p| p.0).collect(),
+                    ping_interval: Duration::from_millis(cluster.ping_interval_ms),
+                    redial_min: Duration::from_millis(250),
+                    redial_max: Duration::from_secs(10),
+                };
+                mesh = Some(
+                    mesh::start(
+                        settings,
+                        identity,
+                        handle.tx.clone(),
+                        cmd_rx,
+                        stats,
+                        &cluster.region,
+                    )
+                    .await?,
+                );
+            }
             if config.admin.enabled {
                 let listener = TcpListener::bind(config.admin.bind)
                     .await
@@ -241,9 +309,18 @@ impl Server {
                 let local = listener.local_addr()?;
                 info!(addr = %local, "admin HTTP listening");
                 addrs.push(("admin", local));
+                let node = crate::admin::NodeInfo {
+                    name: config.node.name.clone(),
+                    region: cluster.enabled.then(|| cluster.region.clone()),
+                    peer_id: mesh.as_ref().map(|m: &Mesh| m.peer_id.to_string()),
+                    p2p_addrs: mesh.as_ref().map_or_else(Vec::new, |m: &Mesh| {
+                        m.listen_addrs.iter().map(ToString::to_string).collect()
+                    }),
+                };
                 tokio::spawn(crate::admin::serve(
                     listener,
                     handle.clone(),
+                    Arc::new(node),
                     stop_rx.clone(),
                 ));
             }
@@ -301,7 +378,10 @@ impl Server {
         }
         .await;
         if let Err(e) = bound {
-            // Undo what started: accept loops and the broker thread.
+            // Undo what started: the mesh, accept loops and the broker thread.
+            if let Some(m) = mesh {
+                m.shutdown().await;
+            }
             let _ = stop.send(true);
             let _ = handle.tx.send(ToEngine::Shutdown).await;
             let _ = done_rx.await;
@@ -316,7 +396,20 @@ impl Server {
             stop,
             engine_done: done_rx,
             permits,
+            mesh,
         })
+    }
+
+    /// This node's peer id in the region mesh (cluster mode).
+    pub fn peer_id(&self) -> Option<libp2p::PeerId> {
+        self.mesh.as_ref().map(|m| m.peer_id)
+    }
+
+    /// The region mesh's listen addresses (cluster mode), with the ports the OS chose.
+    pub fn p2p_addrs(&self) -> Vec<libp2p::Multiaddr> {
+        self.mesh
+            .as_ref()
+            .map_or_else(Vec::new, |m| m.listen_addrs.clone())
     }
 
     /// The bound address of a listener: "tcp", "ws", "tls", "wss" or "admin".
@@ -336,8 +429,12 @@ impl Server {
 
     /// Graceful stop: no new connections, MQTT 5.0 clients get DISCONNECT 0x8B, storage is
     /// flushed, writers get a moment to deliver what is queued.
-    pub async fn shutdown(self) -> anyhow::Result<()> {
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
+        // Peers see the links go down at once rather than at their ping timeout.
+        if let Some(m) = self.mesh.take() {
+            m.shutdown().await;
+        }
         if self.handle.tx.send(ToEngine::Shutdown).await.is_err() {
             bail!("the broker thread had already stopped");
         }
@@ -363,6 +460,24 @@ impl Server {
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker thread panicked")))
     }
+}
+
+/// Capacity of the broker thread's broadcast channel to the mesh (a full one sends the
+/// broadcast over the link sessions instead).
+const MESH_QUEUE: usize = 1024;
+
+/// The core's cluster configuration from `[cluster]` (the incarnation is set at start).
+fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> ClusterConfig {
+    let mut config = ClusterConfig::new(node, 0, c.region.clone());
+    config.route_batch_ms = c.route_batch_ms;
+    config.digest_interval_ms = c.digest_interval_ms;
+    config.tombstone_budget = c.tombstone_budget;
+    config.outbox = OutboxLimits {
+        window: c.outbox_window,
+        max_messages: c.outbox_max_messages,
+        max_bytes: c.outbox_max_bytes,
+    };
+    config
 }
 
 /// 64 bits that differ between starts: OS-seeded hasher keys mixed with the time and pid.

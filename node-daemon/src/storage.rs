@@ -14,6 +14,8 @@ use redb::{Database, Durability, ReadableTable, TableDefinition};
 use crate::config::SyncPolicy;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
+/// The daemon's own bookkeeping (not the core's records).
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "meridian.redb";
@@ -74,6 +76,23 @@ impl Store {
             last_sync: Instant::now(),
             unsynced: false,
         })
+    }
+
+    /// The node's incarnation for this start: one more than the last start's, durably.
+    pub fn next_incarnation(&mut self) -> Result<u64, StorageError> {
+        let txn = self.db.begin_write().map_err(redb_err)?;
+        let next = {
+            let mut meta = txn.open_table(META).map_err(redb_err)?;
+            let last = meta
+                .get("incarnation")
+                .map_err(redb_err)?
+                .map_or(0, |v| v.value());
+            let next = last + 1;
+            meta.insert("incarnation", next).map_err(redb_err)?;
+            next
+        };
+        txn.commit().map_err(redb_err)?;
+        Ok(next)
     }
 
     /// Every stored record, for [`meridian_core::Broker::restore`].
@@ -176,6 +195,22 @@ mod tests {
                 (Bytes::from_static(b"b"), Bytes::from_static(b"2")),
                 (Bytes::from_static(b"c"), Bytes::from_static(b"3")),
             ]
+        );
+    }
+
+    #[test]
+    fn incarnation_grows_on_every_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = {
+            let mut s = Store::open(dir.path(), SyncPolicy::None, Duration::ZERO).unwrap();
+            s.next_incarnation().unwrap()
+        };
+        let mut s = Store::open(dir.path(), SyncPolicy::None, Duration::ZERO).unwrap();
+        let second = s.next_incarnation().unwrap();
+        assert_eq!((first, second), (1, 2));
+        assert!(
+            s.load_all().unwrap().is_empty(),
+            "not one of the core's records"
         );
     }
 

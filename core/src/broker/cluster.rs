@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::io::{Event, Output};
 use super::message::Message;
@@ -109,7 +109,7 @@ impl Cluster {
         };
         Self {
             routes: RouteLog::new(owner.clone(), config.tombstone_budget),
-            table: RouteTable::new(seed),
+            table: RouteTable::new(seed).journal(),
             owner,
             peers: BTreeMap::new(),
             inbox: Inbox::default(),
@@ -286,7 +286,10 @@ impl Broker {
                     return;
                 }
                 let owner = delta.owner.clone();
-                match c.table.apply_delta(&delta) {
+                let outcome = c.table.apply_delta(&delta);
+                self.persist_replica(&owner.node);
+                let Some(c) = &mut self.cluster else { return };
+                match outcome {
                     DeltaOutcome::Applied { version } => {
                         self.send_to_peer(owner.node.clone(), Frame::RouteAck { owner, version })
                     }
@@ -321,7 +324,9 @@ impl Broker {
                     return;
                 }
                 let owner = chunk.owner.clone();
-                match c.table.apply_snapshot_chunk(&chunk) {
+                let outcome = c.table.apply_snapshot_chunk(&chunk);
+                self.persist_replica(&owner.node);
+                match outcome {
                     SnapshotOutcome::Installed { version } => {
                         self.send_to_peer(owner.node.clone(), Frame::RouteAck { owner, version })
                     }
@@ -523,6 +528,34 @@ impl Broker {
         self.send_to_peer(peer, Frame::ForwardAck { origin, seq });
     }
 
+    /// Persist what changed in the replica of `node`'s route set, so that a restarted node
+    /// keeps forwarding (into its outboxes) to nodes it cannot reach yet.
+    fn persist_replica(&mut self, node: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        let changes = c.table.take_journal();
+        let position = c
+            .table
+            .replica(node)
+            .map(|r| (r.incarnation, r.version, r.hash));
+        for (owner, filter, present) in changes {
+            let key = Key::ReplicaFilter {
+                node: owner.to_string(),
+                filter: filter.to_string(),
+            };
+            self.persist(key.encode(), present.then(Bytes::new));
+        }
+        if let Some((incarnation, version, hash)) = position {
+            let mut value = BytesMut::with_capacity(24);
+            value.put_u64(incarnation);
+            value.put_u64(version);
+            value.put_u64(hash);
+            let key = Key::ReplicaPosition {
+                node: node.to_string(),
+            };
+            self.persist(key.encode(), Some(value.freeze()));
+        }
+    }
+
     /// Restore a cluster record; false if the record is not a cluster one.
     pub(super) fn restore_cluster_record(
         &mut self,
@@ -534,7 +567,13 @@ impl Broker {
             detail,
         };
         let Some(c) = &mut self.cluster else {
-            return Ok(matches!(key, Key::Outbox { .. } | Key::InboxMark { .. }));
+            return Ok(matches!(
+                key,
+                Key::Outbox { .. }
+                    | Key::InboxMark { .. }
+                    | Key::ReplicaPosition { .. }
+                    | Key::ReplicaFilter { .. }
+            ));
         };
         match key {
             Key::Outbox { peer, seq } => {
@@ -559,6 +598,21 @@ impl Broker {
                     },
                     u64::from_be_bytes(seq),
                 );
+                Ok(true)
+            }
+            Key::ReplicaPosition { node } => {
+                let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
+                let mut v = value;
+                if v.len() != 24 {
+                    return Err(bad("replica position"));
+                }
+                let (incarnation, version, hash) = (v.get_u64(), v.get_u64(), v.get_u64());
+                c.table.restore_position(&node, incarnation, version, hash);
+                Ok(true)
+            }
+            Key::ReplicaFilter { node, filter } => {
+                let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
+                c.table.restore_filter(&node, filter);
                 Ok(true)
             }
             _ => Ok(false),

@@ -43,13 +43,41 @@ fn err(kind: &'static str, detail: &'static str) -> RecordError {
 /// A decoded record key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Key {
-    Session { client_id: String },
-    Subscription { client_id: String, filter: String },
-    Queued { client_id: String, seq: u64 },
-    Incoming { client_id: String, packet_id: u16 },
-    Retained { topic: String },
-    Outbox { peer: String, seq: u64 },
-    InboxMark { origin: String, incarnation: u64 },
+    Session {
+        client_id: String,
+    },
+    Subscription {
+        client_id: String,
+        filter: String,
+    },
+    Queued {
+        client_id: String,
+        seq: u64,
+    },
+    Incoming {
+        client_id: String,
+        packet_id: u16,
+    },
+    Retained {
+        topic: String,
+    },
+    Outbox {
+        peer: String,
+        seq: u64,
+    },
+    InboxMark {
+        origin: String,
+        incarnation: u64,
+    },
+    /// Where this node's replica of `node`'s route set stands (incarnation, version, hash).
+    ReplicaPosition {
+        node: String,
+    },
+    /// One filter of this node's replica of `node`'s route set.
+    ReplicaFilter {
+        node: String,
+        filter: String,
+    },
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -94,6 +122,12 @@ impl Key {
             } => {
                 let mut k = with_client(b'M', origin, 8);
                 k.put_u64(*incarnation);
+                k.freeze()
+            }
+            Key::ReplicaPosition { node } => with_client(b'P', node, 0).freeze(),
+            Key::ReplicaFilter { node, filter } => {
+                let mut k = with_client(b'F', node, filter.len());
+                k.put_slice(filter.as_bytes());
                 k.freeze()
             }
             Key::Retained { topic } => {
@@ -146,6 +180,11 @@ impl Key {
             b'M' if k.len() == 8 => Key::InboxMark {
                 origin: client_id,
                 incarnation: k.get_u64(),
+            },
+            b'P' if k.is_empty() => Key::ReplicaPosition { node: client_id },
+            b'F' => Key::ReplicaFilter {
+                node: client_id,
+                filter: String::from_utf8(k.to_vec()).map_err(|_| e("filter is not UTF-8"))?,
             },
             _ => return Err(e("unknown key kind")),
         })
@@ -445,4 +484,50 @@ pub(crate) fn decode_retained(value: &[u8]) -> Result<Message, RecordError> {
 /// The flag byte of an empty record (incoming QoS 2 ids carry nothing but their key).
 pub(crate) fn marker() -> Bytes {
     Bytes::from_static(&[FORMAT])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_kind_round_trips() {
+        let keys = [
+            Key::Session {
+                client_id: "c".into(),
+            },
+            Key::Subscription {
+                client_id: "c".into(),
+                filter: "a/+/#".into(),
+            },
+            Key::Queued {
+                client_id: "c".into(),
+                seq: 7,
+            },
+            Key::Incoming {
+                client_id: "c".into(),
+                packet_id: 9,
+            },
+            Key::Retained {
+                topic: "t/x".into(),
+            },
+            Key::Outbox {
+                peer: "n1".into(),
+                seq: 3,
+            },
+            Key::InboxMark {
+                origin: "n1".into(),
+                incarnation: 2,
+            },
+            Key::ReplicaPosition { node: "n1".into() },
+            Key::ReplicaFilter {
+                node: "n1".into(),
+                filter: "geo/+/#".into(),
+            },
+        ];
+        for key in keys {
+            let decoded = Key::decode(&key.encode()).expect("decodes");
+            assert_eq!(decoded, key);
+        }
+    }
 }

@@ -87,6 +87,9 @@ impl Replica {
 pub struct RouteTable {
     replicas: BTreeMap<NodeId, Replica>,
     trie: FilterTrie<NodeSet>,
+    /// Filters added to (`true`) or removed from (`false`) replicas, for a shell that keeps
+    /// replicas in storage ([`RouteTable::journal`]); `None` when nobody reads it.
+    journal: Option<Vec<(NodeId, Arc<str>, bool)>>,
 }
 
 impl RouteTable {
@@ -94,7 +97,41 @@ impl RouteTable {
         Self {
             replicas: BTreeMap::new(),
             trie: FilterTrie::new(seed),
+            journal: None,
         }
+    }
+
+    /// Record every filter added to or removed from a replica from now on; take them with
+    /// [`RouteTable::take_journal`] (a node that persists its replicas writes exactly those).
+    pub fn journal(mut self) -> Self {
+        self.journal = Some(Vec::new());
+        self
+    }
+
+    /// The filter changes since the last call: (owner node, filter, now present).
+    pub fn take_journal(&mut self) -> Vec<(NodeId, Arc<str>, bool)> {
+        self.journal
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Put back a filter of `node`'s replica read from storage (any order, with
+    /// [`RouteTable::restore_position`]).
+    pub fn restore_filter(&mut self, node: &NodeId, filter: &str) {
+        let replica = self.replicas.entry(node.clone()).or_default();
+        let filter: Arc<str> = filter.into();
+        if replica.filters.insert(filter.clone()) {
+            index(&mut self.trie, &filter, node);
+        }
+    }
+
+    /// Put back where `node`'s replica stood (incarnation, version, hash) from storage.
+    pub fn restore_position(&mut self, node: &NodeId, incarnation: u64, version: u64, hash: u64) {
+        let replica = self.replicas.entry(node.clone()).or_default();
+        replica.incarnation = incarnation;
+        replica.version = version;
+        replica.hash = hash;
     }
 
     pub fn replica(&self, node: &NodeId) -> Option<&Replica> {
@@ -126,6 +163,7 @@ impl RouteTable {
         if let Some(replica) = self.replicas.remove(node) {
             for filter in &replica.filters {
                 unindex(&mut self.trie, filter, node);
+                note(&mut self.journal, node, filter, false);
             }
         }
     }
@@ -142,6 +180,7 @@ impl RouteTable {
             let old = std::mem::take(replica);
             for filter in &old.filters {
                 unindex(&mut self.trie, filter, node);
+                note(&mut self.journal, node, filter, false);
             }
             let replica = self.replicas.entry(node.clone()).or_default();
             replica.incarnation = delta.owner.incarnation;
@@ -199,11 +238,13 @@ impl RouteTable {
                     replica.filters.insert(change.filter.clone());
                     replica.hash ^= filter_hash(&change.filter);
                     index(&mut self.trie, &change.filter, node);
+                    note(&mut self.journal, node, &change.filter, true);
                 }
                 (RouteOp::Remove, true) => {
                     replica.filters.remove(&change.filter);
                     replica.hash ^= filter_hash(&change.filter);
                     unindex(&mut self.trie, &change.filter, node);
+                    note(&mut self.journal, node, &change.filter, false);
                 }
                 // Adding what is there or removing what is not: the replica diverged.
                 _ => return false,
@@ -254,9 +295,11 @@ impl RouteTable {
         let early = std::mem::take(&mut replica.early);
         for gone in old.difference(&filters) {
             unindex(&mut self.trie, gone, node);
+            note(&mut self.journal, node, gone, false);
         }
         for new in filters.difference(&old) {
             index(&mut self.trie, new, node);
+            note(&mut self.journal, node, new, true);
         }
         let replica = self.replicas.entry(node.clone()).or_default();
         replica.filters = filters;
@@ -271,6 +314,17 @@ impl RouteTable {
         SnapshotOutcome::Installed {
             version: chunk.version,
         }
+    }
+}
+
+fn note(
+    journal: &mut Option<Vec<(NodeId, Arc<str>, bool)>>,
+    node: &NodeId,
+    filter: &Arc<str>,
+    present: bool,
+) {
+    if let Some(j) = journal {
+        j.push((node.clone(), filter.clone(), present));
     }
 }
 

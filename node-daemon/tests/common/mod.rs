@@ -26,6 +26,8 @@ pub struct Daemon {
     pub admin: u16,
     pub config: Option<PathBuf>,
     pub log: PathBuf,
+    /// More arguments for `meridian run`.
+    pub args: Vec<String>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -37,6 +39,11 @@ impl Daemon {
 
     /// Start with a config file body (written into the temp dir).
     pub fn start_with_config(config: Option<&str>) -> Self {
+        Self::start_with(config, Vec::new())
+    }
+
+    /// Start with a config file body and more `meridian run` arguments.
+    pub fn start_with(config: Option<&str>, args: Vec<String>) -> Self {
         let tmp = tempfile::tempdir().expect("temp dir");
         let config = config.map(|body| {
             let p = tmp.path().join("meridian.toml");
@@ -51,6 +58,7 @@ impl Daemon {
             admin: 0,
             config,
             log: tmp.path().join("daemon.log"),
+            args,
             _tmp: Some(tmp),
         };
         d.spawn_and_wait();
@@ -103,6 +111,7 @@ impl Daemon {
             .arg(format!("127.0.0.1:{}", self.admin))
             .arg("--data-dir")
             .arg(&self.data_dir)
+            .args(&self.args)
             .env("RUST_LOG", "meridian_daemon=debug,info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

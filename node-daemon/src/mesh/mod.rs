@@ -1,0 +1,525 @@
+//! The region mesh: the daemon as a node of a multi-region deployment, over libp2p.
+//!
+//! Transport: TCP, then the deployment's private-network key (libp2p pnet: a node without the
+//! key cannot even complete a handshake), Noise, Yamux. On top:
+//! - **gossipsub** carries what the core broadcasts (route deltas in batches, route digests);
+//! - one long-lived **stream per peer pair** ([`session`]) carries what the core addresses to
+//!   one peer: forwarded messages and their acks, route acks, digests, snapshot chunks. The node
+//!   with the smaller peer id opens it, so a pair has one session however many connections;
+//! - **identify** and **ping** (the RTT per peer is in the metrics);
+//! - an optional **allowlist** of peer ids on top of the key.
+//!
+//! Bootstrap peers are dialled until they answer, with exponential backoff, and re-dialled
+//! when their connection drops. The node's id in the deployment is its peer id.
+
+pub mod keys;
+pub mod session;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use libp2p::core::transport::Transport as _;
+use libp2p::core::upgrade::Version;
+use libp2p::identity::Keypair;
+use libp2p::multiaddr::Protocol;
+use libp2p::pnet::{PnetConfig, PreSharedKey};
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::swarm::{ConnectionId, DialError, ListenError, NetworkBehaviour, SwarmEvent};
+use libp2p::{
+    Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, gossipsub, identify, noise, ping,
+    tcp, yamux,
+};
+use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
+use meridian_core::routes::NodeId;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::engine::ToEngine;
+
+/// The stream protocol of link sessions.
+pub const LINK_PROTOCOL: StreamProtocol = StreamProtocol::new("/meridian/link/1");
+/// The gossipsub topic of broadcast link frames.
+pub const GOSSIP_TOPIC: &str = "meridian/link/1";
+/// Largest frame sent by gossip; larger broadcasts go over the link sessions.
+pub const GOSSIP_MAX_FRAME: usize = 1024 * 1024;
+
+/// What the mesh needs to start.
+#[derive(Debug, Clone)]
+pub struct MeshSettings {
+    pub listen: Vec<Multiaddr>,
+    pub bootstrap: Vec<Multiaddr>,
+    pub cluster_key: PreSharedKey,
+    /// Peer ids let in besides holding the key; empty = every holder of the key.
+    pub allow: Vec<PeerId>,
+    pub ping_interval: Duration,
+    /// First and largest pause between dials of a bootstrap peer that does not answer.
+    pub redial_min: Duration,
+    pub redial_max: Duration,
+}
+
+/// Counters and gauges of the mesh, read by the metrics page.
+#[derive(Debug, Default)]
+pub struct MeshStats {
+    /// Last ping round trip per peer.
+    pub rtt: Mutex<HashMap<String, Duration>>,
+    /// Incoming connections that failed the handshake (wrong or no cluster key, not libp2p).
+    pub refused_handshake: AtomicU64,
+    /// Connections refused because the peer id is not on the allowlist.
+    pub refused_not_allowed: AtomicU64,
+    /// Dials of bootstrap peers that failed.
+    pub dial_failures: AtomicU64,
+    /// Broadcast frames that gossip could not take, sent over the sessions instead.
+    pub gossip_fallbacks: AtomicU64,
+}
+
+/// Orders for the mesh task.
+#[derive(Debug)]
+pub enum MeshCmd {
+    /// Publish an encoded link frame to every peer.
+    Gossip(Bytes),
+}
+
+/// A running mesh.
+#[derive(Debug)]
+pub struct Mesh {
+    pub peer_id: PeerId,
+    /// The addresses it listens on (with the port the OS chose for `/tcp/0`).
+    pub listen_addrs: Vec<Multiaddr>,
+    pub stats: Arc<MeshStats>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Mesh {
+    /// Close every connection and stop.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    allow: Toggle<allow_block_list::Behaviour<allow_block_list::AllowedPeers>>,
+    gossipsub: gossipsub::Behaviour,
+    identify: identify::Behaviour,
+    ping: ping::Behaviour,
+    stream: libp2p_stream::Behaviour,
+}
+
+/// Start listening and dialling. Returns once every listen address is bound. `cmds` is the
+/// other end of the broker thread's broadcast channel ([`crate::engine::Engine::with_mesh`]).
+pub async fn start(
+    settings: MeshSettings,
+    keypair: Keypair,
+    engine: mpsc::Sender<ToEngine>,
+    cmds: mpsc::Receiver<MeshCmd>,
+    stats: Arc<MeshStats>,
+    region: &str,
+) -> anyhow::Result<Mesh> {
+    let peer_id = keypair.public().to_peer_id();
+    let psk = settings.cluster_key;
+    let allow = settings.allow.clone();
+    let ping_interval = settings.ping_interval;
+    let agent = format!("meridian/{} region={region}", env!("CARGO_PKG_VERSION"));
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
+        .with_tokio()
+        .with_other_transport(|key| {
+            let noise = noise::Config::new(key)?;
+            let transport = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+                .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
+                .upgrade(Version::V1Lazy)
+                .authenticate(noise)
+                .multiplex(yamux::Config::default())
+                .timeout(Duration::from_secs(20));
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(transport)
+        })
+        .context("cannot build the p2p transport")?
+        .with_behaviour(|key| {
+            let gossip_config = gossipsub::ConfigBuilder::default()
+                .max_transmit_size(GOSSIP_MAX_FRAME + 4096)
+                .heartbeat_interval(Duration::from_millis(500))
+                .validation_mode(gossipsub::ValidationMode::Strict)
+                .build()?;
+            let gossipsub = gossipsub::Behaviour::new(
+                gossipsub::MessageAuthenticity::Signed(key.clone()),
+                gossip_config,
+            )?;
+            let allow = (!allow.is_empty()).then(|| {
+                let mut list =
+                    allow_block_list::Behaviour::<allow_block_list::AllowedPeers>::default();
+                for p in &allow {
+                    list.allow_peer(*p);
+                }
+                list
+            });
+            Ok(Behaviour {
+                allow: Toggle::from(allow),
+                gossipsub,
+                identify: identify::Behaviour::new(
+                    identify::Config::new("/meridian/1".to_owned(), key.public())
+                        .with_agent_version(agent)
+                        // Dial only the configured peers, by the addresses configured: a
+                        // peer's self-reported addresses may be unreachable (or bypass the
+                        // path the operator chose).
+                        .with_cache_size(0),
+                ),
+                ping: ping::Behaviour::new(ping::Config::new().with_interval(ping_interval)),
+                stream: libp2p_stream::Behaviour::new(),
+            })
+        })
+        .context("cannot build the p2p behaviour")?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(3600)))
+        .build();
+
+    let topic = gossipsub::IdentTopic::new(GOSSIP_TOPIC);
+    swarm
+        .behaviour_mut()
+        .gossipsub
+        .subscribe(&topic)
+        .context("cannot subscribe to the gossip topic")?;
+    let mut incoming = swarm
+        .behaviour()
+        .stream
+        .new_control()
+        .accept(LINK_PROTOCOL)
+        .context("link protocol registered twice")?;
+
+    let mut pending = HashSet::new();
+    for addr in &settings.listen {
+        let id = swarm
+            .listen_on(addr.clone())
+            .with_context(|| format!("cluster.listen: cannot listen on {addr}"))?;
+        pending.insert(id);
+    }
+    let mut listen_addrs = Vec::new();
+    while !pending.is_empty() {
+        match swarm.select_next_some().await {
+            SwarmEvent::NewListenAddr {
+                listener_id,
+                address,
+            } => {
+                info!(addr = %address.clone().with(Protocol::P2p(peer_id)), "p2p listening");
+                pending.remove(&listener_id);
+                listen_addrs.push(address);
+            }
+            SwarmEvent::ListenerClosed { reason: Err(e), .. }
+            | SwarmEvent::ListenerError { error: e, .. } => {
+                anyhow::bail!("cluster.listen: cannot listen: {e}");
+            }
+            other => debug!(event = ?other, "p2p event while binding"),
+        }
+    }
+
+    // Incoming link sessions: the peer with the smaller id opened them.
+    let accept_engine = engine.clone();
+    tokio::spawn(async move {
+        while let Some((peer, stream)) = incoming.next().await {
+            let Ok(node) = NodeId::new(&peer.to_string()) else {
+                continue;
+            };
+            tokio::spawn(session::run(node, stream, accept_engine.clone()));
+        }
+    });
+
+    let (stop, stop_rx) = oneshot::channel();
+    let driver = Driver {
+        swarm,
+        topic,
+        engine,
+        stats: stats.clone(),
+        bootstrap: settings
+            .bootstrap
+            .iter()
+            .map(|addr| Bootstrap {
+                addr: addr.clone(),
+                peer: addr.iter().find_map(|p| match p {
+                    Protocol::P2p(id) => Some(id),
+                    _ => None,
+                }),
+                dialing: None,
+                next: tokio::time::Instant::now(),
+                backoff: settings.redial_min,
+            })
+            .collect(),
+        redial_min: settings.redial_min,
+        redial_max: settings.redial_max,
+        openers: HashMap::new(),
+        peer_id,
+    };
+    let task = tokio::spawn(driver.run(cmds, stop_rx));
+    Ok(Mesh {
+        peer_id,
+        listen_addrs,
+        stats,
+        stop: Some(stop),
+        task,
+    })
+}
+
+/// A bootstrap peer: dialled until connected, re-dialled when its connection drops.
+#[derive(Debug)]
+struct Bootstrap {
+    addr: Multiaddr,
+    peer: Option<PeerId>,
+    dialing: Option<ConnectionId>,
+    next: tokio::time::Instant,
+    backoff: Duration,
+}
+
+struct Driver {
+    swarm: Swarm<Behaviour>,
+    topic: gossipsub::IdentTopic,
+    engine: mpsc::Sender<ToEngine>,
+    stats: Arc<MeshStats>,
+    bootstrap: Vec<Bootstrap>,
+    redial_min: Duration,
+    redial_max: Duration,
+    /// Tasks that keep a link session open to a peer (for peers with a larger id).
+    openers: HashMap<PeerId, JoinHandle<()>>,
+    peer_id: PeerId,
+}
+
+impl Driver {
+    async fn run(mut self, mut cmds: mpsc::Receiver<MeshCmd>, mut stop: oneshot::Receiver<()>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_event(event),
+                cmd = cmds.recv() => match cmd {
+                    Some(MeshCmd::Gossip(frame)) => self.gossip(frame),
+                    None => break,
+                },
+                _ = tick.tick() => self.dial_bootstrap(),
+                _ = &mut stop => break,
+            }
+        }
+        for (_, opener) in self.openers.drain() {
+            opener.abort();
+        }
+        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        for peer in peers {
+            let _ = self.swarm.disconnect_peer_id(peer);
+        }
+        debug!("p2p mesh stopped");
+    }
+
+    fn gossip(&mut self, frame: Bytes) {
+        let too_large = frame.len() > GOSSIP_MAX_FRAME;
+        let result = if too_large {
+            Err(gossipsub::PublishError::MessageTooLarge)
+        } else {
+            self.swarm
+                .behaviour_mut()
+                .gossipsub
+                .publish(self.topic.clone(), frame.clone())
+                .map(|_| ())
+        };
+        if let Err(e) = result {
+            // No gossip peer yet (the mesh is forming) or too large: the sessions carry it.
+            debug!(error = ?e, "gossip publish failed: sending over the link sessions");
+            self.stats.gossip_fallbacks.fetch_add(1, Ordering::Relaxed);
+            let _ = self.engine.try_send(ToEngine::BroadcastDirect(frame));
+        }
+    }
+
+    fn dial_bootstrap(&mut self) {
+        let now = tokio::time::Instant::now();
+        for b in &mut self.bootstrap {
+            if b.dialing.is_some() || b.next > now {
+                continue;
+            }
+            if b.peer.is_some_and(|p| self.swarm.is_connected(&p)) {
+                continue;
+            }
+            let opts = DialOpts::unknown_peer_id().address(b.addr.clone()).build();
+            let id = opts.connection_id();
+            match self.swarm.dial(opts) {
+                Ok(()) => b.dialing = Some(id),
+                Err(e) => {
+                    debug!(addr = %b.addr, error = %e, "cannot dial bootstrap peer");
+                    b.next = now + b.backoff;
+                    b.backoff = (b.backoff * 2).min(self.redial_max);
+                }
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                connection_id,
+                endpoint,
+                num_established,
+                ..
+            } => {
+                for b in &mut self.bootstrap {
+                    if b.dialing == Some(connection_id) {
+                        b.dialing = None;
+                        b.peer = Some(peer_id);
+                        b.backoff = self.redial_min;
+                    }
+                }
+                if num_established.get() == 1 {
+                    info!(peer = %peer_id, addr = %endpoint.get_remote_address(), "peer connected");
+                }
+                self.ensure_session(peer_id);
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established,
+                cause,
+                ..
+            } => {
+                if num_established == 0 {
+                    info!(peer = %peer_id, cause = ?cause, "peer disconnected");
+                    if let Ok(mut rtt) = self.stats.rtt.lock() {
+                        rtt.remove(&peer_id.to_string());
+                    }
+                    let now = tokio::time::Instant::now();
+                    for b in &mut self.bootstrap {
+                        if b.peer == Some(peer_id) {
+                            b.next = now + b.backoff;
+                        }
+                    }
+                }
+            }
+            SwarmEvent::OutgoingConnectionError {
+                connection_id,
+                error,
+                peer_id,
+                ..
+            } => {
+                let now = tokio::time::Instant::now();
+                for b in &mut self.bootstrap {
+                    if b.dialing == Some(connection_id) {
+                        b.dialing = None;
+                        b.next = now + b.backoff;
+                        b.backoff = (b.backoff * 2).min(self.redial_max);
+                        self.stats.dial_failures.fetch_add(1, Ordering::Relaxed);
+                        debug!(addr = %b.addr, error = %error, retry_in = ?b.backoff, "bootstrap peer did not answer");
+                    }
+                }
+                if let DialError::Denied { cause } = &error {
+                    self.stats
+                        .refused_not_allowed
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(peer = ?peer_id, cause = %cause, "refused to connect to a peer not on the allowlist");
+                }
+            }
+            SwarmEvent::IncomingConnectionError {
+                send_back_addr,
+                error,
+                peer_id,
+                ..
+            } => match error {
+                ListenError::Denied { cause } => {
+                    self.stats
+                        .refused_not_allowed
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(peer = ?peer_id, addr = %send_back_addr, cause = %cause, "refused a node that is not on the allowlist");
+                }
+                ListenError::Transport(e) => {
+                    self.stats.refused_handshake.fetch_add(1, Ordering::Relaxed);
+                    warn!(addr = %send_back_addr, error = %e, "refused a connection that failed the handshake (no or wrong cluster key?)");
+                }
+                other => {
+                    debug!(addr = %send_back_addr, error = %other, "incoming connection failed")
+                }
+            },
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                message,
+                ..
+            })) => self.on_gossip(message),
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event {
+                peer,
+                result: Ok(rtt),
+                ..
+            })) => {
+                if let Ok(mut map) = self.stats.rtt.lock() {
+                    map.insert(peer.to_string(), rtt);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) => debug!(peer = %peer_id, agent = info.agent_version, "identified peer"),
+            other => debug!(event = ?other, "p2p event"),
+        }
+    }
+
+    /// Keep one link session open to `peer` if this node is the one that opens it.
+    fn ensure_session(&mut self, peer: PeerId) {
+        if self.peer_id.to_bytes() >= peer.to_bytes() {
+            return; // The peer opens it.
+        }
+        if self.openers.get(&peer).is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Ok(node) = NodeId::new(&peer.to_string()) else {
+            return;
+        };
+        let mut control = self.swarm.behaviour().stream.new_control();
+        let engine = self.engine.clone();
+        let task = tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                match control.open_stream(peer, LINK_PROTOCOL).await {
+                    Ok(stream) => {
+                        session::run(node.clone(), stream, engine.clone()).await;
+                        backoff = Duration::from_millis(50);
+                    }
+                    Err(e) => debug!(%peer, error = %e, "cannot open a link session"),
+                }
+                if engine.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                // Opening a stream dials the peer if it is not connected: give up after a while
+                // and let the next connection start a new opener.
+                if backoff >= Duration::from_secs(5) {
+                    return;
+                }
+            }
+        });
+        self.openers.insert(peer, task);
+    }
+
+    fn on_gossip(&mut self, message: gossipsub::Message) {
+        let Some(source) = message.source else {
+            return;
+        };
+        let Ok(node) = NodeId::new(&source.to_string()) else {
+            return;
+        };
+        let mut buf = bytes::BytesMut::from(&message.data[..]);
+        match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+            Ok(Some(frame)) if buf.is_empty() => {
+                let msg = ToEngine::PeerFrame {
+                    peer: node,
+                    frame: Box::new(frame),
+                };
+                // A full broker queue drops a broadcast: digests and snapshots recover it.
+                if self.engine.try_send(msg).is_err() {
+                    debug!(peer = %source, "broker busy: gossip frame dropped");
+                }
+            }
+            other => {
+                warn!(peer = %source, result = ?other.map(|f| f.map(|f| f.name())), "malformed gossip frame ignored")
+            }
+        }
+    }
+}

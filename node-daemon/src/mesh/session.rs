@@ -1,0 +1,106 @@
+//! A link session: the one long-lived libp2p stream between two nodes that carries the core's
+//! link frames both ways (forwarded messages, their acks, digests, snapshots, route acks).
+//!
+//! A session tells the broker thread `PeerUp` when it starts and `PeerDown` when it ends, so
+//! the core sees one link session per stream: what it sent on a session that broke is re-sent
+//! on the next (the outbox) and deduplicated on arrival (the inbox). Frames are the link
+//! codec's own length-prefixed encoding, written back to back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::io::{AsyncReadExt, AsyncWriteExt};
+use libp2p::Stream;
+use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
+use meridian_core::routes::NodeId;
+use tokio::sync::{Notify, mpsc};
+use tracing::{debug, warn};
+
+use crate::engine::ToEngine;
+
+/// Frames queued for one peer before the session counts as stuck and is cut (the core
+/// re-sends what matters on the next session).
+pub const PEER_QUEUE: usize = 16 * 1024;
+
+/// The broker thread's end of a session: frames to write, and a way to end the session.
+#[derive(Debug, Clone)]
+pub struct PeerWriter {
+    pub tx: mpsc::Sender<Bytes>,
+    pub kill: Arc<Notify>,
+}
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// Run one session over `stream` until either side ends it, the stream fails, or the broker
+/// thread cuts it. Returns once the broker thread was told it ended.
+pub async fn run(peer: NodeId, mut stream: Stream, engine: mpsc::Sender<ToEngine>) {
+    let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::channel::<Bytes>(PEER_QUEUE);
+    let kill = Arc::new(Notify::new());
+    let up = ToEngine::PeerUp {
+        peer: peer.clone(),
+        session,
+        writer: PeerWriter {
+            tx,
+            kill: kill.clone(),
+        },
+    };
+    if engine.send(up).await.is_err() {
+        return;
+    }
+    debug!(%peer, session, "link session up");
+    let why = {
+        let (mut reader, mut writer) = (&mut stream).split();
+        let read = async {
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                let n = reader.read(&mut chunk).await?;
+                if n == 0 {
+                    return Ok::<_, std::io::Error>("closed by the peer".to_owned());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                loop {
+                    match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+                        Ok(Some(frame)) => {
+                            let msg = ToEngine::PeerFrame {
+                                peer: peer.clone(),
+                                frame: Box::new(frame),
+                            };
+                            if engine.send(msg).await.is_err() {
+                                return Ok("broker stopping".to_owned());
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            warn!(%peer, error = %e, "malformed link frame: ending the session");
+                            return Ok("malformed frame".to_owned());
+                        }
+                    }
+                }
+            }
+        };
+        let write = async {
+            while let Some(first) = rx.recv().await {
+                writer.write_all(&first).await?;
+                while let Ok(more) = rx.try_recv() {
+                    writer.write_all(&more).await?;
+                }
+                writer.flush().await?;
+            }
+            Ok::<_, std::io::Error>("ended by the broker".to_owned())
+        };
+        tokio::select! {
+            r = read => r,
+            r = write => r,
+            () = kill.notified() => Ok("cut by the broker".to_owned()),
+        }
+    };
+    match why {
+        Ok(why) => debug!(%peer, session, why, "link session ended"),
+        Err(e) => warn!(%peer, session, error = %e, "link session failed"),
+    }
+    let _ = stream.close().await;
+    let _ = engine.send(ToEngine::PeerDown { peer, session }).await;
+}

@@ -1,0 +1,758 @@
+//! Regions meshed over libp2p: real `meridian` processes on loopback, every link between two
+//! of them through a fault-injecting proxy (latency, cuts), real MQTT clients (rumqttc).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{DEADLINE, Daemon, free_port, http, v3};
+use meridian_daemon::link_proxy::LinkProxy as Proxy;
+use rumqttc::{Packet, QoS};
+
+/// How long a mesh condition may take before a test fails (loaded CI machines are slow).
+const MESH_DEADLINE: Duration = Duration::from_secs(60);
+
+/// One region: a daemon with a p2p port that stays the same across restarts.
+struct Node {
+    daemon: Daemon,
+    peer_id: String,
+}
+
+impl Node {
+    /// Start a node of `region` listening for peers on `p2p`, dialling `peers` (ports on
+    /// loopback: proxies to other nodes).
+    async fn start(region: &str, p2p: u16, peers: &[u16], key: &Path) -> Self {
+        Self::start_with(region, p2p, peers, key, "").await
+    }
+
+    async fn start_with(region: &str, p2p: u16, peers: &[u16], key: &Path, extra: &str) -> Self {
+        let peers: Vec<String> = peers
+            .iter()
+            .map(|p| format!("\"/ip4/127.0.0.1/tcp/{p}\""))
+            .collect();
+        let config = format!(
+            "[cluster]\nenabled = true\nregion = \"{region}\"\nlisten = [\"/ip4/127.0.0.1/tcp/{p2p}\"]\n\
+             peers = [{}]\nkey_file = \"{}\"\ndigest_interval_ms = 1000\nping_interval_ms = 1000\n{extra}",
+            peers.join(", "),
+            key.display()
+        );
+        let daemon = Daemon::start_with(Some(&config), Vec::new());
+        let peer_id = node_info(daemon.admin).await["peer_id"]
+            .as_str()
+            .expect("peer id in /api/node")
+            .to_owned();
+        Self { daemon, peer_id }
+    }
+
+    fn mqtt(&self) -> u16 {
+        self.daemon.mqtt
+    }
+
+    async fn peers(&self) -> Vec<serde_json::Value> {
+        let (status, body) = http(self.daemon.admin, "GET", "/api/peers").await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body)
+            .expect("peers JSON")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    async fn connected_to(&self, other: &Node) -> bool {
+        self.peers()
+            .await
+            .iter()
+            .any(|p| p["peer_id"] == other.peer_id.as_str() && p["connected"] == true)
+    }
+
+    /// The routes of `other` as replicated here (empty if `other` is unknown here).
+    async fn routes_of(&self, other: &Node) -> Vec<String> {
+        let (status, body) = http(
+            self.daemon.admin,
+            "GET",
+            &format!("/api/peers/{}/routes", other.peer_id),
+        )
+        .await;
+        if status == 404 {
+            return Vec::new();
+        }
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("routes JSON")
+    }
+
+    /// The metric `name` with label peer=`other`'s id (0 if absent).
+    async fn peer_metric(&self, name: &str, other: &Node) -> f64 {
+        metric(
+            &self.metrics().await,
+            &format!("{name}{{peer=\"{}\"}}", other.peer_id),
+        )
+    }
+
+    async fn metrics(&self) -> String {
+        let (status, body) = http(self.daemon.admin, "GET", "/metrics").await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    fn log(&self) -> String {
+        self.daemon.log_text()
+    }
+}
+
+async fn node_info(admin: u16) -> serde_json::Value {
+    let (status, body) = http(admin, "GET", "/api/node").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("node JSON")
+}
+
+fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Wait until `cond` holds, checking again after each short pause, or fail with `what`.
+async fn wait_for<F, Fut>(what: &str, nodes: &[&Node], mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + MESH_DEADLINE;
+    while !cond().await {
+        if Instant::now() > deadline {
+            let logs: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("--- {}\n{}", n.peer_id, tail(&n.log(), 60)))
+                .collect();
+            panic!("timed out waiting for {what}\n{}", logs.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn cluster_key(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .arg("keygen")
+        .arg("--cluster-key")
+        .arg(&path)
+        .output()
+        .expect("run meridian keygen");
+    assert!(out.status.success(), "{out:?}");
+    path
+}
+
+/// Three regions in a full mesh, each link through its own proxy: b dials a, c dials a and b.
+struct Three {
+    a: Node,
+    b: Node,
+    c: Node,
+    _ab: Proxy,
+    _ac: Proxy,
+    _bc: Proxy,
+    _dir: tempfile::TempDir,
+}
+
+async fn three_regions() -> Three {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let ab = Proxy::start(pa).await.unwrap();
+    let ac = Proxy::start(pa).await.unwrap();
+    let bc = Proxy::start(pb).await.unwrap();
+    let a = Node::start("euc1", pa, &[], &key).await;
+    let b = Node::start("ape1", pb, &[ab.port], &key).await;
+    let c = Node::start("afs1", pc, &[ac.port, bc.port], &key).await;
+    let t = Three {
+        a,
+        b,
+        c,
+        _ab: ab,
+        _ac: ac,
+        _bc: bc,
+        _dir: dir,
+    };
+    for (x, y) in [(&t.a, &t.b), (&t.a, &t.c), (&t.b, &t.c)] {
+        wait_for("the mesh to connect", &[x, y], || async {
+            x.connected_to(y).await && y.connected_to(x).await
+        })
+        .await;
+    }
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_goes_only_to_the_region_that_wants_it_and_stops_after_unsubscribe() {
+    let t = three_regions().await;
+    let (a, b, c) = (&t.a, &t.b, &t.c);
+
+    let mut sub = v3::connect(v3::options("sub-a", a.mqtt())).await;
+    sub.subscribe("geo/a/#", QoS::AtLeastOnce).await;
+    wait_for("a's route at c", &[a, c], || async {
+        c.routes_of(a).await == ["geo/a/#"]
+    })
+    .await;
+
+    let mut publ = v3::connect(v3::options("pub-c", c.mqtt())).await;
+    const N: usize = 100;
+    for i in 0..N {
+        publ.client
+            .publish(format!("geo/a/{i}"), QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+    }
+    // Local delivery at c and routing are done once every PUBACK is in.
+    for _ in 0..N {
+        publ.expect(|p| matches!(p, Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+    for i in 0..N {
+        let p = sub.publish_msg().await;
+        assert_eq!(p.topic, format!("geo/a/{i}"), "in order, each once");
+        assert_eq!(&p.payload[..], i.to_string().as_bytes());
+    }
+    assert_eq!(
+        c.peer_metric("meridian_forward_sent_messages_total", a)
+            .await,
+        N as f64
+    );
+    assert_eq!(
+        c.peer_metric("meridian_forward_sent_messages_total", b)
+            .await,
+        0.0
+    );
+    assert_eq!(
+        b.peer_metric("meridian_forward_received_messages_total", c)
+            .await,
+        0.0
+    );
+    assert_eq!(
+        a.peer_metric("meridian_forward_received_messages_total", c)
+            .await,
+        N as f64
+    );
+
+    // After the unsubscribe reaches c, c stops forwarding.
+    sub.client.unsubscribe("geo/a/#").await.unwrap();
+    sub.expect(|p| matches!(p, Packet::UnsubAck(_)).then_some(()))
+        .await;
+    wait_for("a's route gone at c", &[a, c], || async {
+        c.routes_of(a).await.is_empty()
+    })
+    .await;
+    for i in 0..10 {
+        publ.client
+            .publish(format!("geo/a/late/{i}"), QoS::AtLeastOnce, false, "x")
+            .await
+            .unwrap();
+        publ.expect(|p| matches!(p, Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+    assert_eq!(
+        c.peer_metric("meridian_forward_sent_messages_total", a)
+            .await,
+        N as f64
+    );
+    assert_eq!(
+        c.peer_metric("meridian_forward_sent_messages_total", b)
+            .await,
+        0.0
+    );
+    // Per-peer gauges are there for operators.
+    let page = c.metrics().await;
+    for name in [
+        "meridian_peer_connected",
+        "meridian_peer_rtt_seconds",
+        "meridian_peer_routes",
+        "meridian_peer_route_lag",
+        "meridian_peer_outbox_messages",
+        "meridian_peer_outbox_bytes",
+    ] {
+        assert!(
+            page.contains(&format!("{name}{{peer=\"{}\"}}", a.peer_id)),
+            "{name} missing:\n{page}"
+        );
+    }
+    drop(t);
+}
+
+/// Connect `n` clients to `port`, each subscribing to its own wildcard filter under `prefix`;
+/// returns the time until every SUBACK, and the clients.
+async fn subscribe_many(port: u16, prefix: &str, n: usize) -> (Duration, Vec<v3::Client>) {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let filter = format!("{prefix}/+/{i}/sub/+/#");
+            let id = format!("{prefix}-{i}");
+            tokio::spawn(async move {
+                let mut opts = v3::options(&id, port);
+                opts.set_keep_alive(Duration::from_secs(60));
+                let mut client = v3::connect(opts).await;
+                let codes = client.subscribe(&filter, QoS::AtMostOnce).await;
+                assert_eq!(codes.len(), 1);
+                client
+            })
+        })
+        .collect();
+    let mut clients = Vec::with_capacity(n);
+    for t in tasks {
+        clients.push(t.await.expect("subscriber task"));
+    }
+    (start.elapsed(), clients)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_subscribers_get_local_subacks_whatever_the_link_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let a = Node::start("euc1", pa, &[], &key).await;
+    let c = Node::start("afs1", pc, &[link.port], &key).await;
+    wait_for("the link", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+
+    const N: usize = 1000;
+    let mut report = Vec::new();
+    let mut keep = Vec::new();
+    for (round, one_way_ms) in [(0, 0u64), (1, 100)] {
+        link.set_one_way_latency(one_way_ms);
+        let prefix = format!("t/mqttx{round}");
+        let (subacks, clients) = subscribe_many(a.mqtt(), &prefix, N).await;
+        let start = Instant::now();
+        wait_for("every route at c", &[&a, &c], || async {
+            c.routes_of(&a)
+                .await
+                .iter()
+                .filter(|f| f.starts_with(&format!("{prefix}/")))
+                .count()
+                == N
+        })
+        .await;
+        let converged = start.elapsed();
+        let routes = c.routes_of(&a).await;
+        for i in 0..N {
+            assert!(
+                routes.contains(&format!("{prefix}/+/{i}/sub/+/#")),
+                "route {i} missing at c"
+            );
+        }
+        report.push((2 * one_way_ms, subacks, converged));
+        keep.extend(clients);
+    }
+    // Timings are reported (`--nocapture`), not asserted.
+    for (rtt, subacks, converged) in &report {
+        eprintln!(
+            "link RTT {rtt} ms: {N} clients connected and subscribed at a in {:.0} ms; \
+             routes at c {:.0} ms after the last SUBACK",
+            subacks.as_secs_f64() * 1000.0,
+            converged.as_secs_f64() * 1000.0
+        );
+    }
+    for client in keep {
+        client.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos1_and_qos2_survive_a_cut_link_and_a_killed_publisher_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let a = Node::start("euc1", pa, &[], &key).await;
+    let mut c = Node::start("afs1", pc, &[link.port], &key).await;
+    wait_for("the link", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+
+    // A persistent subscriber at a, for both QoS levels.
+    let mut opts = v3::options("sub-a", a.mqtt());
+    opts.set_clean_session(false);
+    let mut sub = v3::connect(opts).await;
+    sub.subscribe("f/#", QoS::ExactlyOnce).await;
+    wait_for("a's route at c", &[&a, &c], || async {
+        c.routes_of(&a).await == ["f/#"]
+    })
+    .await;
+
+    let mut publ = v3::connect(v3::options("pub-c", c.mqtt())).await;
+    // Publish one message per topic and QoS, in turn, and wait for its ack (PUBACK or
+    // PUBCOMP): from then on, the message must arrive.
+    async fn publish_acked(publ: &mut v3::Client, i: usize) {
+        publ.client
+            .publish("f/q1", QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+        publ.expect(|p| matches!(p, Packet::PubAck(_)).then_some(()))
+            .await;
+        publ.client
+            .publish("f/q2", QoS::ExactlyOnce, false, i.to_string())
+            .await
+            .unwrap();
+        publ.expect(|p| matches!(p, Packet::PubComp(_)).then_some(()))
+            .await;
+    }
+    let mut sent = 0;
+    for _ in 0..50 {
+        publish_acked(&mut publ, sent).await;
+        sent += 1;
+    }
+    // Cut the link mid-stream: c keeps accepting, holding the forwards in its outbox.
+    link.cut();
+    wait_for("c to see the link down", &[&a, &c], || async {
+        !c.connected_to(&a).await
+    })
+    .await;
+    for _ in 0..50 {
+        publish_acked(&mut publ, sent).await;
+        sent += 1;
+    }
+    let waiting = c
+        .peers()
+        .await
+        .iter()
+        .find(|p| p["peer_id"] == a.peer_id.as_str())
+        .map(|p| p["outbox_messages"].as_u64().unwrap_or(0))
+        .unwrap_or(0);
+    assert!(
+        waiting > 0,
+        "forwards wait in c's outbox while the link is cut"
+    );
+
+    // kill -9 the publisher's node with its outbox full, restart it, restore the link.
+    publ.abort();
+    c.daemon.kill9();
+    c.daemon.restart();
+    c.peer_id = node_info(c.daemon.admin).await["peer_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut publ = v3::connect(v3::options("pub-c", c.mqtt())).await;
+    for _ in 0..20 {
+        publish_acked(&mut publ, sent).await;
+        sent += 1;
+    }
+    link.restore();
+
+    // Every acknowledged message arrives: QoS 2 exactly once, QoS 1 at least once, in order.
+    let mut got: HashMap<String, Vec<usize>> = HashMap::new();
+    let deadline = Instant::now() + MESH_DEADLINE;
+    while got.get("f/q2").map_or(0, Vec::len) < sent || dedup_count(got.get("f/q1")) < sent {
+        assert!(
+            Instant::now() < deadline,
+            "timed out: got {:?} of {sent}\n{}",
+            got.iter().map(|(t, v)| (t, v.len())).collect::<Vec<_>>(),
+            tail(&c.log(), 40)
+        );
+        let p = match tokio::time::timeout(DEADLINE, sub.rx.recv()).await {
+            Ok(Some(p)) => p,
+            Ok(None) => panic!("subscriber connection ended"),
+            Err(_) => panic!(
+                "nothing arrived for {DEADLINE:?}: got {:?} of {sent}\n--- a\n{}\n--- c\n{}",
+                got.iter().map(|(t, v)| (t, v.len())).collect::<Vec<_>>(),
+                tail(&a.log(), 40),
+                tail(&c.log(), 60)
+            ),
+        };
+        if let Packet::Publish(p) = p {
+            let i: usize = std::str::from_utf8(&p.payload).unwrap().parse().unwrap();
+            got.entry(p.topic.clone()).or_default().push(i);
+        }
+    }
+    let q2 = &got["f/q2"];
+    assert_eq!(
+        *q2,
+        (0..sent).collect::<Vec<_>>(),
+        "QoS 2: each exactly once, in order"
+    );
+    let mut q1 = got["f/q1"].clone();
+    q1.dedup();
+    assert_eq!(
+        q1,
+        (0..sent).collect::<Vec<_>>(),
+        "QoS 1: each at least once, in order"
+    );
+    sub.abort();
+}
+
+fn dedup_count(v: Option<&Vec<usize>>) -> usize {
+    let mut v = v.cloned().unwrap_or_default();
+    v.dedup();
+    v.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_replaces_its_old_routes_everywhere() {
+    let t = three_regions().await;
+    let (a, b, c) = (&t.a, &t.b, &t.c);
+    let mut sub = v3::connect(v3::options("old", a.mqtt())).await;
+    sub.subscribe("inc/old/#", QoS::AtMostOnce).await;
+    for other in [b, c] {
+        wait_for("a's route everywhere", &[a, other], || async {
+            other.routes_of(a).await == ["inc/old/#"]
+        })
+        .await;
+    }
+    sub.abort();
+    let mut t = t;
+    t.a.daemon.kill9();
+    t.a.daemon.restart();
+    let (a, b, c) = (&t.a, &t.b, &t.c);
+    let mut sub = v3::connect(v3::options("new", a.mqtt())).await;
+    sub.subscribe("inc/new/#", QoS::AtMostOnce).await;
+    for other in [b, c] {
+        wait_for(
+            "the new incarnation's routes everywhere",
+            &[a, other],
+            || async { other.routes_of(a).await == ["inc/new/#"] },
+        )
+        .await;
+    }
+    sub.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_the_cluster_key_or_not_allowed_cannot_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let other_key = cluster_key(dir.path(), "other.key");
+    let pa = free_port();
+
+    // b starts first (a is not up yet: b keeps dialling), and is on a's allowlist.
+    let b = Node::start("ape1", free_port(), &[pa], &key).await;
+    let a = Node::start_with(
+        "euc1",
+        pa,
+        &[],
+        &key,
+        &format!("allow_peers = [\"{}\"]\n", b.peer_id),
+    )
+    .await;
+    wait_for("b joining a", &[&a, &b], || async {
+        a.connected_to(&b).await
+    })
+    .await;
+
+    // d has another key: it cannot complete a handshake.
+    let d = Node::start("afs1", free_port(), &[pa], &other_key).await;
+    wait_for("a refusing d's handshake", &[&a, &d], || async {
+        metric(
+            &a.metrics().await,
+            "meridian_p2p_refused_connections_total{reason=\"handshake\"}",
+        ) >= 1.0
+    })
+    .await;
+    assert!(d.peers().await.is_empty());
+    assert!(
+        a.log().contains("failed the handshake"),
+        "refusal is logged"
+    );
+
+    // e has the key but is not on a's allowlist.
+    let e = Node::start("usw2", free_port(), &[pa], &key).await;
+    wait_for("a refusing e (not allowed)", &[&a, &e], || async {
+        metric(
+            &a.metrics().await,
+            "meridian_p2p_refused_connections_total{reason=\"not_allowed\"}",
+        ) >= 1.0
+    })
+    .await;
+    assert!(
+        a.log().contains("not on the allowlist"),
+        "refusal is logged"
+    );
+    let known: Vec<String> = a
+        .peers()
+        .await
+        .iter()
+        .filter(|p| p["connected"] == true)
+        .map(|p| p["peer_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(known, std::slice::from_ref(&b.peer_id), "only b is in");
+}
+
+/// `meridian peer-id --data-dir DIR`.
+fn peer_id_of(data_dir: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .arg("peer-id")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .expect("run meridian peer-id");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_contract_joins_nodes_and_bootstrap_peers_may_come_up_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pb) = (free_port(), free_port());
+    // a starts first, dialling b, which is not up yet.
+    let a = Daemon::start_with(
+        None,
+        [
+            "--region",
+            "euc1",
+            "--p2p",
+            &format!("/ip4/127.0.0.1/tcp/{pa}"),
+            "--peer",
+            &format!("/ip4/127.0.0.1/tcp/{pb}"),
+            "--cluster-key",
+            key.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    );
+    let b = Daemon::start_with(
+        None,
+        [
+            "--region",
+            "ape1",
+            "--p2p",
+            &format!("/ip4/127.0.0.1/tcp/{pb}"),
+            "--cluster-key",
+            key.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    );
+    let deadline = Instant::now() + MESH_DEADLINE;
+    loop {
+        let (_, body) = http(b.admin, "GET", "/api/peers").await;
+        let peers: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if peers.as_array().is_some_and(|p| {
+            p.iter()
+                .any(|p| p["connected"] == true && p["region"] == "euc1")
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a never joined b:\n{}",
+            a.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let info = node_info(b.admin).await;
+    assert_eq!(info["region"], "ape1");
+    assert_eq!(info["peer_id"].as_str().unwrap(), peer_id_of(&b.data_dir));
+}
+
+#[test]
+fn clustering_without_a_key_is_refused_with_the_key_named() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args([
+            "run",
+            "--p2p",
+            "/ip4/127.0.0.1/tcp/0",
+            "--mqtt",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .expect("run meridian");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cluster.key_file"), "{err}");
+}
+
+/// The EMQX geo-distribution write-up's scenarios with real processes: nodes in Frankfurt,
+/// Hong Kong and Cape Town, links through proxies with the write-up's round trips (Frankfurt–
+/// Cape Town 160 ms, Frankfurt–Hong Kong 200 ms; Hong Kong–Cape Town 320 ms, as in the
+/// simulator), clients at Hong Kong on loopback. Asserts that every SUBACK comes and every
+/// region learns every filter; prints the timings (`--nocapture`; docs/geo.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn geo_writeup_scenarios_with_real_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (p_fra, p_hkg, p_cpt) = (free_port(), free_port(), free_port());
+    let hkg_fra = Proxy::start(p_fra).await.unwrap();
+    let cpt_fra = Proxy::start(p_fra).await.unwrap();
+    let cpt_hkg = Proxy::start(p_hkg).await.unwrap();
+    hkg_fra.set_one_way_latency(100);
+    cpt_fra.set_one_way_latency(80);
+    cpt_hkg.set_one_way_latency(160);
+    let fra = Node::start("fra", p_fra, &[], &key).await;
+    let hkg = Node::start("hkg", p_hkg, &[hkg_fra.port], &key).await;
+    let cpt = Node::start("cpt", p_cpt, &[cpt_fra.port, cpt_hkg.port], &key).await;
+    for (x, y) in [(&fra, &hkg), (&fra, &cpt), (&hkg, &cpt)] {
+        wait_for("the mesh to connect", &[x, y], || async {
+            x.connected_to(y).await && y.connected_to(x).await
+        })
+        .await;
+    }
+
+    let rows: [(usize, &str, &str); 5] = [
+        (1, "t/mqttx/%i", "v1: 0.89 s"),
+        (100, "t/mqttx/%i", "v1: 1.71 s"),
+        (1, "t/mqttx/+/%i/sub/+/#", "v1: 2.94 s; core+replicants: 0.70 s"),
+        (100, "t/mqttx/+/%i/sub/+/#", "v1: 102 s; v2: 1.67 s; core+replicants: 1.09 s"),
+        (1000, "t/mqttx/+/%i/sub/+/#", "core+replicants: 4.33 s; batched: 2.59 s"),
+    ];
+    let mut keep = Vec::new();
+    let mut total = 0;
+    let mut table = vec![format!(
+        "{:>7}  {:<24} {:>15} {:>20}   EMQX (write-up)",
+        "clients", "filter", "all_subacks_ms", "routes_converged_ms"
+    )];
+    for (row, (n, pattern, emqx)) in rows.into_iter().enumerate() {
+        total += n;
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let filter = pattern.replace("%i", &format!("r{row}c{i}"));
+                let port = hkg.mqtt();
+                tokio::spawn(async move {
+                    let mut client = v3::connect(v3::options(&format!("r{row}c{i}"), port)).await;
+                    let codes = client.subscribe(&filter, QoS::AtLeastOnce).await;
+                    assert_eq!(codes.len(), 1);
+                    client
+                })
+            })
+            .collect();
+        for t in tasks {
+            keep.push(t.await.expect("client task"));
+        }
+        let subacks = start.elapsed();
+        let deadline = Instant::now() + MESH_DEADLINE;
+        loop {
+            let mut done = true;
+            for region in [&fra, &cpt] {
+                let routes = region
+                    .peers()
+                    .await
+                    .iter()
+                    .find(|p| p["peer_id"] == hkg.peer_id.as_str())
+                    .and_then(|p| p["routes"].as_u64())
+                    .unwrap_or(0);
+                done &= routes as usize == total;
+            }
+            if done {
+                break;
+            }
+            assert!(Instant::now() < deadline, "routes did not converge (row {row})");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let converged = start.elapsed();
+        table.push(format!(
+            "{n:>7}  {pattern:<24} {:>15.0} {:>20.0}   {emqx}",
+            subacks.as_secs_f64() * 1000.0,
+            converged.as_secs_f64() * 1000.0
+        ));
+    }
+    eprintln!("\n{}\n", table.join("\n"));
+    for client in keep {
+        client.abort();
+    }
+}
