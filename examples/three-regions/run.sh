@@ -37,18 +37,19 @@ ws=(8083 8084 8085)
 admin=(9101 9102 9103)
 p2p=(7101 7102 7103)
 
-# Links: ape1 dials euc1, afs1 dials euc1 and ape1; with --latency, each through a proxy.
-link() { # link LISTEN_PORT TARGET_PORT -> the port to dial
-    if [ "$latency" -gt 0 ]; then
-        "$proxy" "$1" "$2" "$latency" &
+# Links: ape1 dials euc1, afs1 dials euc1 and ape1; with --latency, each through a proxy
+# (proxy port -> region port).
+if [ "$latency" -gt 0 ]; then
+    for pair in 7201:7101 7202:7101 7203:7102; do
+        "$proxy" "${pair%:*}" "${pair#*:}" "$latency" >/dev/null 2>"$work/proxy-${pair%:*}.log" &
         pids+=($!)
-        echo "$1"
-    else
-        echo "$2"
-    fi
-}
-peers_ape1=("/ip4/127.0.0.1/tcp/$(link 7201 7101)")
-peers_afs1=("/ip4/127.0.0.1/tcp/$(link 7202 7101)" "/ip4/127.0.0.1/tcp/$(link 7203 7102)")
+    done
+    peers_ape1=(/ip4/127.0.0.1/tcp/7201)
+    peers_afs1=(/ip4/127.0.0.1/tcp/7202 /ip4/127.0.0.1/tcp/7203)
+else
+    peers_ape1=(/ip4/127.0.0.1/tcp/7101)
+    peers_afs1=(/ip4/127.0.0.1/tcp/7101 /ip4/127.0.0.1/tcp/7102)
+fi
 
 for i in 0 1 2; do
     r="${regions[$i]}"

@@ -696,9 +696,21 @@ async fn geo_writeup_scenarios_with_real_processes() {
     let rows: [(usize, &str, &str); 5] = [
         (1, "t/mqttx/%i", "v1: 0.89 s"),
         (100, "t/mqttx/%i", "v1: 1.71 s"),
-        (1, "t/mqttx/+/%i/sub/+/#", "v1: 2.94 s; core+replicants: 0.70 s"),
-        (100, "t/mqttx/+/%i/sub/+/#", "v1: 102 s; v2: 1.67 s; core+replicants: 1.09 s"),
-        (1000, "t/mqttx/+/%i/sub/+/#", "core+replicants: 4.33 s; batched: 2.59 s"),
+        (
+            1,
+            "t/mqttx/+/%i/sub/+/#",
+            "v1: 2.94 s; core+replicants: 0.70 s",
+        ),
+        (
+            100,
+            "t/mqttx/+/%i/sub/+/#",
+            "v1: 102 s; v2: 1.67 s; core+replicants: 1.09 s",
+        ),
+        (
+            1000,
+            "t/mqttx/+/%i/sub/+/#",
+            "core+replicants: 4.33 s; batched: 2.59 s",
+        ),
     ];
     let mut keep = Vec::new();
     let mut total = 0;
@@ -741,7 +753,10 @@ async fn geo_writeup_scenarios_with_real_processes() {
             if done {
                 break;
             }
-            assert!(Instant::now() < deadline, "routes did not converge (row {row})");
+            assert!(
+                Instant::now() < deadline,
+                "routes did not converge (row {row})"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let converged = start.elapsed();
@@ -754,5 +769,51 @@ async fn geo_writeup_scenarios_with_real_processes() {
     eprintln!("\n{}\n", table.join("\n"));
     for client in keep {
         client.abort();
+    }
+}
+
+/// QUIC (cargo feature `quic`): pnet does not cover it, so the allowlist must.
+#[cfg(feature = "quic")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_mesh_over_quic_with_an_allowlist() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (ia, ib) = (
+        peer_id_of(&ta.path().join("data")),
+        peer_id_of(&tb.path().join("data")),
+    );
+    let (pa, pb) = (free_port(), free_port());
+    let args = |region: &str, port: u16, allow: &str, peer: Option<u16>| {
+        let mut v = vec![
+            "--region".to_owned(),
+            region.to_owned(),
+            "--p2p".to_owned(),
+            format!("/ip4/127.0.0.1/udp/{port}/quic-v1"),
+            "--cluster-key".to_owned(),
+            key.display().to_string(),
+            "--allow-peer".to_owned(),
+            allow.to_owned(),
+        ];
+        if let Some(p) = peer {
+            v.push("--peer".to_owned());
+            v.push(format!("/ip4/127.0.0.1/udp/{p}/quic-v1"));
+        }
+        v
+    };
+    let a = Daemon::start_in(ta, None, args("euc1", pa, &ib, None));
+    let b = Daemon::start_in(tb, None, args("ape1", pb, &ia, Some(pa)));
+    let deadline = Instant::now() + MESH_DEADLINE;
+    loop {
+        let (_, body) = http(a.admin, "GET", "/api/peers").await;
+        if body.contains(&ib) && body.contains("\"connected\":true") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b never joined a over QUIC:\n{}",
+            b.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

@@ -131,8 +131,25 @@ pub async fn start(
     let allow = settings.allow.clone();
     let ping_interval = settings.ping_interval;
     let agent = format!("meridian/{} region={region}", env!("CARGO_PKG_VERSION"));
-    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(keypair)
-        .with_tokio()
+    let uses_quic = settings
+        .listen
+        .iter()
+        .chain(&settings.bootstrap)
+        .any(|a| a.iter().any(|p| matches!(p, Protocol::QuicV1)));
+    if uses_quic && !cfg!(feature = "quic") {
+        anyhow::bail!("cluster: a /quic-v1 address needs a build with the `quic` feature");
+    }
+    if uses_quic && settings.allow.is_empty() {
+        // pnet protects TCP only: over QUIC, the allowlist is what keeps strangers out.
+        anyhow::bail!(
+            "cluster.allow_peers: QUIC connections do not carry the cluster key; \
+             list the peer ids allowed in (--allow-peer) to use a /quic-v1 address"
+        );
+    }
+    let builder = libp2p::SwarmBuilder::with_existing_identity(keypair).with_tokio();
+    #[cfg(feature = "quic")]
+    let builder = builder.with_quic();
+    let mut swarm = builder
         .with_other_transport(|key| {
             let noise = noise::Config::new(key)?;
             let transport = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))

@@ -44,7 +44,11 @@ impl Daemon {
 
     /// Start with a config file body and more `meridian run` arguments.
     pub fn start_with(config: Option<&str>, args: Vec<String>) -> Self {
-        let tmp = tempfile::tempdir().expect("temp dir");
+        Self::start_in(tempfile::tempdir().expect("temp dir"), config, args)
+    }
+
+    /// Start in `tmp` (the data directory is `tmp/data`, which may exist already).
+    pub fn start_in(tmp: tempfile::TempDir, config: Option<&str>, args: Vec<String>) -> Self {
         let config = config.map(|body| {
             let p = tmp.path().join("meridian.toml");
             std::fs::write(&p, body).expect("write config");
