@@ -28,6 +28,10 @@ enum Command {
     Passwd { file: PathBuf, user: String },
     /// Run a simulated multi-region deployment in virtual time and print what it measured.
     Sim {
+        /// Topology file (TOML: nodes, regions, RTT matrix, clients, workload, faults; see
+        /// docs/geo.md). Without one, the built-in --scenario runs.
+        #[arg(value_name = "TOPOLOGY")]
+        topology: Option<PathBuf>,
         /// Built-in scenario: geo-writeup.
         #[arg(long, default_value = "geo-writeup")]
         scenario: String,
@@ -37,6 +41,9 @@ enum Command {
         /// One JSON object per row instead of a table.
         #[arg(long)]
         json: bool,
+        /// Draw the run's timeline to this SVG file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -71,11 +78,20 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Passwd { file, user } => meridian_daemon::passwd::passwd_command(&file, &user),
         Command::Sim {
+            topology,
             scenario,
             seed,
             json,
+            svg,
         } => {
-            meridian_daemon::sim::sim_command(&scenario, seed, json, &mut std::io::stdout().lock())
+            let args = meridian_daemon::sim::SimArgs {
+                topology,
+                scenario,
+                seed,
+                json,
+                svg,
+            };
+            meridian_daemon::sim::sim_command(&args, &mut std::io::stdout().lock())
         }
     };
     match result {

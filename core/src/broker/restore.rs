@@ -46,7 +46,8 @@ impl Broker {
         for (key, value) in records {
             let parsed = Key::decode(&key).and_then(|k| {
                 match k {
-                    k @ (Key::Outbox { .. } | Key::InboxMark { .. }) => {
+                    k
+                    @ (Key::Outbox { .. } | Key::InboxMark { .. } | Key::RetainedStamp { .. }) => {
                         self.restore_cluster_record(&k, &value)?;
                     }
                     Key::Session { client_id } => {
