@@ -1,7 +1,7 @@
 //! `meridian sim --svg FILE`: the run's timeline as a standalone SVG. Time runs left to right;
 //! each node is a lane (labelled with its region); link frames are lines from the sending
 //! lane at the send time to the receiving lane at the arrival time (messages blue, route
-//! changes green, route snapshots orange); SUBACKs are purple dots; a link that is down
+//! changes green, route snapshots orange, retained messages brown); SUBACKs are purple dots; a link that is down
 //! shades both its nodes' lanes red, a crashed node grey; dashed green lines mark the moments
 //! when every node's routes agree again.
 
@@ -29,6 +29,7 @@ fn color(frame: &str) -> &'static str {
     match frame {
         "forward" => "#1f77b4",
         "route-delta" => "#2ca02c",
+        "retained" | "retained-snapshot" => "#8c564b",
         _ => "#ff7f0e",
     }
 }
@@ -84,12 +85,13 @@ pub fn render(report: &Report) -> String {
         ("#1f77b4", "message forward"),
         ("#2ca02c", "route delta"),
         ("#ff7f0e", "route snapshot"),
+        ("#8c564b", "retained message"),
         ("#9467bd", "SUBACK"),
         ("#d62728", "link down"),
         ("#7f7f7f", "node down"),
     ];
     for (i, (c, label)) in legend.iter().enumerate() {
-        let lx = 10.0 + i as f64 * 150.0;
+        let lx = 10.0 + i as f64 * 145.0;
         let _ = writeln!(
             svg,
             r#"<rect x="{lx}" y="34" width="12" height="12" fill="{c}"/><text x="{}" y="44">{label}</text>"#,

@@ -792,6 +792,9 @@ impl Broker {
     /// A retained write from another node: stored if it is newer than what this node has.
     fn apply_retained_update(&mut self, update: RetainedUpdate) {
         let now = self.now;
+        if !self.config.retain_available {
+            return;
+        }
         let Some(c) = &mut self.cluster else { return };
         c.hlc.observe(update.stamp.hlc, now.as_millis());
         let deleted = update.message.is_none();

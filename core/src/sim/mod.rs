@@ -741,6 +741,10 @@ impl Sim {
 fn drawn(frame: &Frame) -> bool {
     matches!(
         frame,
-        Frame::RouteDelta(_) | Frame::SnapshotChunk(_) | Frame::Forward(_)
+        Frame::RouteDelta(_)
+            | Frame::SnapshotChunk(_)
+            | Frame::Forward(_)
+            | Frame::Retained(_)
+            | Frame::RetainedSnapshot(_)
     )
 }
