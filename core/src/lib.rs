@@ -54,6 +54,7 @@
 pub mod broker;
 pub mod codec;
 pub mod link;
+pub mod retained;
 pub mod routes;
 #[cfg(feature = "sim")]
 pub mod sim;

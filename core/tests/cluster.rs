@@ -370,3 +370,239 @@ fn nothing_loops_in_a_full_mesh() {
         2
     );
 }
+
+fn qos1() -> meridian_core::codec::SubscriptionOptions {
+    meridian_core::codec::SubscriptionOptions {
+        qos: QoS::AtLeastOnce,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn without_the_fence_a_publish_elsewhere_right_after_suback_can_be_missed() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    let publisher = mesh.node("b").connect(V5, "pub");
+    assert_eq!(
+        mesh.node("a").subscribe(sub, "fresh/#", QoS::AtLeastOnce),
+        vec![ReasonCode::GRANTED_QOS_1],
+        "answered at once"
+    );
+    mesh.node("b").publish(
+        publisher,
+        "fresh/x",
+        &1u32.to_be_bytes(),
+        QoS::AtLeastOnce,
+        false,
+        1,
+    );
+    mesh.settle();
+    assert!(
+        payloads(mesh.node("a"), sub).is_empty(),
+        "b did not know the route yet"
+    );
+}
+
+#[test]
+fn fenced_suback_waits_until_every_connected_peer_knows_the_route() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |c| {
+        c.subscribe_fence = true
+    });
+    let sub = mesh.node("a").connect(V5, "sub");
+    let publisher = mesh.node("b").connect(V5, "pub");
+    assert!(
+        mesh.node("a")
+            .subscribe_collect(sub, "fresh/#", qos1())
+            .is_empty(),
+        "SUBACK held"
+    );
+    assert_eq!(mesh.node("a").broker.held_subacks(), 1);
+    mesh.settle();
+    assert!(mesh.node("a").recv(sub).is_empty(), "not before the batch");
+    mesh.advance(20); // the route batch goes out; b and c apply it and acknowledge
+    let got = mesh.node("a").recv(sub);
+    assert!(
+        matches!(&got[..], [Packet::SubAck(a)] if a.reasons == vec![ReasonCode::GRANTED_QOS_1]),
+        "{got:?}"
+    );
+    assert_eq!(mesh.node("a").broker.held_subacks(), 0);
+    // Right after the SUBACK, a message published on another node is delivered.
+    mesh.node("b").publish(
+        publisher,
+        "fresh/x",
+        &1u32.to_be_bytes(),
+        QoS::AtLeastOnce,
+        false,
+        1,
+    );
+    mesh.settle();
+    assert_eq!(payloads(mesh.node("a"), sub), vec![1]);
+    // A filter every peer already knows costs nothing more.
+    assert_eq!(
+        mesh.node("a").subscribe(sub, "fresh/#", QoS::AtLeastOnce),
+        vec![ReasonCode::GRANTED_QOS_1]
+    );
+}
+
+#[test]
+fn fence_stops_waiting_for_a_peer_whose_link_goes_down_and_is_bounded() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |c| {
+        c.subscribe_fence = true;
+        c.subscribe_fence_max_ms = 5_000;
+    });
+    let sub = mesh.node("a").connect(V5, "sub");
+    assert!(
+        mesh.node("a")
+            .subscribe_collect(sub, "x/#", qos1())
+            .is_empty()
+    );
+    // c never answers: its link is down before the batch goes out.
+    mesh.link_down(&id("a"), &id("c"));
+    mesh.advance(20);
+    assert!(
+        matches!(&mesh.node("a").recv(sub)[..], [Packet::SubAck(_)]),
+        "b acknowledged; c is not waited for"
+    );
+    // Every link up but nothing carried: the SUBACK goes after subscribe_fence_max_ms.
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.settle();
+    assert!(
+        mesh.node("a")
+            .subscribe_collect(sub, "y/#", qos1())
+            .is_empty()
+    );
+    mesh.node("a").advance(4_000);
+    assert!(mesh.node("a").recv(sub).is_empty());
+    mesh.node("a").advance(1_000);
+    assert!(matches!(&mesh.node("a").recv(sub)[..], [Packet::SubAck(_)]));
+}
+
+/// What a new subscriber to `filter` on `node` receives as retained messages.
+fn retained_at(mesh: &mut Mesh, node: &str, filter: &str) -> Vec<(String, Vec<u8>)> {
+    let w = mesh.node(node);
+    let c = w.connect(V5, "probe");
+    let got = w.subscribe_collect(c, filter, qos1());
+    w.close(c);
+    got.into_iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) if p.retain => Some((p.topic, p.payload.to_vec())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn retained_messages_and_deletes_reach_every_node() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
+    let p = mesh.node("a").connect(V5, "pub");
+    mesh.node("a")
+        .publish(p, "cfg/one", b"1", QoS::AtLeastOnce, true, 1);
+    mesh.node("a")
+        .publish(p, "cfg/two", b"2", QoS::AtMostOnce, true, 0);
+    mesh.settle();
+    for node in ["a", "b", "c"] {
+        assert_eq!(
+            retained_at(&mut mesh, node, "cfg/#"),
+            vec![
+                ("cfg/one".to_owned(), b"1".to_vec()),
+                ("cfg/two".to_owned(), b"2".to_vec())
+            ],
+            "at {node}"
+        );
+    }
+    // A delete on another node (empty retained payload) removes it everywhere.
+    let q = mesh.node("b").connect(V5, "pub2");
+    mesh.node("b")
+        .publish(q, "cfg/one", b"", QoS::AtMostOnce, true, 0);
+    mesh.settle();
+    for node in ["a", "b", "c"] {
+        assert_eq!(
+            retained_at(&mut mesh, node, "cfg/#"),
+            vec![("cfg/two".to_owned(), b"2".to_vec())],
+            "at {node}"
+        );
+    }
+    let digests: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| mesh.node(n).broker.retained_digest().unwrap())
+        .collect();
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+    assert_eq!(digests[0].1, 2, "one message and one tombstone");
+}
+
+#[test]
+fn concurrent_retained_writes_converge_on_the_last_writer() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
+    for (x, y) in [("a", "b"), ("a", "c"), ("b", "c")] {
+        mesh.link_down(&id(x), &id(y));
+    }
+    let pa = mesh.node("a").connect(V5, "pa");
+    let pb = mesh.node("b").connect(V5, "pb");
+    // b writes later (its clock is ahead), then a writes an older value after b's.
+    mesh.node("a").advance(5);
+    mesh.node("b").advance(10);
+    mesh.node("b")
+        .publish(pb, "state", b"b", QoS::AtMostOnce, true, 0);
+    mesh.node("a")
+        .publish(pa, "state", b"a", QoS::AtMostOnce, true, 0);
+    // And a deletes a topic that only b had: the delete is later, so it wins.
+    mesh.node("b")
+        .publish(pb, "gone", b"old", QoS::AtMostOnce, true, 0);
+    mesh.node("a").advance(20);
+    mesh.node("a")
+        .publish(pa, "gone", b"", QoS::AtMostOnce, true, 0);
+    for (x, y) in [("a", "b"), ("a", "c"), ("b", "c")] {
+        mesh.link_up(&id(x), &id(y));
+    }
+    mesh.settle();
+    for node in ["a", "b", "c"] {
+        assert_eq!(
+            retained_at(&mut mesh, node, "#"),
+            vec![("state".to_owned(), b"b".to_vec())],
+            "at {node}: the later write wins, and the delete holds"
+        );
+    }
+    let a = mesh.node("a").broker.retained_digest();
+    assert_eq!(a, mesh.node("b").broker.retained_digest());
+    assert_eq!(a, mesh.node("c").broker.retained_digest());
+}
+
+#[test]
+fn a_node_that_was_away_or_restarted_catches_up_on_retained_messages() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
+    let p = mesh.node("a").connect(V5, "pub");
+    mesh.node("a")
+        .publish(p, "r/1", b"x", QoS::AtMostOnce, true, 0);
+    mesh.settle();
+    mesh.link_down(&id("a"), &id("c"));
+    mesh.link_down(&id("b"), &id("c"));
+    mesh.node("a")
+        .publish(p, "r/1", b"", QoS::AtMostOnce, true, 0);
+    mesh.node("a")
+        .publish(p, "r/2", b"y", QoS::AtMostOnce, true, 0);
+    mesh.settle();
+    assert_eq!(
+        retained_at(&mut mesh, "c", "r/#"),
+        vec![("r/1".to_owned(), b"x".to_vec())],
+        "c is cut off"
+    );
+    mesh.link_up(&id("b"), &id("c"));
+    mesh.settle();
+    assert_eq!(
+        retained_at(&mut mesh, "c", "r/#"),
+        vec![("r/2".to_owned(), b"y".to_vec())],
+        "caught up from b, the delete included"
+    );
+    // A restart keeps the stamps: after it, c agrees with the others without a new write.
+    mesh.crash_and_restart("c");
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.settle();
+    assert_eq!(
+        mesh.node("c").broker.retained_digest(),
+        mesh.node("a").broker.retained_digest()
+    );
+    assert_eq!(
+        retained_at(&mut mesh, "c", "r/#"),
+        vec![("r/2".to_owned(), b"y".to_vec())]
+    );
+}

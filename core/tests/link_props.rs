@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use meridian_core::codec::{Publish, PublishProperties, QoS};
-use meridian_core::link::{self, DigestEntry, Forward, Frame, LinkError};
+use meridian_core::link::{self, DigestEntry, Forward, Frame, LinkError, RetainedUpdate};
+use meridian_core::retained::{Hlc, Stamp};
 use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use proptest::prelude::*;
 
@@ -146,7 +147,36 @@ fn frame() -> impl Strategy<Value = Frame> {
         )),
         (owner(), any::<u64>()).prop_map(|(origin, seq)| Frame::ForwardAck { origin, seq }),
         Just(Frame::KeepAlive),
+        retained_update().prop_map(Frame::Retained),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(hash, entries)| Frame::RetainedDigest { hash, entries }),
+        prop::collection::vec(retained_update(), 0..3).prop_map(Frame::RetainedSnapshot),
     ]
+}
+
+fn retained_update() -> impl Strategy<Value = RetainedUpdate> {
+    (
+        any::<u64>(),
+        any::<u32>(),
+        node(),
+        prop::option::of(publish()),
+    )
+        .prop_map(|(wall_ms, logical, node, message)| {
+            let message = message.map(|mut p| {
+                p.retain = true;
+                p
+            });
+            RetainedUpdate {
+                topic: message
+                    .as_ref()
+                    .map_or_else(|| "gone/topic".to_owned(), |p| p.topic.clone()),
+                stamp: Stamp {
+                    hlc: Hlc { wall_ms, logical },
+                    node,
+                },
+                message,
+            }
+        })
 }
 
 proptest! {

@@ -75,6 +75,8 @@ fn run(seed: u64, faults: bool) -> Sim {
                 topic,
                 payload,
                 qos,
+                // Every fifth message is retained: retained state must agree everywhere.
+                retain: k % 5 == 0,
             },
         );
     }
@@ -126,6 +128,19 @@ fn check(seed: u64, sim: &Sim) {
     assert!(
         sim.routes_converged(),
         "seed {seed}: route sets differ at quiescence"
+    );
+    let digests: Vec<_> = sim
+        .node_ids()
+        .iter()
+        .map(|n| sim.broker(n).unwrap().retained_digest().unwrap())
+        .collect();
+    assert!(
+        digests.windows(2).all(|w| w[0] == w[1]),
+        "seed {seed}: retained state differs between nodes: {digests:?}"
+    );
+    assert_eq!(
+        digests[0].1, 3,
+        "seed {seed}: one retained message per topic"
     );
     let publisher = sim.clients.iter().find(|c| c.name == "pub").unwrap();
     let acked: Vec<u64> = publisher
@@ -231,4 +246,104 @@ fn geo_writeup_scenarios_answer_locally_and_converge() {
             row.clients, row.filter, row.all_subacks_ms, row.routes_converged_ms
         );
     }
+}
+
+#[test]
+fn a_60s_partition_under_qos1_loses_and_duplicates_nothing() {
+    let report = meridian_core::sim::region_partition().run(5).unwrap();
+    let qos1 = report
+        .delivery
+        .iter()
+        .find(|r| r.qos == QoS::AtLeastOnce)
+        .expect("QoS 1 row");
+    eprintln!("{qos1:?}");
+    assert_eq!(qos1.published, 2_700);
+    assert_eq!(
+        qos1.acknowledged, qos1.published,
+        "publishers are answered locally, partition or not"
+    );
+    assert_eq!(
+        qos1.expected,
+        3 * 2_700,
+        "every subscriber wants every message"
+    );
+    assert_eq!(
+        qos1.lost, 0,
+        "outboxes hold the messages through the partition"
+    );
+    assert_eq!(qos1.delivered, qos1.expected);
+    assert_eq!(
+        qos1.duplicated, 0,
+        "the link is exactly once, and no session was cut"
+    );
+    assert!(
+        report
+            .subscribe
+            .as_ref()
+            .unwrap()
+            .routes_converged_ms
+            .is_some(),
+        "routes agree again after the heal"
+    );
+    let kinds: Vec<_> = report
+        .timeline
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                meridian_core::sim::TimelineKind::LinkDown { .. }
+                    | meridian_core::sim::TimelineKind::LinkUp { .. }
+            )
+        })
+        .collect();
+    assert_eq!(kinds.len(), 4, "two links cut, two healed");
+}
+
+#[test]
+fn cross_region_messages_all_arrive() {
+    let report = meridian_core::sim::cross_region_latency().run(1).unwrap();
+    for row in &report.delivery {
+        assert_eq!(row.lost, 0, "{row:?}");
+        assert_eq!(row.duplicated, 0, "{row:?}");
+        assert_eq!(row.expected, 3 * 100, "{row:?}");
+    }
+    let pairs: Vec<(&str, &str)> = report
+        .latency
+        .iter()
+        .map(|r| (r.from_region.as_str(), r.to_region.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        vec![
+            ("ap-east", "af-south"),
+            ("ap-east", "ap-east"),
+            ("ap-east", "eu-central")
+        ]
+    );
+}
+
+#[test]
+fn the_fence_closes_the_window_after_suback() {
+    let off = meridian_core::sim::subscribe_fence(false).run(1).unwrap();
+    let on = meridian_core::sim::subscribe_fence(true).run(1).unwrap();
+    let lost = |r: &meridian_core::sim::Report| r.delivery[0].lost;
+    assert!(
+        lost(&off) > 0,
+        "without the fence, messages published right after the SUBACK elsewhere are missed"
+    );
+    assert_eq!(lost(&on), 0, "with the fence, none is");
+    assert!(on.delivery[0].expected > 0);
+    assert_eq!(on.subscribe.as_ref().unwrap().missing_subacks, 0);
+}
+
+#[test]
+fn a_scenario_with_a_bad_reference_is_refused_naming_the_field() {
+    let mut s = meridian_core::sim::cross_region_latency();
+    s.clients[1].node = "nowhere".into();
+    let e = s.run(1).unwrap_err();
+    assert_eq!(e.field, "clients[1].node");
+    let mut s = meridian_core::sim::cross_region_latency();
+    s.rtt_ms[0][1] = 7;
+    assert_eq!(s.run(1).unwrap_err().field, "rtt_ms[0][1]");
 }

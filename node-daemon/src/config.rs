@@ -64,6 +64,9 @@ pub struct ClusterSection {
     pub outbox_max_messages: usize,
     pub outbox_max_bytes: usize,
     pub ping_interval_ms: u64,
+    pub subscribe_fence: bool,
+    pub subscribe_fence_max_ms: u64,
+    pub retained_tombstones_max: usize,
 }
 
 /// A libp2p multiaddr in the configuration (`/ip4/127.0.0.1/tcp/7001`).
@@ -596,6 +599,9 @@ partial!(PCluster {
     outbox_max_messages: usize,
     outbox_max_bytes: usize,
     ping_interval_ms: u64,
+    subscribe_fence: bool,
+    subscribe_fence_max_ms: u64,
+    retained_tombstones_max: usize,
 });
 
 #[cfg(test)]

@@ -24,7 +24,9 @@ pub mod passwd;
 pub mod server;
 pub mod sim;
 pub mod storage;
+pub mod timeline_svg;
 pub mod tls;
+pub mod topology;
 
 pub use config::{DEFAULT_CONFIG, DaemonConfig};
 pub use server::{AuthDecisions, AuthFactory, BrokerBuilder, Server};

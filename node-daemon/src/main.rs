@@ -39,6 +39,10 @@ enum Command {
     },
     /// Run a simulated multi-region deployment in virtual time and print what it measured.
     Sim {
+        /// Topology file (TOML: nodes, regions, RTT matrix, clients, workload, faults; see
+        /// docs/geo.md). Without one, the built-in --scenario runs.
+        #[arg(value_name = "TOPOLOGY")]
+        topology: Option<PathBuf>,
         /// Built-in scenario: geo-writeup.
         #[arg(long, default_value = "geo-writeup")]
         scenario: String,
@@ -48,6 +52,9 @@ enum Command {
         /// One JSON object per row instead of a table.
         #[arg(long)]
         json: bool,
+        /// Draw the run's timeline to this SVG file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -104,11 +111,20 @@ fn main() -> ExitCode {
             meridian_daemon::mesh::keys::peer_id_command(&data_dir, &mut std::io::stdout().lock())
         }
         Command::Sim {
+            topology,
             scenario,
             seed,
             json,
+            svg,
         } => {
-            meridian_daemon::sim::sim_command(&scenario, seed, json, &mut std::io::stdout().lock())
+            let args = meridian_daemon::sim::SimArgs {
+                topology,
+                scenario,
+                seed,
+                json,
+                svg,
+            };
+            meridian_daemon::sim::sim_command(&args, &mut std::io::stdout().lock())
         }
     };
     match result {

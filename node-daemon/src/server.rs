@@ -472,6 +472,9 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
     config.route_batch_ms = c.route_batch_ms;
     config.digest_interval_ms = c.digest_interval_ms;
     config.tombstone_budget = c.tombstone_budget;
+    config.subscribe_fence = c.subscribe_fence;
+    config.subscribe_fence_max_ms = c.subscribe_fence_max_ms;
+    config.retained_tombstones_max = c.retained_tombstones_max;
     config.outbox = OutboxLimits {
         window: c.outbox_window,
         max_messages: c.outbox_max_messages,

@@ -73,12 +73,37 @@ fn sim_geo_writeup_prints_one_json_row_per_scenario() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("each line is a JSON object"))
         .collect();
-    let clients: Vec<u64> = rows
+    let writeup: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["row"] == "connect-subscribe")
+        .collect();
+    let clients: Vec<u64> = writeup
         .iter()
         .map(|r| r["clients"].as_u64().unwrap())
         .collect();
     assert_eq!(clients, vec![1, 100, 1, 100, 1000]);
-    for row in &rows {
+    // The partition row: QoS 1 through a 60 s partition, nothing lost or duplicated.
+    let partition = rows
+        .iter()
+        .find(|r| r["scenario"] == "partition-60s" && r["row"] == "delivery")
+        .expect("partition row");
+    assert_eq!(partition["qos"], 1);
+    assert_eq!(partition["lost"], 0, "{partition}");
+    assert_eq!(partition["duplicated"], 0, "{partition}");
+    assert_eq!(partition["delivered"], partition["expected"]);
+    assert!(
+        rows.iter()
+            .any(|r| r["scenario"] == "cross-region-latency" && r["row"] == "latency")
+    );
+    let fence_lost = |name: &str| {
+        rows.iter()
+            .find(|r| r["scenario"] == name && r["row"] == "delivery")
+            .map(|r| r["lost"].as_u64().unwrap())
+            .unwrap()
+    };
+    assert_eq!(fence_lost("fence-on"), 0);
+    assert!(fence_lost("fence-off") > 0);
+    for row in &writeup {
         let subacks = row["all_subacks_ms"].as_u64().unwrap();
         let routes = row["routes_converged_ms"].as_u64().unwrap();
         // Every SUBACK is local: it comes before any other region could have learned the route.
@@ -111,4 +136,97 @@ fn sim_unknown_scenario_is_refused() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scenario"));
+}
+
+fn example_topology() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/topologies/three-regions.toml")
+}
+
+#[test]
+fn sim_runs_a_topology_file_and_draws_its_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("timeline.svg");
+    let out = meridian()
+        .arg("sim")
+        .arg(example_topology())
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.starts_with("three-regions (seed 1)"), "{table}");
+    assert!(table.contains("all_subacks_ms"), "{table}");
+    assert!(table.contains("duplicated"), "{table}");
+    let drawing = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawing.starts_with("<svg") && drawing.trim_end().ends_with("</svg>"));
+    assert!(drawing.contains("link cpt-fra down") || drawing.contains("link fra-cpt down"));
+
+    let json = meridian()
+        .arg("sim")
+        .arg(example_topology())
+        .args(["--json", "--seed", "9"])
+        .output()
+        .unwrap();
+    assert!(json.status.success());
+    let rows: Vec<serde_json::Value> = String::from_utf8(json.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is a JSON object"))
+        .collect();
+    let subscribe = rows.iter().find(|r| r["row"] == "subscribe").unwrap();
+    assert_eq!(subscribe["subscribers"], 30);
+    assert_eq!(subscribe["missing_subacks"], 0);
+    let delivery = rows.iter().find(|r| r["row"] == "delivery").unwrap();
+    assert_eq!(delivery["seed"], 9);
+    assert_eq!(delivery["lost"], 0, "{delivery}");
+    assert_eq!(delivery["duplicated"], 0, "{delivery}");
+    assert_eq!(delivery["published"], 1_000);
+    assert_eq!(
+        delivery["expected"], 30_000,
+        "every subscriber wants every message"
+    );
+    assert!(rows.iter().filter(|r| r["row"] == "latency").count() >= 6);
+}
+
+#[test]
+fn sim_refuses_a_bad_topology_naming_key_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(example_topology()).unwrap();
+    let cases = [
+        // An unknown node: the simulator's check, mapped to the key's line.
+        (
+            text.replace(
+                "name = \"pub-hkg\"\nnode = \"hkg\"",
+                "name = \"pub-hkg\"\nnode = \"sgp\"",
+            ),
+            "clients[3].node",
+            "node = \"sgp\"",
+        ),
+        // A syntax-level error: an unknown key.
+        (
+            text.replace("payload_bytes = 256", "payload_bytes = 256\nburst = 3"),
+            "burst",
+            "burst = 3",
+        ),
+    ];
+    for (i, (bad, key, line_text)) in cases.iter().enumerate() {
+        assert_ne!(bad, &text, "case {i} changed nothing");
+        let path = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&path, bad).unwrap();
+        let out = meridian().arg("sim").arg(&path).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8(out.stderr).unwrap();
+        let line = bad.lines().position(|l| l == *line_text).unwrap() + 1;
+        assert!(err.contains(key), "{err}");
+        assert!(
+            err.contains(&format!("line {line}:")),
+            "want line {line}: {err}"
+        );
+    }
 }

@@ -817,3 +817,34 @@ async fn regions_mesh_over_quic_with_an_allowlist() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// With `subscribe_fence`, a SUBACK means every connected region knows the route: a message
+/// published in another region right after it is delivered. The link has 100 ms each way,
+/// so without the fence that publish would reach c before the route does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_suback_means_other_regions_already_route_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let fence = "subscribe_fence = true\n";
+    let a = Node::start_with("euc1", pa, &[], &key, fence).await;
+    let c = Node::start_with("afs1", pc, &[link.port], &key, fence).await;
+    wait_for("the link", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    link.set_one_way_latency(100);
+    let publ = v3::connect(v3::options("pub-c", c.mqtt())).await;
+    let mut sub = v3::connect(v3::options("sub-a", a.mqtt())).await;
+    for i in 0..3 {
+        let topic = format!("fenced/{i}");
+        sub.subscribe(&topic, QoS::AtLeastOnce).await;
+        publ.client
+            .publish(&topic, QoS::AtLeastOnce, false, "right after the SUBACK")
+            .await
+            .unwrap();
+        let p = sub.publish_msg().await;
+        assert_eq!(p.topic, topic);
+    }
+}

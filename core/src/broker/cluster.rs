@@ -6,21 +6,24 @@
 //! route reaches peers in the next batch; a PUBLISH is acknowledged once it is routed locally
 //! and queued (persisted) for every peer that wants it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::io::{Event, Output};
+use super::io::{ConnId, Event, Output, Timestamp};
 use super::message::Message;
 use super::persist::Key;
+use super::session::SessionId;
 use super::{Broker, Timer};
-use crate::codec::{Publish, QoS};
+use crate::codec::{Publish, QoS, SubAck};
 use crate::link::{
     self, Arrival, DEFAULT_MAX_FRAME_LEN, DigestEntry, Forward, Frame, Inbox,
-    LINK_PROTOCOL_VERSION, Outbox, OutboxLimits,
+    LINK_PROTOCOL_VERSION, Outbox, OutboxLimits, RetainedUpdate,
 };
+use crate::retained::{Hlc, LwwMap, Stamp};
 use crate::routes::{DeltaOutcome, NodeId, Owner, RouteLog, RouteTable, SnapshotOutcome};
+use crate::topic::TopicFilter;
 
 /// This node's identity in the deployment and the bounds of its links.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +44,19 @@ pub struct ClusterConfig {
     /// an MQTT 3.1.1 publisher cannot be told, so the forward to that node is dropped and
     /// counted (`Stats::dropped_outbox_full`).
     pub outbox: OutboxLimits,
+    /// Subscription fence: hold the SUBACK of a SUBSCRIBE until every peer whose link is up
+    /// has applied the route change that makes this node want the new filters, so that a
+    /// message published on any node after the client got its SUBACK reaches it. Costs a
+    /// route batch plus a round trip to the farthest connected peer per SUBSCRIBE. A peer
+    /// whose link goes down stops being waited for (it learns the route when the link comes
+    /// back), and no SUBACK waits longer than `subscribe_fence_max_ms`. Off by default.
+    pub subscribe_fence: bool,
+    pub subscribe_fence_max_ms: u64,
+    /// Held SUBACKs at most; past it, SUBACKs go out without waiting.
+    pub subscribe_fence_max_held: usize,
+    /// Retained deletes remembered (as tombstones, so that an older message arriving late
+    /// cannot come back); beyond, the oldest are forgotten.
+    pub retained_tombstones_max: usize,
 }
 
 impl ClusterConfig {
@@ -58,6 +74,10 @@ impl ClusterConfig {
                 max_messages: 100_000,
                 max_bytes: 256 * 1024 * 1024,
             },
+            subscribe_fence: false,
+            subscribe_fence_max_ms: 10_000,
+            subscribe_fence_max_held: 100_000,
+            retained_tombstones_max: 100_000,
         }
     }
 }
@@ -89,6 +109,36 @@ struct Peer {
     forwarded_from: u64,
 }
 
+/// A message as it travels on the link: every property, the expiry interval set to what
+/// remains.
+fn link_publish(message: &Message, now: Timestamp) -> Publish {
+    let mut properties = message.properties.clone();
+    properties.message_expiry_interval = message.remaining_expiry_secs(now).map(|s| s.max(1));
+    Publish {
+        dup: false,
+        qos: message.qos,
+        retain: message.retain,
+        topic: message.topic.to_string(),
+        packet_id: (message.qos != QoS::AtMostOnce).then_some(1),
+        payload: message.payload.clone(),
+        properties,
+    }
+}
+
+/// A SUBACK held by the subscription fence.
+#[derive(Debug)]
+struct Fence {
+    conn: ConnId,
+    sid: SessionId,
+    suback: SubAck,
+    retained: Vec<(TopicFilter, QoS, Option<u32>)>,
+    /// The route-set version every waited-for peer must have applied; `None` until the batch
+    /// holding the new filters is flushed.
+    target: Option<u64>,
+    peers: Vec<NodeId>,
+    deadline: Timestamp,
+}
+
 #[derive(Debug)]
 pub(super) struct Cluster {
     config: ClusterConfig,
@@ -99,6 +149,11 @@ pub(super) struct Cluster {
     inbox: Inbox,
     flush_armed: bool,
     scratch: Vec<NodeId>,
+    /// Held SUBACKs, in the order their SUBSCRIBEs arrived.
+    fences: VecDeque<Fence>,
+    /// Clock of retained writes, and the stamp of every topic's last write.
+    hlc: Hlc,
+    retained: LwwMap<()>,
 }
 
 impl Cluster {
@@ -115,6 +170,9 @@ impl Cluster {
             inbox: Inbox::default(),
             flush_armed: false,
             scratch: Vec::new(),
+            fences: VecDeque::new(),
+            hlc: Hlc::default(),
+            retained: LwwMap::new(),
             config,
         }
     }
@@ -226,11 +284,97 @@ impl Broker {
     pub(super) fn fire_route_flush(&mut self) {
         let Some(c) = &mut self.cluster else { return };
         c.flush_armed = false;
-        if let Some(delta) = c.routes.flush() {
+        let delta = c.routes.flush();
+        let version = c.routes.version();
+        for fence in c.fences.iter_mut().filter(|f| f.target.is_none()) {
+            fence.target = Some(version);
+        }
+        if let Some(delta) = delta {
             self.outputs.push_back(Output::Broadcast {
                 frame: Frame::RouteDelta(delta),
             });
         }
+        self.release_fences();
+    }
+
+    // ----- subscription fence -----
+
+    /// With the fence on, keep a SUBACK until the connected peers know the routes; returns
+    /// it back if it may go now.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn hold_suback(
+        &mut self,
+        conn: ConnId,
+        sid: SessionId,
+        granted: bool,
+        suback: SubAck,
+        retained: Vec<(TopicFilter, QoS, Option<u32>)>,
+    ) -> Option<(SubAck, Vec<(TopicFilter, QoS, Option<u32>)>)> {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else {
+            return Some((suback, retained));
+        };
+        let peers: Vec<NodeId> = c
+            .peers
+            .iter()
+            .filter(|(_, p)| p.connected)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let earlier_held = c.fences.iter().any(|f| f.conn == conn);
+        let wanted = c.config.subscribe_fence && granted && !peers.is_empty();
+        if !(wanted || earlier_held) || c.fences.len() >= c.config.subscribe_fence_max_held {
+            return Some((suback, retained));
+        }
+        let target = (!c.routes.has_pending()).then(|| c.routes.version());
+        let deadline = now.plus_ms(c.config.subscribe_fence_max_ms);
+        c.fences.push_back(Fence {
+            conn,
+            sid,
+            suback,
+            retained,
+            target,
+            peers,
+            deadline,
+        });
+        self.timers.insert((deadline, Timer::SubscribeFence));
+        self.release_fences();
+        None
+    }
+
+    /// Send every held SUBACK whose peers have all applied its routes (or whose wait is
+    /// over), keeping each connection's SUBACKs in order.
+    pub(super) fn release_fences(&mut self) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        let mut ready = Vec::new();
+        let mut blocked: BTreeSet<ConnId> = BTreeSet::new();
+        let mut i = 0;
+        while i < c.fences.len() {
+            let f = &c.fences[i];
+            let done = f.deadline <= now
+                || f.target.is_some_and(|target| {
+                    f.peers.iter().all(|p| {
+                        c.routes.acked(p).unwrap_or(0) >= target
+                            || !c.peers.get(p).is_some_and(|x| x.connected)
+                    })
+                });
+            if done && !blocked.contains(&f.conn) {
+                if let Some(f) = c.fences.remove(i) {
+                    ready.push(f);
+                }
+            } else {
+                blocked.insert(f.conn);
+                i += 1;
+            }
+        }
+        for f in ready {
+            self.send_suback(f.conn, f.sid, f.suback, f.retained);
+        }
+    }
+
+    /// SUBACKs held by the subscription fence.
+    pub fn held_subacks(&self) -> usize {
+        self.cluster.as_ref().map_or(0, |c| c.fences.len())
     }
 
     pub(super) fn fire_digest(&mut self) {
@@ -257,8 +401,10 @@ impl Broker {
             region: c.config.region.clone(),
         };
         let digest = c.own_digest();
+        let (hash, entries) = c.retained.digest();
         self.send_to_peer(peer.clone(), hello);
         self.send_to_peer(peer.clone(), digest);
+        self.send_to_peer(peer.clone(), Frame::RetainedDigest { hash, entries });
         self.pump_outbox(&peer);
     }
 
@@ -267,6 +413,9 @@ impl Broker {
         if let Some(p) = c.peers.get_mut(&peer) {
             p.connected = false;
             p.outbox.link_down();
+        }
+        if !c.fences.is_empty() {
+            self.release_fences();
         }
     }
 
@@ -311,6 +460,9 @@ impl Broker {
             Frame::RouteAck { owner, version } => {
                 if owner == c.owner {
                     c.routes.ack(&peer, version);
+                    if !c.fences.is_empty() {
+                        self.release_fences();
+                    }
                 }
             }
             Frame::Digest(entries) => {
@@ -352,6 +504,17 @@ impl Broker {
                 self.pump_outbox(&peer);
             }
             Frame::KeepAlive => {}
+            Frame::Retained(update) => self.apply_retained_update(update),
+            Frame::RetainedDigest { hash, entries } => {
+                if c.retained.digest() != (hash, entries) {
+                    self.send_retained_snapshot(&peer);
+                }
+            }
+            Frame::RetainedSnapshot(updates) => {
+                for update in updates {
+                    self.apply_retained_update(update);
+                }
+            }
         }
     }
 
@@ -426,17 +589,7 @@ impl Broker {
             c.scratch = nodes;
             return;
         }
-        let mut properties = message.properties.clone();
-        properties.message_expiry_interval = message.remaining_expiry_secs(now).map(|s| s.max(1));
-        let publish = Publish {
-            dup: false,
-            qos: message.qos,
-            retain: message.retain,
-            topic: message.topic.to_string(),
-            packet_id: (message.qos != QoS::AtMostOnce).then_some(1),
-            payload: message.payload.clone(),
-            properties,
-        };
+        let publish = link_publish(message, now);
         let forward = Forward {
             origin: c.owner.clone(),
             seq: 0,
@@ -571,6 +724,7 @@ impl Broker {
                 key,
                 Key::Outbox { .. }
                     | Key::InboxMark { .. }
+                    | Key::RetainedStamp { .. }
                     | Key::ReplicaPosition { .. }
                     | Key::ReplicaFilter { .. }
             ));
@@ -582,6 +736,19 @@ impl Broker {
                 match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
                     Ok(Some(Frame::Forward(f))) if f.seq == *seq => c.peer(&node).outbox.restore(f),
                     _ => return Err(bad("outbox entry")),
+                }
+                Ok(true)
+            }
+            Key::RetainedStamp { topic } => {
+                let (stamp, deleted) = super::persist::decode_stamp(value)?;
+                c.hlc.observe(stamp.hlc, 0);
+                // A stamp whose message is gone (expired while the node was down) is dropped.
+                let live = self.retained.get(topic).is_some();
+                if deleted || live {
+                    let c = self.cluster.as_mut().expect("checked above");
+                    c.retained.apply(topic, stamp, (!deleted).then_some(()));
+                } else {
+                    self.persist(key.encode(), None);
                 }
                 Ok(true)
             }
@@ -621,6 +788,162 @@ impl Broker {
 }
 
 impl Broker {
+    // ----- retained messages across nodes -----
+
+    /// A retained write accepted here (a message, or a delete by an empty payload): stamp it
+    /// and send it to every connected peer.
+    pub(super) fn replicate_retained(&mut self, message: &Message) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        let stamp = Stamp {
+            hlc: c.hlc.tick(now.as_millis()),
+            node: c.owner.node.clone(),
+        };
+        let deleted = message.payload.is_empty();
+        let update = RetainedUpdate {
+            topic: message.topic.to_string(),
+            stamp: stamp.clone(),
+            message: (!deleted).then(|| link_publish(message, now)),
+        };
+        c.retained
+            .apply(&message.topic, stamp.clone(), (!deleted).then_some(()));
+        let peers: Vec<NodeId> = c
+            .peers
+            .iter()
+            .filter(|(_, p)| p.connected)
+            .map(|(n, _)| n.clone())
+            .collect();
+        self.persist_stamp(&message.topic, &stamp, deleted);
+        self.prune_retained_tombstones();
+        for peer in peers {
+            self.send_to_peer(peer, Frame::Retained(update.clone()));
+        }
+    }
+
+    fn persist_stamp(&mut self, topic: &str, stamp: &Stamp, deleted: bool) {
+        let key = Key::RetainedStamp {
+            topic: topic.to_owned(),
+        };
+        self.persist(
+            key.encode(),
+            Some(super::persist::encode_stamp(stamp, deleted)),
+        );
+    }
+
+    fn prune_retained_tombstones(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        let max = c.config.retained_tombstones_max;
+        for topic in c.retained.prune_tombstones(max) {
+            let key = Key::RetainedStamp {
+                topic: topic.to_string(),
+            };
+            self.persist(key.encode(), None);
+        }
+    }
+
+    /// A retained write from another node: stored if it is newer than what this node has.
+    fn apply_retained_update(&mut self, update: RetainedUpdate) {
+        let now = self.now;
+        if !self.config.retain_available {
+            return;
+        }
+        let Some(c) = &mut self.cluster else { return };
+        c.hlc.observe(update.stamp.hlc, now.as_millis());
+        let deleted = update.message.is_none();
+        if !c.retained.apply(
+            &update.topic,
+            update.stamp.clone(),
+            (!deleted).then_some(()),
+        ) {
+            return;
+        }
+        self.persist_stamp(&update.topic, &update.stamp, deleted);
+        self.prune_retained_tombstones();
+        let message = match update.message {
+            Some(p) => Message {
+                topic: p.topic.as_str().into(),
+                payload: p.payload,
+                qos: p.qos,
+                retain: true,
+                expires_at: p
+                    .properties
+                    .message_expiry_interval
+                    .map(|s| now.plus_secs(s)),
+                properties: crate::codec::PublishProperties {
+                    message_expiry_interval: None,
+                    topic_alias: None,
+                    subscription_identifiers: Vec::new(),
+                    ..p.properties
+                },
+                origin: None,
+            },
+            None => Message {
+                topic: update.topic.as_str().into(),
+                payload: Bytes::new(),
+                qos: QoS::AtMostOnce,
+                retain: true,
+                expires_at: None,
+                properties: Default::default(),
+                origin: None,
+            },
+        };
+        self.store_retained(&Arc::new(message));
+    }
+
+    /// Every retained write this node knows (tombstones included), in chunks.
+    fn send_retained_snapshot(&mut self, peer: &NodeId) {
+        const CHUNK_BYTES: usize = 1 << 20;
+        let now = self.now;
+        let Some(c) = &self.cluster else { return };
+        let per_chunk = c.config.snapshot_chunk_filters.max(1);
+        let mut chunks = Vec::new();
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        for (topic, entry) in c.retained.iter() {
+            let message = match entry.value {
+                None => None,
+                Some(()) => match self.retained.get(topic) {
+                    Some(m) if !m.is_expired(now) => Some(link_publish(m, now)),
+                    // Not stored here (expired, or the store was full): nothing to offer.
+                    _ => continue,
+                },
+            };
+            bytes += topic.len() + message.as_ref().map_or(0, |m| m.payload.len());
+            chunk.push(RetainedUpdate {
+                topic: topic.to_string(),
+                stamp: entry.stamp.clone(),
+                message,
+            });
+            if chunk.len() >= per_chunk || bytes >= CHUNK_BYTES {
+                chunks.push(std::mem::take(&mut chunk));
+                bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            chunks.push(chunk);
+        }
+        for chunk in chunks {
+            self.send_to_peer(peer.clone(), Frame::RetainedSnapshot(chunk));
+        }
+    }
+
+    /// A retained message expired here: its stamp goes too (every node expires it by itself).
+    pub(super) fn retained_expired(&mut self, topic: &str) {
+        let Some(c) = &mut self.cluster else { return };
+        if c.retained.forget(topic).is_some() {
+            let key = Key::RetainedStamp {
+                topic: topic.to_owned(),
+            };
+            self.persist(key.encode(), None);
+        }
+    }
+
+    /// A summary of the retained writes this node holds, equal on nodes that agree:
+    /// (hash, entries with tombstones). `None` outside cluster mode.
+    pub fn retained_digest(&self) -> Option<(u64, u64)> {
+        Some(self.cluster.as_ref()?.retained.digest())
+    }
+
     /// This node's own route set (filters with a local subscriber), as last flushed.
     pub fn route_set(&self) -> Vec<String> {
         self.cluster
@@ -640,6 +963,18 @@ impl Broker {
             .unwrap_or_default();
         routes.sort();
         routes
+    }
+
+    /// This node's own route set as last flushed: (incarnation, version, hash).
+    pub fn route_position(&self) -> Option<(u64, u64, u64)> {
+        let c = self.cluster.as_ref()?;
+        Some((c.owner.incarnation, c.routes.version(), c.routes.hash()))
+    }
+
+    /// Where this node's replica of `node`'s route set stands: (incarnation, version, hash).
+    pub fn replica_position(&self, node: &NodeId) -> Option<(u64, u64, u64)> {
+        let r = self.cluster.as_ref()?.table.replica(node)?;
+        Some((r.incarnation, r.version, r.hash))
     }
 
     /// Whether route changes wait for the next batch.

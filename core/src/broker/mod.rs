@@ -60,6 +60,8 @@ enum Timer {
     RouteFlush,
     /// Announce this node's route-set version.
     Digest,
+    /// A held SUBACK's longest wait is over.
+    SubscribeFence,
 }
 
 /// Hash maps with a fixed seed: deterministic, no OS randomness.
@@ -670,6 +672,7 @@ impl Broker {
             }
             Timer::RouteFlush => self.fire_route_flush(),
             Timer::Digest => self.fire_digest(),
+            Timer::SubscribeFence => self.release_fences(),
             Timer::RetainedExpiry => {
                 self.retained_timer = None;
                 while let Some((at, topic)) = self.retained_expiry.first().cloned() {
@@ -687,6 +690,7 @@ impl Broker {
                             topic: topic.to_string(),
                         };
                         self.persist(key.encode(), None);
+                        self.retained_expired(&topic);
                     }
                 }
                 self.rearm_retained_timer();

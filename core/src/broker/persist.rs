@@ -14,6 +14,7 @@
 //! | `R` topic | a retained message |
 //! | `O` peer seq(u64 BE) | a QoS 1/2 forward waiting in a peer's outbox (a link frame) |
 //! | `M` origin incarnation(u64 BE) | the highest forward delivered from an origin incarnation |
+//! | `T` topic | the stamp of a topic's last retained write (cluster mode), or its tombstone |
 
 use std::sync::Arc;
 
@@ -78,6 +79,10 @@ pub(crate) enum Key {
         node: String,
         filter: String,
     },
+    /// The last-writer-wins stamp of a retained message (or of its deletion).
+    RetainedStamp {
+        topic: String,
+    },
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -136,6 +141,12 @@ impl Key {
                 k.put_slice(topic.as_bytes());
                 k.freeze()
             }
+            Key::RetainedStamp { topic } => {
+                let mut k = BytesMut::with_capacity(1 + topic.len());
+                k.put_u8(b'T');
+                k.put_slice(topic.as_bytes());
+                k.freeze()
+            }
         }
     }
 
@@ -145,9 +156,13 @@ impl Key {
             return Err(e("empty key"));
         }
         let kind = k.get_u8();
-        if kind == b'R' {
+        if kind == b'R' || kind == b'T' {
             let topic = String::from_utf8(k.to_vec()).map_err(|_| e("topic is not UTF-8"))?;
-            return Ok(Key::Retained { topic });
+            return Ok(if kind == b'R' {
+                Key::Retained { topic }
+            } else {
+                Key::RetainedStamp { topic }
+            });
         }
         if k.len() < 2 {
             return Err(e("truncated client id"));
@@ -481,6 +496,44 @@ pub(crate) fn decode_retained(value: &[u8]) -> Result<Message, RecordError> {
     Reader::new("retained message", value)?.message()
 }
 
+/// The stamp of a retained write, and whether it was a delete.
+pub(crate) fn encode_stamp(stamp: &crate::retained::Stamp, deleted: bool) -> Bytes {
+    let node = stamp.node.as_str();
+    let mut v = BytesMut::with_capacity(16 + node.len());
+    v.put_u8(FORMAT);
+    v.put_u64(stamp.hlc.wall_ms);
+    v.put_u32(stamp.hlc.logical);
+    v.put_u8(u8::from(deleted));
+    v.put_slice(node.as_bytes());
+    v.freeze()
+}
+
+pub(crate) fn decode_stamp(value: &[u8]) -> Result<(crate::retained::Stamp, bool), RecordError> {
+    let bad = |d| err("retained stamp", d);
+    if value.len() < 14 || value[0] != FORMAT {
+        return Err(bad("truncated or unknown format"));
+    }
+    let mut v = &value[1..];
+    let wall_ms = v.get_u64();
+    let logical = v.get_u32();
+    let deleted = match v.get_u8() {
+        0 => false,
+        1 => true,
+        _ => return Err(bad("delete flag")),
+    };
+    let node = std::str::from_utf8(v)
+        .ok()
+        .and_then(|n| crate::routes::NodeId::new(n).ok())
+        .ok_or(bad("node id"))?;
+    Ok((
+        crate::retained::Stamp {
+            hlc: crate::retained::Hlc { wall_ms, logical },
+            node,
+        },
+        deleted,
+    ))
+}
+
 /// The flag byte of an empty record (incoming QoS 2 ids carry nothing but their key).
 pub(crate) fn marker() -> Bytes {
     Bytes::from_static(&[FORMAT])
@@ -518,6 +571,9 @@ mod tests {
             Key::InboxMark {
                 origin: "n1".into(),
                 incarnation: 2,
+            },
+            Key::RetainedStamp {
+                topic: "t/x".into(),
             },
             Key::ReplicaPosition { node: "n1".into() },
             Key::ReplicaFilter {

@@ -193,6 +193,7 @@ impl Broker {
         let message = Arc::new(message);
         if message.retain {
             self.store_retained(&message);
+            self.replicate_retained(&message);
         }
         let n = self.route(&message);
         self.forward(&message);
@@ -207,7 +208,7 @@ impl Broker {
         self.route(&Arc::new(message))
     }
 
-    fn store_retained(&mut self, message: &Arc<Message>) {
+    pub(super) fn store_retained(&mut self, message: &Arc<Message>) {
         let key = Key::Retained {
             topic: message.topic.to_string(),
         }

@@ -48,6 +48,7 @@ impl Broker {
                 match k {
                     k @ (Key::Outbox { .. }
                     | Key::InboxMark { .. }
+                    | Key::RetainedStamp { .. }
                     | Key::ReplicaPosition { .. }
                     | Key::ReplicaFilter { .. }) => {
                         self.restore_cluster_record(&k, &value)?;

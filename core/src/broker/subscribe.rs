@@ -127,14 +127,31 @@ impl Broker {
         let properties = first_failure
             .map(|r| self.problem(conn_id, r))
             .unwrap_or_default();
-        self.send(
-            conn_id,
-            &Packet::SubAck(SubAck {
-                packet_id: s.packet_id,
-                reasons,
-                properties,
-            }),
-        );
+        let granted = reasons.iter().any(|r| !r.is_error());
+        let suback = SubAck {
+            packet_id: s.packet_id,
+            reasons,
+            properties,
+        };
+        // With the subscription fence on, the SUBACK waits for the other nodes to know the
+        // routes (see `ClusterConfig::subscribe_fence`).
+        let Some((suback, retained_for)) =
+            self.hold_suback(conn_id, sid, granted, suback, retained_for)
+        else {
+            return;
+        };
+        self.send_suback(conn_id, sid, suback, retained_for);
+    }
+
+    /// Send a SUBACK, then the retained messages for the subscriptions it granted.
+    pub(super) fn send_suback(
+        &mut self,
+        conn_id: ConnId,
+        sid: SessionId,
+        suback: SubAck,
+        retained_for: Vec<(TopicFilter, QoS, Option<u32>)>,
+    ) {
+        self.send(conn_id, &Packet::SubAck(suback));
         for (filter, qos, subscription_id) in retained_for {
             self.send_retained(sid, &filter, qos, subscription_id);
         }

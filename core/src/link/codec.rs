@@ -4,10 +4,11 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::{DigestEntry, Forward, Frame};
+use super::{DigestEntry, Forward, Frame, RetainedUpdate};
 use crate::codec::{self as mqtt, Packet, ProtocolVersion};
+use crate::retained::{Hlc, Stamp};
 use crate::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
-use crate::topic::TopicFilter;
+use crate::topic::{TopicFilter, TopicName};
 
 const HELLO: u8 = 1;
 const ROUTE_DELTA: u8 = 2;
@@ -18,6 +19,9 @@ const SNAPSHOT_CHUNK: u8 = 6;
 const FORWARD: u8 = 7;
 const FORWARD_ACK: u8 = 8;
 const KEEP_ALIVE: u8 = 9;
+const RETAINED: u8 = 10;
+const RETAINED_DIGEST: u8 = 11;
+const RETAINED_SNAPSHOT: u8 = 12;
 
 /// Why a frame was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,6 +137,19 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             seq: r.u64()?,
         },
         KEEP_ALIVE => Frame::KeepAlive,
+        RETAINED => Frame::Retained(r.retained()?),
+        RETAINED_DIGEST => Frame::RetainedDigest {
+            hash: r.u64()?,
+            entries: r.u64()?,
+        },
+        RETAINED_SNAPSHOT => {
+            let n = r.count(2 + 8 + 4 + 2 + 1)?;
+            let mut updates = Vec::with_capacity(n);
+            for _ in 0..n {
+                updates.push(r.retained()?);
+            }
+            Frame::RetainedSnapshot(updates)
+        }
         other => return Err(LinkError::UnknownType(other)),
     };
     if !r.buf.is_empty() {
@@ -218,6 +235,22 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             FORWARD_ACK
         }
         Frame::KeepAlive => KEEP_ALIVE,
+        Frame::Retained(u) => {
+            put_retained(&mut body, u)?;
+            RETAINED
+        }
+        Frame::RetainedDigest { hash, entries } => {
+            body.put_u64(*hash);
+            body.put_u64(*entries);
+            RETAINED_DIGEST
+        }
+        Frame::RetainedSnapshot(updates) => {
+            put_count(&mut body, updates.len())?;
+            for u in updates {
+                put_retained(&mut body, u)?;
+            }
+            RETAINED_SNAPSHOT
+        }
     };
     let len = u32::try_from(body.len() + 1).map_err(|_| LinkError::Encode("frame over 4 GiB"))?;
     out.reserve(4 + len as usize);
@@ -245,6 +278,9 @@ fn name_of(kind: u8) -> &'static str {
         FORWARD => "forward",
         FORWARD_ACK => "forward-ack",
         KEEP_ALIVE => "keep-alive",
+        RETAINED => "retained",
+        RETAINED_DIGEST => "retained-digest",
+        RETAINED_SNAPSHOT => "retained-snapshot",
         _ => "unknown",
     }
 }
@@ -259,6 +295,34 @@ fn put_str(out: &mut BytesMut, s: &str) -> Result<(), LinkError> {
 fn put_owner(out: &mut BytesMut, owner: &Owner) -> Result<(), LinkError> {
     put_str(out, owner.node.as_str())?;
     out.put_u64(owner.incarnation);
+    Ok(())
+}
+
+/// topic, clock (u64 ms, u32 counter), node, then 0 for a delete or 1 and the length-prefixed
+/// MQTT 5.0 PUBLISH.
+fn put_retained(out: &mut BytesMut, u: &RetainedUpdate) -> Result<(), LinkError> {
+    put_str(out, &u.topic)?;
+    out.put_u64(u.stamp.hlc.wall_ms);
+    out.put_u32(u.stamp.hlc.logical);
+    put_str(out, u.stamp.node.as_str())?;
+    match &u.message {
+        None => out.put_u8(0),
+        Some(p) => {
+            if p.topic != u.topic {
+                return Err(LinkError::Encode("retained message under another topic"));
+            }
+            out.put_u8(1);
+            let mut packet = BytesMut::new();
+            mqtt::encode(
+                &Packet::Publish(p.clone()),
+                ProtocolVersion::V5,
+                &mut packet,
+            )
+            .map_err(|_| LinkError::Encode("retained PUBLISH"))?;
+            put_count(out, packet.len())?;
+            out.put_slice(&packet);
+        }
+    }
     Ok(())
 }
 
@@ -345,6 +409,37 @@ impl Reader {
         let s = self.string()?;
         TopicFilter::new(s.as_str()).map_err(|_| self.bad("invalid topic filter"))?;
         Ok(s.into())
+    }
+
+    fn retained(&mut self) -> Result<RetainedUpdate, LinkError> {
+        let topic = self.string()?;
+        TopicName::new(topic.as_str()).map_err(|_| self.bad("invalid topic name"))?;
+        let hlc = Hlc {
+            wall_ms: self.u64()?,
+            logical: self.u32()?,
+        };
+        let node = self.node()?;
+        let message = match self.u8()? {
+            0 => None,
+            1 => {
+                let n = self.count(1)?;
+                let mut packet = BytesMut::from(&self.buf.split_to(n)[..]);
+                let p = match mqtt::decode(&mut packet, ProtocolVersion::V5, u32::MAX) {
+                    Ok(Some(Packet::Publish(p))) if packet.is_empty() => p,
+                    _ => return Err(self.bad("embedded PUBLISH")),
+                };
+                if p.topic != topic || p.properties.topic_alias.is_some() {
+                    return Err(self.bad("retained PUBLISH needs the update's topic"));
+                }
+                Some(p)
+            }
+            _ => return Err(self.bad("unknown retained operation")),
+        };
+        Ok(RetainedUpdate {
+            topic,
+            stamp: Stamp { hlc, node },
+            message,
+        })
     }
 
     fn delta(&mut self) -> Result<RouteDelta, LinkError> {

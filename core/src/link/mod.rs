@@ -11,6 +11,7 @@ mod inbox;
 mod outbox;
 
 use crate::codec::Publish;
+use crate::retained::Stamp;
 use crate::routes::{NodeId, Owner, RouteDelta, SnapshotChunk};
 
 pub use codec::{LinkError, decode, encode, encoded_len};
@@ -43,6 +44,16 @@ pub struct Forward {
     pub message: Publish,
 }
 
+/// A retained write replicated to every node: the message (its topic is `topic`; its Message
+/// Expiry Interval is what remained when it was sent), or `None` for a delete. Nodes keep the
+/// write with the greatest stamp per topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetainedUpdate {
+    pub topic: String,
+    pub stamp: Stamp,
+    pub message: Option<Publish>,
+}
+
 /// Everything nodes say to each other.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -71,6 +82,16 @@ pub enum Frame {
         seq: u64,
     },
     KeepAlive,
+    /// A retained write accepted by the sender (or one it learned that won).
+    Retained(RetainedUpdate),
+    /// The sender's retained state in short: if it differs from the receiver's, the receiver
+    /// sends its whole state as [`Frame::RetainedSnapshot`] chunks.
+    RetainedDigest {
+        hash: u64,
+        entries: u64,
+    },
+    /// Part of the sender's retained state, tombstones included.
+    RetainedSnapshot(Vec<RetainedUpdate>),
 }
 
 impl Frame {
@@ -85,6 +106,9 @@ impl Frame {
             Frame::Forward(_) => "forward",
             Frame::ForwardAck { .. } => "forward-ack",
             Frame::KeepAlive => "keep-alive",
+            Frame::Retained(_) => "retained",
+            Frame::RetainedDigest { .. } => "retained-digest",
+            Frame::RetainedSnapshot(_) => "retained-snapshot",
         }
     }
 }

@@ -232,23 +232,26 @@ impl RouteTable {
         };
         let start = replica.version;
         for change in delta.changes.iter().filter(|c| c.version > start) {
-            let present = replica.filters.contains(&change.filter);
-            match (change.op, present) {
-                (RouteOp::Add, false) => {
-                    replica.filters.insert(change.filter.clone());
-                    replica.hash ^= filter_hash(&change.filter);
-                    index(&mut self.trie, &change.filter, node);
-                    note(&mut self.journal, node, &change.filter, true);
-                }
-                (RouteOp::Remove, true) => {
-                    replica.filters.remove(&change.filter);
-                    replica.hash ^= filter_hash(&change.filter);
-                    unindex(&mut self.trie, &change.filter, node);
-                    note(&mut self.journal, node, &change.filter, false);
-                }
-                // Adding what is there or removing what is not: the replica diverged.
-                _ => return false,
+            // One hash-set operation per change; adding what is there or removing what is
+            // not means the replica diverged.
+            let changed = match change.op {
+                RouteOp::Add => replica.filters.insert(change.filter.clone()),
+                RouteOp::Remove => replica.filters.remove(&change.filter),
+            };
+            if !changed {
+                return false;
             }
+            replica.hash ^= filter_hash(&change.filter);
+            match change.op {
+                RouteOp::Add => index(&mut self.trie, &change.filter, node),
+                RouteOp::Remove => unindex(&mut self.trie, &change.filter, node),
+            }
+            note(
+                &mut self.journal,
+                node,
+                &change.filter,
+                change.op == RouteOp::Add,
+            );
             replica.version = change.version;
         }
         replica.version = replica.version.max(delta.to());
@@ -336,13 +339,11 @@ fn index(trie: &mut FilterTrie<NodeSet>, filter: &str, node: &NodeId) {
 }
 
 fn unindex(trie: &mut FilterTrie<NodeSet>, filter: &str, node: &NodeId) {
-    let Some(nodes) = trie.get_mut(filter) else {
-        return;
-    };
-    if let Ok(at) = nodes.binary_search(node) {
-        nodes.remove(at);
-    }
-    if nodes.is_empty() {
-        trie.remove(filter);
-    }
+    // One walk down the trie; the filter goes when its last node does.
+    trie.update_or_remove(filter, |nodes| {
+        if let Ok(at) = nodes.binary_search(node) {
+            nodes.remove(at);
+        }
+        !nodes.is_empty()
+    });
 }

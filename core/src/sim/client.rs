@@ -18,6 +18,7 @@ pub struct Received {
     pub payload: Bytes,
     pub qos: QoS,
     pub dup: bool,
+    pub retain: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -27,6 +28,7 @@ pub struct SimClient {
     /// Round trip to its node.
     pub rtt_ms: u64,
     pub conn: Option<ConnId>,
+    /// When the current connection's CONNACK arrived.
     pub connack_at_ms: Option<u64>,
     /// SUBACK times, in order.
     pub subacks_at_ms: Vec<u64>,
@@ -37,8 +39,9 @@ pub struct SimClient {
     next_packet_id: u16,
     /// Own QoS 1/2 publishes waiting for their acknowledgement, by packet id.
     waiting: Vec<(u16, Bytes)>,
-    /// A subscription to send as soon as CONNACK arrives (as load generators do).
-    pub(super) subscribe_on_connack: Option<(String, QoS)>,
+    /// Subscriptions to send as soon as CONNACK arrives (as load generators do), one
+    /// SUBSCRIBE each, in order.
+    pub(super) subscribe_on_connack: Vec<(String, QoS)>,
 }
 
 impl SimClient {
@@ -55,7 +58,7 @@ impl SimClient {
             buf: BytesMut::new(),
             next_packet_id: 0,
             waiting: Vec::new(),
-            subscribe_on_connack: None,
+            subscribe_on_connack: Vec::new(),
         }
     }
 
@@ -96,7 +99,13 @@ impl SimClient {
         }))
     }
 
-    pub(super) fn publish_bytes(&mut self, topic: &str, payload: Bytes, qos: QoS) -> Bytes {
+    pub(super) fn publish_bytes(
+        &mut self,
+        topic: &str,
+        payload: Bytes,
+        qos: QoS,
+        retain: bool,
+    ) -> Bytes {
         let packet_id = (qos != QoS::AtMostOnce).then(|| self.packet_id());
         if let Some(id) = packet_id {
             self.waiting.push((id, payload.clone()));
@@ -104,7 +113,7 @@ impl SimClient {
         encode(&Packet::Publish(Publish {
             dup: false,
             qos,
-            retain: false,
+            retain,
             topic: topic.to_owned(),
             packet_id,
             payload,
@@ -122,7 +131,7 @@ impl SimClient {
             match packet {
                 Packet::ConnAck(_) => {
                     self.connack_at_ms = Some(now_ms);
-                    if let Some((filter, qos)) = self.subscribe_on_connack.take() {
+                    for (filter, qos) in std::mem::take(&mut self.subscribe_on_connack) {
                         replies.push(self.subscribe_bytes(&filter, qos));
                     }
                 }
@@ -134,6 +143,7 @@ impl SimClient {
                         payload: p.payload.clone(),
                         qos: p.qos,
                         dup: p.dup,
+                        retain: p.retain,
                     });
                     match (p.qos, p.packet_id) {
                         (QoS::AtLeastOnce, Some(id)) => {
@@ -169,6 +179,7 @@ impl SimClient {
 
     pub(super) fn disconnected(&mut self) {
         self.conn = None;
+        self.connack_at_ms = None;
         self.buf.clear();
     }
 }

@@ -7,7 +7,9 @@ use crate::Config;
 use crate::codec::QoS;
 use crate::routes::NodeId;
 
-use super::{Action, LinkSpec, Sim};
+use super::{
+    Action, ClientGroup, Fault, FaultKind, LinkSpec, NodeSpec, PublishPlan, Report, Scenario, Sim,
+};
 
 /// Hong Kong to Cape Town round trip used here (the write-up gives none): public RTT tables
 /// put it between 300 and 400 ms (routes go through Europe or Singapore).
@@ -143,4 +145,150 @@ pub fn geo_writeup(seed: u64) -> Vec<GeoRow> {
             ],
         ),
     ]
+}
+
+/// The write-up's deployment (Frankfurt, Hong Kong, Cape Town; its round trips) with no
+/// clients yet.
+pub fn writeup_deployment(name: &str) -> Scenario {
+    let regions = ["eu-central", "ap-east", "af-south"];
+    Scenario {
+        name: name.to_owned(),
+        nodes: [("fra", 0), ("hkg", 1), ("cpt", 2)]
+            .iter()
+            .map(|(n, r)| NodeSpec {
+                name: (*n).to_owned(),
+                region: regions[*r].to_owned(),
+            })
+            .collect(),
+        regions: regions.iter().map(|r| (*r).to_owned()).collect(),
+        rtt_ms: vec![
+            vec![2, 200, 160],
+            vec![200, 2, HKG_CPT_RTT_MS],
+            vec![160, HKG_CPT_RTT_MS, 2],
+        ],
+        jitter_ms: 0,
+        route_batch_ms: 20,
+        subscribe_fence: false,
+        clients: Vec::new(),
+        publishes: Vec::new(),
+        faults: Vec::new(),
+        duration_ms: 60_000,
+    }
+}
+
+fn group(name: &str, node: &str, subscribe: &[&str]) -> ClientGroup {
+    ClientGroup {
+        name: name.to_owned(),
+        node: node.to_owned(),
+        count: 1,
+        rtt_ms: CLIENT_RTT_MS,
+        connect_at_ms: 0,
+        subscribe: subscribe.iter().map(|s| (*s).to_owned()).collect(),
+        qos: QoS::AtLeastOnce,
+    }
+}
+
+fn plan(
+    clients: &str,
+    topic: &str,
+    qos: QoS,
+    start_ms: u64,
+    interval_ms: u64,
+    count: u64,
+) -> PublishPlan {
+    PublishPlan {
+        clients: clients.to_owned(),
+        topic: topic.to_owned(),
+        qos,
+        retain: false,
+        start_ms,
+        interval_ms,
+        count,
+        payload_bytes: 256,
+    }
+}
+
+/// Cross-region publish latency: a publisher in Hong Kong, one subscriber per region, 100
+/// QoS 1 and 100 QoS 0 messages.
+pub fn cross_region_latency() -> Scenario {
+    let mut s = writeup_deployment("cross-region-latency");
+    for node in ["fra", "hkg", "cpt"] {
+        s.clients
+            .push(group(&format!("sub-{node}"), node, &["chat/#"]));
+    }
+    s.clients.push(group("pub-hkg", "hkg", &[]));
+    s.publishes.push(plan(
+        "pub-hkg",
+        "chat/hkg/%n",
+        QoS::AtLeastOnce,
+        2_000,
+        100,
+        100,
+    ));
+    s.publishes.push(plan(
+        "pub-hkg",
+        "chat/hkg/q0/%n",
+        QoS::AtMostOnce,
+        2_050,
+        100,
+        100,
+    ));
+    s.duration_ms = 30_000;
+    s
+}
+
+/// A 60 s partition of Cape Town under QoS 1 traffic, then heal: a publisher and a
+/// subscriber (persistent sessions) in every region, 10 messages a second each for 90 s.
+pub fn region_partition() -> Scenario {
+    let mut s = writeup_deployment("partition-60s");
+    for node in ["fra", "hkg", "cpt"] {
+        s.clients
+            .push(group(&format!("sub-{node}"), node, &["load/#"]));
+        s.clients.push(group(&format!("pub-{node}"), node, &[]));
+        s.publishes.push(plan(
+            &format!("pub-{node}"),
+            &format!("load/{node}/%n"),
+            QoS::AtLeastOnce,
+            5_000,
+            100,
+            900,
+        ));
+    }
+    s.faults.push(Fault {
+        kind: FaultKind::Partition {
+            target: "af-south".to_owned(),
+        },
+        at_ms: 20_000,
+        duration_ms: 60_000,
+    });
+    s.duration_ms = 180_000;
+    s
+}
+
+/// The subscription fence's cost and effect: a subscriber in Frankfurt subscribes while a
+/// publisher in Cape Town sends a QoS 1 message every 10 ms to its topic. Messages published
+/// after the SUBACK but before Cape Town knew the route are lost without the fence.
+pub fn subscribe_fence(on: bool) -> Scenario {
+    let mut s = writeup_deployment(if on { "fence-on" } else { "fence-off" });
+    s.subscribe_fence = on;
+    s.clients.push(group("sub-fra", "fra", &["news/fra"]));
+    s.clients.push(group("pub-cpt", "cpt", &[]));
+    s.publishes
+        .push(plan("pub-cpt", "news/fra", QoS::AtLeastOnce, 20, 10, 100));
+    s.duration_ms = 10_000;
+    s
+}
+
+/// The write-up's extra scenarios: cross-region latency, the 60 s partition, and the
+/// subscription fence off and on.
+pub fn geo_writeup_reports(seed: u64) -> Vec<Report> {
+    [
+        cross_region_latency(),
+        region_partition(),
+        subscribe_fence(false),
+        subscribe_fence(true),
+    ]
+    .iter()
+    .map(|s| s.run(seed).expect("the built-in scenarios are valid"))
+    .collect()
 }

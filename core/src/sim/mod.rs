@@ -10,6 +10,8 @@
 mod client;
 mod geo;
 mod rng;
+mod scenario;
+mod timeline;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -17,8 +19,16 @@ use std::collections::{BTreeMap, BinaryHeap};
 use bytes::Bytes;
 
 pub use client::{Received, SimClient};
-pub use geo::{GeoRow, HKG_CPT_RTT_MS, geo_writeup};
+pub use geo::{
+    GeoRow, HKG_CPT_RTT_MS, cross_region_latency, geo_writeup, geo_writeup_reports,
+    region_partition, subscribe_fence, writeup_deployment,
+};
 pub use rng::Rng;
+pub use scenario::{
+    ClientGroup, DeliveryRow, Fault, FaultKind, LatencyRow, NodeSpec, PublishPlan, Report,
+    Scenario, ScenarioError, SubscribeRow,
+};
+pub use timeline::{Timeline, TimelineEvent, TimelineKind};
 
 use crate::broker::ClusterConfig;
 use crate::codec::QoS;
@@ -94,6 +104,7 @@ pub enum Action {
         topic: String,
         payload: Bytes,
         qos: QoS,
+        retain: bool,
     },
     Cut {
         a: NodeId,
@@ -118,6 +129,7 @@ enum Event {
         from: NodeId,
         to: NodeId,
         epoch: Option<u64>,
+        sent: u64,
         frame: Box<Frame>,
     },
     ToNode {
@@ -149,6 +161,7 @@ pub struct Sim {
     trace: u64,
     /// Called after every event (invariant checks, measurements).
     observed_events: u64,
+    timeline: Option<Timeline>,
 }
 
 fn key(a: &NodeId, b: &NodeId) -> (NodeId, NodeId) {
@@ -180,6 +193,7 @@ impl Sim {
             config,
             trace: 0xcbf2_9ce4_8422_2325,
             observed_events: 0,
+            timeline: None,
         };
         for (name, region) in nodes {
             let id = NodeId::new(name).expect("simulated node names are valid");
@@ -230,6 +244,23 @@ impl Sim {
             store.iter().map(|(k, v)| (k.clone(), v.clone())),
         );
         broker
+    }
+
+    /// Record a timeline of the run (at most `cap` events) from now on.
+    pub fn record_timeline(&mut self, cap: usize) {
+        self.timeline = Some(Timeline::new(cap));
+    }
+
+    /// The timeline recorded so far, if [`Sim::record_timeline`] was called.
+    pub fn take_timeline(&mut self) -> Option<Timeline> {
+        self.timeline.take()
+    }
+
+    fn note(&mut self, kind: TimelineKind) {
+        let at = self.now - EPOCH_MS;
+        if let Some(t) = &mut self.timeline {
+            t.push(at, kind);
+        }
     }
 
     /// Milliseconds since the simulation began.
@@ -310,12 +341,21 @@ impl Sim {
                 from,
                 to,
                 epoch,
+                sent,
                 frame,
             } => {
                 let link = self.links.get(&key(&from, &to));
                 let alive = link.is_some_and(|l| l.up && epoch.is_none_or(|e| e == l.epoch));
                 if alive {
                     self.mix(&[self.now, 1, crate::routes::filter_hash(frame.name())]);
+                    if self.timeline.is_some() && drawn(&frame) {
+                        self.note(TimelineKind::Frame {
+                            from: from.to_string(),
+                            to: to.to_string(),
+                            sent_ms: sent - EPOCH_MS,
+                            frame: frame.name(),
+                        });
+                    }
                     self.feed(&to, Input::PeerFrame { peer: from, frame });
                 }
             }
@@ -392,7 +432,7 @@ impl Sim {
                 qos,
             } => {
                 if let Some(c) = self.clients.get_mut(client) {
-                    c.subscribe_on_connack = Some((filter, qos));
+                    c.subscribe_on_connack.push((filter, qos));
                 }
                 self.act(Action::Connect { client });
             }
@@ -416,9 +456,17 @@ impl Sim {
                 topic,
                 payload,
                 qos,
+                retain,
             } => {
+                let Some(c) = self.clients.get(client) else {
+                    return;
+                };
+                // A client sends nothing before its CONNACK (that would be a protocol error).
+                if c.conn.is_none() || c.connack_at_ms.is_none() {
+                    return;
+                }
                 let half = self.clients[client].rtt_ms / 2;
-                let bytes = self.clients[client].publish_bytes(&topic, payload, qos);
+                let bytes = self.clients[client].publish_bytes(&topic, payload, qos, retain);
                 self.schedule(
                     self.now + half,
                     Event::ToNode {
@@ -444,6 +492,10 @@ impl Sim {
         }
         link.up = false;
         link.epoch += 1;
+        self.note(TimelineKind::LinkDown {
+            a: a.to_string(),
+            b: b.to_string(),
+        });
         for (x, y) in [(a, b), (b, a)] {
             self.feed(x, Input::PeerDown { peer: y.clone() });
         }
@@ -462,6 +514,12 @@ impl Sim {
         link.up = true;
         link.epoch += 1;
         link.stream_tail = [self.now; 2];
+        if self.now > EPOCH_MS {
+            self.note(TimelineKind::LinkUp {
+                a: a.to_string(),
+                b: b.to_string(),
+            });
+        }
         for (x, y) in [(a, b), (b, a)] {
             self.feed(x, Input::PeerUp { peer: y.clone() });
         }
@@ -473,6 +531,12 @@ impl Sim {
         for other in &others {
             self.cut(node, other);
         }
+        if self.nodes.get(node).is_none_or(|n| n.broker.is_none()) {
+            return;
+        }
+        self.note(TimelineKind::Crash {
+            node: node.to_string(),
+        });
         let Some(n) = self.nodes.get_mut(node) else {
             return;
         };
@@ -493,6 +557,9 @@ impl Sim {
         }
         n.cluster.incarnation += 1;
         let (cluster, store) = (n.cluster.clone(), n.store.clone());
+        self.note(TimelineKind::Restart {
+            node: node.to_string(),
+        });
         let broker = self.boot(&cluster, &store);
         if let Some(n) = self.nodes.get_mut(node) {
             n.broker = Some(broker);
@@ -598,6 +665,7 @@ impl Sim {
                     from: from.clone(),
                     to: to.clone(),
                     epoch: Some(epoch),
+                    sent: self.now,
                     frame: Box::new(frame),
                 },
             );
@@ -618,11 +686,37 @@ impl Sim {
                         from: from.clone(),
                         to: to.clone(),
                         epoch: None,
+                        sent: self.now,
                         frame: Box::new(frame.clone()),
                     },
                 );
             }
         }
+    }
+
+    /// Whether every running node's replica of every other running node's route set is at
+    /// the owner's incarnation, version and hash (cheap enough to check after every event).
+    pub fn routes_in_sync(&self) -> bool {
+        self.nodes.iter().all(|(owner, n)| {
+            let Some(position) = n.broker.as_ref().and_then(Broker::route_position) else {
+                return true;
+            };
+            self.nodes
+                .iter()
+                .filter(|(other, _)| *other != owner)
+                .all(|(_, m)| {
+                    // No replica yet is as good as one of an empty set never changed.
+                    m.broker.as_ref().is_none_or(|mb| {
+                        mb.replica_position(owner)
+                            .map_or(position.1 == 0, |p| p == position)
+                    })
+                })
+        })
+    }
+
+    /// The node a client belongs to, and its region.
+    pub fn region_of(&self, node: &NodeId) -> Option<&str> {
+        Some(self.nodes.get(node)?.cluster.region.as_str())
     }
 
     /// Whether every node's replica of every other node's routes equals that node's own set.
@@ -641,4 +735,16 @@ impl Sim {
                 })
         })
     }
+}
+
+/// Frames worth drawing on a timeline: those that carry routes, messages or retained messages.
+fn drawn(frame: &Frame) -> bool {
+    matches!(
+        frame,
+        Frame::RouteDelta(_)
+            | Frame::SnapshotChunk(_)
+            | Frame::Forward(_)
+            | Frame::Retained(_)
+            | Frame::RetainedSnapshot(_)
+    )
 }

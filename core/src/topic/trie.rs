@@ -258,6 +258,17 @@ impl<V> FilterTrie<V> {
     /// Removes the filter `pattern`, returning its value. Empty nodes are pruned and level
     /// strings no longer used are freed.
     pub fn remove(&mut self, pattern: &str) -> Option<V> {
+        self.update_or_remove(pattern, |_| false).flatten()
+    }
+
+    /// Calls `f` with the value of the filter `pattern`; if `f` returns false, the filter is
+    /// removed as by [`remove`](Self::remove), in the same walk down the trie. Returns `None`
+    /// if the filter is not stored, else the removed value (`Some(None)` if it was kept).
+    pub fn update_or_remove(
+        &mut self,
+        pattern: &str,
+        f: impl FnOnce(&mut V) -> bool,
+    ) -> Option<Option<V>> {
         let (prefix, hash) = split_hash(pattern);
         let mut path: Vec<(u32, Step, &str)> = Vec::new();
         let mut node = ROOT;
@@ -274,8 +285,13 @@ impl<V> FilterTrie<V> {
             path.push((node, step, level));
             node = child;
         }
+        let n = &self.nodes[node as usize];
+        let slot = if hash { n.hash } else { n.value };
+        if f(self.values.get_mut(slot as usize)?.as_mut()?) {
+            return Some(None);
+        }
         let n = &mut self.nodes[node as usize];
-        let slot = core::mem::replace(if hash { &mut n.hash } else { &mut n.value }, NONE);
+        *(if hash { &mut n.hash } else { &mut n.value }) = NONE;
         let value = self.values.get_mut(slot as usize)?.take();
         self.free_values.push(slot);
         self.len -= 1;
@@ -294,7 +310,7 @@ impl<V> FilterTrie<V> {
             self.free_nodes.push(node);
             node = parent;
         }
-        value
+        Some(value)
     }
 
     /// Calls `f` with the value of every stored filter that matches the topic name `topic`,
@@ -692,6 +708,27 @@ mod tests {
             assert_eq!(t.insert(f, (*f).to_owned()), None);
         }
         t
+    }
+
+    #[test]
+    fn update_or_remove_keeps_or_prunes_in_one_walk() {
+        let mut t = trie(&["a/+/c", "a/b/#", "x"]);
+        assert_eq!(
+            t.update_or_remove("a/+/c", |v| {
+                v.push('!');
+                true
+            }),
+            Some(None)
+        );
+        assert_eq!(t.get("a/+/c").map(String::as_str), Some("a/+/c!"));
+        assert_eq!(
+            t.update_or_remove("a/b/#", |_| false),
+            Some(Some("a/b/#".to_owned()))
+        );
+        assert_eq!(t.get("a/b/#"), None);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.update_or_remove("nope/#", |_| true), None);
+        assert_eq!(matched(&t, "a/b/c"), vec!["a/+/c!".to_owned()]);
     }
 
     const SPEC_FILTERS: &[&str] = &[
