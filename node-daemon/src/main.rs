@@ -38,6 +38,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Load-test any MQTT broker: connect, subscribe, publish, and the classic presets.
+    Bench(meridian_daemon::bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -77,6 +79,7 @@ fn main() -> ExitCode {
         } => {
             meridian_daemon::sim::sim_command(&scenario, seed, json, &mut std::io::stdout().lock())
         }
+        Command::Bench(args) => meridian_daemon::bench::bench_command(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
