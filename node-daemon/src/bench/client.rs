@@ -403,42 +403,51 @@ pub async fn run_client(
     let mut requested: Option<u64> = None;
     let mut done = !is_publisher;
     let count_qos = cfg.qos != QoS::AtMostOnce;
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.wait_for(|s| *s) => break,
-            r = async { producer.as_mut().expect("guarded").await }, if requested.is_none() && producer.is_some() => {
-                requested = Some(r.unwrap_or(0));
+    'run: loop {
+        // The poll future lives until it yields an event: cancelling rumqttc's poll part-way
+        // through a write could lose a packet, so only the end of the run may drop it.
+        let ev = {
+            let poll = el.poll();
+            tokio::pin!(poll);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|s| *s) => break 'run,
+                    r = async { producer.as_mut().expect("guarded").await }, if requested.is_none() && producer.is_some() => {
+                        requested = Some(r.unwrap_or(0));
+                        if check_done(&mut done, requested, &result, count_qos) {
+                            shared.publishers_done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    ev = &mut poll => break ev,
+                }
             }
-            ev = el.poll() => match ev {
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let now = shared.now_ns();
-                    result.tally.record(&p.payload, now, cfg.publishers);
-                    shared.received.fetch_add(1, Ordering::Relaxed);
-                    shared.last_recv_ns.fetch_max(now, Ordering::Relaxed);
-                }
-                Ok(Event::Outgoing(Outgoing::Publish(_))) => {
-                    result.sent += 1;
-                    shared.sent.fetch_add(1, Ordering::Relaxed);
-                    shared.last_sent_ns.fetch_max(shared.now_ns(), Ordering::Relaxed);
-                }
-                Ok(Event::Incoming(Packet::PubAck(_) | Packet::PubComp(_))) => {
-                    result.acked += 1;
-                    shared.acked.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    result.error = Some(e.to_string());
-                    break;
-                }
-            },
+        };
+        match ev {
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                let now = shared.now_ns();
+                result.tally.record(&p.payload, now, cfg.publishers);
+                shared.received.fetch_add(1, Ordering::Relaxed);
+                shared.last_recv_ns.fetch_max(now, Ordering::Relaxed);
+            }
+            Ok(Event::Outgoing(Outgoing::Publish(_))) => {
+                result.sent += 1;
+                shared.sent.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .last_sent_ns
+                    .fetch_max(shared.now_ns(), Ordering::Relaxed);
+            }
+            Ok(Event::Incoming(Packet::PubAck(_) | Packet::PubComp(_))) => {
+                result.acked += 1;
+                shared.acked.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                result.error = Some(e.to_string());
+                break;
+            }
         }
-        if !done
-            && let Some(n) = requested
-            && result.sent >= n
-            && (!count_qos || result.acked >= n)
-        {
-            done = true;
+        if check_done(&mut done, requested, &result, count_qos) {
             shared.publishers_done.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -449,6 +458,18 @@ pub async fn run_client(
         p.abort();
     }
     result
+}
+
+/// Whether a publisher just finished: every queued PUBLISH written (and acknowledged).
+fn check_done(done: &mut bool, requested: Option<u64>, r: &ClientResult, count_acks: bool) -> bool {
+    if *done {
+        return false;
+    }
+    let Some(n) = requested else {
+        return false;
+    };
+    *done = r.sent >= n && (!count_acks || r.acked >= n);
+    *done
 }
 
 /// Queue `count` PUBLISHes (or fewer if the run's duration ends first) at the run's rate.
@@ -465,6 +486,9 @@ async fn produce(client: AsyncClient, topic: String, index: u32, cfg: Arc<RunCfg
         }
         if let Some(iv) = interval {
             let due = started + iv.mul_f64(n as f64);
+            if due >= end {
+                break;
+            }
             if due > now {
                 tokio::time::sleep_until(due.into()).await;
             }
