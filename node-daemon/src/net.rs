@@ -218,7 +218,7 @@ where
 
 async fn write_stream<W: AsyncWrite + Unpin>(
     mut wr: W,
-    mut rx: mpsc::Receiver<WriteCmd>,
+    mut rx: mpsc::UnboundedReceiver<WriteCmd>,
     queued: Arc<std::sync::atomic::AtomicUsize>,
     kill: Arc<tokio::sync::Notify>,
 ) {
