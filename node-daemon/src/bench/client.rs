@@ -338,6 +338,11 @@ pub async fn run_client(
     let t = Instant::now();
     let deadline = t + cfg.connect_timeout;
     let (client, mut el) = AsyncClient::new(cfg.target.options(&spec.client_id, cfg.inflight), 16);
+    let mut net = el.network_options();
+    // No Nagle delay on small PUBLISHes; a slow broker gets the run's bound to accept.
+    net.set_tcp_nodelay(true);
+    net.set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
+    el.set_network_options(net);
     let connected = poll_until(&mut el, deadline, "CONNACK", |p| match p {
         Packet::ConnAck(a) if a.code == ConnectReturnCode::Success => Some(Ok(())),
         Packet::ConnAck(a) => Some(Err(format!("CONNACK refused: {:?}", a.code))),
