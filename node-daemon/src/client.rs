@@ -148,7 +148,7 @@ impl ClientBuilder {
 pub struct InProcessClient {
     engine: EngineHandle,
     conn: meridian_core::ConnId,
-    rx: mpsc::Receiver<WriteCmd>,
+    rx: mpsc::UnboundedReceiver<WriteCmd>,
     queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     buf: BytesMut,
     next_id: u16,

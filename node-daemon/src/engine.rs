@@ -29,8 +29,6 @@ use crate::storage::{StorageError, Store};
 pub const MAX_BATCH: usize = 256;
 /// Capacity of the channel into the broker thread (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
-/// Capacity (in chunks) of a connection's write queue; the byte bound is the real limit.
-pub const WRITE_QUEUE: usize = 4096;
 
 /// A message for the broker thread.
 #[derive(Debug)]
@@ -99,7 +97,8 @@ pub enum WriteCmd {
 /// The broker thread's end of one connection's writer.
 #[derive(Debug, Clone)]
 pub struct ConnWriter {
-    pub tx: mpsc::Sender<WriteCmd>,
+    /// Unbounded in count: the bound is `queued`, in bytes (`max_write_buffer_bytes`).
+    pub tx: mpsc::UnboundedSender<WriteCmd>,
     /// Bytes handed to the writer and not yet written to the socket.
     pub queued: Arc<AtomicUsize>,
     /// Close at once, dropping what is queued (slow consumers).
@@ -107,8 +106,8 @@ pub struct ConnWriter {
 }
 
 impl ConnWriter {
-    pub fn new() -> (Self, mpsc::Receiver<WriteCmd>) {
-        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+    pub fn new() -> (Self, mpsc::UnboundedReceiver<WriteCmd>) {
+        let (tx, rx) = mpsc::unbounded_channel();
         (
             Self {
                 tx,
@@ -536,7 +535,7 @@ impl Engine {
                     Output::Send { conn, data } => self.send(conn, data),
                     Output::Close { conn } => {
                         if let Some(w) = self.writers.remove(&conn)
-                            && w.tx.try_send(WriteCmd::Close).is_err()
+                            && w.tx.send(WriteCmd::Close).is_err()
                         {
                             w.kill.notify_one();
                         }
@@ -584,7 +583,7 @@ impl Engine {
         };
         let len = data.len();
         let queued = w.queued.fetch_add(len, Ordering::AcqRel) + len;
-        if queued > self.max_write_buffer_bytes || w.tx.try_send(WriteCmd::Data(data)).is_err() {
+        if queued > self.max_write_buffer_bytes || w.tx.send(WriteCmd::Data(data)).is_err() {
             warn!(
                 conn = conn.0,
                 queued, "slow consumer: write buffer full, disconnecting"

@@ -56,6 +56,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
     },
+    /// Load-test any MQTT broker: connect, subscribe, publish, and the classic presets.
+    Bench(Box<meridian_daemon::bench::BenchArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
             };
             meridian_daemon::sim::sim_command(&args, &mut std::io::stdout().lock())
         }
+        Command::Bench(args) => meridian_daemon::bench::bench_command(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,7 +22,10 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use crate::engine::{ConnWriter, EngineHandle, ToEngine, WriteCmd};
 
-const READ_CHUNK: usize = 16 * 1024;
+/// Read buffer sizes. An idle connection holds the smallest; a connection whose reads fill the
+/// buffer doubles it, up to the largest, and halves it again when reads get small.
+const READ_MIN: usize = 256;
+const READ_MAX: usize = 16 * 1024;
 
 /// How a listener speaks MQTT.
 #[derive(Debug, Clone)]
@@ -118,26 +121,35 @@ async fn serve_socket(
     };
     match &spec.tls {
         None => serve_transport(socket, info, &spec.transport, engine).await,
+        // Boxed: the TLS handshake and stream are large, and most connections have neither.
         Some(acceptor) => {
-            // A handshake is bounded by the same timeout a client has to send CONNECT.
-            let handshake =
-                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(socket))
-                    .await;
-            match handshake {
-                Ok(Ok(tls)) => {
-                    let mut info = info;
-                    info.tls_identity = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|chain| chain.first())
-                        .and_then(|cert| crate::tls::common_name(cert));
-                    serve_transport(tls, info, &spec.transport, engine).await
-                }
-                Ok(Err(e)) => debug!(error = %e, "TLS handshake failed"),
-                Err(_) => debug!("TLS handshake timed out"),
-            }
+            Box::pin(serve_tls(socket, info, acceptor, &spec.transport, engine)).await
         }
+    }
+}
+
+async fn serve_tls(
+    socket: TcpStream,
+    mut info: ConnInfo,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    transport: &Transport,
+    engine: EngineHandle,
+) {
+    // A handshake is bounded by the same timeout a client has to send CONNECT.
+    let handshake =
+        tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(socket)).await;
+    match handshake {
+        Ok(Ok(tls)) => {
+            info.tls_identity = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|cert| crate::tls::common_name(cert));
+            serve_transport(tls, info, transport, engine).await
+        }
+        Ok(Err(e)) => debug!(error = %e, "TLS handshake failed"),
+        Err(_) => debug!("TLS handshake timed out"),
     }
 }
 
@@ -150,7 +162,17 @@ where
         Transport::WebSocket {
             path,
             max_message_bytes,
-        } => serve_websocket(stream, info, path, *max_message_bytes, engine).await,
+        } => {
+            // Boxed: the WebSocket state is large, and plain MQTT connections need none of it.
+            Box::pin(serve_websocket(
+                stream,
+                info,
+                path,
+                *max_message_bytes,
+                engine,
+            ))
+            .await
+        }
     }
 }
 
@@ -167,13 +189,21 @@ where
         return;
     };
     let mut write_task = tokio::spawn(write_stream(wr, rx, queued, kill).in_current_span());
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut want = READ_MIN;
+    let mut buf = BytesMut::new();
     loop {
-        buf.reserve(READ_CHUNK);
+        buf.reserve(want);
         tokio::select! {
             r = rd.read_buf(&mut buf) => match r {
                 Ok(0) | Err(_) => break,
-                Ok(_) => {
+                Ok(n) => {
+                    want = if n >= want {
+                        (want * 2).min(READ_MAX)
+                    } else if n < want / 4 {
+                        (want / 2).max(READ_MIN)
+                    } else {
+                        want
+                    };
                     let data = buf.split().freeze();
                     if engine.tx.send(ToEngine::Bytes { conn, data }).await.is_err() {
                         break;
@@ -188,7 +218,7 @@ where
 
 async fn write_stream<W: AsyncWrite + Unpin>(
     mut wr: W,
-    mut rx: mpsc::Receiver<WriteCmd>,
+    mut rx: mpsc::UnboundedReceiver<WriteCmd>,
     queued: Arc<std::sync::atomic::AtomicUsize>,
     kill: Arc<tokio::sync::Notify>,
 ) {

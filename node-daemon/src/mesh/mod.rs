@@ -47,6 +47,8 @@ use crate::engine::ToEngine;
 pub const LINK_PROTOCOL: StreamProtocol = StreamProtocol::new("/meridian/link/1");
 /// The gossipsub topic of broadcast link frames.
 pub const GOSSIP_TOPIC: &str = "meridian/link/1";
+/// How long opening a link session may take before it is tried again.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest frame sent by gossip; larger broadcasts go over the link sessions.
 pub const GOSSIP_MAX_FRAME: usize = 1024 * 1024;
 
@@ -317,7 +319,15 @@ impl Driver {
                     Some(MeshCmd::Gossip(frame)) => self.gossip(frame),
                     None => break,
                 },
-                _ = tick.tick() => self.dial_bootstrap(),
+                _ = tick.tick() => {
+                    self.dial_bootstrap();
+                    // An opener gives up when its peer goes away; one that gave up while the
+                    // peer came back (or never got an answer) is started again.
+                    let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+                    for peer in peers {
+                        self.ensure_session(peer);
+                    }
+                }
                 _ = &mut stop => break,
             }
         }
@@ -493,12 +503,15 @@ impl Driver {
         let task = tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             loop {
-                match control.open_stream(peer, LINK_PROTOCOL).await {
-                    Ok(stream) => {
+                // Bounded: a request made while the peer was reconnecting can go unanswered.
+                let open = control.open_stream(peer, LINK_PROTOCOL);
+                match tokio::time::timeout(OPEN_TIMEOUT, open).await {
+                    Ok(Ok(stream)) => {
                         session::run(node.clone(), stream, engine.clone()).await;
                         backoff = Duration::from_millis(50);
                     }
-                    Err(e) => debug!(%peer, error = %e, "cannot open a link session"),
+                    Ok(Err(e)) => debug!(%peer, error = %e, "cannot open a link session"),
+                    Err(_) => debug!(%peer, "opening a link session timed out; retrying"),
                 }
                 if engine.is_closed() {
                     return;

@@ -1,0 +1,59 @@
+//! The broker's CPU time and memory, from `/proc/PID/stat` and `/proc/PID/status`.
+
+use anyhow::Context;
+use serde::Serialize;
+
+/// One reading of a process.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ProcSample {
+    /// User + system CPU time of all its threads, in seconds.
+    pub cpu_secs: f64,
+    /// Resident set size, bytes.
+    pub rss_bytes: u64,
+}
+
+/// Read `pid`'s CPU time and resident memory.
+pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read /proc/{pid}/stat (is the broker running?)"))?;
+    // The command name is in parentheses and may hold spaces; fields follow the last ')'.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("unexpected /proc/PID/stat format")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 (utime) and 15 (stime), counted from 1 over the whole line: here 11 and 12
+    // after the state (field 3 is fields[0]).
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .context("short /proc/PID/stat")?
+            .parse::<u64>()
+            .context("bad /proc/PID/stat field")
+    };
+    let cpu_ticks = ticks(11)? + ticks(12)?;
+    let hz = rustix::param::clock_ticks_per_second();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    #[allow(clippy::cast_precision_loss)]
+    Ok(ProcSample {
+        cpu_secs: cpu_ticks as f64 / hz as f64,
+        rss_bytes: rss_kib * 1024,
+    })
+}
+
+/// Raise this process's open-file limit to its hard limit (many clients need many sockets).
+pub fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
+}
