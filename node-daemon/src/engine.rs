@@ -444,12 +444,7 @@ impl Engine {
                     self.drain();
                 }
             }
-            ToEngine::BroadcastDirect(frame) => {
-                let peers: Vec<NodeId> = self.links.keys().cloned().collect();
-                for peer in peers {
-                    self.write_to_peer(&peer, frame.clone());
-                }
-            }
+            ToEngine::BroadcastDirect(frame) => self.write_to_every_peer(&frame),
             ToEngine::Peers(reply) => {
                 let _ = reply.send(self.broker.peers());
             }
@@ -499,9 +494,14 @@ impl Engine {
         {
             return;
         }
+        self.write_to_every_peer(&bytes);
+    }
+
+    /// Queue an encoded frame on every open session.
+    fn write_to_every_peer(&mut self, frame: &Bytes) {
         let peers: Vec<NodeId> = self.links.keys().cloned().collect();
         for peer in peers {
-            self.write_to_peer(&peer, bytes.clone());
+            self.write_to_peer(&peer, frame.clone());
         }
     }
 

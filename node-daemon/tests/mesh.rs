@@ -113,22 +113,37 @@ fn metric(page: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Wait until `cond` holds, checking again after each short pause, or fail with `what`.
-async fn wait_for<F, Fut>(what: &str, nodes: &[&Node], mut cond: F)
+/// Wait until `cond` holds or fail with `what` and the nodes' logs.
+async fn wait_for<F, Fut>(what: &str, nodes: &[&Node], cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let logs = || {
+        nodes
+            .iter()
+            .map(|n| format!("--- {}\n{}", n.peer_id, tail(&n.log(), 60)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    poll_until(what, Duration::from_millis(25), logs, cond).await;
+}
+
+/// The admin API cannot be waited on, only asked: ask every `every` until `cond` holds, within
+/// `MESH_DEADLINE`, else fail with `what` and `context()`.
+async fn poll_until<F, Fut>(what: &str, every: Duration, context: impl Fn() -> String, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     let deadline = Instant::now() + MESH_DEADLINE;
     while !cond().await {
-        if Instant::now() > deadline {
-            let logs: Vec<String> = nodes
-                .iter()
-                .map(|n| format!("--- {}\n{}", n.peer_id, tail(&n.log(), 60)))
-                .collect();
-            panic!("timed out waiting for {what}\n{}", logs.join("\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            context()
+        );
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -628,23 +643,21 @@ async fn the_cli_contract_joins_nodes_and_bootstrap_peers_may_come_up_later() {
         .map(str::to_owned)
         .to_vec(),
     );
-    let deadline = Instant::now() + MESH_DEADLINE;
-    loop {
+    let joined = || async {
         let (_, body) = http(b.admin, "GET", "/api/peers").await;
         let peers: serde_json::Value = serde_json::from_str(&body).unwrap();
-        if peers.as_array().is_some_and(|p| {
+        peers.as_array().is_some_and(|p| {
             p.iter()
                 .any(|p| p["connected"] == true && p["region"] == "euc1")
-        }) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a never joined b:\n{}",
-            a.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        })
+    };
+    poll_until(
+        "a to join b",
+        Duration::from_millis(25),
+        || a.log_text(),
+        joined,
+    )
+    .await;
     let info = node_info(b.admin).await;
     assert_eq!(info["region"], "ape1");
     assert_eq!(info["peer_id"].as_str().unwrap(), peer_id_of(&b.data_dir));
@@ -737,8 +750,7 @@ async fn geo_writeup_scenarios_with_real_processes() {
             keep.push(t.await.expect("client task"));
         }
         let subacks = start.elapsed();
-        let deadline = Instant::now() + MESH_DEADLINE;
-        loop {
+        let converged = || async {
             let mut done = true;
             for region in [&fra, &cpt] {
                 let routes = region
@@ -750,15 +762,11 @@ async fn geo_writeup_scenarios_with_real_processes() {
                     .unwrap_or(0);
                 done &= routes as usize == total;
             }
-            if done {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "routes did not converge (row {row})"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            done
+        };
+        // Asked often: the time of convergence is what this row measures.
+        let what = format!("routes to converge (row {row})");
+        poll_until(&what, Duration::from_millis(5), String::new, converged).await;
         let converged = start.elapsed();
         table.push(format!(
             "{n:>7}  {pattern:<24} {:>15.0} {:>20.0}   {emqx}",
@@ -803,19 +811,17 @@ async fn regions_mesh_over_quic_with_an_allowlist() {
     };
     let a = Daemon::start_in(ta, None, args("euc1", pa, &ib, None));
     let b = Daemon::start_in(tb, None, args("ape1", pb, &ia, Some(pa)));
-    let deadline = Instant::now() + MESH_DEADLINE;
-    loop {
+    let joined = || async {
         let (_, body) = http(a.admin, "GET", "/api/peers").await;
-        if body.contains(&ib) && body.contains("\"connected\":true") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "b never joined a over QUIC:\n{}",
-            b.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        body.contains(&ib) && body.contains("\"connected\":true")
+    };
+    poll_until(
+        "b to join a over QUIC",
+        Duration::from_millis(25),
+        || b.log_text(),
+        joined,
+    )
+    .await;
 }
 
 /// With `subscribe_fence`, a SUBACK means every connected region knows the route: a message

@@ -436,7 +436,7 @@ impl Broker {
                 }
                 let owner = delta.owner.clone();
                 let outcome = c.table.apply_delta(&delta);
-                self.persist_replica(&owner.node);
+                self.persist_replica(&owner.node, matches!(outcome, DeltaOutcome::Applied { .. }));
                 let Some(c) = &mut self.cluster else { return };
                 match outcome {
                     DeltaOutcome::Applied { version } => {
@@ -477,7 +477,8 @@ impl Broker {
                 }
                 let owner = chunk.owner.clone();
                 let outcome = c.table.apply_snapshot_chunk(&chunk);
-                self.persist_replica(&owner.node);
+                let installed = matches!(outcome, SnapshotOutcome::Installed { .. });
+                self.persist_replica(&owner.node, installed);
                 match outcome {
                     SnapshotOutcome::Installed { version } => {
                         self.send_to_peer(owner.node.clone(), Frame::RouteAck { owner, version })
@@ -683,9 +684,13 @@ impl Broker {
 
     /// Persist what changed in the replica of `node`'s route set, so that a restarted node
     /// keeps forwarding (into its outboxes) to nodes it cannot reach yet.
-    fn persist_replica(&mut self, node: &NodeId) {
+    /// Only what changed is written: nothing for a duplicate delta or a snapshot still arriving.
+    fn persist_replica(&mut self, node: &NodeId, moved: bool) {
         let Some(c) = &mut self.cluster else { return };
         let changes = c.table.take_journal();
+        if changes.is_empty() && !moved {
+            return;
+        }
         let position = c
             .table
             .replica(node)

@@ -295,6 +295,14 @@ struct Bootstrap {
     backoff: Duration,
 }
 
+impl Bootstrap {
+    /// Dial again after the current backoff, and double it for the time after.
+    fn retry_later(&mut self, now: tokio::time::Instant, max: Duration) {
+        self.next = now + self.backoff;
+        self.backoff = (self.backoff * 2).min(max);
+    }
+}
+
 struct Driver {
     swarm: Swarm<Behaviour>,
     topic: gossipsub::IdentTopic,
@@ -375,8 +383,7 @@ impl Driver {
                 Ok(()) => b.dialing = Some(id),
                 Err(e) => {
                     debug!(addr = %b.addr, error = %e, "cannot dial bootstrap peer");
-                    b.next = now + b.backoff;
-                    b.backoff = (b.backoff * 2).min(self.redial_max);
+                    b.retry_later(now, self.redial_max);
                 }
             }
         }
@@ -432,8 +439,7 @@ impl Driver {
                 for b in &mut self.bootstrap {
                     if b.dialing == Some(connection_id) {
                         b.dialing = None;
-                        b.next = now + b.backoff;
-                        b.backoff = (b.backoff * 2).min(self.redial_max);
+                        b.retry_later(now, self.redial_max);
                         self.stats.dial_failures.fetch_add(1, Ordering::Relaxed);
                         debug!(addr = %b.addr, error = %error, retry_in = ?b.backoff, "bootstrap peer did not answer");
                     }
