@@ -326,7 +326,7 @@ impl Broker {
         let generation = self.next_generation();
         let had_records;
         {
-            let will = connect.will.as_ref().map(will_from);
+            let will = connect.will.as_ref().map(|w| Box::new(will_from(w)));
             // new_session / existing ids are live slots.
             let session = self.session_mut(sid).expect("session slot just looked up");
             had_records = session.persisted;
@@ -636,8 +636,8 @@ impl Broker {
             username: s.username.clone(),
             disconnected_at: s.disconnected_at,
             will: match (&s.will, &s.pending_will) {
-                (Some(w), _) => Some((w.clone(), None)),
-                (None, Some((w, due))) => Some((w.clone(), Some(*due))),
+                (Some(w), _) => Some((Will::clone(w), None)),
+                (None, Some((w, due))) => Some((Will::clone(w), Some(*due))),
                 (None, None) => None,
             },
         };

@@ -84,7 +84,8 @@ pub struct ClientSummary {
 pub struct Broker {
     config: Config,
     now: Timestamp,
-    conns: FixedMap<ConnId, Connection>,
+    /// Boxed: a map of many connections keeps spare slots, which stay small this way.
+    conns: FixedMap<ConnId, Box<Connection>>,
     next_conn: u64,
     sessions: Vec<Option<Session>>,
     free_sessions: Vec<SessionId>,
@@ -175,7 +176,8 @@ impl Broker {
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
         let deadline = now.plus_ms(self.config.connect_timeout_ms);
-        self.conns.insert(id, Connection::new(info, now, deadline));
+        self.conns
+            .insert(id, Box::new(Connection::new(info, now, deadline)));
         self.timers.insert((deadline, Timer::ConnectTimeout(id)));
         id
     }

@@ -116,7 +116,7 @@ impl Broker {
             session.generation = generation;
             session.persisted = true;
             if let Some((will, due)) = pending_will {
-                session.pending_will = Some((will, due));
+                session.pending_will = Some((Box::new(will), due));
                 due_wills.push((due, sid, generation));
             }
             if let Some(at) = expires_at {

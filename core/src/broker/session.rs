@@ -1,7 +1,7 @@
 //! Session state: what survives a connection (subscriptions, QoS 1/2 messages in flight and
 //! queued, incoming QoS 2 packet ids) for as long as the session lasts.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use super::io::{ConnId, Timestamp};
 use super::message::{Delivery, Message};
@@ -16,6 +16,54 @@ pub(crate) type SessionId = u32;
 pub(crate) struct SubscriptionEntry {
     pub options: SubscriptionOptions,
     pub subscription_id: Option<u32>,
+}
+
+/// A session's subscriptions by filter text, in a sorted vector: most sessions hold a few,
+/// and a B-tree's smallest node has room for eleven.
+#[derive(Debug, Default)]
+pub(crate) struct Subscriptions(Vec<(String, SubscriptionEntry)>);
+
+impl Subscriptions {
+    fn position(&self, filter: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(f, _)| f.as_str().cmp(filter))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn contains_key(&self, filter: &str) -> bool {
+        self.position(filter).is_ok()
+    }
+
+    /// Add or replace; the entry it replaced.
+    pub fn insert(
+        &mut self,
+        filter: String,
+        entry: SubscriptionEntry,
+    ) -> Option<SubscriptionEntry> {
+        match self.position(&filter) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, entry)),
+            Err(i) => {
+                self.0.insert(i, (filter, entry));
+                None
+            }
+        }
+    }
+
+    pub fn remove(&mut self, filter: &str) -> Option<SubscriptionEntry> {
+        let i = self.position(filter).ok()?;
+        Some(self.0.remove(i).1)
+    }
+
+    /// In filter order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &SubscriptionEntry)> {
+        self.0.iter().map(|(f, e)| (f, e))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(f, _)| f)
+    }
 }
 
 /// Where an outgoing QoS 1/2 message stands.
@@ -65,7 +113,7 @@ pub(crate) struct Session {
     pub expires_at: Option<Timestamp>,
     /// When the session lost its connection (persisted: expiry counts from here).
     pub disconnected_at: Option<Timestamp>,
-    pub subscriptions: BTreeMap<String, SubscriptionEntry>,
+    pub subscriptions: Subscriptions,
     pub inflight: VecDeque<Inflight>,
     pub queue: VecDeque<Queued>,
     pub queued_bytes: usize,
@@ -73,10 +121,10 @@ pub(crate) struct Session {
     pub incoming_qos2: BTreeSet<u16>,
     next_packet_id: u16,
     pub next_seq: u64,
-    /// The will of the current connection.
-    pub will: Option<Will>,
-    /// A will whose connection ended, published at `pending_will_at` unless the client comes back.
-    pub pending_will: Option<(Will, Timestamp)>,
+    /// The will of the current connection (boxed: most sessions have none).
+    pub will: Option<Box<Will>>,
+    /// A will whose connection ended, published at the given time unless the client comes back.
+    pub pending_will: Option<(Box<Will>, Timestamp)>,
     /// Bumped on every connect and disconnect so that stale timers are recognised.
     pub generation: u64,
     /// Whether records of this session may be in storage (so ending it must delete them).
@@ -93,7 +141,7 @@ impl Session {
             expiry_secs: 0,
             expires_at: None,
             disconnected_at: None,
-            subscriptions: BTreeMap::new(),
+            subscriptions: Subscriptions::default(),
             inflight: VecDeque::new(),
             queue: VecDeque::new(),
             queued_bytes: 0,
