@@ -203,6 +203,8 @@ pub struct ClientSpec {
     pub subscribe: Option<String>,
     /// Topic and publisher index.
     pub publish: Option<(String, u32)>,
+    /// The one publisher a subscriber hears (`None`: every publisher of the run).
+    pub hears: Option<u32>,
 }
 
 /// Sent to the controller once a client is connected (and subscribed), or failed.
@@ -215,6 +217,12 @@ pub enum Ready {
 /// What one client measured.
 #[derive(Debug, Default)]
 pub struct ClientResult {
+    pub client_id: String,
+    /// Publisher index, if this client published.
+    pub publisher: Option<u32>,
+    /// Whether this client subscribed, and to which publishers (see [`ClientSpec::hears`]).
+    pub subscriber: bool,
+    pub hears: Option<u32>,
     pub connect_ns: Option<u64>,
     pub suback_ns: Option<u64>,
     pub error: Option<String>,
@@ -282,6 +290,15 @@ impl Tally {
             .saturating_record((now_ns - ts).max(1));
     }
 
+    /// Sequence numbers below `sent` not seen from `publisher`.
+    pub fn missing(&self, publisher: usize, sent: u64) -> impl Iterator<Item = u64> + '_ {
+        let bits = self.seen.get(publisher).map_or(&[][..], Vec::as_slice);
+        (0..sent).filter(move |&seq| {
+            let word = usize::try_from(seq / 64).unwrap_or(usize::MAX);
+            bits.get(word).is_none_or(|w| w & (1 << (seq % 64)) == 0)
+        })
+    }
+
     pub fn merge(&mut self, other: &Tally) {
         self.received += other.received;
         self.unique += other.unique;
@@ -332,7 +349,13 @@ pub async fn run_client(
     cfg: Arc<RunCfg>,
     ready: mpsc::UnboundedSender<Ready>,
 ) -> ClientResult {
-    let mut result = ClientResult::default();
+    let mut result = ClientResult {
+        client_id: spec.client_id.clone(),
+        publisher: spec.publish.as_ref().map(|(_, i)| *i),
+        subscriber: spec.subscribe.is_some(),
+        hears: spec.hears,
+        ..ClientResult::default()
+    };
     let shared = &cfg.shared;
     let permit = cfg.gate.enter(spec.index).await;
     let t = Instant::now();
@@ -387,30 +410,17 @@ pub async fn run_client(
 
     let mut start = cfg.start.clone();
     let mut stop = cfg.stop.clone();
-    // Wait for the start (keeping the connection alive), or the end of a connect-only run.
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.wait_for(|s| *s) => return result,
-            _ = start.wait_for(|s| *s) => break,
-            ev = el.poll() => if let Err(e) = ev {
-                result.error = Some(e.to_string());
-                return result;
-            },
-        }
-    }
-
-    let mut producer = spec
-        .publish
-        .clone()
-        .map(|(topic, index)| tokio::spawn(produce(client.clone(), topic, index, cfg.clone())));
-    let is_publisher = producer.is_some();
+    let mut started = false;
+    let mut producer: Option<tokio::task::JoinHandle<u64>> = None;
     let mut requested: Option<u64> = None;
-    let mut done = !is_publisher;
+    let mut done = spec.publish.is_none();
     let count_qos = cfg.qos != QoS::AtMostOnce;
+    // One loop from SUBACK to the end: a subscriber may see its first delivery before it sees
+    // the start (the publishers see it first), and that delivery counts like any other.
     'run: loop {
         // The poll future lives until it yields an event: cancelling rumqttc's poll part-way
-        // through a write could lose a packet, so only the end of the run may drop it.
+        // through could lose a packet it has read or is writing, so only the end of the run
+        // may drop it.
         let ev = {
             let poll = el.poll();
             tokio::pin!(poll);
@@ -418,6 +428,12 @@ pub async fn run_client(
                 tokio::select! {
                     biased;
                     _ = stop.wait_for(|s| *s) => break 'run,
+                    _ = start.wait_for(|s| *s), if !started => {
+                        started = true;
+                        producer = spec.publish.clone().map(|(topic, index)| {
+                            tokio::spawn(produce(client.clone(), topic, index, cfg.clone()))
+                        });
+                    }
                     r = async { producer.as_mut().expect("guarded").await }, if requested.is_none() && producer.is_some() => {
                         requested = Some(r.unwrap_or(0));
                         if check_done(&mut done, requested, &result, count_qos) {
@@ -518,4 +534,92 @@ async fn produce(client: AsyncClient, topic: String, index: u32, cfg: Arc<RunCfg
 
 fn elapsed_ns(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: Common,
+    }
+
+    /// A subscriber may see its first delivery before it sees the run's start: the publishers
+    /// see the start first. That delivery must be counted, not lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delivery_before_the_subscriber_sees_the_start_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = crate::BrokerBuilder::new()
+            .mqtt_addr("127.0.0.1:0".parse().unwrap())
+            .ws_addr(None)
+            .admin_addr(None)
+            .data_dir(dir.path())
+            .start()
+            .await
+            .unwrap();
+        let port = server.local_addr("tcp").unwrap().port().to_string();
+        let common = Cli::parse_from(["bench", "--port", &port, "--timeout", "10"]).common;
+        let (start_tx, start) = watch::channel(false);
+        let (stop_tx, stop) = watch::channel(false);
+        let shared = Arc::new(Shared::new());
+        let cfg = Arc::new(RunCfg {
+            target: Target::new(&common).unwrap(),
+            gate: Gate::new(1, 0.0),
+            qos: QoS::AtLeastOnce,
+            size: HEADER,
+            rate: 0.0,
+            count: 1,
+            duration: Duration::from_secs(1),
+            inflight: 1,
+            publishers: 1,
+            connect_timeout: Duration::from_secs(10),
+            shared: shared.clone(),
+            start,
+            stop,
+        });
+        let spec = ClientSpec {
+            index: 0,
+            client_id: "early-sub".to_owned(),
+            subscribe: Some("early/0".to_owned()),
+            publish: None,
+            hears: Some(0),
+        };
+        let (ready_tx, mut ready) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run_client(spec, cfg, ready_tx));
+        assert!(matches!(ready.recv().await, Some(Ready::Up)));
+
+        // Publisher 0's message #0, sent while the start has not been given.
+        let mut payload = BytesMut::new();
+        payload.put_u64_le(shared.now_ns());
+        payload.put_u32_le(0);
+        payload.put_u64_le(0);
+        let mut publisher = server.client().connect().await.unwrap();
+        publisher
+            .publish(
+                "early/0",
+                payload.freeze(),
+                crate::client::QoS::AtLeastOnce,
+                false,
+            )
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shared.received.load(Ordering::Relaxed) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the subscriber did not count a delivery that came before the start"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+
+        let _ = stop_tx.send(true);
+        let result = task.await.unwrap();
+        drop(start_tx);
+        assert_eq!(result.tally.unique, 1);
+        assert_eq!(result.tally.missing(0, 1).count(), 0);
+        server.shutdown().await.unwrap();
+    }
 }

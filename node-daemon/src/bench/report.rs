@@ -113,6 +113,18 @@ pub struct Flow {
     pub received_per_sec: f64,
     /// Publisher's send time to the subscriber's receive time.
     pub latency: Option<Percentiles>,
+    /// The first few deliveries counted in `lost`, by name.
+    pub missing: Vec<Missing>,
+}
+
+/// A delivery that was due and did not arrive.
+#[derive(Debug, Clone, Serialize)]
+pub struct Missing {
+    /// The subscriber's client id.
+    pub subscriber: String,
+    pub publisher: u32,
+    /// The publisher's sequence number (0 is its first message).
+    pub seq: u64,
 }
 
 fn per_sec(n: u64, secs: f64) -> f64 {
@@ -128,7 +140,6 @@ impl Flow {
         t: &Tally,
         publish_secs: f64,
         receive_secs: f64,
-        _qos: u8,
     ) -> Self {
         Self {
             sent,
@@ -143,6 +154,7 @@ impl Flow {
             receive_secs,
             received_per_sec: per_sec(t.received - t.foreign, receive_secs),
             latency: t.latency_ns.as_ref().map(Percentiles::of),
+            missing: Vec::new(),
         }
     }
 }
@@ -241,6 +253,19 @@ impl Report {
                 "  lost            {}   duplicates {}   foreign {}",
                 m.lost, m.duplicates, m.foreign
             )?;
+            if !m.missing.is_empty() {
+                let shown: Vec<String> = m
+                    .missing
+                    .iter()
+                    .map(|x| format!("{} from publisher {} #{}", x.subscriber, x.publisher, x.seq))
+                    .collect();
+                let more = if m.lost > shown.len() as u64 {
+                    ", …"
+                } else {
+                    ""
+                };
+                writeln!(out, "  missing         {}{more}", shown.join(", "))?;
+            }
             if let Some(p) = &m.latency {
                 writeln!(out, "  latency         {}", lat(p))?;
             }

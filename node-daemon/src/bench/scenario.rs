@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::client::{self, ClientResult, ClientSpec, Gate, Ready, RunCfg, Shared, Tally, Target};
 use super::proc::{self, ProcSample};
-use super::report::{Broker, Connects, Flow, Report};
+use super::report::{Broker, Connects, Flow, Missing, Report};
 use super::{Common, Load, Scenario};
 
 /// Who publishes where and who subscribes to what.
@@ -42,6 +42,7 @@ fn spec(
         client_id: format!("{}-{run}-{index}", common.client_prefix),
         subscribe,
         publish,
+        hears: None,
     }
 }
 
@@ -56,7 +57,9 @@ fn flow_plan(name: &'static str, a: &super::FlowArgs, run: &str) -> anyhow::Resu
         "pairs" => {
             for i in 0..n {
                 let t = format!("{base}/pairs/{i}");
-                clients.push(spec(c, run, 2 * i, Some(t.clone()), None));
+                let mut sub = spec(c, run, 2 * i, Some(t.clone()), None);
+                sub.hears = Some(idx(i));
+                clients.push(sub);
                 clients.push(spec(c, run, 2 * i + 1, None, Some((t, idx(i)))));
             }
             (n, n, 1)
@@ -244,6 +247,36 @@ async fn finish(s: Started) -> Vec<ClientResult> {
     results
 }
 
+/// Deliveries listed by name in a report.
+const MISSING_SHOWN: usize = 10;
+
+/// The first `limit` deliveries due and not received: subscriber, publisher, sequence number.
+fn missing(results: &[ClientResult], limit: usize) -> Vec<Missing> {
+    let publishers: Vec<(u32, u64)> = results
+        .iter()
+        .filter_map(|r| r.publisher.map(|p| (p, r.sent)))
+        .collect();
+    let mut out = Vec::new();
+    for sub in results.iter().filter(|r| r.subscriber) {
+        for &(publisher, sent) in &publishers {
+            if sub.hears.is_some_and(|h| h != publisher) {
+                continue;
+            }
+            for seq in sub.tally.missing(publisher as usize, sent) {
+                if out.len() == limit {
+                    return out;
+                }
+                out.push(Missing {
+                    subscriber: sub.client_id.clone(),
+                    publisher,
+                    seq,
+                });
+            }
+        }
+    }
+    out
+}
+
 fn first_errors(failed: &[String], results: &[ClientResult]) -> Vec<String> {
     let mut errors: Vec<String> = Vec::new();
     for e in failed
@@ -410,15 +443,8 @@ async fn flow(plan: Plan, common: &Common, load: &Load) -> anyhow::Result<Report
     let publish_secs = secs(shared.last_sent_ns.load(Ordering::Relaxed));
     let recv_secs = secs(shared.last_recv_ns.load(Ordering::Relaxed));
     let expected = sent * plan.receivers;
-    let flow = Flow::new(
-        sent,
-        acked,
-        expected,
-        &tally,
-        publish_secs,
-        recv_secs,
-        load.qos,
-    );
+    let mut flow = Flow::new(sent, acked, expected, &tally, publish_secs, recv_secs);
+    flow.missing = missing(&results, MISSING_SHOWN);
     let delivered = tally.unique;
     let broker = Broker::new(common.broker_pid, before, after, delivered, up);
     Ok(Report {
