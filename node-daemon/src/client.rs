@@ -15,7 +15,6 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 use meridian_core::ConnInfo;
@@ -25,9 +24,9 @@ use meridian_core::codec::{
     PublishProperties, ReasonCode, Subscribe, SubscribeFilter, SubscribeProperties,
     SubscriptionOptions, Unsubscribe,
 };
-use tokio::sync::mpsc;
 
-use crate::engine::{ConnWriter, EngineHandle, ToEngine, WriteCmd};
+use crate::engine::{EngineHandle, ToEngine};
+use crate::outbox::Outbox;
 
 const V5: ProtocolVersion = ProtocolVersion::V5;
 
@@ -92,22 +91,21 @@ impl ClientBuilder {
     }
 
     pub async fn connect(self) -> Result<InProcessClient, ClientError> {
-        let (writer, rx) = ConnWriter::new();
-        let queued = writer.queued.clone();
+        let outbox = Outbox::new();
         let info = ConnInfo {
             remote_addr: Some("in-process".to_owned()),
             ..ConnInfo::default()
         };
         let conn = self
             .engine
-            .accept(info, writer)
+            .accept(info, outbox.clone())
             .await
             .ok_or(ClientError::BrokerGone)?;
         let mut client = InProcessClient {
             engine: self.engine,
             conn,
-            rx,
-            queued,
+            outbox,
+            received: VecDeque::new(),
             buf: BytesMut::new(),
             next_id: 0,
             inbox: VecDeque::new(),
@@ -148,8 +146,9 @@ impl ClientBuilder {
 pub struct InProcessClient {
     engine: EngineHandle,
     conn: meridian_core::ConnId,
-    rx: mpsc::UnboundedReceiver<WriteCmd>,
-    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    outbox: std::sync::Arc<Outbox>,
+    /// Chunks taken from the outbox, not yet decoded.
+    received: VecDeque<Bytes>,
     buf: BytesMut,
     next_id: u16,
     /// Messages that arrived while waiting for an acknowledgement.
@@ -301,12 +300,16 @@ impl InProcessClient {
                 Ok(None) => {}
                 Err(e) => return Err(ClientError::Protocol(format!("{e:?}"))),
             }
-            match self.rx.recv().await {
-                Some(WriteCmd::Data(data)) => {
-                    self.queued.fetch_sub(data.len(), Ordering::AcqRel);
-                    self.buf.extend_from_slice(&data);
+            let end = self.outbox.take(&mut self.received);
+            if self.received.is_empty() {
+                if end.is_some() {
+                    return Err(ClientError::Closed);
                 }
-                Some(WriteCmd::Close) | None => return Err(ClientError::Closed),
+                self.outbox.changed().await;
+            }
+            for data in self.received.drain(..) {
+                self.outbox.written(data.len());
+                self.buf.extend_from_slice(&data);
             }
         }
     }

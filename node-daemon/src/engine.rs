@@ -4,11 +4,11 @@
 //! readers wait: back-pressure). It runs the core's drive loop: take one message and up to
 //! [`MAX_BATCH`] more that are ready, feed each, drain every output, commit all `Persist`
 //! records of the batch in one transaction, and only then hand bytes to the connections'
-//! writer tasks. Then it sleeps until the next message or the broker's deadline.
+//! [`Outbox`]es. Then it sleeps until the next message or the broker's deadline.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
@@ -18,11 +18,12 @@ use meridian_core::link::{self, Frame};
 use meridian_core::routes::NodeId;
 use meridian_core::topic::TopicError;
 use meridian_core::{Broker, ConnId, ConnInfo, Event, Input, Output, Timestamp};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use crate::mesh::MeshCmd;
 use crate::mesh::session::PeerWriter;
+use crate::outbox::Outbox;
 use crate::storage::{StorageError, Store};
 
 /// Inputs taken per turn of the loop before outputs are committed and sent.
@@ -35,7 +36,7 @@ pub const ENGINE_QUEUE: usize = 1024;
 pub enum ToEngine {
     Accept {
         info: ConnInfo,
-        writer: ConnWriter,
+        outbox: Arc<Outbox>,
         reply: oneshot::Sender<ConnId>,
     },
     Bytes {
@@ -86,39 +87,6 @@ pub enum ToEngine {
     Shutdown,
 }
 
-/// What a writer task is told.
-#[derive(Debug)]
-pub enum WriteCmd {
-    Data(Bytes),
-    /// Write everything before this, then close.
-    Close,
-}
-
-/// The broker thread's end of one connection's writer.
-#[derive(Debug, Clone)]
-pub struct ConnWriter {
-    /// Unbounded in count: the bound is `queued`, in bytes (`max_write_buffer_bytes`).
-    pub tx: mpsc::UnboundedSender<WriteCmd>,
-    /// Bytes handed to the writer and not yet written to the socket.
-    pub queued: Arc<AtomicUsize>,
-    /// Close at once, dropping what is queued (slow consumers).
-    pub kill: Arc<Notify>,
-}
-
-impl ConnWriter {
-    pub fn new() -> (Self, mpsc::UnboundedReceiver<WriteCmd>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (
-            Self {
-                tx,
-                queued: Arc::new(AtomicUsize::new(0)),
-                kill: Arc::new(Notify::new()),
-            },
-            rx,
-        )
-    }
-}
-
 /// Counters kept by the daemon itself (the broker's are in [`Stats`]).
 #[derive(Debug, Default)]
 pub struct DaemonCounters {
@@ -139,12 +107,12 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Register a connection; `None` if the broker is stopping.
-    pub async fn accept(&self, info: ConnInfo, writer: ConnWriter) -> Option<ConnId> {
+    pub async fn accept(&self, info: ConnInfo, outbox: Arc<Outbox>) -> Option<ConnId> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(ToEngine::Accept {
                 info,
-                writer,
+                outbox,
                 reply,
             })
             .await
@@ -221,7 +189,7 @@ pub struct Engine {
     broker: Broker,
     store: Store,
     clock: Clock,
-    writers: HashMap<ConnId, ConnWriter>,
+    outboxes: HashMap<ConnId, Arc<Outbox>>,
     max_write_buffer_bytes: usize,
     counters: Arc<DaemonCounters>,
     outputs: Vec<Output>,
@@ -248,7 +216,7 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("broker", &self.broker)
-            .field("connections", &self.writers.len())
+            .field("connections", &self.outboxes.len())
             .finish_non_exhaustive()
     }
 }
@@ -265,7 +233,7 @@ impl Engine {
             broker,
             store,
             clock: Clock::default(),
-            writers: HashMap::new(),
+            outboxes: HashMap::new(),
             max_write_buffer_bytes,
             counters,
             outputs: Vec::new(),
@@ -366,11 +334,11 @@ impl Engine {
         match msg {
             ToEngine::Accept {
                 info,
-                writer,
+                outbox,
                 reply,
             } => {
                 let conn = self.broker.accept(now, info);
-                self.writers.insert(conn, writer);
+                self.outboxes.insert(conn, outbox);
                 if reply.send(conn).is_err() {
                     // The connection task is gone already.
                     self.broker.handle_input(now, Input::Closed { conn });
@@ -534,10 +502,8 @@ impl Engine {
                 match out {
                     Output::Send { conn, data } => self.send(conn, data),
                     Output::Close { conn } => {
-                        if let Some(w) = self.writers.remove(&conn)
-                            && w.tx.send(WriteCmd::Close).is_err()
-                        {
-                            w.kill.notify_one();
+                        if let Some(outbox) = self.outboxes.remove(&conn) {
+                            outbox.close();
                         }
                     }
                     Output::Persist { .. } => {}
@@ -564,8 +530,8 @@ impl Engine {
             // Connections that went away (or were cut off as slow consumers) during the batch.
             let now = self.clock.now();
             for conn in std::mem::take(&mut self.slow) {
-                if let Some(w) = self.writers.remove(&conn) {
-                    w.kill.notify_one();
+                if let Some(outbox) = self.outboxes.remove(&conn) {
+                    outbox.kill();
                     self.broker.handle_input(now, Input::Closed { conn });
                     self.drain();
                 }
@@ -578,12 +544,13 @@ impl Engine {
         if self.slow.contains(&conn) {
             return;
         }
-        let Some(w) = self.writers.get(&conn) else {
+        let Some(outbox) = self.outboxes.get(&conn) else {
             return;
         };
-        let len = data.len();
-        let queued = w.queued.fetch_add(len, Ordering::AcqRel) + len;
-        if queued > self.max_write_buffer_bytes || w.tx.send(WriteCmd::Data(data)).is_err() {
+        let queued = outbox.queued() + data.len();
+        if queued <= self.max_write_buffer_bytes {
+            outbox.push(data);
+        } else {
             warn!(
                 conn = conn.0,
                 queued, "slow consumer: write buffer full, disconnecting"

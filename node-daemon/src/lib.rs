@@ -21,6 +21,7 @@ pub mod engine;
 pub mod link_proxy;
 pub mod mesh;
 pub mod net;
+pub mod outbox;
 pub mod passwd;
 pub mod server;
 pub mod sim;

@@ -1,26 +1,34 @@
 //! Listeners and connection tasks.
 //!
-//! Each accepted socket gets a reader (this task) and a writer task. The reader forwards what it
-//! reads to the broker thread and waits when that thread's queue is full; the writer writes what
-//! the broker thread hands it. The broker thread bounds each writer's backlog in bytes.
+//! Each accepted socket gets one task. It hands what it reads to the broker thread (waiting,
+//! without reading more, while that thread's queue is full) and writes what the broker thread
+//! queued in the connection's [`Outbox`], whose backlog the broker thread bounds in bytes.
+//! Reading and writing proceed independently within the task.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use bytes::BytesMut;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
-use meridian_core::ConnInfo;
+use meridian_core::{ConnId, ConnInfo};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::mpsc::OwnedPermit;
+use tokio::sync::mpsc::error::{SendError, TrySendError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{Instrument, debug, info_span, warn};
 
-use crate::engine::{ConnWriter, EngineHandle, ToEngine, WriteCmd};
+use crate::engine::{EngineHandle, ToEngine};
+use crate::outbox::{End, Outbox};
 
 /// Read buffer sizes. An idle connection holds the smallest; a connection whose reads fill the
 /// buffer doubles it, up to the largest, and halves it again when reads get small.
@@ -68,6 +76,7 @@ pub async fn accept_loop(
     permits: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let spec = Arc::new(spec);
     loop {
         let (socket, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -95,35 +104,32 @@ pub async fn accept_loop(
             .connections_accepted
             .fetch_add(1, Ordering::Relaxed);
         let _ = socket.set_nodelay(true);
-        let spec = spec.clone();
-        let engine = engine.clone();
         let span = info_span!("conn", listener = spec.name, %peer);
-        tokio::spawn(
-            async move {
-                serve_socket(socket, peer, &spec, engine).await;
-                drop(permit);
-            }
-            .instrument(span),
-        );
-    }
-}
-
-async fn serve_socket(
-    socket: TcpStream,
-    peer: SocketAddr,
-    spec: &ListenerSpec,
-    engine: EngineHandle,
-) {
-    let info = ConnInfo {
-        remote_addr: Some(peer.to_string()),
-        tls_identity: None,
-        max_packet_size: spec.max_packet_size,
-    };
-    match &spec.tls {
-        None => serve_transport(socket, info, &spec.transport, engine).await,
-        // Boxed: the TLS handshake and stream are large, and most connections have neither.
-        Some(acceptor) => {
-            Box::pin(serve_tls(socket, info, acceptor, &spec.transport, engine)).await
+        let info = ConnInfo {
+            remote_addr: Some(peer.to_string()),
+            tls_identity: None,
+            max_packet_size: spec.max_packet_size,
+        };
+        let engine = engine.clone();
+        // Plain MQTT over TCP is spawned as it is: a task keeps its whole state for as long as
+        // the connection lives, and the TLS and WebSocket layers are large.
+        if spec.tls.is_none() && matches!(spec.transport, Transport::Tcp) {
+            tokio::spawn(serve_stream(socket, info, engine, permit).instrument(span));
+        } else {
+            let spec = spec.clone();
+            tokio::spawn(
+                async move {
+                    match &spec.tls {
+                        None => {
+                            serve_transport(socket, info, &spec.transport, engine, permit).await
+                        }
+                        Some(acceptor) => {
+                            serve_tls(socket, info, acceptor, &spec.transport, engine, permit).await
+                        }
+                    }
+                }
+                .instrument(span),
+            );
         }
     }
 }
@@ -134,6 +140,7 @@ async fn serve_tls(
     acceptor: &tokio_rustls::TlsAcceptor,
     transport: &Transport,
     engine: EngineHandle,
+    permit: OwnedSemaphorePermit,
 ) {
     // A handshake is bounded by the same timeout a client has to send CONNECT.
     let handshake =
@@ -146,19 +153,24 @@ async fn serve_tls(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .and_then(|cert| crate::tls::common_name(cert));
-            serve_transport(tls, info, transport, engine).await
+            serve_transport(tls, info, transport, engine, permit).await
         }
         Ok(Err(e)) => debug!(error = %e, "TLS handshake failed"),
         Err(_) => debug!("TLS handshake timed out"),
     }
 }
 
-async fn serve_transport<S>(stream: S, info: ConnInfo, transport: &Transport, engine: EngineHandle)
-where
+async fn serve_transport<S>(
+    stream: S,
+    info: ConnInfo,
+    transport: &Transport,
+    engine: EngineHandle,
+    permit: OwnedSemaphorePermit,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     match transport {
-        Transport::Tcp => serve_stream(stream, info, engine).await,
+        Transport::Tcp => serve_stream(stream, info, engine, permit).await,
         Transport::WebSocket {
             path,
             max_message_bytes,
@@ -170,88 +182,182 @@ where
                 path,
                 *max_message_bytes,
                 engine,
+                permit,
             ))
             .await
         }
     }
 }
 
-/// MQTT straight over a byte stream (TCP or TLS).
-pub async fn serve_stream<S>(stream: S, info: ConnInfo, engine: EngineHandle)
-where
+/// MQTT straight over a byte stream (TCP or TLS). `permit` is the listener's connection
+/// permit, held until the connection ends.
+pub async fn serve_stream<S>(
+    stream: S,
+    info: ConnInfo,
+    engine: EngineHandle,
+    permit: OwnedSemaphorePermit,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut rd, wr) = tokio::io::split(stream);
-    let (writer, rx) = ConnWriter::new();
-    let queued = writer.queued.clone();
-    let kill = writer.kill.clone();
-    let Some(conn) = engine.accept(info, writer).await else {
+    let outbox = Outbox::new();
+    // Boxed here and below: the task keeps its largest state for as long as the connection
+    // lives, and these two waits happen once each.
+    let Some(conn) = Box::pin(engine.accept(info, outbox.clone())).await else {
         return;
     };
-    let mut write_task = tokio::spawn(write_stream(wr, rx, queued, kill).in_current_span());
-    let mut want = READ_MIN;
-    let mut buf = BytesMut::new();
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut reads = Reads::default();
+    let mut out = VecDeque::new();
+    let mut unflushed = false;
+    let mut to_broker = ToBroker::new(conn);
+    let mut closing = false;
     loop {
-        buf.reserve(want);
+        if closing && out.is_empty() && !unflushed {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, wr.shutdown()).await;
+            break;
+        }
         tokio::select! {
-            r = rd.read_buf(&mut buf) => match r {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    want = if n >= want {
-                        (want * 2).min(READ_MAX)
-                    } else if n < want / 4 {
-                        (want / 2).max(READ_MIN)
-                    } else {
-                        want
-                    };
-                    let data = buf.split().freeze();
-                    if engine.tx.send(ToEngine::Bytes { conn, data }).await.is_err() {
-                        break;
-                    }
-                }
+            () = outbox.changed() => match outbox.take(&mut out) {
+                Some(End::Kill) => break,
+                Some(End::Close) => closing = true,
+                None => {}
             },
-            _ = &mut write_task => break,
+            r = write_some(&mut wr, &mut out), if !out.is_empty() || unflushed => match r {
+                Ok(0) => unflushed = false,
+                Ok(n) => {
+                    outbox.written(n);
+                    unflushed = true;
+                }
+                Err(_) => break,
+            },
+            sent = to_broker.when_room(), if to_broker.is_waiting() => if !sent {
+                break;
+            },
+            r = reads.next(&mut rd), if !to_broker.is_waiting() && !closing => match r {
+                Some(data) => if !to_broker.offer(&engine, data) {
+                    break;
+                },
+                None => break,
+            },
         }
     }
-    let _ = engine.tx.send(ToEngine::Closed { conn }).await;
+    let _ = Box::pin(engine.tx.send(ToEngine::Closed { conn })).await;
+    drop(permit);
 }
 
-async fn write_stream<W: AsyncWrite + Unpin>(
-    mut wr: W,
-    mut rx: mpsc::UnboundedReceiver<WriteCmd>,
-    queued: Arc<std::sync::atomic::AtomicUsize>,
-    kill: Arc<tokio::sync::Notify>,
-) {
-    loop {
-        let cmd = tokio::select! {
-            c = rx.recv() => c,
-            () = kill.notified() => return,
-        };
-        match cmd {
-            Some(WriteCmd::Data(data)) => {
-                let len = data.len();
-                let ok = tokio::select! {
-                    r = wr.write_all(&data) => r.is_ok(),
-                    () = kill.notified() => return,
-                };
-                queued.fetch_sub(len, Ordering::AcqRel);
-                if !ok {
-                    return;
-                }
-                if rx.is_empty() && wr.flush().await.is_err() {
-                    return;
-                }
+/// Waiting for room in the broker thread's queue.
+type Room = Pin<Box<dyn Future<Output = Result<OwnedPermit<ToEngine>, SendError<()>>> + Send>>;
+
+/// Hands what a connection reads to the broker thread: at once while its queue has room; when
+/// it is full, the connection holds the bytes and reads no more until there is room.
+struct ToBroker {
+    conn: ConnId,
+    /// Boxed: rare, and a connection's task keeps its largest state for as long as it lives.
+    unsent: Option<(Bytes, Room)>,
+}
+
+impl ToBroker {
+    fn new(conn: ConnId) -> Self {
+        Self { conn, unsent: None }
+    }
+
+    fn is_waiting(&self) -> bool {
+        self.unsent.is_some()
+    }
+
+    /// Hand bytes over, or hold them until there is room; false if the broker thread is gone.
+    fn offer(&mut self, engine: &EngineHandle, data: Bytes) -> bool {
+        let conn = self.conn;
+        match engine.tx.try_send(ToEngine::Bytes { conn, data }) {
+            Ok(()) => true,
+            Err(TrySendError::Full(ToEngine::Bytes { data, .. })) => {
+                self.unsent = Some((data, Box::pin(engine.tx.clone().reserve_owned())));
+                true
             }
-            Some(WriteCmd::Close) | None => {
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-                    let _ = wr.flush().await;
-                    let _ = wr.shutdown().await;
-                })
-                .await;
-                return;
+            Err(_) => false,
+        }
+    }
+
+    /// Wait for room and hand over the held bytes; false if the broker thread is gone.
+    /// Cancel-safe: the bytes stay held.
+    async fn when_room(&mut self) -> bool {
+        let Some((_, room)) = self.unsent.as_mut() else {
+            return true;
+        };
+        let Ok(permit) = room.await else {
+            return false;
+        };
+        let (data, _) = self.unsent.take().expect("held above");
+        permit.send(ToEngine::Bytes {
+            conn: self.conn,
+            data,
+        });
+        true
+    }
+}
+
+/// How long a closing connection may take to flush and shut down.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads into a buffer that grows for busy connections and shrinks for quiet ones.
+struct Reads {
+    buf: BytesMut,
+    want: usize,
+}
+
+impl Default for Reads {
+    fn default() -> Self {
+        Self {
+            buf: BytesMut::new(),
+            want: READ_MIN,
+        }
+    }
+}
+
+impl Reads {
+    /// The next bytes read; `None` at the end of the stream or on an error. Cancel-safe.
+    async fn next<R: AsyncRead + Unpin>(&mut self, rd: &mut R) -> Option<Bytes> {
+        self.buf.reserve(self.want);
+        match rd.read_buf(&mut self.buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => {
+                self.want = if n >= self.want {
+                    (self.want * 2).min(READ_MAX)
+                } else if n < self.want / 4 {
+                    (self.want / 2).max(READ_MIN)
+                } else {
+                    self.want
+                };
+                Some(self.buf.split().freeze())
             }
         }
     }
+}
+
+/// Write part of the first queued chunk (removing what was written), or, with nothing queued,
+/// flush. Returns the bytes written (0: flushed). Cancel-safe: a cancelled call wrote nothing.
+async fn write_some<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    out: &mut VecDeque<Bytes>,
+) -> std::io::Result<usize> {
+    let Some(chunk) = out.front_mut() else {
+        wr.flush().await?;
+        return Ok(0);
+    };
+    let n = wr.write(chunk).await?;
+    if n == 0 {
+        return Err(std::io::ErrorKind::WriteZero.into());
+    }
+    if n == chunk.len() {
+        out.pop_front();
+        if out.is_empty() {
+            // An idle connection keeps no queue.
+            *out = VecDeque::new();
+        }
+    } else {
+        let _ = chunk.split_to(n);
+    }
+    Ok(n)
 }
 
 /// MQTT over WebSocket (binary frames, subprotocol `mqtt`).
@@ -261,6 +367,7 @@ pub async fn serve_websocket<S>(
     path: &str,
     max_message_bytes: usize,
     engine: EngineHandle,
+    permit: OwnedSemaphorePermit,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -313,50 +420,40 @@ pub async fn serve_websocket<S>(
         }
     };
     let (mut sink, mut stream) = ws.split();
-    let (writer, mut rx) = ConnWriter::new();
-    let queued = writer.queued.clone();
-    let kill = writer.kill.clone();
-    let Some(conn) = engine.accept(info, writer).await else {
+    let outbox = Outbox::new();
+    let Some(conn) = Box::pin(engine.accept(info, outbox.clone())).await else {
         return;
     };
-    let mut write_task = tokio::spawn(
-        async move {
-            loop {
-                let cmd = tokio::select! {
-                    c = rx.recv() => c,
-                    () = kill.notified() => return,
-                };
-                match cmd {
-                    Some(WriteCmd::Data(data)) => {
-                        let len = data.len();
-                        let ok = tokio::select! {
-                            r = sink.send(WsMessage::Binary(data)) => r.is_ok(),
-                            () = kill.notified() => return,
-                        };
-                        queued.fetch_sub(len, Ordering::AcqRel);
-                        if !ok {
-                            return;
-                        }
-                    }
-                    Some(WriteCmd::Close) | None => {
-                        let _ =
-                            tokio::time::timeout(std::time::Duration::from_secs(5), sink.close())
-                                .await;
-                        return;
-                    }
-                }
-            }
-        }
-        .in_current_span(),
-    );
+    let mut out = VecDeque::new();
+    let mut unflushed = false;
+    let mut to_broker = ToBroker::new(conn);
+    let mut closing = false;
     loop {
+        if closing && out.is_empty() && !unflushed {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.close()).await;
+            break;
+        }
         tokio::select! {
-            m = stream.next() => match m {
-                Some(Ok(WsMessage::Binary(data))) => {
-                    if engine.tx.send(ToEngine::Bytes { conn, data }).await.is_err() {
-                        break;
-                    }
+            () = outbox.changed() => match outbox.take(&mut out) {
+                Some(End::Kill) => break,
+                Some(End::Close) => closing = true,
+                None => {}
+            },
+            r = send_some(&mut sink, &mut out), if !out.is_empty() || unflushed => match r {
+                Ok(0) => unflushed = false,
+                Ok(n) => {
+                    outbox.written(n);
+                    unflushed = true;
                 }
+                Err(_) => break,
+            },
+            sent = to_broker.when_room(), if to_broker.is_waiting() => if !sent {
+                break;
+            },
+            m = stream.next(), if !to_broker.is_waiting() && !closing => match m {
+                Some(Ok(WsMessage::Binary(data))) => if !to_broker.offer(&engine, data) {
+                    break;
+                },
                 Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => {}
                 // Text frames are not MQTT; close like any other malformed input.
                 Some(Ok(WsMessage::Text(_) | WsMessage::Close(_))) | None => break,
@@ -365,8 +462,28 @@ pub async fn serve_websocket<S>(
                     break;
                 }
             },
-            _ = &mut write_task => break,
         }
     }
-    let _ = engine.tx.send(ToEngine::Closed { conn }).await;
+    let _ = Box::pin(engine.tx.send(ToEngine::Closed { conn })).await;
+    drop(permit);
+}
+
+/// Send the first queued chunk as one binary message, or, with nothing queued, flush. Returns
+/// the bytes sent (0: flushed). Cancel-safe: a cancelled call sent nothing.
+async fn send_some<W>(sink: &mut W, out: &mut VecDeque<Bytes>) -> Result<usize, WsError>
+where
+    W: futures_util::Sink<WsMessage, Error = WsError> + Unpin,
+{
+    if out.is_empty() {
+        sink.flush().await?;
+        return Ok(0);
+    }
+    std::future::poll_fn(|cx| sink.poll_ready_unpin(cx)).await?;
+    let chunk = out.pop_front().expect("checked above");
+    if out.is_empty() {
+        *out = VecDeque::new();
+    }
+    let n = chunk.len();
+    sink.start_send_unpin(WsMessage::Binary(chunk))?;
+    Ok(n)
 }

@@ -45,6 +45,8 @@ impl Subscriptions {
         match self.position(&filter) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, entry)),
             Err(i) => {
+                // Most sessions hold one subscription: no room for more until a second comes.
+                self.0.reserve_exact(usize::from(self.0.is_empty()));
                 self.0.insert(i, (filter, entry));
                 None
             }

@@ -1,0 +1,148 @@
+//! What the broker thread hands one connection to write.
+//!
+//! The broker thread pushes chunks of bytes and may ask for the connection to be closed; the
+//! connection's task takes everything queued at once and writes it. The queue is bounded in
+//! bytes by the broker thread (`max_write_buffer_bytes`), which reads [`Outbox::queued`] before
+//! it pushes. An idle outbox holds no buffer of its own.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+/// How the broker thread ends a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Write everything queued, then close.
+    Close,
+    /// Close now, dropping what is queued (a slow consumer, a replaced connection).
+    Kill,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    chunks: VecDeque<Bytes>,
+    end: Option<End>,
+}
+
+/// One connection's outgoing queue, shared by the broker thread and the connection's task.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    state: Mutex<State>,
+    ready: Notify,
+    /// Bytes pushed and not yet written to the socket.
+    queued: AtomicUsize,
+}
+
+impl Outbox {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Bytes pushed and not yet written.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Queue bytes to write (ignored once the connection is being ended).
+    pub fn push(&self, data: Bytes) {
+        {
+            let mut state = self.lock();
+            if state.end.is_some() {
+                return;
+            }
+            self.queued.fetch_add(data.len(), Ordering::AcqRel);
+            state.chunks.push_back(data);
+        }
+        self.ready.notify_one();
+    }
+
+    /// Close once everything queued is written.
+    pub fn close(&self) {
+        self.lock().end.get_or_insert(End::Close);
+        self.ready.notify_one();
+    }
+
+    /// Close now, dropping what is queued.
+    pub fn kill(&self) {
+        {
+            let mut state = self.lock();
+            state.end = Some(End::Kill);
+            state.chunks = VecDeque::new();
+        }
+        self.ready.notify_one();
+    }
+
+    /// Move everything queued to the back of `into`; how the connection is to end, if it is.
+    pub fn take(&self, into: &mut VecDeque<Bytes>) -> Option<End> {
+        let mut state = self.lock();
+        if into.is_empty() {
+            *into = std::mem::take(&mut state.chunks);
+        } else {
+            into.append(&mut state.chunks);
+        }
+        state.end
+    }
+
+    /// Account for bytes written to the socket.
+    pub fn written(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Wait until something was pushed or an end was asked for since the last wait (a push
+    /// before the wait counts: it is never missed).
+    pub async fn changed(&self) {
+        self.ready.notified().await;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state stays consistent whatever a panicking holder did: plain pushes and swaps.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_moves_everything_and_says_how_it_ends() {
+        let o = Outbox::new();
+        o.push(Bytes::from_static(b"ab"));
+        o.push(Bytes::from_static(b"cde"));
+        assert_eq!(o.queued(), 5);
+        let mut out = VecDeque::new();
+        assert_eq!(o.take(&mut out), None);
+        assert_eq!(out.len(), 2);
+        o.push(Bytes::from_static(b"f"));
+        o.close();
+        o.push(Bytes::from_static(b"ignored after close"));
+        assert_eq!(o.take(&mut out), Some(End::Close));
+        assert_eq!(out.len(), 3);
+        o.written(6);
+        assert_eq!(o.queued(), 0);
+    }
+
+    #[test]
+    fn kill_drops_what_is_queued_and_wins_over_close() {
+        let o = Outbox::new();
+        o.push(Bytes::from_static(b"ab"));
+        o.close();
+        o.kill();
+        o.close();
+        let mut out = VecDeque::new();
+        assert_eq!(o.take(&mut out), Some(End::Kill));
+        assert!(out.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_push_before_the_wait_is_not_missed() {
+        let o = Outbox::new();
+        o.push(Bytes::from_static(b"x"));
+        tokio::time::timeout(std::time::Duration::from_secs(5), o.changed())
+            .await
+            .expect("the earlier push wakes the waiter");
+    }
+}
