@@ -210,16 +210,19 @@ pub async fn serve_stream<S>(
     let mut out = VecDeque::new();
     let mut unflushed = false;
     let mut to_broker = ToBroker::new(conn);
-    let mut closing = false;
     loop {
-        if closing && out.is_empty() && !unflushed {
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, wr.shutdown()).await;
-            break;
-        }
         tokio::select! {
             () = outbox.changed() => match outbox.take(&mut out) {
                 Some(End::Kill) => break,
-                Some(End::Close) => closing = true,
+                Some(End::Close) => {
+                    // What the broker wrote last (a DISCONNECT, say) goes out, within a bound.
+                    let _ = Box::pin(tokio::time::timeout(CLOSE_TIMEOUT, async {
+                        while write_some(&mut wr, &mut out).await? > 0 {}
+                        wr.shutdown().await
+                    }))
+                    .await;
+                    break;
+                }
                 None => {}
             },
             r = write_some(&mut wr, &mut out), if !out.is_empty() || unflushed => match r {
@@ -233,7 +236,7 @@ pub async fn serve_stream<S>(
             sent = to_broker.when_room(), if to_broker.is_waiting() => if !sent {
                 break;
             },
-            r = reads.next(&mut rd), if !to_broker.is_waiting() && !closing => match r {
+            r = reads.next(&mut rd), if !to_broker.is_waiting() => match r {
                 Some(data) => if !to_broker.offer(&engine, data) {
                     break;
                 },
@@ -296,7 +299,7 @@ impl ToBroker {
     }
 }
 
-/// How long a closing connection may take to flush and shut down.
+/// How long a connection the broker closes may take to write what is left and shut down.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Reads into a buffer that grows for busy connections and shrinks for quiet ones.
@@ -427,16 +430,18 @@ pub async fn serve_websocket<S>(
     let mut out = VecDeque::new();
     let mut unflushed = false;
     let mut to_broker = ToBroker::new(conn);
-    let mut closing = false;
     loop {
-        if closing && out.is_empty() && !unflushed {
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.close()).await;
-            break;
-        }
         tokio::select! {
             () = outbox.changed() => match outbox.take(&mut out) {
                 Some(End::Kill) => break,
-                Some(End::Close) => closing = true,
+                Some(End::Close) => {
+                    let _ = Box::pin(tokio::time::timeout(CLOSE_TIMEOUT, async {
+                        while send_some(&mut sink, &mut out).await? > 0 {}
+                        sink.close().await
+                    }))
+                    .await;
+                    break;
+                }
                 None => {}
             },
             r = send_some(&mut sink, &mut out), if !out.is_empty() || unflushed => match r {
@@ -450,7 +455,7 @@ pub async fn serve_websocket<S>(
             sent = to_broker.when_room(), if to_broker.is_waiting() => if !sent {
                 break;
             },
-            m = stream.next(), if !to_broker.is_waiting() && !closing => match m {
+            m = stream.next(), if !to_broker.is_waiting() => match m {
                 Some(Ok(WsMessage::Binary(data))) => if !to_broker.offer(&engine, data) {
                     break;
                 },
