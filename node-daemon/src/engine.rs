@@ -563,6 +563,16 @@ impl Engine {
     }
 }
 
+impl Drop for Engine {
+    /// Connections still open when the broker thread ends (a storage failure, say) are closed
+    /// rather than left waiting for output that will never come.
+    fn drop(&mut self) {
+        for outbox in self.outboxes.values() {
+            outbox.kill();
+        }
+    }
+}
+
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -614,4 +624,29 @@ fn log_event(event: &Event) {
 /// Log a fatal storage error (the broker stops rather than acknowledge what it cannot store).
 pub fn log_storage_failure(e: &StorageError) {
     error!(error = %e, "storage failure: stopping the broker");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SyncPolicy;
+    use crate::outbox::End;
+
+    #[test]
+    fn connections_still_open_are_closed_when_the_broker_thread_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+        let broker = Broker::new(meridian_core::Config::default(), Timestamp(0));
+        let mut engine = Engine::new(broker, store, 1 << 20, Arc::default()).unwrap();
+        let outbox = Outbox::new();
+        let (reply, _conn) = oneshot::channel();
+        engine.handle(ToEngine::Accept {
+            info: ConnInfo::default(),
+            outbox: outbox.clone(),
+            reply,
+        });
+        drop(engine);
+        let mut out = std::collections::VecDeque::new();
+        assert_eq!(outbox.take(&mut out), Some(End::Kill));
+    }
 }
