@@ -529,9 +529,7 @@ impl Broker {
         session.conn = None;
         session.generation = generation;
         session.disconnected_at = Some(now);
-        for m in session.inflight.iter_mut() {
-            m.sent = false;
-        }
+        session.inflight.mark_all_unsent();
         let client_id = session.client_id.to_string();
         let will = session.will.take().filter(|_| cause.publishes_will());
         let expiry = session.expiry_secs;

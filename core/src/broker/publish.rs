@@ -315,7 +315,7 @@ impl Broker {
         if let Some(conn) = conn
             && session.queue.is_empty()
             && session.inflight.len() < window
-            && session.first_unsent().is_none()
+            && session.inflight.first_unsent().is_none()
         {
             let seq = self.session_mut(sid).map_or(0, |s| s.take_seq());
             self.send_inflight(sid, conn, delivery, seq, false);
@@ -399,20 +399,20 @@ impl Broker {
         let Some(session) = self.session_mut(sid) else {
             return;
         };
-        let packet_id = session.allocate_packet_id();
+        let packet_id = session.inflight.allocate_packet_id();
         let persistent = session.is_persistent();
-        let client_id = session.client_id.to_string();
+        let client_id = (persistent || stored).then(|| session.client_id.to_string());
         if !self.fits_client(conn, &delivery, Some(packet_id)) {
             // Too large for this client: dropped, as if delivered.
             self.stats.dropped_too_large += 1;
-            if stored {
+            if stored && let Some(client_id) = client_id {
                 self.persist(Key::Queued { client_id, seq }.encode(), None);
             }
             return;
         }
         // The record goes first: once the client may have the message, a restart must know
         // its packet id, or a QoS 2 message could be delivered twice.
-        if persistent {
+        if persistent && let Some(client_id) = client_id {
             let value =
                 persist::encode_queued(Some((packet_id, InflightState::AwaitAck)), &delivery);
             self.persist(Key::Queued { client_id, seq }.encode(), Some(value));
@@ -420,7 +420,7 @@ impl Broker {
         self.write_publish(conn, &delivery, Some(packet_id), false);
         if let Some(session) = self.session_mut(sid) {
             session.persisted |= persistent;
-            session.inflight.push_back(Inflight {
+            session.inflight.push(Inflight {
                 packet_id,
                 state: InflightState::AwaitAck,
                 delivery,
@@ -503,8 +503,8 @@ impl Broker {
                 .conns
                 .get(&conn)
                 .map_or(0, |c| usize::from(c.send_window));
-            if let Some(pos) = session.first_unsent() {
-                if session.sent_inflight() >= window {
+            if let Some(pos) = session.inflight.first_unsent() {
+                if session.inflight.sent() >= window {
                     return;
                 }
                 self.resend_inflight(sid, conn, pos);
@@ -545,8 +545,7 @@ impl Broker {
         let Some(session) = self.session_mut(sid) else {
             return;
         };
-        let entry = &mut session.inflight[pos];
-        entry.sent = true;
+        let entry = session.inflight.mark_sent(pos);
         let (packet_id, state, delivery) = (entry.packet_id, entry.state, entry.delivery.clone());
         match state {
             InflightState::AwaitComp => self.send(conn, &Packet::PubRel(Ack::new(packet_id))),
@@ -585,7 +584,7 @@ impl Broker {
         let Some(session) = self.session(sid) else {
             return;
         };
-        if let Some(pos) = session.inflight_position(ack.packet_id) {
+        if let Some(pos) = session.inflight.position(ack.packet_id) {
             let m = &session.inflight[pos];
             if m.delivery.qos == QoS::AtLeastOnce && m.state == InflightState::AwaitAck {
                 self.complete_inflight(sid, pos);
@@ -597,7 +596,7 @@ impl Broker {
         let Some(session) = self.session_mut(sid) else {
             return;
         };
-        let Some(pos) = session.inflight_position(ack.packet_id) else {
+        let Some(pos) = session.inflight.position(ack.packet_id) else {
             let mut rel = Ack::new(ack.packet_id);
             rel.reason = ReasonCode::PACKET_IDENTIFIER_NOT_FOUND;
             return self.send(conn_id, &Packet::PubRel(rel));
@@ -610,7 +609,7 @@ impl Broker {
             return self.complete_inflight(sid, pos);
         }
         if session.inflight[pos].state == InflightState::AwaitAck {
-            session.inflight[pos].state = InflightState::AwaitComp;
+            session.inflight.set_state(pos, InflightState::AwaitComp);
             if session.is_persistent() {
                 let m = &session.inflight[pos];
                 let key = Key::Queued {
@@ -631,7 +630,7 @@ impl Broker {
         let Some(session) = self.session(sid) else {
             return;
         };
-        if let Some(pos) = session.inflight_position(ack.packet_id)
+        if let Some(pos) = session.inflight.position(ack.packet_id)
             && session.inflight[pos].state == InflightState::AwaitComp
         {
             self.complete_inflight(sid, pos);

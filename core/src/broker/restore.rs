@@ -169,8 +169,8 @@ impl Broker {
             };
             session.next_seq = session.next_seq.max(seq.saturating_add(1));
             match record.inflight {
-                Some((packet_id, state)) if session.inflight_position(packet_id).is_none() => {
-                    session.inflight.push_back(Inflight {
+                Some((packet_id, state)) if !session.inflight.holds(packet_id) => {
+                    session.inflight.push(Inflight {
                         packet_id,
                         state,
                         delivery: record.delivery,

@@ -89,6 +89,121 @@ pub(crate) struct Inflight {
     pub sent: bool,
 }
 
+/// A session's QoS 1/2 messages in flight, oldest first.
+///
+/// Every delivery and every acknowledgement looks up a packet id, so the ids in use are kept
+/// sorted beside the entries, and the entries waiting to be re-sent after a reconnect are
+/// counted: nothing on the publish path walks the window.
+#[derive(Debug, Default)]
+pub(crate) struct InflightWindow {
+    entries: VecDeque<Inflight>,
+    /// The packet ids of `entries`, sorted.
+    ids: Vec<u16>,
+    /// Entries with `sent == false`.
+    unsent: usize,
+    next_packet_id: u16,
+}
+
+impl InflightWindow {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn iter(&self) -> std::collections::vec_deque::Iter<'_, Inflight> {
+        self.entries.iter()
+    }
+
+    /// The entry holding `packet_id`. Acknowledgements mostly come in order, so the search
+    /// starts at the oldest.
+    pub fn position(&self, packet_id: u16) -> Option<usize> {
+        if self.ids.binary_search(&packet_id).is_err() {
+            return None;
+        }
+        self.entries.iter().position(|m| m.packet_id == packet_id)
+    }
+
+    pub fn holds(&self, packet_id: u16) -> bool {
+        self.ids.binary_search(&packet_id).is_ok()
+    }
+
+    /// A packet id no entry holds. The window is bounded by a `u16` Receive Maximum, so a
+    /// free id always exists.
+    pub fn allocate_packet_id(&mut self) -> u16 {
+        loop {
+            let id = self.next_packet_id.max(1);
+            self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
+            if !self.holds(id) {
+                return id;
+            }
+        }
+    }
+
+    /// Add the newest entry. Its packet id must be free.
+    pub fn push(&mut self, entry: Inflight) {
+        match self.ids.binary_search(&entry.packet_id) {
+            Ok(_) => debug_assert!(false, "packet id {} already in flight", entry.packet_id),
+            Err(i) => self.ids.insert(i, entry.packet_id),
+        }
+        self.unsent += usize::from(!entry.sent);
+        self.entries.push_back(entry);
+    }
+
+    pub fn remove(&mut self, pos: usize) -> Option<Inflight> {
+        let entry = self.entries.remove(pos)?;
+        if let Ok(i) = self.ids.binary_search(&entry.packet_id) {
+            self.ids.remove(i);
+        }
+        self.unsent -= usize::from(!entry.sent);
+        if self.entries.is_empty() {
+            // An idle session keeps no window.
+            self.entries = VecDeque::new();
+            self.ids = Vec::new();
+        }
+        Some(entry)
+    }
+
+    /// The first entry not yet sent on the current connection.
+    pub fn first_unsent(&self) -> Option<usize> {
+        if self.unsent == 0 {
+            return None;
+        }
+        self.entries.iter().position(|m| !m.sent)
+    }
+
+    /// Entries sent on the current connection.
+    pub fn sent(&self) -> usize {
+        self.entries.len() - self.unsent
+    }
+
+    /// Mark an entry sent on the current connection.
+    pub fn mark_sent(&mut self, pos: usize) -> &Inflight {
+        let entry = &mut self.entries[pos];
+        self.unsent -= usize::from(!entry.sent);
+        entry.sent = true;
+        entry
+    }
+
+    /// A new connection: every entry is to be re-sent.
+    pub fn mark_all_unsent(&mut self) {
+        for m in &mut self.entries {
+            m.sent = false;
+        }
+        self.unsent = self.entries.len();
+    }
+
+    pub fn set_state(&mut self, pos: usize, state: InflightState) {
+        self.entries[pos].state = state;
+    }
+}
+
+impl std::ops::Index<usize> for InflightWindow {
+    type Output = Inflight;
+
+    fn index(&self, pos: usize) -> &Inflight {
+        &self.entries[pos]
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Queued {
     pub delivery: Delivery,
@@ -116,12 +231,11 @@ pub(crate) struct Session {
     /// When the session lost its connection (persisted: expiry counts from here).
     pub disconnected_at: Option<Timestamp>,
     pub subscriptions: Subscriptions,
-    pub inflight: VecDeque<Inflight>,
+    pub inflight: InflightWindow,
     pub queue: VecDeque<Queued>,
     pub queued_bytes: usize,
     /// Incoming QoS 2 packet ids PUBREC'd and waiting for PUBREL.
     pub incoming_qos2: BTreeSet<u16>,
-    next_packet_id: u16,
     pub next_seq: u64,
     /// The will of the current connection (boxed: most sessions have none).
     pub will: Option<Box<Will>>,
@@ -144,11 +258,10 @@ impl Session {
             expires_at: None,
             disconnected_at: None,
             subscriptions: Subscriptions::default(),
-            inflight: VecDeque::new(),
+            inflight: InflightWindow::default(),
             queue: VecDeque::new(),
             queued_bytes: 0,
             incoming_qos2: BTreeSet::new(),
-            next_packet_id: 1,
             next_seq: 1,
             will: None,
             pending_will: None,
@@ -162,35 +275,126 @@ impl Session {
         self.expiry_secs > 0
     }
 
-    /// A packet id not used by any message in flight. The in-flight window is bounded by a
-    /// `u16` Receive Maximum, so a free id always exists.
-    pub fn allocate_packet_id(&mut self) -> u16 {
-        loop {
-            let id = self.next_packet_id;
-            self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
-            if !self.inflight.iter().any(|m| m.packet_id == id) {
-                return id;
-            }
-        }
-    }
-
     pub fn take_seq(&mut self) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         seq
     }
+}
 
-    /// In-flight entries sent on the current connection.
-    pub fn sent_inflight(&self) -> usize {
-        self.inflight.iter().filter(|m| m.sent).count()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{PublishProperties, QoS};
+    use proptest::prelude::*;
+
+    fn entry(packet_id: u16, seq: u64, sent: bool) -> Inflight {
+        let message = Arc::new(Message {
+            topic: "t".into(),
+            payload: bytes::Bytes::new(),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: PublishProperties::default(),
+            expires_at: None,
+            origin: None,
+        });
+        Inflight {
+            packet_id,
+            state: InflightState::AwaitAck,
+            delivery: Delivery {
+                message,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                subscription_ids: Vec::new(),
+                shared: None,
+            },
+            seq,
+            sent,
+        }
     }
 
-    /// The first in-flight entry not yet re-sent on the current connection.
-    pub fn first_unsent(&self) -> Option<usize> {
-        self.inflight.iter().position(|m| !m.sent)
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Allocate a packet id and add an entry (sent unless resending is under way).
+        Deliver,
+        /// Restore an entry with this packet id (unsent), as from storage.
+        Restore(u16),
+        /// Acknowledge the entry at this index (modulo the length).
+        Ack(usize),
+        Reconnect,
+        ResendOne,
     }
 
-    pub fn inflight_position(&self, packet_id: u16) -> Option<usize> {
-        self.inflight.iter().position(|m| m.packet_id == packet_id)
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => Just(Op::Deliver),
+            1 => (1u16..=8).prop_map(Op::Restore),
+            4 => any::<usize>().prop_map(Op::Ack),
+            1 => Just(Op::Reconnect),
+            2 => Just(Op::ResendOne),
+        ]
+    }
+
+    proptest! {
+        /// The window answers as a plain list of entries would: free packet ids are never held,
+        /// lookups find the entry, and the unsent count matches the flags.
+        #[test]
+        fn window_agrees_with_a_plain_list(ops in proptest::collection::vec(op(), 0..300)) {
+            let mut w = InflightWindow::default();
+            let mut model: Vec<(u16, bool)> = Vec::new();
+            for (seq, op) in (0u64..).zip(ops) {
+                match op {
+                    Op::Deliver => {
+                        let id = w.allocate_packet_id();
+                        prop_assert!(id != 0);
+                        prop_assert!(!model.iter().any(|(m, _)| *m == id), "id {} is held", id);
+                        w.push(entry(id, seq, true));
+                        model.push((id, true));
+                    }
+                    Op::Restore(id) => {
+                        if !w.holds(id) {
+                            w.push(entry(id, seq, false));
+                            model.push((id, false));
+                        }
+                    }
+                    Op::Ack(i) if !model.is_empty() => {
+                        let id = model[i % model.len()].0;
+                        let pos = w.position(id);
+                        prop_assert_eq!(pos, model.iter().position(|(m, _)| *m == id));
+                        prop_assert_eq!(w.remove(pos.unwrap()).map(|e| e.packet_id), Some(id));
+                        model.remove(i % model.len());
+                    }
+                    Op::Ack(_) => {}
+                    Op::Reconnect => {
+                        w.mark_all_unsent();
+                        model.iter_mut().for_each(|m| m.1 = false);
+                    }
+                    Op::ResendOne => {
+                        let pos = w.first_unsent();
+                        prop_assert_eq!(pos, model.iter().position(|(_, sent)| !sent));
+                        if let Some(pos) = pos {
+                            prop_assert_eq!(w.mark_sent(pos).packet_id, model[pos].0);
+                            model[pos].1 = true;
+                        }
+                    }
+                }
+                prop_assert_eq!(w.len(), model.len());
+                prop_assert_eq!(w.sent(), model.iter().filter(|(_, s)| *s).count());
+                let ids: Vec<u16> = w.iter().map(|e| e.packet_id).collect();
+                let expected: Vec<u16> = model.iter().map(|(id, _)| *id).collect();
+                prop_assert_eq!(ids, expected);
+            }
+        }
+    }
+
+    #[test]
+    fn packet_ids_wrap_past_the_ones_in_flight() {
+        let mut w = InflightWindow {
+            next_packet_id: u16::MAX,
+            ..Default::default()
+        };
+        w.push(entry(1, 0, true));
+        assert_eq!(w.allocate_packet_id(), u16::MAX);
+        assert_eq!(w.allocate_packet_id(), 2, "1 is in flight, 0 is never used");
     }
 }
