@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::io::IoSlice;
 use std::pin::Pin;
 
 use bytes::{Bytes, BytesMut};
@@ -337,28 +338,46 @@ impl Reads {
     }
 }
 
-/// Write part of the first queued chunk (removing what was written), or, with nothing queued,
-/// flush. Returns the bytes written (0: flushed). Cancel-safe: a cancelled call wrote nothing.
+/// Chunks handed to one vectored write.
+const MAX_IOV: usize = 64;
+
+/// Write what is queued, as much as one vectored write takes (removing what was written), or,
+/// with nothing queued, flush. Returns the bytes written (0: flushed). Cancel-safe: a
+/// cancelled call wrote nothing.
 async fn write_some<W: AsyncWrite + Unpin>(
     wr: &mut W,
     out: &mut VecDeque<Bytes>,
 ) -> std::io::Result<usize> {
-    let Some(chunk) = out.front_mut() else {
+    if out.is_empty() {
         wr.flush().await?;
         return Ok(0);
-    };
-    let n = wr.write(chunk).await?;
+    }
+    let n = std::future::poll_fn(|cx| {
+        // Built on each poll, so a waiting task does not hold the slices.
+        let mut slices = [IoSlice::new(&[]); MAX_IOV];
+        let mut used = 0;
+        for (slice, chunk) in slices.iter_mut().zip(out.iter()) {
+            *slice = IoSlice::new(chunk);
+            used += 1;
+        }
+        Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..used])
+    })
+    .await?;
     if n == 0 {
         return Err(std::io::ErrorKind::WriteZero.into());
     }
-    if n == chunk.len() {
-        out.pop_front();
-        if out.is_empty() {
-            // An idle connection keeps no queue.
-            *out = VecDeque::new();
+    let mut left = n;
+    while let Some(chunk) = out.front_mut() {
+        if left < chunk.len() {
+            let _ = chunk.split_to(left);
+            break;
         }
-    } else {
-        let _ = chunk.split_to(n);
+        left -= chunk.len();
+        out.pop_front();
+    }
+    if out.is_empty() {
+        // An idle connection keeps no queue.
+        *out = VecDeque::new();
     }
     Ok(n)
 }
@@ -491,4 +510,70 @@ where
     let n = chunk.len();
     sink.start_send_unpin(WsMessage::Binary(chunk))?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::{Context, Poll};
+
+    /// A writer that takes at most `limit` bytes per call, across slices.
+    struct Trickle {
+        limit: usize,
+        written: Vec<u8>,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let mut n = 0;
+            for buf in bufs {
+                let take = buf.len().min(self.limit - n);
+                self.written.extend_from_slice(&buf[..take]);
+                n += take;
+            }
+            Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_that_end_inside_a_chunk_resume_where_they_stopped() {
+        let mut wr = Trickle {
+            limit: 5,
+            written: Vec::new(),
+        };
+        let mut out: VecDeque<Bytes> = ["abc", "defg", "hi"]
+            .into_iter()
+            .map(|s| Bytes::from_static(s.as_bytes()))
+            .collect();
+        assert_eq!(write_some(&mut wr, &mut out).await.unwrap(), 5);
+        assert_eq!(out, [Bytes::from_static(b"fg"), Bytes::from_static(b"hi")]);
+        assert_eq!(write_some(&mut wr, &mut out).await.unwrap(), 4);
+        assert!(out.is_empty());
+        assert_eq!(write_some(&mut wr, &mut out).await.unwrap(), 0, "flushed");
+        assert_eq!(wr.written, b"abcdefghi");
+    }
 }
