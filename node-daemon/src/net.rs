@@ -14,14 +14,15 @@ use std::io::IoSlice;
 use std::pin::Pin;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use meridian_core::{ConnId, ConnInfo};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::OwnedPermit;
 use tokio::sync::mpsc::error::{SendError, TrySendError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
@@ -115,7 +116,7 @@ pub async fn accept_loop(
         // Plain MQTT over TCP is spawned as it is: a task keeps its whole state for as long as
         // the connection lives, and the TLS and WebSocket layers are large.
         if spec.tls.is_none() && matches!(spec.transport, Transport::Tcp) {
-            tokio::spawn(serve_stream(socket, info, engine, permit).instrument(span));
+            tokio::spawn(serve_tcp(socket, info, engine, permit).instrument(span));
         } else {
             let spec = spec.clone();
             tokio::spawn(
@@ -190,9 +191,29 @@ async fn serve_transport<S>(
     }
 }
 
-/// MQTT straight over a byte stream (TCP or TLS). `permit` is the listener's connection
-/// permit, held until the connection ends.
-pub async fn serve_stream<S>(
+/// Plain MQTT over TCP. `permit` is the listener's connection permit, held until the
+/// connection ends.
+async fn serve_tcp(
+    socket: TcpStream,
+    info: ConnInfo,
+    engine: EngineHandle,
+    permit: OwnedSemaphorePermit,
+) {
+    let outbox = Outbox::new();
+    // Boxed here and below: the task keeps its largest state for as long as the connection
+    // lives, and these waits happen once each.
+    let Some(conn) = Box::pin(engine.accept(info, outbox.clone())).await else {
+        return;
+    };
+    let (rd, wr) = socket.into_split();
+    let reads = TcpReads { rd, want: READ_MIN };
+    serve(reads, TcpWrites(wr), &outbox, conn, &engine).await;
+    drop(permit);
+}
+
+/// MQTT straight over a byte stream (TLS). `permit` is the listener's connection permit,
+/// held until the connection ends.
+async fn serve_stream<S>(
     stream: S,
     info: ConnInfo,
     engine: EngineHandle,
@@ -201,13 +222,27 @@ pub async fn serve_stream<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let outbox = Outbox::new();
-    // Boxed here and below: the task keeps its largest state for as long as the connection
-    // lives, and these two waits happen once each.
     let Some(conn) = Box::pin(engine.accept(info, outbox.clone())).await else {
         return;
     };
-    let (mut rd, mut wr) = tokio::io::split(stream);
-    let mut reads = Reads::default();
+    let (rd, wr) = tokio::io::split(stream);
+    let reads = StreamReads {
+        rd,
+        reads: Reads::default(),
+    };
+    serve(reads, StreamWrites(wr), &outbox, conn, &engine).await;
+    drop(permit);
+}
+
+/// A connection task's loop, whatever the transport: hand what is read to the broker thread,
+/// write what it queued, end when either side does.
+async fn serve(
+    mut rd: impl WireRead,
+    mut wr: impl WireWrite,
+    outbox: &Outbox,
+    conn: ConnId,
+    engine: &EngineHandle,
+) {
     let mut out = VecDeque::new();
     let mut unflushed = false;
     let mut to_broker = ToBroker::new(conn);
@@ -218,7 +253,7 @@ pub async fn serve_stream<S>(
                 Some(End::Close) => {
                     // What the broker wrote last (a DISCONNECT, say) goes out, within a bound.
                     let _ = Box::pin(tokio::time::timeout(CLOSE_TIMEOUT, async {
-                        while write_some(&mut wr, &mut out).await? > 0 {}
+                        while wr.write_some(&mut out).await? > 0 {}
                         wr.shutdown().await
                     }))
                     .await;
@@ -226,7 +261,7 @@ pub async fn serve_stream<S>(
                 }
                 None => {}
             },
-            r = write_some(&mut wr, &mut out), if !out.is_empty() || unflushed => match r {
+            r = wr.write_some(&mut out), if !out.is_empty() || unflushed => match r {
                 Ok(0) => unflushed = false,
                 Ok(n) => {
                     outbox.written(n);
@@ -237,8 +272,8 @@ pub async fn serve_stream<S>(
             sent = to_broker.when_room(), if to_broker.is_waiting() => if !sent {
                 break;
             },
-            r = reads.next(&mut rd), if !to_broker.is_waiting() => match r {
-                Some(data) => if !to_broker.offer(&engine, data) {
+            r = rd.next(), if !to_broker.is_waiting() => match r {
+                Some(data) => if !to_broker.offer(engine, data) {
                     break;
                 },
                 None => break,
@@ -246,7 +281,83 @@ pub async fn serve_stream<S>(
         }
     }
     let _ = Box::pin(engine.tx.send(ToEngine::Closed { conn })).await;
-    drop(permit);
+}
+
+/// What a connection task reads from its transport.
+trait WireRead: Send {
+    /// The next bytes of MQTT; `None` at the end of the stream or on an error. Cancel-safe.
+    fn next(&mut self) -> impl Future<Output = Option<Bytes>> + Send;
+}
+
+/// What a connection task writes to its transport.
+trait WireWrite: Send {
+    /// Write from the front of `out` (removing what was written), or, with nothing queued,
+    /// flush. Returns the bytes written (0: flushed). Cancel-safe: a cancelled call wrote
+    /// nothing.
+    fn write_some(
+        &mut self,
+        out: &mut VecDeque<Bytes>,
+    ) -> impl Future<Output = std::io::Result<usize>> + Send;
+
+    /// End the writing side once everything was written.
+    fn shutdown(&mut self) -> impl Future<Output = std::io::Result<()>> + Send;
+}
+
+/// Reading a TCP socket: a buffer is taken only once the socket is readable, so a quiet
+/// connection holds none.
+struct TcpReads {
+    rd: OwnedReadHalf,
+    want: usize,
+}
+
+impl WireRead for TcpReads {
+    async fn next(&mut self) -> Option<Bytes> {
+        self.rd.readable().await.ok()?;
+        let mut buf = BytesMut::with_capacity(self.want);
+        match self.rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => {
+                self.want = next_read_size(self.want, n);
+                Some(buf.freeze())
+            }
+        }
+    }
+}
+
+struct TcpWrites(OwnedWriteHalf);
+
+impl WireWrite for TcpWrites {
+    async fn write_some(&mut self, out: &mut VecDeque<Bytes>) -> std::io::Result<usize> {
+        write_vectored(&mut self.0, out).await
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.0.shutdown().await
+    }
+}
+
+/// A byte stream (TLS) split in two halves.
+struct StreamReads<S> {
+    rd: ReadHalf<S>,
+    reads: Reads,
+}
+
+impl<S: AsyncRead + Send> WireRead for StreamReads<S> {
+    async fn next(&mut self) -> Option<Bytes> {
+        self.reads.next(&mut self.rd).await
+    }
+}
+
+struct StreamWrites<S>(WriteHalf<S>);
+
+impl<S: AsyncWrite + Send> WireWrite for StreamWrites<S> {
+    async fn write_some(&mut self, out: &mut VecDeque<Bytes>) -> std::io::Result<usize> {
+        write_vectored(&mut self.0, out).await
+    }
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.0.shutdown().await
+    }
 }
 
 /// Waiting for room in the broker thread's queue.
@@ -325,26 +436,32 @@ impl Reads {
         match rd.read_buf(&mut self.buf).await {
             Ok(0) | Err(_) => None,
             Ok(n) => {
-                self.want = if n >= self.want {
-                    (self.want * 2).min(READ_MAX)
-                } else if n < self.want / 4 {
-                    (self.want / 2).max(READ_MIN)
-                } else {
-                    self.want
-                };
+                self.want = next_read_size(self.want, n);
                 Some(self.buf.split().freeze())
             }
         }
     }
 }
 
+/// The size of the next read after one of `want` bytes got `n`: larger for a connection whose
+/// read filled the buffer, smaller for one whose reads are small.
+fn next_read_size(want: usize, n: usize) -> usize {
+    if n >= want {
+        (want * 2).min(READ_MAX)
+    } else if n < want / 4 {
+        (want / 2).max(READ_MIN)
+    } else {
+        want
+    }
+}
+
 /// Chunks handed to one vectored write.
 const MAX_IOV: usize = 64;
 
-/// Write what is queued, as much as one vectored write takes (removing what was written), or,
-/// with nothing queued, flush. Returns the bytes written (0: flushed). Cancel-safe: a
-/// cancelled call wrote nothing.
-async fn write_some<W: AsyncWrite + Unpin>(
+/// Write from the front of `out`, as much as one vectored write takes (removing what was
+/// written), or, with nothing queued, flush. Returns the bytes written (0: flushed).
+/// Cancel-safe: a cancelled call wrote nothing.
+async fn write_vectored<W: AsyncWrite + Unpin>(
     wr: &mut W,
     out: &mut VecDeque<Bytes>,
 ) -> std::io::Result<usize> {
@@ -353,16 +470,28 @@ async fn write_some<W: AsyncWrite + Unpin>(
         return Ok(0);
     }
     let n = std::future::poll_fn(|cx| {
-        // Built on each poll, so a waiting task does not hold the slices.
-        let mut slices = [IoSlice::new(&[]); MAX_IOV];
-        let mut used = 0;
-        for (slice, chunk) in slices.iter_mut().zip(out.iter()) {
-            *slice = IoSlice::new(chunk);
-            used += 1;
-        }
-        Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..used])
+        with_slices(out, |slices| {
+            Pin::new(&mut *wr).poll_write_vectored(cx, slices)
+        })
     })
     .await?;
+    consume(out, n)
+}
+
+/// Call `write` with the front of `out` as slices. They are built on each call, so a task
+/// waiting to write does not hold them.
+fn with_slices<T>(out: &VecDeque<Bytes>, write: impl FnOnce(&[IoSlice<'_>]) -> T) -> T {
+    let mut slices = [IoSlice::new(&[]); MAX_IOV];
+    let mut used = 0;
+    for (slice, chunk) in slices.iter_mut().zip(out.iter()) {
+        *slice = IoSlice::new(chunk);
+        used += 1;
+    }
+    write(&slices[..used])
+}
+
+/// Remove `n` written bytes from the front of `out`; `n` itself.
+fn consume(out: &mut VecDeque<Bytes>, n: usize) -> std::io::Result<usize> {
     if n == 0 {
         return Err(std::io::ErrorKind::WriteZero.into());
     }
@@ -441,139 +570,103 @@ pub async fn serve_websocket<S>(
             return;
         }
     };
-    let (mut sink, mut stream) = ws.split();
     let outbox = Outbox::new();
     let Some(conn) = Box::pin(engine.accept(info, outbox.clone())).await else {
         return;
     };
-    let mut out = VecDeque::new();
-    let mut unflushed = false;
-    let mut to_broker = ToBroker::new(conn);
-    loop {
-        tokio::select! {
-            () = outbox.changed() => match outbox.take(&mut out) {
-                Some(End::Kill) => break,
-                Some(End::Close) => {
-                    let _ = Box::pin(tokio::time::timeout(CLOSE_TIMEOUT, async {
-                        while send_some(&mut sink, &mut out).await? > 0 {}
-                        sink.close().await
-                    }))
-                    .await;
-                    break;
-                }
-                None => {}
-            },
-            r = send_some(&mut sink, &mut out), if !out.is_empty() || unflushed => match r {
-                Ok(0) => unflushed = false,
-                Ok(n) => {
-                    outbox.written(n);
-                    unflushed = true;
-                }
-                Err(_) => break,
-            },
-            sent = to_broker.when_room(), if to_broker.is_waiting() => if !sent {
-                break;
-            },
-            m = stream.next(), if !to_broker.is_waiting() => match m {
-                Some(Ok(WsMessage::Binary(data))) => if !to_broker.offer(&engine, data) {
-                    break;
-                },
-                Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => {}
-                // Text frames are not MQTT; close like any other malformed input.
-                Some(Ok(WsMessage::Text(_) | WsMessage::Close(_))) | None => break,
-                Some(Err(e)) => {
-                    debug!(error = %e, "WebSocket read failed");
-                    break;
-                }
-            },
-        }
-    }
-    let _ = Box::pin(engine.tx.send(ToEngine::Closed { conn })).await;
+    let (sink, stream) = ws.split();
+    serve(WsReads(stream), WsWrites(sink), &outbox, conn, &engine).await;
     drop(permit);
 }
 
-/// Send the first queued chunk as one binary message, or, with nothing queued, flush. Returns
-/// the bytes sent (0: flushed). Cancel-safe: a cancelled call sent nothing.
-async fn send_some<W>(sink: &mut W, out: &mut VecDeque<Bytes>) -> Result<usize, WsError>
-where
-    W: futures_util::Sink<WsMessage, Error = WsError> + Unpin,
-{
-    if out.is_empty() {
-        sink.flush().await?;
-        return Ok(0);
+type Ws<S> = tokio_tungstenite::WebSocketStream<S>;
+
+/// MQTT from binary WebSocket messages.
+struct WsReads<S>(SplitStream<Ws<S>>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> WireRead for WsReads<S> {
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            match self.0.next().await? {
+                Ok(WsMessage::Binary(data)) => return Some(data),
+                Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_)) => {}
+                // Text frames are not MQTT; close like any other malformed input.
+                Ok(WsMessage::Text(_) | WsMessage::Close(_)) => return None,
+                Err(e) => {
+                    debug!(error = %e, "WebSocket read failed");
+                    return None;
+                }
+            }
+        }
     }
-    std::future::poll_fn(|cx| sink.poll_ready_unpin(cx)).await?;
-    let chunk = out.pop_front().expect("checked above");
-    if out.is_empty() {
-        *out = VecDeque::new();
+}
+
+/// MQTT as binary WebSocket messages, one per queued chunk.
+struct WsWrites<S>(SplitSink<Ws<S>, WsMessage>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> WireWrite for WsWrites<S> {
+    async fn write_some(&mut self, out: &mut VecDeque<Bytes>) -> std::io::Result<usize> {
+        let sink = &mut self.0;
+        if out.is_empty() {
+            sink.flush().await.map_err(std::io::Error::other)?;
+            return Ok(0);
+        }
+        std::future::poll_fn(|cx| sink.poll_ready_unpin(cx))
+            .await
+            .map_err(std::io::Error::other)?;
+        let chunk = out.pop_front().expect("checked above");
+        if out.is_empty() {
+            *out = VecDeque::new();
+        }
+        let n = chunk.len();
+        sink.start_send_unpin(WsMessage::Binary(chunk))
+            .map_err(std::io::Error::other)?;
+        Ok(n)
     }
-    let n = chunk.len();
-    sink.start_send_unpin(WsMessage::Binary(chunk))?;
-    Ok(n)
+
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.0.close().await.map_err(std::io::Error::other)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::task::{Context, Poll};
 
-    /// A writer that takes at most `limit` bytes per call, across slices.
-    struct Trickle {
-        limit: usize,
-        written: Vec<u8>,
+    /// A vectored write that takes at most `limit` bytes, across slices.
+    fn trickle(limit: usize, written: &mut Vec<u8>, slices: &[IoSlice<'_>]) -> usize {
+        let mut n = 0;
+        for s in slices {
+            let take = s.len().min(limit - n);
+            written.extend_from_slice(&s[..take]);
+            n += take;
+        }
+        n
     }
 
-    impl AsyncWrite for Trickle {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<std::io::Result<usize>> {
-            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
-        }
-
-        fn poll_write_vectored(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            bufs: &[IoSlice<'_>],
-        ) -> Poll<std::io::Result<usize>> {
-            let mut n = 0;
-            for buf in bufs {
-                let take = buf.len().min(self.limit - n);
-                self.written.extend_from_slice(&buf[..take]);
-                n += take;
-            }
-            Poll::Ready(Ok(n))
-        }
-
-        fn is_write_vectored(&self) -> bool {
-            true
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-    }
-
-    #[tokio::test]
-    async fn writes_that_end_inside_a_chunk_resume_where_they_stopped() {
-        let mut wr = Trickle {
-            limit: 5,
-            written: Vec::new(),
-        };
+    #[test]
+    fn writes_that_end_inside_a_chunk_resume_where_they_stopped() {
+        let mut written = Vec::new();
         let mut out: VecDeque<Bytes> = ["abc", "defg", "hi"]
             .into_iter()
             .map(|s| Bytes::from_static(s.as_bytes()))
             .collect();
-        assert_eq!(write_some(&mut wr, &mut out).await.unwrap(), 5);
+        let n = with_slices(&out, |s| trickle(5, &mut written, s));
+        assert_eq!(consume(&mut out, n).unwrap(), 5);
         assert_eq!(out, [Bytes::from_static(b"fg"), Bytes::from_static(b"hi")]);
-        assert_eq!(write_some(&mut wr, &mut out).await.unwrap(), 4);
+        let n = with_slices(&out, |s| trickle(5, &mut written, s));
+        assert_eq!(consume(&mut out, n).unwrap(), 4);
         assert!(out.is_empty());
-        assert_eq!(write_some(&mut wr, &mut out).await.unwrap(), 0, "flushed");
-        assert_eq!(wr.written, b"abcdefghi");
+        assert_eq!(written, b"abcdefghi");
+        assert!(
+            consume(&mut out, 0).is_err(),
+            "a write of nothing is an error"
+        );
+    }
+
+    #[test]
+    fn one_write_takes_at_most_max_iov_chunks() {
+        let out: VecDeque<Bytes> = (0..MAX_IOV + 5).map(|_| Bytes::from_static(b"x")).collect();
+        assert_eq!(with_slices(&out, |s| s.len()), MAX_IOV);
     }
 }

@@ -262,3 +262,42 @@ async fn assigned_client_ids_differ_across_restarts() {
     let second = assigned(d.mqtt).await;
     assert_ne!(first, second);
 }
+
+/// A subscriber that stops reading fills its socket; what the broker could not write waits in
+/// the connection's queue. Once it reads again, every message arrives, in order, although the
+/// socket took the queue in pieces that end anywhere inside a message.
+#[tokio::test]
+async fn a_subscriber_that_stops_reading_gets_everything_in_order_when_it_reads_again() {
+    const COUNT: u32 = 4000;
+    let d = Daemon::start_with_config(Some("[limits]\nmax_write_buffer_bytes = 67108864\n"));
+    // rumqttc stops reading its socket while its 1,000-packet channel is full, that is, until
+    // the test starts taking packets below.
+    let mut sub = v3::connect(v3::options("stalled-sub", d.mqtt)).await;
+    sub.subscribe("fill", QoS::AtMostOnce).await;
+    let publ = v3::connect(v3::options("fill-pub", d.mqtt)).await;
+    let sender = tokio::spawn(async move {
+        for i in 0..COUNT {
+            let mut payload = vec![0u8; 4096];
+            payload[..4].copy_from_slice(&i.to_be_bytes());
+            publ.client
+                .publish("fill", QoS::AtMostOnce, false, payload)
+                .await
+                .unwrap();
+        }
+        publ
+    });
+    // 16 MB in all: far more than the channel and the kernel's socket buffers hold.
+    let publ = tokio::time::timeout(common::DEADLINE, sender)
+        .await
+        .expect("the publisher sends everything in time")
+        .unwrap();
+    for i in 0..COUNT {
+        let p = sub.publish_msg().await;
+        assert_eq!(
+            &p.payload[..4],
+            &i.to_be_bytes()[..],
+            "message {i} out of order"
+        );
+    }
+    publ.disconnect().await;
+}
