@@ -28,8 +28,76 @@ pub(crate) struct SharedGroup {
 /// The subscribers of one filter pattern.
 #[derive(Debug, Default)]
 pub(crate) struct FilterEntry {
-    pub direct: BTreeMap<SessionId, Subscriber>,
+    pub direct: Direct,
     pub shared: Vec<SharedGroup>,
+}
+
+/// The direct (not shared) subscribers of one filter pattern, by session. Most filters have
+/// one (a device's own topic), held inline; some have very many, held in a B-tree.
+#[derive(Debug, Default)]
+pub(crate) enum Direct {
+    #[default]
+    None,
+    One(SessionId, Subscriber),
+    Many(BTreeMap<SessionId, Subscriber>),
+}
+
+impl Direct {
+    fn is_empty(&self) -> bool {
+        match self {
+            Direct::None => true,
+            Direct::One(..) => false,
+            Direct::Many(m) => m.is_empty(),
+        }
+    }
+
+    /// Add or replace; the subscriber it replaced.
+    fn insert(&mut self, session: SessionId, sub: Subscriber) -> Option<Subscriber> {
+        match self {
+            Direct::None => {
+                *self = Direct::One(session, sub);
+                None
+            }
+            Direct::One(s, old) if *s == session => Some(std::mem::replace(old, sub)),
+            Direct::One(s, old) => {
+                *self = Direct::Many(BTreeMap::from([(*s, *old), (session, sub)]));
+                None
+            }
+            Direct::Many(m) => m.insert(session, sub),
+        }
+    }
+
+    fn remove(&mut self, session: SessionId) -> Option<Subscriber> {
+        match self {
+            Direct::None => None,
+            Direct::One(s, sub) if *s == session => {
+                let sub = *sub;
+                *self = Direct::None;
+                Some(sub)
+            }
+            Direct::One(..) => None,
+            Direct::Many(m) => {
+                let removed = m.remove(&session);
+                if m.len() <= 1 {
+                    *self = match m.pop_first() {
+                        Some((s, sub)) => Direct::One(s, sub),
+                        None => Direct::None,
+                    };
+                }
+                removed
+            }
+        }
+    }
+
+    /// In session order.
+    fn iter(&self) -> impl Iterator<Item = (SessionId, &Subscriber)> {
+        let (one, many) = match self {
+            Direct::None => (None, None),
+            Direct::One(s, sub) => (Some((*s, sub)), None),
+            Direct::Many(m) => (None, Some(m.iter().map(|(s, sub)| (*s, sub)))),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
 }
 
 impl FilterEntry {
@@ -119,7 +187,7 @@ impl SubscriptionIndex {
             };
         };
         let removed = match filter.shared_group() {
-            None => entry.direct.remove(&session).is_some(),
+            None => entry.direct.remove(session).is_some(),
             Some(name) => match entry.shared.iter().position(|g| &*g.name == name) {
                 Some(i) => {
                     let removed = entry.shared[i].members.remove(&session).is_some();
@@ -158,7 +226,7 @@ impl SubscriptionIndex {
         out.clear();
         let mut shared: Vec<Recipient> = Vec::new();
         self.trie.for_each_match(topic, |entry| {
-            for (&session, sub) in &entry.direct {
+            for (session, sub) in entry.direct.iter() {
                 if sub.options.no_local && origin == Some(session) {
                     continue;
                 }
@@ -232,4 +300,58 @@ fn pick_member(
     let (k, session, sub) = fallback?;
     group.cursor.set(k + 1);
     Some((session, sub))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(qos: QoS) -> Subscriber {
+        Subscriber {
+            options: SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+            subscription_id: None,
+        }
+    }
+
+    fn sessions(d: &Direct) -> Vec<(SessionId, QoS)> {
+        d.iter().map(|(s, sub)| (s, sub.options.qos)).collect()
+    }
+
+    #[test]
+    fn direct_subscribers_go_from_inline_to_a_tree_and_back() {
+        let mut d = Direct::default();
+        assert!(d.is_empty());
+        assert_eq!(d.insert(7, sub(QoS::AtMostOnce)), None);
+        assert!(matches!(d, Direct::One(7, _)));
+        assert_eq!(
+            d.insert(7, sub(QoS::AtLeastOnce)),
+            Some(sub(QoS::AtMostOnce)),
+            "a second subscribe replaces"
+        );
+        assert_eq!(d.insert(3, sub(QoS::ExactlyOnce)), None);
+        assert_eq!(d.insert(5, sub(QoS::AtMostOnce)), None);
+        assert_eq!(
+            sessions(&d),
+            [
+                (3, QoS::ExactlyOnce),
+                (5, QoS::AtMostOnce),
+                (7, QoS::AtLeastOnce)
+            ],
+            "in session order"
+        );
+        assert_eq!(d.remove(4), None);
+        assert_eq!(d.remove(3), Some(sub(QoS::ExactlyOnce)));
+        assert_eq!(d.remove(7), Some(sub(QoS::AtLeastOnce)));
+        assert!(
+            matches!(d, Direct::One(5, _)),
+            "one left is held inline again"
+        );
+        assert_eq!(d.remove(7), None);
+        assert_eq!(d.remove(5), Some(sub(QoS::AtMostOnce)));
+        assert!(d.is_empty());
+        assert!(sessions(&d).is_empty());
+    }
 }
