@@ -12,11 +12,13 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use meridian_core::{ConnId, ConnInfo};
+use tokio::io::Interest;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -311,24 +313,52 @@ struct TcpReads {
 }
 
 impl WireRead for TcpReads {
-    async fn next(&mut self) -> Option<Bytes> {
-        self.rd.readable().await.ok()?;
-        let mut buf = BytesMut::with_capacity(self.want);
-        match self.rd.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => None,
-            Ok(n) => {
-                self.want = next_read_size(self.want, n);
-                Some(buf.freeze())
+    // Polled by hand rather than with `readable()` and `read_buf()`: a quiet connection waits
+    // here for as long as it lives, and this way the wait holds nothing but `self`.
+    fn next(&mut self) -> impl Future<Output = Option<Bytes>> + Send {
+        std::future::poll_fn(move |cx| {
+            loop {
+                let socket: &TcpStream = self.rd.as_ref();
+                if std::task::ready!(socket.poll_read_ready(cx)).is_err() {
+                    return Poll::Ready(None);
+                }
+                let mut buf = BytesMut::with_capacity(self.want);
+                let room = buf.capacity();
+                let mut read = None;
+                let r = socket.try_io(Interest::READABLE, || {
+                    let n = socket.try_read_buf(&mut buf)?;
+                    read = Some(n);
+                    if n > 0 && n < room {
+                        // A read that did not fill the buffer emptied the socket: "would
+                        // block" clears the readiness, as tokio's own reads do, so that the
+                        // next wait does not start with a read that finds nothing.
+                        return Err(std::io::ErrorKind::WouldBlock.into());
+                    }
+                    Ok(())
+                });
+                return match (read, r) {
+                    (Some(0), _) => Poll::Ready(None),
+                    (Some(n), _) => {
+                        self.want = next_read_size(self.want, n);
+                        Poll::Ready(Some(buf.freeze()))
+                    }
+                    // The readiness was stale: wait again.
+                    (None, Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    (None, _) => Poll::Ready(None),
+                };
             }
-        }
+        })
     }
 }
 
 struct TcpWrites(OwnedWriteHalf);
 
 impl WireWrite for TcpWrites {
-    async fn write_some(&mut self, out: &mut VecDeque<Bytes>) -> std::io::Result<usize> {
-        write_vectored(&mut self.0, out).await
+    fn write_some(
+        &mut self,
+        out: &mut VecDeque<Bytes>,
+    ) -> impl Future<Output = std::io::Result<usize>> + Send {
+        write_vectored(&mut self.0, out)
     }
 
     async fn shutdown(&mut self) -> std::io::Result<()> {
@@ -351,8 +381,11 @@ impl<S: AsyncRead + Send> WireRead for StreamReads<S> {
 struct StreamWrites<S>(WriteHalf<S>);
 
 impl<S: AsyncWrite + Send> WireWrite for StreamWrites<S> {
-    async fn write_some(&mut self, out: &mut VecDeque<Bytes>) -> std::io::Result<usize> {
-        write_vectored(&mut self.0, out).await
+    fn write_some(
+        &mut self,
+        out: &mut VecDeque<Bytes>,
+    ) -> impl Future<Output = std::io::Result<usize>> + Send {
+        write_vectored(&mut self.0, out)
     }
 
     async fn shutdown(&mut self) -> std::io::Result<()> {
@@ -368,7 +401,7 @@ type Room = Pin<Box<dyn Future<Output = Result<OwnedPermit<ToEngine>, SendError<
 struct ToBroker {
     conn: ConnId,
     /// Boxed: rare, and a connection's task keeps its largest state for as long as it lives.
-    unsent: Option<(Bytes, Room)>,
+    unsent: Option<Box<(Bytes, Room)>>,
 }
 
 impl ToBroker {
@@ -386,7 +419,8 @@ impl ToBroker {
         match engine.tx.try_send(ToEngine::Bytes { conn, data }) {
             Ok(()) => true,
             Err(TrySendError::Full(ToEngine::Bytes { data, .. })) => {
-                self.unsent = Some((data, Box::pin(engine.tx.clone().reserve_owned())));
+                let room: Room = Box::pin(engine.tx.clone().reserve_owned());
+                self.unsent = Some(Box::new((data, room)));
                 true
             }
             Err(_) => false,
@@ -396,13 +430,13 @@ impl ToBroker {
     /// Wait for room and hand over the held bytes; false if the broker thread is gone.
     /// Cancel-safe: the bytes stay held.
     async fn when_room(&mut self) -> bool {
-        let Some((_, room)) = self.unsent.as_mut() else {
+        let Some((_, room)) = self.unsent.as_deref_mut() else {
             return true;
         };
         let Ok(permit) = room.await else {
             return false;
         };
-        let (data, _) = self.unsent.take().expect("held above");
+        let (data, _) = *self.unsent.take().expect("held above");
         permit.send(ToEngine::Bytes {
             conn: self.conn,
             data,
@@ -460,22 +494,21 @@ const MAX_IOV: usize = 64;
 
 /// Write from the front of `out`, as much as one vectored write takes (removing what was
 /// written), or, with nothing queued, flush. Returns the bytes written (0: flushed).
-/// Cancel-safe: a cancelled call wrote nothing.
-async fn write_vectored<W: AsyncWrite + Unpin>(
+/// Cancel-safe: a cancelled call wrote nothing. Polled by hand, so that the wait holds no
+/// more than the two references.
+fn write_vectored<W: AsyncWrite + Unpin + Send>(
     wr: &mut W,
     out: &mut VecDeque<Bytes>,
-) -> std::io::Result<usize> {
-    if out.is_empty() {
-        wr.flush().await?;
-        return Ok(0);
-    }
-    let n = std::future::poll_fn(|cx| {
-        with_slices(out, |slices| {
+) -> impl Future<Output = std::io::Result<usize>> + Send {
+    std::future::poll_fn(move |cx| {
+        if out.is_empty() {
+            return Pin::new(&mut *wr).poll_flush(cx).map_ok(|()| 0);
+        }
+        let n = std::task::ready!(with_slices(out, |slices| {
             Pin::new(&mut *wr).poll_write_vectored(cx, slices)
-        })
+        }))?;
+        Poll::Ready(consume(out, n))
     })
-    .await?;
-    consume(out, n)
 }
 
 /// Call `write` with the front of `out` as slices. They are built on each call, so a task

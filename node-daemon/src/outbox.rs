@@ -6,11 +6,12 @@
 //! it pushes. An idle outbox holds no buffer of its own.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
+use futures_util::task::AtomicWaker;
 
 /// How the broker thread ends a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +32,10 @@ struct State {
 #[derive(Debug, Default)]
 pub struct Outbox {
     state: Mutex<State>,
-    ready: Notify,
+    /// Something was pushed or an end was asked for since the task last looked. A flag and a
+    /// waker rather than a `Notify`: waiting on it costs the task no state of its own.
+    changed: AtomicBool,
+    waker: AtomicWaker,
     /// Bytes pushed and not yet written to the socket.
     queued: AtomicUsize,
 }
@@ -56,13 +60,13 @@ impl Outbox {
             self.queued.fetch_add(data.len(), Ordering::AcqRel);
             state.chunks.push_back(data);
         }
-        self.ready.notify_one();
+        self.notify();
     }
 
     /// Close once everything queued is written.
     pub fn close(&self) {
         self.lock().end.get_or_insert(End::Close);
-        self.ready.notify_one();
+        self.notify();
     }
 
     /// Close now, dropping what is queued.
@@ -72,7 +76,7 @@ impl Outbox {
             state.end = Some(End::Kill);
             state.chunks = VecDeque::new();
         }
-        self.ready.notify_one();
+        self.notify();
     }
 
     /// Move everything queued to the back of `into`; how the connection is to end, if it is.
@@ -92,9 +96,26 @@ impl Outbox {
     }
 
     /// Wait until something was pushed or an end was asked for since the last wait (a push
-    /// before the wait counts: it is never missed).
+    /// before the wait counts: it is never missed). Cancel-safe.
     pub async fn changed(&self) {
-        self.ready.notified().await;
+        std::future::poll_fn(|cx| {
+            if self.changed.swap(false, Ordering::AcqRel) {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // A push between the check and the registration must not be missed.
+            if self.changed.swap(false, Ordering::AcqRel) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    fn notify(&self) {
+        self.changed.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
