@@ -22,7 +22,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use foldhash::fast::FixedState;
 
 pub use auth::{AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
@@ -366,7 +366,9 @@ impl Broker {
             if let Some(conn) = self.conns.get_mut(&id) {
                 conn.dirty = false;
                 if !conn.write_buf.is_empty() {
-                    let data = conn.write_buf.split().freeze();
+                    // Taken whole: a buffer split off would keep the allocation alive, shared
+                    // with what was sent, for as long as the connection lasts.
+                    let data = std::mem::take(&mut conn.write_buf).freeze();
                     self.outputs.push_back(Output::Send { conn: id, data });
                 }
             }
@@ -438,7 +440,14 @@ impl Broker {
             }
             let limit = conn.info.max_packet_size.map_or(max, |m| m.min(max));
             match codec::decode(&mut conn.read_buf, conn.protocol, limit) {
-                Ok(None) => return,
+                Ok(None) => {
+                    if conn.read_buf.is_empty() {
+                        // An idle connection keeps no buffer (an empty one would keep the
+                        // last read's allocation alive, shared with the packets it held).
+                        conn.read_buf = BytesMut::new();
+                    }
+                    return;
+                }
                 Ok(Some(packet)) => {
                     conn.last_packet_at = self.now;
                     self.stats.packets_received += 1;
