@@ -9,8 +9,9 @@
 //!
 //! One dedicated thread owns the `Broker` and the store and runs the core's drive loop
 //! ([`engine`]). Connection tasks on the tokio multi-thread runtime read sockets and send the
-//! bytes to it over a bounded channel; it commits what must be persisted, then hands outgoing
-//! bytes to per-connection writer tasks whose backlog is bounded in bytes.
+//! bytes to it over a bounded channel; it commits what must be persisted, then queues outgoing
+//! bytes in each connection's [`outbox::Outbox`], bounded in bytes, which the connection's task
+//! writes.
 
 pub mod admin;
 pub mod auth;

@@ -4,6 +4,10 @@
 //! without reading more, while that thread's queue is full) and writes what the broker thread
 //! queued in the connection's [`Outbox`], whose backlog the broker thread bounds in bytes.
 //! Reading and writing proceed independently within the task.
+//!
+//! One loop (`serve`) serves every transport: plain TCP, TLS and WebSocket each supply a
+//! reading half (`WireRead`) and a writing half (`WireWrite`). A connection's task keeps its
+//! whole state for as long as the connection lives, so its waits are kept small.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,8 +22,9 @@ use bytes::{Bytes, BytesMut};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use meridian_core::{ConnId, ConnInfo};
-use tokio::io::Interest;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadHalf, WriteHalf,
+};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::OwnedPermit;
