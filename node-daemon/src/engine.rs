@@ -649,4 +649,42 @@ mod tests {
         let mut out = std::collections::VecDeque::new();
         assert_eq!(outbox.take(&mut out), Some(End::Kill));
     }
+
+    /// A link session whose queue is full is cut once, at the end of the batch: its task is
+    /// told to end, what it had queued stays in order, and nothing more goes to it.
+    #[tokio::test]
+    async fn a_link_session_that_cannot_keep_up_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+        let broker = Broker::new(meridian_core::Config::default(), Timestamp(0));
+        let mut engine = Engine::new(broker, store, 1 << 20, Arc::default()).unwrap();
+        let peer = NodeId::new("far-away").unwrap();
+        let (tx, mut frames) = mpsc::channel(2);
+        let kill = Arc::new(tokio::sync::Notify::new());
+        engine.handle(ToEngine::PeerUp {
+            peer: peer.clone(),
+            session: 1,
+            writer: PeerWriter {
+                tx,
+                kill: kill.clone(),
+            },
+        });
+        for frame in ["one", "two", "three", "four"] {
+            engine.write_to_peer(&peer, Bytes::from_static(frame.as_bytes()));
+        }
+        assert_eq!(
+            engine.cut,
+            std::slice::from_ref(&peer),
+            "cut once, however many frames overflow"
+        );
+        engine.flush().unwrap();
+        assert!(!engine.links.contains_key(&peer), "the session is gone");
+        tokio::time::timeout(Duration::from_secs(5), kill.notified())
+            .await
+            .expect("the session's task is told to end");
+        engine.write_to_peer(&peer, Bytes::from_static(b"after"));
+        assert_eq!(frames.recv().await.as_deref(), Some(&b"one"[..]));
+        assert_eq!(frames.recv().await.as_deref(), Some(&b"two"[..]));
+        assert!(frames.try_recv().is_err(), "nothing after the cut");
+    }
 }
