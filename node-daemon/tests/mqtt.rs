@@ -268,7 +268,7 @@ async fn assigned_client_ids_differ_across_restarts() {
 /// socket took the queue in pieces that end anywhere inside a message.
 #[tokio::test]
 async fn a_subscriber_that_stops_reading_gets_everything_in_order_when_it_reads_again() {
-    const COUNT: u32 = 4000;
+    const COUNT: u32 = 8000;
     let d = Daemon::start_with_config(Some("[limits]\nmax_write_buffer_bytes = 67108864\n"));
     // rumqttc stops reading its socket while its 1,000-packet channel is full, that is, until
     // the test starts taking packets below.
@@ -286,7 +286,7 @@ async fn a_subscriber_that_stops_reading_gets_everything_in_order_when_it_reads_
         }
         publ
     });
-    // 16 MB in all: far more than the channel and the kernel's socket buffers hold.
+    // 32 MB in all: far more than the channel and the kernel's socket buffers hold.
     let publ = tokio::time::timeout(common::DEADLINE, sender)
         .await
         .expect("the publisher sends everything in time")
