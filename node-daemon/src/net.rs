@@ -22,10 +22,8 @@ use bytes::{Bytes, BytesMut};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use meridian_core::{ConnId, ConnInfo};
-use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadHalf, WriteHalf,
-};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::OwnedPermit;
 use tokio::sync::mpsc::error::{SendError, TrySendError};
@@ -214,7 +212,7 @@ async fn serve_tcp(
     };
     let (rd, wr) = socket.into_split();
     let reads = TcpReads { rd, want: READ_MIN };
-    serve(reads, TcpWrites(wr), &outbox, conn, &engine).await;
+    serve(reads, ByteWrites(wr), &outbox, conn, &engine).await;
     drop(permit);
 }
 
@@ -235,9 +233,10 @@ async fn serve_stream<S>(
     let (rd, wr) = tokio::io::split(stream);
     let reads = StreamReads {
         rd,
-        reads: Reads::default(),
+        buf: BytesMut::new(),
+        want: READ_MIN,
     };
-    serve(reads, StreamWrites(wr), &outbox, conn, &engine).await;
+    serve(reads, ByteWrites(wr), &outbox, conn, &engine).await;
     drop(permit);
 }
 
@@ -356,9 +355,10 @@ impl WireRead for TcpReads {
     }
 }
 
-struct TcpWrites(OwnedWriteHalf);
+/// Writing a byte stream: a TCP socket's owned half, or a TLS stream's.
+struct ByteWrites<W>(W);
 
-impl WireWrite for TcpWrites {
+impl<W: AsyncWrite + Unpin + Send> WireWrite for ByteWrites<W> {
     fn write_some(
         &mut self,
         out: &mut VecDeque<Bytes>,
@@ -371,30 +371,24 @@ impl WireWrite for TcpWrites {
     }
 }
 
-/// A byte stream (TLS) split in two halves.
+/// Reading a byte stream (TLS) into a buffer that grows for busy connections and shrinks for
+/// quiet ones.
 struct StreamReads<S> {
     rd: ReadHalf<S>,
-    reads: Reads,
+    buf: BytesMut,
+    want: usize,
 }
 
 impl<S: AsyncRead + Send> WireRead for StreamReads<S> {
     async fn next(&mut self) -> Option<Bytes> {
-        self.reads.next(&mut self.rd).await
-    }
-}
-
-struct StreamWrites<S>(WriteHalf<S>);
-
-impl<S: AsyncWrite + Send> WireWrite for StreamWrites<S> {
-    fn write_some(
-        &mut self,
-        out: &mut VecDeque<Bytes>,
-    ) -> impl Future<Output = std::io::Result<usize>> + Send {
-        write_vectored(&mut self.0, out)
-    }
-
-    async fn shutdown(&mut self) -> std::io::Result<()> {
-        self.0.shutdown().await
+        self.buf.reserve(self.want);
+        match self.rd.read_buf(&mut self.buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => {
+                self.want = next_read_size(self.want, n);
+                Some(self.buf.split().freeze())
+            }
+        }
     }
 }
 
@@ -452,35 +446,6 @@ impl ToBroker {
 
 /// How long a connection the broker closes may take to write what is left and shut down.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Reads into a buffer that grows for busy connections and shrinks for quiet ones.
-struct Reads {
-    buf: BytesMut,
-    want: usize,
-}
-
-impl Default for Reads {
-    fn default() -> Self {
-        Self {
-            buf: BytesMut::new(),
-            want: READ_MIN,
-        }
-    }
-}
-
-impl Reads {
-    /// The next bytes read; `None` at the end of the stream or on an error. Cancel-safe.
-    async fn next<R: AsyncRead + Unpin>(&mut self, rd: &mut R) -> Option<Bytes> {
-        self.buf.reserve(self.want);
-        match rd.read_buf(&mut self.buf).await {
-            Ok(0) | Err(_) => None,
-            Ok(n) => {
-                self.want = next_read_size(self.want, n);
-                Some(self.buf.split().freeze())
-            }
-        }
-    }
-}
 
 /// The size of the next read after one of `want` bytes got `n`: larger for a connection whose
 /// read filled the buffer, smaller for one whose reads are small.
