@@ -258,7 +258,7 @@ impl meridian_core::broker::Authenticator for Challenge {
 /// 5.0 CONNACK (or nothing) and a close.
 #[test]
 fn unsupported_connect_during_authentication_gets_a_v311_connack() {
-    let mut broker = Broker::with_auth(
+    let mut broker: Broker = Broker::with_auth(
         Config::default(),
         NOW,
         Box::new(Challenge),

@@ -2,7 +2,7 @@
 //!
 //! | method and path | answer |
 //! |---|---|
-//! | `GET /health` | 200 `{"status":"ok"}` while the broker thread answers, else 503 |
+//! | `GET /health` | 200 `{"status":"ok"}` while the broker task answers, else 503 |
 //! | `GET /metrics` | OpenMetrics text (Prometheus scrapes it) |
 //! | `GET /api/clients` | JSON array of every session, connected or not, with subscriptions |
 //! | `GET /api/clients/{id}` | one session, or 404 |

@@ -1,6 +1,6 @@
 //! Authentication (password file) and authorization (ACL rules) for the broker.
 //!
-//! Password hashes are verified off the broker thread: the authenticator answers
+//! Password hashes are verified off the broker task: the authenticator answers
 //! [`AuthOutcome::Pending`], a blocking task runs Argon2 (at most [`MAX_CONCURRENT_VERIFY`] at
 //! once), and the decision comes back as [`ToEngine::AuthDecision`].
 
@@ -13,7 +13,7 @@ use meridian_core::topic::{self, TopicFilter};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::config::{AclAction, AclRule, DaemonConfig, Permission};
-use crate::engine::ToEngine;
+use crate::engine::{SendAuthenticator, SendAuthorizer, ToEngine};
 use crate::passwd::{self, PasswordDb};
 
 /// Argon2 verifications running at once (each takes ~19 MiB and tens of milliseconds).
@@ -21,8 +21,8 @@ pub const MAX_CONCURRENT_VERIFY: usize = 4;
 /// Verifications waiting at once; beyond it CONNECT is refused with 0x89 Server busy.
 pub const MAX_PENDING_VERIFY: usize = 1024;
 
-/// Everything needed to build the broker's authenticator and authorizer inside the broker
-/// thread (the core wants them boxed and not `Send`).
+/// Everything needed to build the broker's authenticator and authorizer once the broker task's
+/// channel exists (the authenticator sends late decisions into it).
 #[derive(Debug, Clone)]
 pub struct AuthSetup {
     users: Option<Arc<PasswordDb>>,
@@ -83,12 +83,9 @@ impl AuthSetup {
         })
     }
 
-    /// Build inside the broker thread (a tokio runtime must be current: verifications run on
-    /// its blocking pool).
-    pub fn build(
-        self,
-        engine: mpsc::Sender<ToEngine>,
-    ) -> (Box<dyn Authenticator>, Box<dyn Authorizer>) {
+    /// Build the broker's hooks. Password verifications run on the blocking pool of the
+    /// runtime the broker task runs on.
+    pub fn build(self, engine: mpsc::Sender<ToEngine>) -> (SendAuthenticator, SendAuthorizer) {
         let authn = PasswordAuth {
             users: self.users,
             dummy_hash: self.dummy_hash,

@@ -1,6 +1,6 @@
 //! An in-process MQTT client: a virtual connection on the broker, without a socket.
 //!
-//! The client speaks MQTT 5.0 to the broker thread through the same channel connection tasks
+//! The client speaks MQTT 5.0 to the broker task through the same channel connection tasks
 //! use, so everything a network client gets (sessions, QoS, retained messages, ACLs) applies.
 //!
 //! ```no_run

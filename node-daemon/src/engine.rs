@@ -1,10 +1,17 @@
-//! The broker thread: the one place that owns the [`Broker`] and the [`Store`].
+//! The broker task: the one place that owns the [`Broker`] and the [`Store`].
 //!
 //! Connection tasks send it [`ToEngine`] messages over a bounded channel (a full channel makes
 //! readers wait: back-pressure). It runs the core's drive loop: take one message and up to
 //! [`MAX_BATCH`] more that are ready, feed each, drain every output, commit all `Persist`
 //! records of the batch in one transaction, and only then hand bytes to the connections'
-//! [`Outbox`]es. Then it sleeps until the next message or the broker's deadline.
+//! [`Outbox`]es. Then it waits for the next message or the broker's deadline.
+//!
+//! It is a task on the same runtime as the connections, not a thread of its own: a message
+//! read by a connection's task wakes the broker task on that same worker thread, and the
+//! bytes it queues wake the receiving connection's task there too, so at a low rate one
+//! message costs no hand-off between threads. Under load the runtime spreads the connections
+//! over the other workers. Commits that wait for the disk leave the worker to the other tasks
+//! while they wait ([`off_worker`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use meridian_core::broker::{AuthOutcome, ClientSummary, Message, PeerSummary, Stats};
+use meridian_core::broker::{
+    AuthOutcome, Authenticator, Authorizer, ClientSummary, Message, PeerSummary, Stats,
+};
 use meridian_core::codec::ReasonCode;
 use meridian_core::link::{self, Frame};
 use meridian_core::routes::NodeId;
@@ -28,10 +37,18 @@ use crate::storage::{StorageError, Store};
 
 /// Inputs taken per turn of the loop before outputs are committed and sent.
 pub const MAX_BATCH: usize = 256;
-/// Capacity of the channel into the broker thread (each message at most one 16 KiB read).
+/// Capacity of the channel into the broker task (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
 
-/// A message for the broker thread.
+/// The broker as the daemon runs it: with hooks that are `Send`, so that the broker task may
+/// run on any worker thread of the runtime.
+pub type DaemonBroker = Broker<SendAuthenticator, SendAuthorizer>;
+/// An authenticator the broker task can hold.
+pub type SendAuthenticator = Box<dyn Authenticator + Send>;
+/// An authorizer the broker task can hold.
+pub type SendAuthorizer = Box<dyn Authorizer + Send>;
+
+/// A message for the broker task.
 #[derive(Debug)]
 pub enum ToEngine {
     Accept {
@@ -96,7 +113,7 @@ pub struct DaemonCounters {
     pub connections_accepted: AtomicU64,
 }
 
-/// A cheap handle to the broker thread.
+/// A cheap handle to the broker task.
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
     pub tx: mpsc::Sender<ToEngine>,
@@ -184,9 +201,9 @@ impl Clock {
     }
 }
 
-/// The broker thread's state.
+/// The broker task's state.
 pub struct Engine {
-    broker: Broker,
+    broker: DaemonBroker,
     store: Store,
     clock: Clock,
     outboxes: HashMap<ConnId, Arc<Outbox>>,
@@ -224,7 +241,7 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Build the engine and restore every stored record into the broker.
     pub fn new(
-        broker: Broker,
+        broker: DaemonBroker,
         store: Store,
         max_write_buffer_bytes: usize,
         counters: Arc<DaemonCounters>,
@@ -301,7 +318,7 @@ impl Engine {
                 self.broker.shutdown(now);
                 self.drain();
                 self.flush()?;
-                self.store.sync()?;
+                off_worker(|| self.store.sync())?;
                 info!("broker stopped; storage flushed");
                 return Ok(());
             }
@@ -311,7 +328,11 @@ impl Engine {
                 .sync_due()
                 .is_some_and(|at| at <= std::time::Instant::now())
             {
-                self.store.sync()?;
+                off_worker(|| self.store.sync())?;
+            }
+            if !rx.is_empty() {
+                // More is waiting: let the tasks this turn woke on this worker write first.
+                tokio::task::yield_now().await;
             }
         }
     }
@@ -493,7 +514,11 @@ impl Engine {
                 }
             }
             if !self.records.is_empty() {
-                self.store.apply(&self.records)?;
+                if self.store.commit_syncs() {
+                    off_worker(|| self.store.apply(&self.records))?;
+                } else {
+                    self.store.apply(&self.records)?;
+                }
                 self.counters
                     .storage_commits
                     .fetch_add(1, Ordering::Relaxed);
@@ -564,12 +589,21 @@ impl Engine {
 }
 
 impl Drop for Engine {
-    /// Connections still open when the broker thread ends (a storage failure, say) are closed
+    /// Connections still open when the broker task ends (a storage failure, say) are closed
     /// rather than left waiting for output that will never come.
     fn drop(&mut self) {
         for outbox in self.outboxes.values() {
             outbox.kill();
         }
+    }
+}
+
+/// Run `f`, which waits for the disk, without holding up the other tasks of a multi-thread
+/// runtime's worker; on a current-thread runtime (or none) it simply runs.
+fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -631,13 +665,18 @@ mod tests {
     use super::*;
     use crate::config::SyncPolicy;
     use crate::outbox::End;
+    use meridian_core::broker::AllowAll;
+
+    fn allow_all() -> DaemonBroker {
+        let config = meridian_core::Config::default();
+        Broker::with_auth(config, Timestamp(0), Box::new(AllowAll), Box::new(AllowAll))
+    }
 
     #[test]
-    fn connections_still_open_are_closed_when_the_broker_thread_ends() {
+    fn connections_still_open_are_closed_when_the_broker_task_ends() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
-        let broker = Broker::new(meridian_core::Config::default(), Timestamp(0));
-        let mut engine = Engine::new(broker, store, 1 << 20, Arc::default()).unwrap();
+        let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
         let outbox = Outbox::new();
         let (reply, _conn) = oneshot::channel();
         engine.handle(ToEngine::Accept {
@@ -656,8 +695,7 @@ mod tests {
     async fn a_link_session_that_cannot_keep_up_is_cut() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
-        let broker = Broker::new(meridian_core::Config::default(), Timestamp(0));
-        let mut engine = Engine::new(broker, store, 1 << 20, Arc::default()).unwrap();
+        let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
         let (tx, mut frames) = mpsc::channel(2);
         let kill = Arc::new(tokio::sync::Notify::new());

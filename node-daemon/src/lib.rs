@@ -7,11 +7,12 @@
 //!
 //! # Architecture
 //!
-//! One dedicated thread owns the `Broker` and the store and runs the core's drive loop
-//! ([`engine`]). Connection tasks on the tokio multi-thread runtime read sockets and send the
-//! bytes to it over a bounded channel; it commits what must be persisted, then queues outgoing
-//! bytes in each connection's [`outbox::Outbox`], bounded in bytes, which the connection's task
-//! writes.
+//! One task, the broker task, owns the `Broker` and the store and runs the core's drive loop
+//! ([`engine`]). Connection tasks on the same tokio runtime read sockets and send the bytes to
+//! it over a bounded channel; it commits what must be persisted, then queues outgoing bytes in
+//! each connection's [`outbox::Outbox`], bounded in bytes, which the connection's task writes.
+//! Because all of them are tasks of one runtime, a message at a low rate is read, routed and
+//! written on one worker thread without waking another.
 
 pub mod admin;
 pub mod auth;

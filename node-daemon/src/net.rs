@@ -1,8 +1,8 @@
 //! Listeners and connection tasks.
 //!
-//! Each accepted socket gets one task. It hands what it reads to the broker thread (waiting,
-//! without reading more, while that thread's queue is full) and writes what the broker thread
-//! queued in the connection's [`Outbox`], whose backlog the broker thread bounds in bytes.
+//! Each accepted socket gets one task. It hands what it reads to the broker task (waiting,
+//! without reading more, while its queue is full) and writes what the broker task
+//! queued in the connection's [`Outbox`], whose backlog the broker task bounds in bytes.
 //! Reading and writing proceed independently within the task.
 //!
 //! One loop (`serve`) serves every transport: plain TCP, TLS and WebSocket each supply a
@@ -240,7 +240,7 @@ async fn serve_stream<S>(
     drop(permit);
 }
 
-/// A connection task's loop, whatever the transport: hand what is read to the broker thread,
+/// A connection task's loop, whatever the transport: hand what is read to the broker task,
 /// write what it queued, end when either side does.
 async fn serve(
     mut rd: impl WireRead,
@@ -392,10 +392,10 @@ impl<S: AsyncRead + Send> WireRead for StreamReads<S> {
     }
 }
 
-/// Waiting for room in the broker thread's queue.
+/// Waiting for room in the broker task's queue.
 type Room = Pin<Box<dyn Future<Output = Result<OwnedPermit<ToEngine>, SendError<()>>> + Send>>;
 
-/// Hands what a connection reads to the broker thread: at once while its queue has room; when
+/// Hands what a connection reads to the broker task: at once while its queue has room; when
 /// it is full, the connection holds the bytes and reads no more until there is room.
 struct ToBroker {
     conn: ConnId,
@@ -412,7 +412,7 @@ impl ToBroker {
         self.unsent.is_some()
     }
 
-    /// Hand bytes over, or hold them until there is room; false if the broker thread is gone.
+    /// Hand bytes over, or hold them until there is room; false if the broker task is gone.
     fn offer(&mut self, engine: &EngineHandle, data: Bytes) -> bool {
         let conn = self.conn;
         match engine.tx.try_send(ToEngine::Bytes { conn, data }) {
@@ -426,7 +426,7 @@ impl ToBroker {
         }
     }
 
-    /// Wait for room and hand over the held bytes; false if the broker thread is gone.
+    /// Wait for room and hand over the held bytes; false if the broker task is gone.
     /// Cancel-safe: the bytes stay held.
     async fn when_room(&mut self) -> bool {
         let Some((_, room)) = self.unsent.as_deref_mut() else {

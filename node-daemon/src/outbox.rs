@@ -1,8 +1,8 @@
-//! What the broker thread hands one connection to write.
+//! What the broker task hands one connection to write.
 //!
-//! The broker thread pushes chunks of bytes and may ask for the connection to be closed; the
+//! The broker task pushes chunks of bytes and may ask for the connection to be closed; the
 //! connection's task takes everything queued at once and writes it. The queue is bounded in
-//! bytes by the broker thread (`max_write_buffer_bytes`), which reads [`Outbox::queued`] before
+//! bytes by the broker task (`max_write_buffer_bytes`), which reads [`Outbox::queued`] before
 //! it pushes. An idle outbox holds no buffer of its own.
 
 use std::collections::VecDeque;
@@ -13,7 +13,7 @@ use std::task::Poll;
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
 
-/// How the broker thread ends a connection.
+/// How the broker task ends a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum End {
     /// Write everything queued, then close.
@@ -28,7 +28,7 @@ struct State {
     end: Option<End>,
 }
 
-/// One connection's outgoing queue, shared by the broker thread and the connection's task.
+/// One connection's outgoing queue, shared by the broker task and the connection's task.
 #[derive(Debug, Default)]
 pub struct Outbox {
     state: Mutex<State>,

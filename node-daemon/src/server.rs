@@ -1,12 +1,12 @@
-//! Starting and stopping a whole broker: storage, the broker thread, listeners, admin HTTP.
+//! Starting and stopping a whole broker: storage, the broker task, listeners, admin HTTP.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use meridian_core::broker::AuthOutcome;
 use meridian_core::broker::ClusterConfig;
-use meridian_core::broker::{AuthOutcome, Authenticator, Authorizer};
 use meridian_core::link::OutboxLimits;
 use meridian_core::routes::NodeId;
 use meridian_core::{Broker, ConnId};
@@ -16,7 +16,9 @@ use tracing::{info, warn};
 
 use crate::auth;
 use crate::config::DaemonConfig;
-use crate::engine::{DaemonCounters, ENGINE_QUEUE, Engine, EngineHandle, ToEngine};
+use crate::engine::{
+    DaemonCounters, ENGINE_QUEUE, Engine, EngineHandle, SendAuthenticator, SendAuthorizer, ToEngine,
+};
 use crate::mesh::{self, Mesh, MeshCmd, MeshSettings, MeshStats};
 use crate::net::{self, ListenerSpec, Transport};
 use crate::storage::Store;
@@ -49,12 +51,11 @@ impl std::fmt::Debug for BrokerBuilder {
     }
 }
 
-/// Builds the broker's authenticator and authorizer inside the broker thread (they need not
-/// be `Send`). The [`AuthDecisions`] handle lets an authenticator that answered
-/// `AuthOutcome::Pending` deliver its decision later, from any thread or task.
-pub type AuthFactory = Box<
-    dyn FnOnce(AuthDecisions) -> (Box<dyn Authenticator>, Box<dyn Authorizer>) + Send + 'static,
->;
+/// Builds the broker's authenticator and authorizer. They are `Send`: the broker task runs on
+/// the runtime's worker threads. The [`AuthDecisions`] handle lets an authenticator that
+/// answered `AuthOutcome::Pending` deliver its decision later, from any thread or task.
+pub type AuthFactory =
+    Box<dyn FnOnce(AuthDecisions) -> (SendAuthenticator, SendAuthorizer) + Send + 'static>;
 
 /// Delivers decisions for authentications answered with `AuthOutcome::Pending`.
 #[derive(Debug, Clone)]
@@ -63,7 +64,7 @@ pub struct AuthDecisions {
 }
 
 impl AuthDecisions {
-    /// Decide for `conn` (from `AuthRequest::conn`). Waits if the broker thread is busy.
+    /// Decide for `conn` (from `AuthRequest::conn`). Waits if the broker task is busy.
     pub async fn decide(&self, conn: ConnId, outcome: AuthOutcome) {
         let _ = self.tx.send(ToEngine::AuthDecision { conn, outcome }).await;
     }
@@ -199,8 +200,8 @@ impl Server {
             (core_cluster_config(cluster, node.clone()), cmd_tx.clone())
         });
 
-        // The broker thread: creates the Broker (it is not Send), restores, then serves.
-        let (ready_tx, ready_rx) = oneshot::channel::<anyhow::Result<()>>();
+        // The broker task. Opening the store and restoring from it may take a while: that
+        // runs on the blocking pool; serving runs on the runtime's workers.
         let (done_tx, done_rx) = oneshot::channel();
         let mut core_config = config.core_config();
         // A fresh seed per start: assigned client ids must not repeat those of sessions that
@@ -209,70 +210,46 @@ impl Server {
         let storage = config.storage.clone();
         let max_write = config.limits.max_write_buffer_bytes;
         let engine_tx = handle.tx.clone();
-        std::thread::Builder::new()
-            .name("meridian-broker".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_time()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.into()));
-                        return;
-                    }
-                };
-                let result = rt.block_on(async move {
-                    let mut store = Store::open(
-                        &storage.data_dir,
-                        storage.sync,
-                        Duration::from_millis(storage.sync_interval_ms),
-                    )?;
-                    let (authn, authz) = match auth_setup {
-                        Ok(setup) => setup.build(engine_tx),
-                        Err(factory) => factory(AuthDecisions { tx: engine_tx }),
-                    };
-                    let now = crate::engine::Clock::default().now();
-                    let mut broker = Broker::with_auth(core_config, now, authn, authz);
-                    let mut mesh_tx = None;
-                    if let Some((mut cluster, cmd_tx)) = core_cluster {
-                        // A new incarnation per start: peers replace this node's old routes.
-                        cluster.incarnation = store.next_incarnation()?;
-                        info!(
-                            node = %cluster.node,
-                            incarnation = cluster.incarnation,
-                            region = %cluster.region,
-                            "cluster mode"
-                        );
-                        broker.enable_cluster(cluster);
-                        mesh_tx = Some(cmd_tx);
-                    }
-                    let mut engine = Engine::new(broker, store, max_write, counters)?;
-                    if let Some(tx) = mesh_tx {
-                        engine = engine.with_mesh(tx);
-                    }
-                    Ok::<_, anyhow::Error>(engine)
-                });
-                let engine = match result {
-                    Ok(e) => {
-                        let _ = ready_tx.send(Ok(()));
-                        e
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let r = rt.block_on(engine.run(rx));
-                if let Err(e) = &r {
-                    crate::engine::log_storage_failure(e);
-                }
-                let _ = done_tx.send(r.map_err(anyhow::Error::from));
-            })
-            .context("cannot start the broker thread")?;
-        ready_rx
-            .await
-            .context("broker thread ended during start-up")??;
+        let engine = tokio::task::spawn_blocking(move || {
+            let mut store = Store::open(
+                &storage.data_dir,
+                storage.sync,
+                Duration::from_millis(storage.sync_interval_ms),
+            )?;
+            let (authn, authz) = match auth_setup {
+                Ok(setup) => setup.build(engine_tx),
+                Err(factory) => factory(AuthDecisions { tx: engine_tx }),
+            };
+            let now = crate::engine::Clock::default().now();
+            let mut broker = Broker::with_auth(core_config, now, authn, authz);
+            let mut mesh_tx = None;
+            if let Some((mut cluster, cmd_tx)) = core_cluster {
+                // A new incarnation per start: peers replace this node's old routes.
+                cluster.incarnation = store.next_incarnation()?;
+                info!(
+                    node = %cluster.node,
+                    incarnation = cluster.incarnation,
+                    region = %cluster.region,
+                    "cluster mode"
+                );
+                broker.enable_cluster(cluster);
+                mesh_tx = Some(cmd_tx);
+            }
+            let mut engine = Engine::new(broker, store, max_write, counters)?;
+            if let Some(tx) = mesh_tx {
+                engine = engine.with_mesh(tx);
+            }
+            Ok::<_, anyhow::Error>(engine)
+        })
+        .await
+        .context("broker start-up panicked")??;
+        tokio::spawn(async move {
+            let r = engine.run(rx).await;
+            if let Err(e) = &r {
+                crate::engine::log_storage_failure(e);
+            }
+            let _ = done_tx.send(r.map_err(anyhow::Error::from));
+        });
 
         // Listeners, only now that the state is restored.
         let (stop, stop_rx) = watch::channel(false);
@@ -378,7 +355,7 @@ impl Server {
         }
         .await;
         if let Err(e) = bound {
-            // Undo what started: the mesh, accept loops and the broker thread.
+            // Undo what started: the mesh, accept loops and the broker task.
             if let Some(m) = mesh {
                 m.shutdown().await;
             }
@@ -417,7 +394,7 @@ impl Server {
         self.addrs.iter().find(|(n, _)| *n == name).map(|(_, a)| *a)
     }
 
-    /// A handle to the broker thread (stats, clients, publish, in-process clients).
+    /// A handle to the broker task (stats, clients, publish, in-process clients).
     pub fn handle(&self) -> &EngineHandle {
         &self.handle
     }
@@ -436,12 +413,12 @@ impl Server {
             m.shutdown().await;
         }
         if self.handle.tx.send(ToEngine::Shutdown).await.is_err() {
-            bail!("the broker thread had already stopped");
+            bail!("the broker task had already stopped");
         }
         let result = self
             .engine_done
             .await
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker thread panicked")));
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker task panicked")));
         // Let writer tasks finish their last bytes (the DISCONNECTs), within a bound.
         let _ = tokio::time::timeout(Duration::from_secs(3), async {
             for (sem, n) in &self.permits {
@@ -454,15 +431,15 @@ impl Server {
         result
     }
 
-    /// Wait until the broker thread stops by itself (a storage failure).
+    /// Wait until the broker task stops by itself (a storage failure).
     pub async fn stopped(&mut self) -> anyhow::Result<()> {
         (&mut self.engine_done)
             .await
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker thread panicked")))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker task panicked")))
     }
 }
 
-/// Capacity of the broker thread's broadcast channel to the mesh (a full one sends the
+/// Capacity of the broker task's broadcast channel to the mesh (a full one sends the
 /// broadcast over the link sessions instead).
 const MESH_QUEUE: usize = 1024;
 

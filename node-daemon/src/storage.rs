@@ -117,11 +117,7 @@ impl Store {
             return Ok(());
         }
         let mut txn = self.db.begin_write().map_err(redb_err)?;
-        let durable = match self.sync {
-            SyncPolicy::Always => true,
-            SyncPolicy::Periodic => self.last_sync.elapsed() >= self.interval,
-            SyncPolicy::None => false,
-        };
+        let durable = self.commit_syncs();
         txn.set_durability(if durable {
             Durability::Immediate
         } else {
@@ -148,6 +144,15 @@ impl Store {
             self.unsynced = true;
         }
         Ok(())
+    }
+
+    /// Whether the next [`Store::apply`] waits for the disk (an fsync), by the sync policy.
+    pub fn commit_syncs(&self) -> bool {
+        match self.sync {
+            SyncPolicy::Always => true,
+            SyncPolicy::Periodic => self.last_sync.elapsed() >= self.interval,
+            SyncPolicy::None => false,
+        }
     }
 
     /// When the periodic policy wants the next fsync, if anything is waiting for one.

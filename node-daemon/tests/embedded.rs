@@ -72,6 +72,17 @@ async fn in_process_and_network_clients_see_each_other() {
 
 #[tokio::test]
 async fn embedded_state_persists_across_restarts() {
+    state_persists_across_restarts().await;
+}
+
+/// The same on a multi-thread runtime, where commits that fsync leave the worker thread
+/// (`block_in_place`) rather than run inline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_state_persists_across_restarts_on_a_multi_thread_runtime() {
+    state_persists_across_restarts().await;
+}
+
+async fn state_persists_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path()).await;
     let mut app = server.client().client_id("a").connect().await.unwrap();

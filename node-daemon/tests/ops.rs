@@ -12,7 +12,7 @@ use tokio::io::AsyncReadExt;
 async fn json_logs_are_one_object_per_line() {
     let d = Daemon::start_with_config(Some("[log]\nformat = \"json\"\n"));
     let _c = common::raw::Raw::connect(d.mqtt, V311, "logged").await;
-    // The connect is logged by the broker thread; wait (bounded) for the line.
+    // The connect is logged by the broker task; wait (bounded) for the line.
     let deadline = Instant::now() + DEADLINE;
     loop {
         let log = d.log_text();

@@ -36,13 +36,19 @@ pub enum AuthOutcome {
     /// Enhanced authentication continues: send AUTH 0x18 with this data and wait for the client.
     Continue(Bytes),
     /// The decision comes later, through [`super::Input::AuthDecision`] (e.g. a slow password hash
-    /// computed off the broker's thread).
+    /// computed off the thread that drives the broker).
     Pending,
 }
 
 /// Decides who may connect. Called synchronously; answer `Pending` to decide asynchronously.
 pub trait Authenticator {
     fn authenticate(&mut self, request: &AuthRequest<'_>) -> AuthOutcome;
+}
+
+impl<T: Authenticator + ?Sized> Authenticator for Box<T> {
+    fn authenticate(&mut self, request: &AuthRequest<'_>) -> AuthOutcome {
+        (**self).authenticate(request)
+    }
 }
 
 /// The identity that authorization rules are evaluated against.
@@ -56,6 +62,16 @@ pub struct ClientRef<'a> {
 pub trait Authorizer {
     fn may_publish(&self, client: &ClientRef<'_>, topic: &str) -> bool;
     fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> bool;
+}
+
+impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
+    fn may_publish(&self, client: &ClientRef<'_>, topic: &str) -> bool {
+        (**self).may_publish(client, topic)
+    }
+
+    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> bool {
+        (**self).may_subscribe(client, filter)
+    }
 }
 
 /// Lets everyone connect without credentials and do everything; refuses enhanced

@@ -15,7 +15,7 @@ use super::io::{ConnId, Event, Output, Timestamp};
 use super::message::Message;
 use super::persist::Key;
 use super::session::SessionId;
-use super::{Broker, Timer};
+use super::{Authenticator, Authorizer, Broker, Timer};
 use crate::codec::{Publish, QoS, SubAck};
 use crate::link::{
     self, Arrival, DEFAULT_MAX_FRAME_LEN, DigestEntry, Forward, Frame, Inbox,
@@ -198,7 +198,7 @@ impl Cluster {
     }
 }
 
-impl Broker {
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Make this broker a node of a deployment. Call before [`Broker::restore`] and before
     /// accepting connections.
     pub fn enable_cluster(&mut self, config: ClusterConfig) {
@@ -792,7 +792,7 @@ impl Broker {
     }
 }
 
-impl Broker {
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     // ----- retained messages across nodes -----
 
     /// A retained write accepted here (a message, or a delete by an empty payload): stamp it

@@ -9,14 +9,14 @@ use super::io::{ConnId, DisconnectCause, Event};
 use super::message::Message;
 use super::persist::{Key, SessionRecord};
 use super::session::{Session, SessionId, Will};
-use super::{AuthOutcome, AuthRequest, Broker, ClientRef, Timer};
+use super::{AuthOutcome, AuthRequest, Authenticator, Authorizer, Broker, ClientRef, Timer};
 use crate::codec::{
     Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, Disconnect, LastWill, Packet,
     ProtocolVersion, QoS, ReasonCode,
 };
 use crate::topic::TopicName;
 
-impl Broker {
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn on_connect(&mut self, conn_id: ConnId, mut connect: Connect) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;

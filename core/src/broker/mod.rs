@@ -81,7 +81,11 @@ pub struct ClientSummary {
 }
 
 /// The sans-IO MQTT broker.
-pub struct Broker {
+///
+/// `A` and `Z` are its [`Authenticator`] and [`Authorizer`]: boxed trait objects unless the
+/// application names them, for instance `Box<dyn Authenticator + Send>` to move the broker
+/// between threads.
+pub struct Broker<A = Box<dyn Authenticator>, Z = Box<dyn Authorizer>> {
     config: Config,
     now: Timestamp,
     /// Boxed: a map of many connections keeps spare slots, which stay small this way.
@@ -100,8 +104,8 @@ pub struct Broker {
     /// Connections with bytes in their write buffer, in the order they were first written.
     dirty: Vec<ConnId>,
     timers: BTreeSet<(Timestamp, Timer)>,
-    authenticator: Box<dyn Authenticator>,
-    authorizer: Box<dyn Authorizer>,
+    authenticator: A,
+    authorizer: Z,
     rng: u64,
     generation: u64,
     stats: Stats,
@@ -111,7 +115,7 @@ pub struct Broker {
     cluster: Option<Box<cluster::Cluster>>,
 }
 
-impl fmt::Debug for Broker {
+impl<A, Z> fmt::Debug for Broker<A, Z> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Broker")
             .field("now", &self.now)
@@ -128,13 +132,10 @@ impl Broker {
     pub fn new(config: Config, now: Timestamp) -> Self {
         Self::with_auth(config, now, Box::new(AllowAll), Box::new(AllowAll))
     }
+}
 
-    pub fn with_auth(
-        config: Config,
-        now: Timestamp,
-        authenticator: Box<dyn Authenticator>,
-        authorizer: Box<dyn Authorizer>,
-    ) -> Self {
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    pub fn with_auth(config: Config, now: Timestamp, authenticator: A, authorizer: Z) -> Self {
         let seed = config.seed;
         let topic_limits = topic::Limits {
             max_len: config.max_topic_len,

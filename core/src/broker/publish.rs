@@ -7,11 +7,11 @@ use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
 use super::session::{Inflight, InflightState, Queued, SessionId};
-use super::{Broker, ClientRef};
+use super::{Authenticator, Authorizer, Broker, ClientRef};
 use crate::codec::{self, Ack, OutgoingPublish, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use crate::topic::{TopicFilter, TopicName};
 
-impl Broker {
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn on_publish(&mut self, conn_id: ConnId, sid: SessionId, mut p: Publish) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return;

@@ -8,7 +8,7 @@ use super::io::Timestamp;
 use super::persist::{self, Key, QueuedRecord, RecordError, SessionRecord};
 use super::session::{Inflight, Queued};
 use super::subscriptions::Subscriber;
-use super::{Broker, Timer};
+use super::{Authenticator, Authorizer, Broker, Timer};
 use crate::topic::TopicFilter;
 
 /// What [`Broker::restore`] rebuilt, and the records it could not read (left in storage
@@ -22,7 +22,7 @@ pub struct RestoreReport {
     pub unreadable: Vec<(Bytes, RecordError)>,
 }
 
-impl Broker {
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Feed back every record the shell stored, in any order, before accepting connections.
     /// Sessions come back disconnected: their expiry runs from `now` (or from the recorded
     /// disconnect), and a will of a connection that was open at the crash is treated as that of

@@ -8,14 +8,14 @@ use super::message::{Delivery, Message};
 use super::persist::{self, Key};
 use super::session::{SessionId, SubscriptionEntry};
 use super::subscriptions::Subscriber;
-use super::{Broker, ClientRef};
+use super::{Authenticator, Authorizer, Broker, ClientRef};
 use crate::codec::{
     Packet, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck,
     Unsubscribe,
 };
 use crate::topic::TopicFilter;
 
-impl Broker {
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn on_subscribe(&mut self, conn_id: ConnId, sid: SessionId, s: Subscribe) {
         let Some(conn) = self.conns.get(&conn_id) else {
             return;

@@ -119,7 +119,7 @@ struct Behaviour {
 }
 
 /// Start listening and dialling. Returns once every listen address is bound. `cmds` is the
-/// other end of the broker thread's broadcast channel ([`crate::engine::Engine::with_mesh`]).
+/// other end of the broker task's broadcast channel ([`crate::engine::Engine::with_mesh`]).
 pub async fn start(
     settings: MeshSettings,
     keypair: Keypair,

@@ -1,7 +1,7 @@
 //! A link session: the one long-lived libp2p stream between two nodes that carries the core's
 //! link frames both ways (forwarded messages, their acks, digests, snapshots, route acks).
 //!
-//! A session tells the broker thread `PeerUp` when it starts and `PeerDown` when it ends, so
+//! A session tells the broker task `PeerUp` when it starts and `PeerDown` when it ends, so
 //! the core sees one link session per stream: what it sent on a session that broke is re-sent
 //! on the next (the outbox) and deduplicated on arrival (the inbox). Frames are the link
 //! codec's own length-prefixed encoding, written back to back.
@@ -23,7 +23,7 @@ use crate::engine::ToEngine;
 /// re-sends what matters on the next session).
 pub const PEER_QUEUE: usize = 16 * 1024;
 
-/// The broker thread's end of a session: frames to write, and a way to end the session.
+/// The broker task's end of a session: frames to write, and a way to end the session.
 #[derive(Debug, Clone)]
 pub struct PeerWriter {
     pub tx: mpsc::Sender<Bytes>,
@@ -33,7 +33,7 @@ pub struct PeerWriter {
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Run one session over `stream` until either side ends it, the stream fails, or the broker
-/// thread cuts it. Returns once the broker thread was told it ended.
+/// task cuts it. Returns once the broker task was told it ended.
 pub async fn run(peer: NodeId, mut stream: Stream, engine: mpsc::Sender<ToEngine>) {
     let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::channel::<Bytes>(PEER_QUEUE);
