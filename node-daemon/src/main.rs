@@ -189,7 +189,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .thread_name("meridian-io")
+        .thread_name("meridian-worker")
         .build()
         .context("cannot start the tokio runtime")?;
     runtime.block_on(async move {
