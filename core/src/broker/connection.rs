@@ -120,6 +120,12 @@ impl InboundAliases {
 #[derive(Debug, Default)]
 pub(crate) struct OutboundAliases {
     pub maximum: u16,
+    /// Boxed and made on the first alias: most clients never allow one.
+    table: Option<Box<AliasTable>>,
+}
+
+#[derive(Debug, Default)]
+struct AliasTable {
     by_topic: super::FixedMap<Arc<str>, u16>,
     by_alias: Vec<Arc<str>>,
     next_victim: u16,
@@ -129,31 +135,33 @@ impl OutboundAliases {
     pub fn with_maximum(maximum: u16) -> Self {
         Self {
             maximum,
-            ..Self::default()
+            table: None,
         }
     }
 
     /// The alias the client already knows for this topic.
     pub fn known(&self, topic: &str) -> Option<u16> {
-        self.by_topic.get(topic).copied()
+        self.table.as_ref()?.by_topic.get(topic).copied()
     }
 
     /// Give the topic an alias: a free one while there are, then reuse them in round-robin
     /// order. The client learns it from the PUBLISH that carries topic and alias together.
     pub fn assign(&mut self, topic: &Arc<str>) -> u16 {
-        let alias = if self.by_alias.len() < usize::from(self.maximum) {
-            self.by_alias.push(topic.clone());
+        let maximum = self.maximum;
+        let table = self.table.get_or_insert_with(Box::default);
+        let alias = if table.by_alias.len() < usize::from(maximum) {
+            table.by_alias.push(topic.clone());
             // by_alias.len() <= maximum, a u16.
-            u16::try_from(self.by_alias.len()).unwrap_or(u16::MAX)
+            u16::try_from(table.by_alias.len()).unwrap_or(u16::MAX)
         } else {
-            let alias = self.next_victim % self.maximum + 1;
-            self.next_victim = alias % self.maximum;
+            let alias = table.next_victim % maximum + 1;
+            table.next_victim = alias % maximum;
             let slot = usize::from(alias - 1);
-            let old = std::mem::replace(&mut self.by_alias[slot], topic.clone());
-            self.by_topic.remove(&old);
+            let old = std::mem::replace(&mut table.by_alias[slot], topic.clone());
+            table.by_topic.remove(&old);
             alias
         };
-        self.by_topic.insert(topic.clone(), alias);
+        table.by_topic.insert(topic.clone(), alias);
         alias
     }
 }
