@@ -135,6 +135,7 @@ impl Broker {
 }
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// A broker that asks the application's own hooks who may connect and what they may do.
     pub fn with_auth(config: Config, now: Timestamp, authenticator: A, authorizer: Z) -> Self {
         let seed = config.seed;
         let topic_limits = topic::Limits {
