@@ -694,7 +694,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let Some(session) = self.session_mut(sid) else {
                 return;
             };
-            let delivery = if let Some(pos) = session.inflight.iter().position(|m| m.seq == seq) {
+            let in_flight = session.inflight.iter().position(|m| m.seq == seq);
+            let delivery = if let Some(pos) = in_flight {
                 session.inflight.remove(pos).map(|m| m.delivery)
             } else if let Some(pos) = session.queue.iter().position(|m| m.seq == seq) {
                 let d = session.queue.remove(pos).map(|m| m.delivery);

@@ -93,37 +93,46 @@ pub(crate) struct Inflight {
 ///
 /// Every delivery and every acknowledgement looks up a packet id, so the ids in use are kept
 /// sorted beside the entries, and the entries waiting to be re-sent after a reconnect are
-/// counted: nothing on the publish path walks the window.
+/// counted: nothing on the publish path walks the window. An idle session keeps no window:
+/// its storage is boxed, made by the first entry and dropped with the last.
 #[derive(Debug, Default)]
 pub(crate) struct InflightWindow {
+    store: Option<Box<WindowStore>>,
+    next_packet_id: u16,
+}
+
+#[derive(Debug, Default)]
+struct WindowStore {
     entries: VecDeque<Inflight>,
     /// The packet ids of `entries`, sorted.
     ids: Vec<u16>,
     /// Entries with `sent == false`.
     unsent: usize,
-    next_packet_id: u16,
 }
 
 impl InflightWindow {
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.store.as_ref().map_or(0, |s| s.entries.len())
     }
 
-    pub fn iter(&self) -> std::collections::vec_deque::Iter<'_, Inflight> {
-        self.entries.iter()
+    pub fn iter(&self) -> impl Iterator<Item = &Inflight> {
+        self.store.iter().flat_map(|s| s.entries.iter())
     }
 
     /// The entry holding `packet_id`. Acknowledgements mostly come in order, so the search
     /// starts at the oldest.
     pub fn position(&self, packet_id: u16) -> Option<usize> {
-        if self.ids.binary_search(&packet_id).is_err() {
+        let s = self.store.as_ref()?;
+        if s.ids.binary_search(&packet_id).is_err() {
             return None;
         }
-        self.entries.iter().position(|m| m.packet_id == packet_id)
+        s.entries.iter().position(|m| m.packet_id == packet_id)
     }
 
     pub fn holds(&self, packet_id: u16) -> bool {
-        self.ids.binary_search(&packet_id).is_ok()
+        self.store
+            .as_ref()
+            .is_some_and(|s| s.ids.binary_search(&packet_id).is_ok())
     }
 
     /// A packet id no entry holds. The window is bounded by a `u16` Receive Maximum, so a
@@ -140,67 +149,84 @@ impl InflightWindow {
 
     /// Add the newest entry. Its packet id must be free.
     pub fn push(&mut self, entry: Inflight) {
-        match self.ids.binary_search(&entry.packet_id) {
+        let s = self.store.get_or_insert_with(Box::default);
+        match s.ids.binary_search(&entry.packet_id) {
             Ok(_) => debug_assert!(false, "packet id {} already in flight", entry.packet_id),
-            Err(i) => self.ids.insert(i, entry.packet_id),
+            Err(i) => s.ids.insert(i, entry.packet_id),
         }
-        self.unsent += usize::from(!entry.sent);
-        self.entries.push_back(entry);
+        s.unsent += usize::from(!entry.sent);
+        s.entries.push_back(entry);
     }
 
     pub fn remove(&mut self, pos: usize) -> Option<Inflight> {
-        let entry = self.entries.remove(pos)?;
-        if let Ok(i) = self.ids.binary_search(&entry.packet_id) {
-            self.ids.remove(i);
+        let s = self.store.as_mut()?;
+        let entry = s.entries.remove(pos)?;
+        if let Ok(i) = s.ids.binary_search(&entry.packet_id) {
+            s.ids.remove(i);
         }
-        self.unsent -= usize::from(!entry.sent);
-        if self.entries.is_empty() {
-            // An idle session keeps no window.
-            self.entries = VecDeque::new();
-            self.ids = Vec::new();
+        s.unsent -= usize::from(!entry.sent);
+        if s.entries.is_empty() {
+            self.store = None;
         }
         Some(entry)
     }
 
     /// The first entry not yet sent on the current connection.
     pub fn first_unsent(&self) -> Option<usize> {
-        if self.unsent == 0 {
+        let s = self.store.as_ref()?;
+        if s.unsent == 0 {
             return None;
         }
-        self.entries.iter().position(|m| !m.sent)
+        s.entries.iter().position(|m| !m.sent)
     }
 
     /// Entries sent on the current connection.
     pub fn sent(&self) -> usize {
-        self.entries.len() - self.unsent
+        self.store
+            .as_ref()
+            .map_or(0, |s| s.entries.len() - s.unsent)
     }
 
-    /// Mark an entry sent on the current connection.
+    /// Mark an entry sent on the current connection. `pos` must hold an entry.
     pub fn mark_sent(&mut self, pos: usize) -> &Inflight {
-        let entry = &mut self.entries[pos];
-        self.unsent -= usize::from(!entry.sent);
+        let s = self.store_mut();
+        let entry = &mut s.entries[pos];
+        s.unsent -= usize::from(!entry.sent);
         entry.sent = true;
         entry
     }
 
     /// A new connection: every entry is to be re-sent.
     pub fn mark_all_unsent(&mut self) {
-        for m in &mut self.entries {
-            m.sent = false;
+        if let Some(s) = self.store.as_mut() {
+            for m in &mut s.entries {
+                m.sent = false;
+            }
+            s.unsent = s.entries.len();
         }
-        self.unsent = self.entries.len();
     }
 
+    /// `pos` must hold an entry.
     pub fn set_state(&mut self, pos: usize, state: InflightState) {
-        self.entries[pos].state = state;
+        self.store_mut().entries[pos].state = state;
+    }
+
+    /// The storage, for an operation on an entry that must exist: indexing an empty window
+    /// is a bug, as indexing an empty `VecDeque` is.
+    fn store_mut(&mut self) -> &mut WindowStore {
+        self.store.get_or_insert_with(Box::default)
     }
 }
 
 impl std::ops::Index<usize> for InflightWindow {
     type Output = Inflight;
 
+    /// `pos` must hold an entry.
     fn index(&self, pos: usize) -> &Inflight {
-        &self.entries[pos]
+        match &self.store {
+            Some(s) => &s.entries[pos],
+            None => panic!("in-flight window index {pos} out of range: the window is empty"),
+        }
     }
 }
 
