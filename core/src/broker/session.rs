@@ -93,8 +93,9 @@ pub(crate) struct Inflight {
 ///
 /// Every delivery and every acknowledgement looks up a packet id, so the ids in use are kept
 /// sorted beside the entries, and the entries waiting to be re-sent after a reconnect are
-/// counted: nothing on the publish path walks the window. An idle session keeps no window:
-/// its storage is boxed, made by the first entry and dropped with the last.
+/// counted: nothing on the publish path walks the window. A session that never had a message
+/// in flight keeps no window: its storage is boxed and made by the first entry. An emptied
+/// window frees its buffers.
 #[derive(Debug, Default)]
 pub(crate) struct InflightWindow {
     store: Option<Box<WindowStore>>,
@@ -166,7 +167,9 @@ impl InflightWindow {
         }
         s.unsent -= usize::from(!entry.sent);
         if s.entries.is_empty() {
-            self.store = None;
+            // The buffers go; the box stays for the next message rather than be made again.
+            s.entries = VecDeque::new();
+            s.ids = Vec::new();
         }
         Some(entry)
     }
