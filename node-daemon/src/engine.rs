@@ -10,8 +10,8 @@
 //! read by a connection's task wakes the broker task on that same worker thread, and the
 //! bytes it queues wake the receiving connection's task there too, so at a low rate one
 //! message costs no hand-off between threads. Under load the runtime spreads the connections
-//! over the other workers. Commits that wait for the disk leave the worker to the other tasks
-//! while they wait ([`off_worker`]).
+//! over the other workers. Commits that wait for the disk, and route snapshots from peers,
+//! leave the worker to the other tasks while they run ([`off_worker`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -421,9 +421,15 @@ impl Engine {
                 self.drain();
             }
             ToEngine::PeerFrame { peer, frame } => {
-                self.broker
-                    .handle_input(now, Input::PeerFrame { peer, frame });
-                self.drain();
+                // A snapshot chunk (10,000 routes, or a batch of retained messages) takes tens
+                // of milliseconds: the worker's other tasks go on meanwhile.
+                let large = matches!(*frame, Frame::SnapshotChunk(_) | Frame::RetainedSnapshot(_));
+                let apply = || {
+                    self.broker
+                        .handle_input(now, Input::PeerFrame { peer, frame });
+                    self.drain();
+                };
+                if large { off_worker(apply) } else { apply() }
             }
             ToEngine::PeerDown { peer, session } => {
                 if self.links.get(&peer).is_some_and(|l| l.session == session) {
@@ -598,8 +604,8 @@ impl Drop for Engine {
     }
 }
 
-/// Run `f`, which waits for the disk, without holding up the other tasks of a multi-thread
-/// runtime's worker; on a current-thread runtime (or none) it simply runs.
+/// Run `f`, which waits for the disk or computes for long, without holding up the other tasks
+/// of a multi-thread runtime's worker; on a current-thread runtime (or none) it simply runs.
 fn off_worker<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
