@@ -146,13 +146,10 @@ impl Store {
         Ok(())
     }
 
-    /// Whether the next [`Store::apply`] waits for the disk (an fsync), by the sync policy.
+    /// Whether [`Store::apply`] waits for the disk (an fsync): only with the `always` policy.
+    /// The periodic policy fsyncs in [`Store::sync`] when [`Store::sync_due`] says so.
     pub fn commit_syncs(&self) -> bool {
-        match self.sync {
-            SyncPolicy::Always => true,
-            SyncPolicy::Periodic => self.last_sync.elapsed() >= self.interval,
-            SyncPolicy::None => false,
-        }
+        self.sync == SyncPolicy::Always
     }
 
     /// When the periodic policy wants the next fsync, if anything is waiting for one.
@@ -252,5 +249,20 @@ mod tests {
             .apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
         assert_eq!(always.sync_due(), None, "always: durable at commit");
+    }
+
+    /// A periodic commit never waits for the disk itself, even when the interval has passed:
+    /// the sync it is due is the caller's, at once.
+    #[test]
+    fn a_periodic_commit_past_its_interval_leaves_the_sync_to_the_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(dir.path(), SyncPolicy::Periodic, Duration::ZERO).unwrap();
+        assert!(!s.commit_syncs());
+        s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
+            .unwrap();
+        assert!(s.unsynced);
+        assert!(s.sync_due().is_some_and(|due| due <= Instant::now()));
+        s.sync().unwrap();
+        assert_eq!(s.sync_due(), None);
     }
 }
