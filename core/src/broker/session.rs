@@ -214,10 +214,13 @@ impl InflightWindow {
         self.store_mut().entries[pos].state = state;
     }
 
-    /// The storage, for an operation on an entry that must exist: indexing an empty window
-    /// is a bug, as indexing an empty `VecDeque` is.
+    /// The storage, for an operation on an entry that must exist: an empty window has none,
+    /// and indexing it is a bug, as indexing an empty `VecDeque` is.
     fn store_mut(&mut self) -> &mut WindowStore {
-        self.store.get_or_insert_with(Box::default)
+        match self.store.as_deref_mut() {
+            Some(s) => s,
+            None => panic!("in-flight window indexed while empty"),
+        }
     }
 }
 
@@ -226,9 +229,9 @@ impl std::ops::Index<usize> for InflightWindow {
 
     /// `pos` must hold an entry.
     fn index(&self, pos: usize) -> &Inflight {
-        match &self.store {
+        match self.store.as_deref() {
             Some(s) => &s.entries[pos],
-            None => panic!("in-flight window index {pos} out of range: the window is empty"),
+            None => panic!("in-flight window indexed while empty"),
         }
     }
 }
