@@ -123,18 +123,25 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Register a connection; `None` if the broker is stopping.
-    pub async fn accept(&self, info: ConnInfo, outbox: Arc<Outbox>) -> Option<ConnId> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::Accept {
+    /// Register a connection; `None` if the broker is stopping. The wait does not borrow the
+    /// handle.
+    pub fn accept(
+        &self,
+        info: ConnInfo,
+        outbox: Arc<Outbox>,
+    ) -> impl Future<Output = Option<ConnId>> + Send + 'static {
+        let tx = self.tx.clone();
+        async move {
+            let (reply, rx) = oneshot::channel();
+            tx.send(ToEngine::Accept {
                 info,
                 outbox,
                 reply,
             })
             .await
             .ok()?;
-        rx.await.ok()
+            rx.await.ok()
+        }
     }
 
     pub async fn stats(&self) -> Option<Stats> {
@@ -358,7 +365,11 @@ impl Engine {
                 outbox,
                 reply,
             } => {
+                let peer = tracing::enabled!(tracing::Level::DEBUG)
+                    .then(|| info.remote_addr.clone())
+                    .flatten();
                 let conn = self.broker.accept(now, info);
+                debug!(conn = conn.0, peer, "connection accepted");
                 self.outboxes.insert(conn, outbox);
                 if reply.send(conn).is_err() {
                     // The connection task is gone already.

@@ -19,6 +19,7 @@ pub mod auth;
 pub mod bench;
 pub mod client;
 pub mod config;
+mod connection;
 pub mod engine;
 pub mod link_proxy;
 pub mod mesh;
@@ -31,6 +32,7 @@ pub mod storage;
 pub mod timeline_svg;
 pub mod tls;
 pub mod topology;
+mod wire;
 
 pub use config::{DEFAULT_CONFIG, DaemonConfig};
 pub use server::{AuthDecisions, AuthFactory, BrokerBuilder, Server};

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
@@ -98,19 +98,22 @@ impl Outbox {
     /// Wait until something was pushed or an end was asked for since the last wait (a push
     /// before the wait counts: it is never missed). Cancel-safe.
     pub async fn changed(&self) {
-        std::future::poll_fn(|cx| {
-            if self.changed.swap(false, Ordering::AcqRel) {
-                return Poll::Ready(());
-            }
-            self.waker.register(cx.waker());
-            // A push between the check and the registration must not be missed.
-            if self.changed.swap(false, Ordering::AcqRel) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        std::future::poll_fn(|cx| self.poll_changed(cx)).await;
+    }
+
+    /// Ready once something was pushed or an end was asked for since it was last ready;
+    /// otherwise `cx` is woken at the next push or end.
+    pub fn poll_changed(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.changed.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // A push between the check and the registration must not be missed.
+        if self.changed.swap(false, Ordering::AcqRel) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     fn notify(&self) {

@@ -1,0 +1,424 @@
+//! One client connection's task, whatever its transport.
+//!
+//! The task registers the connection with the broker task, then hands what it reads to the
+//! broker task (waiting, without reading more, while the broker's queue is full) and writes
+//! what the broker task queued in the connection's [`Outbox`]. Reading and writing proceed
+//! independently. When either side ends, it tells the broker task the connection is gone.
+//!
+//! It is a future written by hand rather than an `async fn`: a task keeps its whole state for
+//! as long as its connection lives, and a hand-written one holds exactly its fields. Rarely
+//! needed state (a registration under way, bytes waiting for room, a close under way) is
+//! boxed.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use meridian_core::{ConnId, ConnInfo};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::mpsc::error::{SendError, TrySendError};
+use tokio::sync::mpsc::{OwnedPermit, Sender};
+
+use crate::engine::{EngineHandle, ToEngine};
+use crate::outbox::{End, Outbox};
+use crate::wire::Wire;
+
+/// How long a connection the broker closes may take to write what is left and shut down.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Rounds of reading and writing in one poll before the task lets others run.
+const ROUNDS_PER_POLL: u32 = 32;
+
+type Registering = Pin<Box<dyn Future<Output = Option<ConnId>> + Send>>;
+
+/// Waiting for room in the broker task's queue.
+type Room = Pin<Box<dyn Future<Output = Result<OwnedPermit<ToEngine>, SendError<()>>> + Send>>;
+
+/// A connection's task: serves `wire` until the broker or the client ends the connection.
+///
+/// A plain TCP connection's task is spawned as it is, without a span: its task then takes 256
+/// bytes (see the test `a_plain_tcp_connection_task_stays_within_its_budget`).
+pub struct ConnectionTask<W> {
+    wire: W,
+    outbox: Arc<Outbox>,
+    /// Taken from the outbox, not yet written.
+    out: VecDeque<Bytes>,
+    /// Something was written since the last flush.
+    unflushed: bool,
+    to_broker: Sender<ToEngine>,
+    phase: Phase,
+    /// The listener's connection permit, held until the task ends.
+    _permit: OwnedSemaphorePermit,
+}
+
+enum Phase {
+    /// Registering with the broker task.
+    Registering(Registering),
+    /// Reading and writing. While the broker's queue is full, bytes read are held, with the
+    /// wait for room, and no more are read.
+    Serving(ConnId, Option<Box<(Bytes, Room)>>),
+    /// The broker closed the connection: what it wrote last (a DISCONNECT, say) goes out,
+    /// within a bound.
+    Closing(ConnId, Pin<Box<tokio::time::Sleep>>),
+    /// Telling the broker task the connection is gone, once its queue has room.
+    Ending(Pin<Box<dyn Future<Output = ()> + Send>>),
+    Ended,
+}
+
+/// Why serving stopped.
+enum Stop {
+    /// The client went away, or the broker dropped the connection: end now.
+    Now,
+    /// The broker closed it: write what is queued, then end.
+    Close,
+}
+
+impl<W: Wire> ConnectionTask<W> {
+    pub fn new(
+        wire: W,
+        info: ConnInfo,
+        engine: &EngineHandle,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        let outbox = Outbox::new();
+        Self {
+            wire,
+            phase: Phase::Registering(Box::pin(engine.accept(info, outbox.clone()))),
+            outbox,
+            out: VecDeque::new(),
+            unflushed: false,
+            to_broker: engine.tx.clone(),
+            _permit: permit,
+        }
+    }
+
+    /// Read, write and hand over until nothing more can be done now, or serving stops.
+    fn poll_serve(
+        &mut self,
+        cx: &mut Context<'_>,
+        conn: ConnId,
+        held: &mut Option<Box<(Bytes, Room)>>,
+    ) -> Poll<Stop> {
+        for _ in 0..ROUNDS_PER_POLL {
+            let mut busy = false;
+            if self.outbox.poll_changed(cx).is_ready() {
+                // Busy: another round registers the waker again.
+                busy = true;
+                match self.outbox.take(&mut self.out) {
+                    Some(End::Kill) => return Poll::Ready(Stop::Now),
+                    Some(End::Close) => return Poll::Ready(Stop::Close),
+                    None => {}
+                }
+            }
+            if !self.out.is_empty() || self.unflushed {
+                match self.wire.poll_write_some(cx, &mut self.out) {
+                    Poll::Ready(Ok(0)) => self.unflushed = false,
+                    Poll::Ready(Ok(n)) => {
+                        self.outbox.written(n);
+                        self.unflushed = true;
+                        busy = true;
+                    }
+                    Poll::Ready(Err(_)) => return Poll::Ready(Stop::Now),
+                    Poll::Pending => {}
+                }
+            }
+            if let Some((_, room)) = held.as_deref_mut() {
+                match room.as_mut().poll(cx) {
+                    Poll::Ready(Ok(permit)) => {
+                        let (data, _) = *held.take().expect("held above");
+                        permit.send(ToEngine::Bytes { conn, data });
+                        busy = true;
+                    }
+                    Poll::Ready(Err(_)) => return Poll::Ready(Stop::Now),
+                    Poll::Pending => {}
+                }
+            }
+            if held.is_none() {
+                match self.wire.poll_next(cx) {
+                    Poll::Ready(Some(data)) => {
+                        match self.to_broker.try_send(ToEngine::Bytes { conn, data }) {
+                            Ok(()) => {}
+                            Err(TrySendError::Full(ToEngine::Bytes { data, .. })) => {
+                                let room: Room = Box::pin(self.to_broker.clone().reserve_owned());
+                                *held = Some(Box::new((data, room)));
+                            }
+                            Err(_) => return Poll::Ready(Stop::Now),
+                        }
+                        busy = true;
+                    }
+                    Poll::Ready(None) => return Poll::Ready(Stop::Now),
+                    Poll::Pending => {}
+                }
+            }
+            if !busy {
+                return Poll::Pending;
+            }
+        }
+        // Still busy: let the worker's other tasks run, and come back.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// Write everything taken from the outbox, then shut the writing side.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match ready!(self.wire.poll_write_some(cx, &mut self.out)) {
+                Ok(0) => break,
+                Ok(n) => self.outbox.written(n),
+                Err(_) => return Poll::Ready(()),
+            }
+        }
+        let _ = ready!(self.wire.poll_shutdown(cx));
+        Poll::Ready(())
+    }
+
+    /// Tell the broker task the connection is gone: now if its queue has room, else once it
+    /// has.
+    fn end(&mut self, conn: ConnId) {
+        self.phase = match self.to_broker.try_send(ToEngine::Closed { conn }) {
+            Ok(()) | Err(TrySendError::Closed(_)) => Phase::Ended,
+            Err(TrySendError::Full(_)) => {
+                let to_broker = self.to_broker.clone();
+                Phase::Ending(Box::pin(async move {
+                    let _ = to_broker.send(ToEngine::Closed { conn }).await;
+                }))
+            }
+        };
+    }
+}
+
+impl<W: Wire> Future for ConnectionTask<W> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.phase {
+                Phase::Registering(registering) => match ready!(registering.as_mut().poll(cx)) {
+                    Some(conn) => this.phase = Phase::Serving(conn, None),
+                    None => this.phase = Phase::Ended,
+                },
+                Phase::Serving(conn, held) => {
+                    let conn = *conn;
+                    let mut held = held.take();
+                    let stop = this.poll_serve(cx, conn, &mut held);
+                    match stop {
+                        Poll::Pending => {
+                            this.phase = Phase::Serving(conn, held);
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Stop::Now) => this.end(conn),
+                        Poll::Ready(Stop::Close) => {
+                            let deadline = Box::pin(tokio::time::sleep(CLOSE_TIMEOUT));
+                            this.phase = Phase::Closing(conn, deadline);
+                        }
+                    }
+                }
+                Phase::Closing(conn, deadline) => {
+                    let conn = *conn;
+                    let timed_out = deadline.as_mut().poll(cx).is_ready();
+                    if !timed_out {
+                        ready!(this.poll_close(cx));
+                    }
+                    this.end(conn);
+                }
+                Phase::Ending(ending) => {
+                    ready!(ending.as_mut().poll(cx));
+                    this.phase = Phase::Ended;
+                }
+                Phase::Ended => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::{Semaphore, mpsc, oneshot};
+
+    use super::*;
+    use crate::wire::TcpWire;
+
+    const DEADLINE: Duration = Duration::from_secs(10);
+    const CONN: ConnId = ConnId(7);
+
+    /// A connection task on a loopback socket, with a broker queue of `capacity` that the
+    /// test drains itself.
+    struct Harness {
+        client: TcpStream,
+        to_broker: mpsc::Sender<ToEngine>,
+        broker: mpsc::Receiver<ToEngine>,
+    }
+
+    async fn harness(capacity: usize) -> (Harness, ConnectionTask<TcpWire>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (socket, _) = listener.accept().await.unwrap();
+        let (to_broker, broker) = mpsc::channel(capacity);
+        let engine = EngineHandle {
+            tx: to_broker.clone(),
+            counters: Default::default(),
+            mesh: None,
+        };
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let task = ConnectionTask::new(TcpWire::new(socket), ConnInfo::default(), &engine, permit);
+        let h = Harness {
+            client,
+            to_broker,
+            broker,
+        };
+        (h, task)
+    }
+
+    /// Run the task and answer its registration; the connection's outbox.
+    async fn spawn_registered(
+        h: &mut Harness,
+        task: ConnectionTask<TcpWire>,
+    ) -> (Arc<Outbox>, tokio::task::JoinHandle<()>) {
+        let task = tokio::spawn(task);
+        let outbox = match next(&mut h.broker).await {
+            ToEngine::Accept { outbox, reply, .. } => {
+                reply.send(CONN).unwrap();
+                outbox
+            }
+            other => panic!("expected the registration, got {other:?}"),
+        };
+        (outbox, task)
+    }
+
+    async fn next(broker: &mut mpsc::Receiver<ToEngine>) -> ToEngine {
+        tokio::time::timeout(DEADLINE, broker.recv())
+            .await
+            .expect("a message for the broker within the deadline")
+            .expect("the queue is open")
+    }
+
+    async fn expect_closed(
+        broker: &mut mpsc::Receiver<ToEngine>,
+        task: tokio::task::JoinHandle<()>,
+    ) {
+        match next(broker).await {
+            ToEngine::Closed { conn } => assert_eq!(conn, CONN),
+            other => panic!("expected the end of the connection, got {other:?}"),
+        }
+        tokio::time::timeout(DEADLINE, task)
+            .await
+            .expect("the task ends")
+            .unwrap();
+    }
+
+    /// Poll the task once.
+    async fn poll_once(task: &mut ConnectionTask<TcpWire>) -> Poll<()> {
+        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *task).poll(cx))).await
+    }
+
+    #[tokio::test]
+    async fn what_is_read_while_the_broker_queue_is_full_waits_and_arrives_in_order() {
+        let (mut h, task) = harness(1).await;
+        let (_outbox, task) = spawn_registered(&mut h, task).await;
+        // Far more than one read: the queue of one fills at once, and the task must hold
+        // what it read and stop reading until there is room.
+        let sent: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut client = h.client;
+        let writer = tokio::spawn({
+            let sent = sent.clone();
+            async move {
+                client.write_all(&sent).await.unwrap();
+                client
+            }
+        });
+        let mut received = Vec::with_capacity(sent.len());
+        while received.len() < sent.len() {
+            match next(&mut h.broker).await {
+                ToEngine::Bytes { conn, data } => {
+                    assert_eq!(conn, CONN);
+                    received.extend_from_slice(&data);
+                }
+                other => panic!("expected bytes, got {other:?}"),
+            }
+        }
+        assert!(received == sent, "the bytes arrive whole and in order");
+        drop(writer.await.unwrap());
+        expect_closed(&mut h.broker, task).await;
+    }
+
+    #[tokio::test]
+    async fn a_close_writes_what_the_broker_queued_then_ends() {
+        let (mut h, task) = harness(8).await;
+        let (outbox, task) = spawn_registered(&mut h, task).await;
+        outbox.push(Bytes::from_static(b"last "));
+        outbox.push(Bytes::from_static(b"words"));
+        outbox.close();
+        let mut got = Vec::new();
+        tokio::time::timeout(DEADLINE, h.client.read_to_end(&mut got))
+            .await
+            .expect("the connection ends")
+            .unwrap();
+        assert_eq!(got, b"last words");
+        assert_eq!(outbox.queued(), 0, "what was written is accounted for");
+        expect_closed(&mut h.broker, task).await;
+    }
+
+    #[tokio::test]
+    async fn a_kill_ends_the_connection_without_writing() {
+        let (mut h, task) = harness(8).await;
+        let (outbox, task) = spawn_registered(&mut h, task).await;
+        outbox.push(Bytes::from_static(b"dropped"));
+        outbox.kill();
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(DEADLINE, h.client.read_to_end(&mut got))
+            .await
+            .expect("the connection ends");
+        assert!(got.is_empty(), "nothing queued is written: {got:?}");
+        expect_closed(&mut h.broker, task).await;
+    }
+
+    #[tokio::test]
+    async fn the_end_is_told_once_the_broker_queue_has_room() {
+        let (mut h, mut task) = harness(1).await;
+        // Registered by hand, so that the test can fill the queue before the end.
+        assert!(poll_once(&mut task).await.is_pending());
+        match next(&mut h.broker).await {
+            ToEngine::Accept { reply, .. } => reply.send(CONN).unwrap(),
+            other => panic!("expected the registration, got {other:?}"),
+        }
+        assert!(poll_once(&mut task).await.is_pending());
+        assert!(matches!(task.phase, Phase::Serving(CONN, None)));
+        let (stats, _) = oneshot::channel();
+        h.to_broker.try_send(ToEngine::Stats(stats)).unwrap();
+
+        task.end(CONN);
+        assert!(matches!(task.phase, Phase::Ending(_)), "the queue is full");
+        assert!(poll_once(&mut task).await.is_pending());
+        assert!(matches!(next(&mut h.broker).await, ToEngine::Stats(_)));
+        let ended = tokio::time::timeout(DEADLINE, &mut task).await;
+        assert!(ended.is_ok(), "the task ends once there is room");
+        assert!(matches!(
+            next(&mut h.broker).await,
+            ToEngine::Closed { conn: CONN }
+        ));
+    }
+
+    /// Bytes a plain TCP connection's task may take. tokio adds about 104 bytes of its own to
+    /// a task's future and rounds a task up to a multiple of 128 bytes on x86-64: within this
+    /// budget, the task of a connection takes 256 bytes.
+    const TCP_TASK_BUDGET: usize = 152;
+
+    #[test]
+    fn a_plain_tcp_connection_task_stays_within_its_budget() {
+        let size = std::mem::size_of::<ConnectionTask<TcpWire>>();
+        assert!(
+            size <= TCP_TASK_BUDGET,
+            "a TCP connection's task takes {size} bytes"
+        );
+    }
+}
