@@ -103,25 +103,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         Some(data),
                     ),
                 );
-                self.set_authenticating(conn_id, connect, method, assigned);
+                self.set_authenticating(conn_id, connect, assigned);
             }
-            AuthOutcome::Pending => self.set_authenticating(conn_id, connect, method, assigned),
+            AuthOutcome::Pending => self.set_authenticating(conn_id, connect, assigned),
         }
     }
 
-    fn set_authenticating(
-        &mut self,
-        conn_id: ConnId,
-        connect: Box<Connect>,
-        method: Option<String>,
-        assigned: bool,
-    ) {
+    fn set_authenticating(&mut self, conn_id: ConnId, connect: Box<Connect>, assigned: bool) {
         if let Some(conn) = self.conns.get_mut(&conn_id) {
-            conn.state = ConnState::Authenticating {
-                connect,
-                method,
-                assigned,
-            };
+            conn.state = ConnState::Authenticating { connect, assigned };
         }
     }
 
@@ -132,8 +122,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         let reauth = matches!(conn.state, ConnState::Connected { .. });
         let expected = match &conn.state {
-            ConnState::Authenticating { method, .. } => method.clone(),
-            ConnState::Connected { .. } => conn.auth_method.clone(),
+            ConnState::Authenticating { connect, .. } => {
+                connect.properties.authentication_method.clone()
+            }
+            ConnState::Connected { .. } => conn.auth_method.as_deref().map(str::to_owned),
             _ => None,
         };
         let ok_reason = if reauth {
@@ -185,21 +177,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         match &conn.state {
             ConnState::Authenticating { .. } => {
-                let ConnState::Authenticating {
-                    connect,
-                    method,
-                    assigned,
-                } = std::mem::replace(&mut conn.state, ConnState::AwaitConnect)
+                let ConnState::Authenticating { connect, assigned } =
+                    std::mem::replace(&mut conn.state, ConnState::AwaitConnect)
                 else {
                     return;
                 };
+                let method = connect.properties.authentication_method.clone();
                 self.apply_auth_outcome(conn_id, connect, method, assigned, outcome);
                 // Packets the client pipelined after CONNECT were held back: handle them now.
                 self.on_bytes(conn_id, &[]);
             }
             ConnState::Connected { session } => {
                 let session = *session;
-                let method = conn.auth_method.clone();
+                let method = conn.auth_method.as_deref().map(str::to_owned);
                 match outcome {
                     AuthOutcome::Allow { username } => {
                         if let Some(name) = username
@@ -364,7 +354,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 .min(self.config.outbound_topic_alias_maximum),
         );
         conn.problem_information = props.request_problem_information.unwrap_or(true);
-        conn.auth_method = method.clone();
+        conn.auth_method = method.as_deref().map(Box::from);
         conn.expiry_requested_zero = requested_expiry == 0;
         let max_packet_size = conn
             .info

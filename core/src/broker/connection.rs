@@ -12,11 +12,11 @@ use crate::codec::{Connect, ProtocolVersion};
 pub(crate) enum ConnState {
     /// Waiting for CONNECT (until the connect timeout).
     AwaitConnect,
-    /// CONNECT received; the authenticator has not said yes yet.
+    /// CONNECT received; the authenticator has not said yes yet. The CONNECT's
+    /// authentication method is the one in progress (`None`: a plain decision is pending).
     /// `assigned`: the client id was assigned by the broker (CONNACK must say so).
     Authenticating {
         connect: Box<Connect>,
-        method: Option<String>,
         assigned: bool,
     },
     Connected {
@@ -51,7 +51,7 @@ pub(crate) struct Connection {
     pub inbound_aliases: InboundAliases,
     pub outbound_aliases: OutboundAliases,
     /// Authentication method agreed at CONNECT (for re-authentication).
-    pub auth_method: Option<String>,
+    pub auth_method: Option<Box<str>>,
     /// CONNECT asked for no session expiry: DISCONNECT may then not set one (MQTT-3.14.2-2).
     pub expiry_requested_zero: bool,
 }
@@ -96,22 +96,27 @@ impl Connection {
 }
 
 /// Topic aliases the client set (client to server), 1 ..= the broker's Topic Alias Maximum.
+/// Boxed and made on the first alias: most clients never set one.
 #[derive(Debug, Default)]
 pub(crate) struct InboundAliases {
-    topics: Vec<Option<Arc<str>>>,
+    topics: Option<Box<[Option<Arc<str>>]>>,
 }
 
 impl InboundAliases {
     pub fn get(&self, alias: u16) -> Option<&Arc<str>> {
-        self.topics.get(usize::from(alias))?.as_ref()
+        self.topics.as_ref()?.get(usize::from(alias))?.as_ref()
     }
 
     pub fn set(&mut self, alias: u16, topic: Arc<str>) {
         let i = usize::from(alias);
-        if self.topics.len() <= i {
-            self.topics.resize(i + 1, None);
+        let topics = self.topics.get_or_insert_with(Box::default);
+        if topics.len() <= i {
+            // Grown to the highest alias in use: a client sets each alias once or a few times.
+            let mut grown = std::mem::take(topics).into_vec();
+            grown.resize(i + 1, None);
+            *topics = grown.into_boxed_slice();
         }
-        self.topics[i] = Some(topic);
+        topics[i] = Some(topic);
     }
 }
 

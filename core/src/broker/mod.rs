@@ -435,7 +435,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 return;
             };
-            if matches!(conn.state, ConnState::Authenticating { method: None, .. }) {
+            if let ConnState::Authenticating { connect, .. } = &conn.state
+                && connect.properties.authentication_method.is_none()
+            {
                 // A decision is pending: packets pipelined after CONNECT wait in the read
                 // buffer (bounded by the packet size limit per packet) until it comes.
                 return;

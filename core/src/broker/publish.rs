@@ -323,7 +323,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let weight = delivery.message.weight();
         let full = |s: &super::session::Session, c: &super::Config| {
-            s.queue.len() >= c.max_queued_messages || s.queued_bytes + weight > c.max_queued_bytes
+            s.queue.len() >= c.max_queued_messages || s.queue.bytes() + weight > c.max_queued_bytes
         };
         if full(session, &self.config) {
             // Expired messages make room first; they must not be delivered anyway.
@@ -340,7 +340,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         };
         let seq = session.take_seq();
-        session.queued_bytes += weight;
         if session.is_persistent() {
             session.persisted = true;
             let key = Key::Queued {
@@ -365,18 +364,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         session.queue.retain(|q| {
             let keep = !q.delivery.message.is_expired(now);
             if !keep {
-                expired.push((q.seq, q.delivery.message.weight()));
+                expired.push(q.seq);
             }
             keep
         });
-        for &(_, weight) in &expired {
-            session.queued_bytes = session.queued_bytes.saturating_sub(weight);
-        }
         let client_id = session.client_id.to_string();
         let persistent = session.is_persistent();
         self.stats.dropped_expired += expired.len() as u64;
         if persistent {
-            for (seq, _) in expired {
+            for seq in expired {
                 let key = Key::Queued {
                     client_id: client_id.clone(),
                     seq,
@@ -520,9 +516,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let Some(Queued { delivery, seq }) = session.queue.pop_front() else {
                 return;
             };
-            session.queued_bytes = session
-                .queued_bytes
-                .saturating_sub(delivery.message.weight());
             if delivery.message.is_expired(now) {
                 self.stats.dropped_expired += 1;
                 if session.is_persistent() {
@@ -695,14 +688,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             };
             let in_flight = session.inflight.iter().position(|m| m.seq == seq);
+            let queued = session.queue.iter().position(|m| m.seq == seq);
             let delivery = if let Some(pos) = in_flight {
                 session.inflight.remove(pos).map(|m| m.delivery)
-            } else if let Some(pos) = session.queue.iter().position(|m| m.seq == seq) {
-                let d = session.queue.remove(pos).map(|m| m.delivery);
-                if let Some(d) = &d {
-                    session.queued_bytes = session.queued_bytes.saturating_sub(d.message.weight());
-                }
-                d
+            } else if let Some(pos) = queued {
+                session.queue.remove(pos).map(|m| m.delivery)
             } else {
                 None
             };

@@ -179,7 +179,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     });
                 }
                 _ => {
-                    session.queued_bytes += record.delivery.message.weight();
                     session.queue.push_back(Queued {
                         delivery: record.delivery,
                         seq,

@@ -242,6 +242,85 @@ pub(crate) struct Queued {
     pub seq: u64,
 }
 
+/// A session's queued QoS 1/2 messages, oldest first, and their weight in bytes. A session with
+/// nothing queued keeps no queue: its storage is boxed, made by the first message and freed
+/// with the last.
+#[derive(Debug, Default)]
+pub(crate) struct MessageQueue(Option<Box<QueueStore>>);
+
+#[derive(Debug, Default)]
+struct QueueStore {
+    messages: VecDeque<Queued>,
+    /// The sum of the messages' weights.
+    bytes: usize,
+}
+
+impl MessageQueue {
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.messages.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The queued messages' weight.
+    pub fn bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.bytes)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Queued> {
+        self.0.iter().flat_map(|q| q.messages.iter())
+    }
+
+    pub fn push_back(&mut self, queued: Queued) {
+        let store = self.0.get_or_insert_with(Box::default);
+        store.bytes += queued.delivery.message.weight();
+        store.messages.push_back(queued);
+    }
+
+    pub fn pop_front(&mut self) -> Option<Queued> {
+        let queued = self.0.as_mut()?.messages.pop_front();
+        self.account_removed(queued.as_ref());
+        queued
+    }
+
+    pub fn remove(&mut self, index: usize) -> Option<Queued> {
+        let queued = self.0.as_mut()?.messages.remove(index);
+        self.account_removed(queued.as_ref());
+        queued
+    }
+
+    /// Keep the messages for which `keep` is true, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Queued) -> bool) {
+        let Some(store) = self.0.as_mut() else {
+            return;
+        };
+        store.messages.retain(|q| {
+            let kept = keep(q);
+            if !kept {
+                store.bytes -= q.delivery.message.weight();
+            }
+            kept
+        });
+        if store.messages.is_empty() {
+            self.0 = None;
+        }
+    }
+
+    fn account_removed(&mut self, removed: Option<&Queued>) {
+        let Some(store) = self.0.as_mut() else {
+            return;
+        };
+        if let Some(q) = removed {
+            store.bytes -= q.delivery.message.weight();
+        }
+        if store.messages.is_empty() {
+            self.0 = None;
+        }
+    }
+}
+
 /// A will message waiting for its connection to end or its delay to pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Will {
@@ -264,8 +343,7 @@ pub(crate) struct Session {
     pub disconnected_at: Option<Timestamp>,
     pub subscriptions: Subscriptions,
     pub inflight: InflightWindow,
-    pub queue: VecDeque<Queued>,
-    pub queued_bytes: usize,
+    pub queue: MessageQueue,
     /// Incoming QoS 2 packet ids PUBREC'd and waiting for PUBREL.
     pub incoming_qos2: BTreeSet<u16>,
     pub next_seq: u64,
@@ -291,8 +369,7 @@ impl Session {
             disconnected_at: None,
             subscriptions: Subscriptions::default(),
             inflight: InflightWindow::default(),
-            queue: VecDeque::new(),
-            queued_bytes: 0,
+            queue: MessageQueue::default(),
             incoming_qos2: BTreeSet::new(),
             next_seq: 1,
             will: None,
@@ -343,6 +420,43 @@ mod tests {
             seq,
             sent,
         }
+    }
+
+    fn queued(seq: u64, payload: &'static [u8]) -> Queued {
+        let mut q = entry(0, seq, false);
+        Arc::make_mut(&mut q.delivery.message).payload = bytes::Bytes::from_static(payload);
+        Queued {
+            delivery: q.delivery,
+            seq,
+        }
+    }
+
+    #[test]
+    fn a_queue_counts_its_weight_and_keeps_no_storage_once_empty() {
+        let mut queue = MessageQueue::default();
+        assert!(queue.is_empty() && queue.0.is_none());
+        let weights: Vec<usize> = [&b"a"[..], b"bbbb", b"cccccccc"]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let q = queued(i as u64, p);
+                let w = q.delivery.message.weight();
+                queue.push_back(q);
+                w
+            })
+            .collect();
+        assert_eq!(queue.len(), 3);
+        assert_eq!(queue.bytes(), weights.iter().sum::<usize>());
+        assert_eq!(queue.remove(1).map(|q| q.seq), Some(1));
+        assert_eq!(queue.bytes(), weights[0] + weights[2]);
+        queue.retain(|q| q.seq != 0);
+        assert_eq!(queue.bytes(), weights[2]);
+        assert_eq!(queue.pop_front().map(|q| q.seq), Some(2));
+        assert!(queue.is_empty() && queue.0.is_none(), "the last message frees the storage");
+        assert_eq!((queue.len(), queue.bytes()), (0, 0));
+        queue.push_back(queued(3, b"x"));
+        queue.retain(|_| false);
+        assert!(queue.0.is_none(), "emptied by retain, the storage is freed too");
     }
 
     #[derive(Debug, Clone)]
