@@ -242,9 +242,10 @@ pub(crate) struct Queued {
     pub seq: u64,
 }
 
-/// A session's queued QoS 1/2 messages, oldest first, and their weight in bytes. A session with
-/// nothing queued keeps no queue: its storage is boxed, made by the first message and freed
-/// with the last.
+/// A session's queued QoS 1/2 messages, oldest first, and their weight in bytes. A session that
+/// never queued a message keeps no queue: its storage is boxed and made by the first message.
+/// An emptied queue keeps its storage: a subscriber that falls behind tends to do so again,
+/// and a queue that fills and drains at the message rate must not allocate each time.
 #[derive(Debug, Default)]
 pub(crate) struct MessageQueue(Option<Box<QueueStore>>);
 
@@ -261,7 +262,7 @@ impl MessageQueue {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_none()
+        self.len() == 0
     }
 
     /// The queued messages' weight.
@@ -280,15 +281,17 @@ impl MessageQueue {
     }
 
     pub fn pop_front(&mut self) -> Option<Queued> {
-        let queued = self.0.as_mut()?.messages.pop_front();
-        self.account_removed(queued.as_ref());
-        queued
+        let store = self.0.as_mut()?;
+        let queued = store.messages.pop_front()?;
+        store.bytes -= queued.delivery.message.weight();
+        Some(queued)
     }
 
     pub fn remove(&mut self, index: usize) -> Option<Queued> {
-        let queued = self.0.as_mut()?.messages.remove(index);
-        self.account_removed(queued.as_ref());
-        queued
+        let store = self.0.as_mut()?;
+        let queued = store.messages.remove(index)?;
+        store.bytes -= queued.delivery.message.weight();
+        Some(queued)
     }
 
     /// Keep the messages for which `keep` is true, in order.
@@ -303,21 +306,6 @@ impl MessageQueue {
             }
             kept
         });
-        if store.messages.is_empty() {
-            self.0 = None;
-        }
-    }
-
-    fn account_removed(&mut self, removed: Option<&Queued>) {
-        let Some(store) = self.0.as_mut() else {
-            return;
-        };
-        if let Some(q) = removed {
-            store.bytes -= q.delivery.message.weight();
-        }
-        if store.messages.is_empty() {
-            self.0 = None;
-        }
     }
 }
 
@@ -432,7 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_counts_its_weight_and_keeps_no_storage_once_empty() {
+    fn a_queue_counts_its_weight_and_is_made_by_its_first_message() {
         let mut queue = MessageQueue::default();
         assert!(queue.is_empty() && queue.0.is_none());
         let weights: Vec<usize> = [&b"a"[..], b"bbbb", b"cccccccc"]
@@ -452,11 +440,12 @@ mod tests {
         queue.retain(|q| q.seq != 0);
         assert_eq!(queue.bytes(), weights[2]);
         assert_eq!(queue.pop_front().map(|q| q.seq), Some(2));
-        assert!(queue.is_empty() && queue.0.is_none(), "the last message frees the storage");
+        assert!(queue.is_empty());
         assert_eq!((queue.len(), queue.bytes()), (0, 0));
+        assert!(queue.pop_front().is_none() && queue.remove(0).is_none());
         queue.push_back(queued(3, b"x"));
         queue.retain(|_| false);
-        assert!(queue.0.is_none(), "emptied by retain, the storage is freed too");
+        assert_eq!((queue.len(), queue.bytes()), (0, 0));
     }
 
     #[derive(Debug, Clone)]
