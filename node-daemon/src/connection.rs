@@ -210,7 +210,12 @@ impl<W: Wire> Future for ConnectionTask<W> {
                             this.phase = Phase::Serving(conn, held);
                             return Poll::Pending;
                         }
-                        Poll::Ready(Stop::Now) => this.end(conn),
+                        Poll::Ready(Stop::Now) => {
+                            // Bytes still held are dropped first: their wait may hold the
+                            // queue's last place.
+                            drop(held);
+                            this.end(conn);
+                        }
                         Poll::Ready(Stop::Close) => {
                             let deadline = Box::pin(tokio::time::sleep(CLOSE_TIMEOUT));
                             this.phase = Phase::Closing(conn, deadline);

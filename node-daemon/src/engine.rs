@@ -375,8 +375,9 @@ impl Engine {
                     .flatten();
                 let conn = self.broker.accept(now, info);
                 debug!(conn = conn.0, peer, "connection accepted");
-                self.outboxes.insert(conn, outbox);
-                if reply.send(conn).is_err() {
+                if reply.send(conn).is_ok() {
+                    self.outboxes.insert(conn, outbox);
+                } else {
                     // The connection task is gone already.
                     self.broker.handle_input(now, Input::Closed { conn });
                 }

@@ -50,8 +50,12 @@ impl Outbox {
         self.queued.load(Ordering::Acquire)
     }
 
-    /// Queue bytes to write (ignored once the connection is being ended).
+    /// Queue bytes to write (ignored once the connection is being ended). Nothing is queued for
+    /// empty bytes: a writer takes a write of nothing for a flush.
     pub fn push(&self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
         {
             let mut state = self.lock();
             if state.end.is_some() {
@@ -147,6 +151,16 @@ mod tests {
         assert_eq!(out.len(), 3);
         o.written(6);
         assert_eq!(o.queued(), 0);
+    }
+
+    #[test]
+    fn empty_bytes_queue_nothing() {
+        let o = Outbox::new();
+        o.push(Bytes::new());
+        let mut out = VecDeque::new();
+        assert_eq!(o.take(&mut out), None);
+        assert!(out.is_empty());
+        assert!(!o.changed.load(Ordering::Acquire), "and wake no one");
     }
 
     #[test]
