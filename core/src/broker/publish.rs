@@ -688,13 +688,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             };
             let in_flight = session.inflight.iter().position(|m| m.seq == seq);
-            let queued = session.queue.iter().position(|m| m.seq == seq);
-            let delivery = if let Some(pos) = in_flight {
-                session.inflight.remove(pos).map(|m| m.delivery)
-            } else if let Some(pos) = queued {
-                session.queue.remove(pos).map(|m| m.delivery)
-            } else {
-                None
+            let delivery = match in_flight {
+                Some(pos) => session.inflight.remove(pos).map(|m| m.delivery),
+                None => session.queue.remove_seq(seq).map(|m| m.delivery),
             };
             let Some(mut delivery) = delivery else {
                 continue;

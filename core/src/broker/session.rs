@@ -287,8 +287,10 @@ impl MessageQueue {
         Some(queued)
     }
 
-    pub fn remove(&mut self, index: usize) -> Option<Queued> {
+    /// Take out the message with this sequence number.
+    pub fn remove_seq(&mut self, seq: u64) -> Option<Queued> {
         let store = self.0.as_mut()?;
+        let index = store.messages.iter().position(|q| q.seq == seq)?;
         let queued = store.messages.remove(index)?;
         store.bytes -= queued.delivery.message.weight();
         Some(queued)
@@ -435,14 +437,14 @@ mod tests {
             .collect();
         assert_eq!(queue.len(), 3);
         assert_eq!(queue.bytes(), weights.iter().sum::<usize>());
-        assert_eq!(queue.remove(1).map(|q| q.seq), Some(1));
+        assert_eq!(queue.remove_seq(1).map(|q| q.seq), Some(1));
         assert_eq!(queue.bytes(), weights[0] + weights[2]);
         queue.retain(|q| q.seq != 0);
         assert_eq!(queue.bytes(), weights[2]);
         assert_eq!(queue.pop_front().map(|q| q.seq), Some(2));
         assert!(queue.is_empty());
         assert_eq!((queue.len(), queue.bytes()), (0, 0));
-        assert!(queue.pop_front().is_none() && queue.remove(0).is_none());
+        assert!(queue.pop_front().is_none() && queue.remove_seq(0).is_none());
         queue.push_back(queued(3, b"x"));
         queue.retain(|_| false);
         assert_eq!((queue.len(), queue.bytes()), (0, 0));
