@@ -149,7 +149,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 let s = self.session(*session);
                 (
                     s.map(|s| s.client_id.to_string()).unwrap_or_default(),
-                    s.and_then(|s| s.username.clone()),
+                    s.and_then(|s| s.username.as_deref().map(str::to_owned)),
                 )
             }
             _ => return,
@@ -195,7 +195,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         if let Some(name) = username
                             && let Some(s) = self.session_mut(session)
                         {
-                            s.username = Some(name);
+                            s.username = Some(name.into());
                             self.persist_session_meta(session);
                         }
                         self.send(conn_id, &auth_packet(ReasonCode::SUCCESS, method, None));
@@ -322,7 +322,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             had_records = session.persisted;
             session.conn = Some(conn_id);
             session.protocol = connect.protocol;
-            session.username = username.clone();
+            session.username = username.as_deref().map(Box::from);
             session.expiry_secs = expiry;
             session.expires_at = None;
             session.disconnected_at = None;
@@ -621,7 +621,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let record = SessionRecord {
             protocol: s.protocol,
             expiry_secs: s.expiry_secs,
-            username: s.username.clone(),
+            username: s.username.as_deref().map(str::to_owned),
             disconnected_at: s.disconnected_at,
             will: match (&s.will, &s.pending_will) {
                 (Some(w), _) => Some((Will::clone(w), None)),
@@ -662,7 +662,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             client_id: client_id.clone(),
             seq: m.seq,
         }));
-        keys.extend(s.incoming_qos2.iter().map(|&packet_id| Key::Incoming {
+        keys.extend(s.incoming_qos2.iter().map(|packet_id| Key::Incoming {
             client_id: client_id.clone(),
             packet_id,
         }));

@@ -26,9 +26,28 @@ pub(crate) enum ConnState {
     Closed,
 }
 
+/// What the shell told about a connection ([`ConnInfo`]), kept for as long as it lives: its
+/// texts never change, so they are kept without room to grow.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub remote_addr: Option<Box<str>>,
+    pub tls_identity: Option<Box<str>>,
+    pub max_packet_size: Option<u32>,
+}
+
+impl From<ConnInfo> for Peer {
+    fn from(info: ConnInfo) -> Self {
+        Self {
+            remote_addr: info.remote_addr.map(String::into_boxed_str),
+            tls_identity: info.tls_identity.map(String::into_boxed_str),
+            max_packet_size: info.max_packet_size,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Connection {
-    pub info: ConnInfo,
+    pub info: Peer,
     pub state: ConnState,
     pub protocol: ProtocolVersion,
     pub read_buf: BytesMut,
@@ -59,7 +78,7 @@ pub(crate) struct Connection {
 impl Connection {
     pub fn new(info: ConnInfo, now: Timestamp, connect_deadline: Timestamp) -> Self {
         Self {
-            info,
+            info: info.into(),
             state: ConnState::AwaitConnect,
             protocol: ProtocolVersion::V5,
             read_buf: BytesMut::new(),
@@ -168,5 +187,20 @@ impl OutboundAliases {
         };
         table.by_topic.insert(topic.clone(), alias);
         alias
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes a connection's state may take: it is boxed, and up to 216 bytes it takes a
+    /// 224-byte malloc chunk.
+    const CONNECTION_BUDGET: usize = 216;
+
+    #[test]
+    fn a_connection_stays_within_its_budget() {
+        let size = std::mem::size_of::<Connection>();
+        assert!(size <= CONNECTION_BUDGET, "a connection takes {size} bytes");
     }
 }

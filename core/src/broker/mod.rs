@@ -236,7 +236,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .flatten()
             .map(|s| ClientSummary {
                 client_id: s.client_id.to_string(),
-                username: s.username.clone(),
+                username: s.username.as_deref().map(str::to_owned),
                 protocol: s.protocol,
                 connected: s.conn.is_some(),
                 conn: s.conn,

@@ -64,7 +64,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let Some(session) = self.session(sid) else {
                 return;
             };
-            if session.incoming_qos2.contains(&packet_id) {
+            if session.incoming_qos2.contains(packet_id) {
                 return self.send(conn_id, &Packet::PubRec(Ack::new(packet_id)));
             }
             if session.incoming_qos2.len() >= usize::from(self.config.receive_maximum) {
@@ -636,7 +636,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         };
         let mut comp = Ack::new(ack.packet_id);
-        if session.incoming_qos2.remove(&ack.packet_id) {
+        if session.incoming_qos2.remove(ack.packet_id) {
             if session.is_persistent() {
                 let key = Key::Incoming {
                     client_id: session.client_id.to_string(),

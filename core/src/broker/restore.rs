@@ -109,7 +109,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             });
             // Just created.
             let session = self.session_mut(sid).expect("session just created");
-            session.username = record.username;
+            session.username = record.username.map(String::into_boxed_str);
             session.expiry_secs = record.expiry_secs;
             session.expires_at = expires_at;
             session.disconnected_at = Some(disconnected_at);

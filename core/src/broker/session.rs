@@ -311,6 +311,38 @@ impl MessageQueue {
     }
 }
 
+/// Packet ids of incoming QoS 2 messages PUBREC'd and waiting for their PUBREL. Made on the
+/// first: most sessions never receive QoS 2, and an empty set inline takes 24 bytes.
+#[derive(Debug, Default)]
+#[expect(
+    clippy::box_collection,
+    reason = "boxed, the set takes 8 bytes in every session instead of 24"
+)]
+pub(crate) struct PacketIdSet(Option<Box<BTreeSet<u16>>>);
+
+impl PacketIdSet {
+    pub fn contains(&self, id: u16) -> bool {
+        self.0.as_ref().is_some_and(|ids| ids.contains(&id))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |ids| ids.len())
+    }
+
+    pub fn insert(&mut self, id: u16) {
+        self.0.get_or_insert_default().insert(id);
+    }
+
+    /// Whether `id` was there.
+    pub fn remove(&mut self, id: u16) -> bool {
+        self.0.as_mut().is_some_and(|ids| ids.remove(&id))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0.iter().flat_map(|ids| ids.iter().copied())
+    }
+}
+
 /// A will message waiting for its connection to end or its delay to pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Will {
@@ -321,7 +353,7 @@ pub(crate) struct Will {
 #[derive(Debug)]
 pub(crate) struct Session {
     pub client_id: Arc<str>,
-    pub username: Option<String>,
+    pub username: Option<Box<str>>,
     pub protocol: ProtocolVersion,
     pub conn: Option<ConnId>,
     /// Seconds the session outlives its connection; 0 ends it with the connection,
@@ -335,7 +367,7 @@ pub(crate) struct Session {
     pub inflight: InflightWindow,
     pub queue: MessageQueue,
     /// Incoming QoS 2 packet ids PUBREC'd and waiting for PUBREL.
-    pub incoming_qos2: BTreeSet<u16>,
+    pub incoming_qos2: PacketIdSet,
     pub next_seq: u64,
     /// The will of the current connection (boxed: most sessions have none).
     pub will: Option<Box<Will>>,
@@ -360,7 +392,7 @@ impl Session {
             subscriptions: Subscriptions::default(),
             inflight: InflightWindow::default(),
             queue: MessageQueue::default(),
-            incoming_qos2: BTreeSet::new(),
+            incoming_qos2: PacketIdSet::default(),
             next_seq: 1,
             will: None,
             pending_will: None,
@@ -384,6 +416,28 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes a session may take. Sessions are kept inline in the broker's session table, so
+    /// every byte here is a byte per client.
+    const SESSION_BUDGET: usize = 184;
+
+    #[test]
+    fn a_session_stays_within_its_budget() {
+        let size = std::mem::size_of::<Option<Session>>();
+        assert!(size <= SESSION_BUDGET, "a session takes {size} bytes");
+    }
+
+    #[test]
+    fn packet_ids_are_kept_once_until_removed() {
+        let mut ids = PacketIdSet::default();
+        assert!(!ids.contains(7) && ids.len() == 0 && !ids.remove(7));
+        ids.insert(7);
+        ids.insert(3);
+        ids.insert(7);
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids.iter().collect::<Vec<_>>(), [3, 7]);
+        assert!(ids.remove(7) && !ids.remove(7) && ids.contains(3));
+    }
     use crate::codec::{PublishProperties, QoS};
     use proptest::prelude::*;
 
