@@ -324,7 +324,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session.protocol = connect.protocol;
             session.username = username.as_deref().map(Box::from);
             session.expiry_secs = expiry;
-            session.expires_at = None;
             session.disconnected_at = None;
             session.generation = generation;
             session.pending_will = None;
@@ -453,7 +452,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     fn cancel_session_timers(&mut self, sid: SessionId) {
         let Some(s) = self.session(sid) else { return };
         let generation = s.generation;
-        let expiry = s.expires_at.map(|at| {
+        let expiry = s.expires_at().map(|at| {
             (
                 at,
                 Timer::SessionExpiry {
@@ -552,10 +551,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.end_session(sid);
         } else {
             if expiry != u32::MAX {
+                // The session's `expires_at()`, from its `disconnected_at` set above.
                 let at = now.plus_secs(expiry);
-                if let Some(s) = self.session_mut(sid) {
-                    s.expires_at = Some(at);
-                }
                 self.timers.insert((
                     at,
                     Timer::SessionExpiry {

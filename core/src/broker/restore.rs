@@ -101,8 +101,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             if record.disconnected_at.is_none() {
                 crashed.push(sid);
             }
-            let expires_at = (record.expiry_secs != u32::MAX)
-                .then(|| disconnected_at.plus_secs(record.expiry_secs));
             let pending_will = record.will.map(|(will, due)| {
                 let due = due.unwrap_or_else(|| now.plus_secs(will.delay_secs));
                 (will, due)
@@ -111,7 +109,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let session = self.session_mut(sid).expect("session just created");
             session.username = record.username.map(String::into_boxed_str);
             session.expiry_secs = record.expiry_secs;
-            session.expires_at = expires_at;
             session.disconnected_at = Some(disconnected_at);
             session.generation = generation;
             session.persisted = true;
@@ -119,7 +116,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 session.pending_will = Some((Box::new(will), due));
                 due_wills.push((due, sid, generation));
             }
-            if let Some(at) = expires_at {
+            if let Some(at) = session.expires_at() {
                 self.timers.insert((
                     at,
                     Timer::SessionExpiry {
