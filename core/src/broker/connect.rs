@@ -52,7 +52,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
         }
 
-        let method = connect.properties.authentication_method.clone();
         let outcome = {
             let conn = &self.conns[&conn_id];
             self.authenticator.authenticate(&AuthRequest {
@@ -60,7 +59,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 client_id: &connect.client_id,
                 username: connect.username.as_deref(),
                 password: connect.password.as_deref(),
-                method: method.as_deref(),
+                method: connect.properties.authentication_method.as_deref(),
                 data: connect.properties.authentication_data.as_deref(),
                 tls_identity: conn.info.tls_identity.as_deref(),
                 remote_addr: conn.info.remote_addr.as_deref(),
@@ -68,21 +67,22 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 reauthentication: false,
             })
         };
-        let connect = Box::new(connect);
-        self.apply_auth_outcome(conn_id, connect, method, assigned, outcome);
+        self.apply_auth_outcome(conn_id, Box::new(connect), assigned, outcome);
     }
 
+    /// What the authenticator said about a CONNECT (whose authentication method, if any, is
+    /// the one in use).
     fn apply_auth_outcome(
         &mut self,
         conn_id: ConnId,
         connect: Box<Connect>,
-        method: Option<String>,
         assigned: bool,
         outcome: AuthOutcome,
     ) {
+        let method = connect.properties.authentication_method.clone();
         match outcome {
             AuthOutcome::Allow { username } => {
-                self.complete_connect(conn_id, *connect, method, assigned, username)
+                self.complete_connect(conn_id, *connect, assigned, username)
             }
             AuthOutcome::Deny(reason) => {
                 self.refuse(conn_id, Some(connect.client_id.clone()), reason)
@@ -182,8 +182,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 else {
                     return;
                 };
-                let method = connect.properties.authentication_method.clone();
-                self.apply_auth_outcome(conn_id, connect, method, assigned, outcome);
+                self.apply_auth_outcome(conn_id, connect, assigned, outcome);
                 // Packets the client pipelined after CONNECT were held back: handle them now.
                 self.on_bytes(conn_id, &[]);
             }
@@ -248,7 +247,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         &mut self,
         conn_id: ConnId,
         connect: Connect,
-        method: Option<String>,
         assigned: bool,
         username: Option<String>,
     ) {
@@ -353,7 +351,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 .min(self.config.outbound_topic_alias_maximum),
         );
         conn.problem_information = props.request_problem_information.unwrap_or(true);
-        conn.auth_method = method.as_deref().map(Box::from);
+        conn.auth_method = props.authentication_method.as_deref().map(Box::from);
         conn.expiry_requested_zero = requested_expiry == 0;
         let max_packet_size = conn
             .info
@@ -380,7 +378,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 server_keep_alive,
                 response_information: (props.request_response_information == Some(true))
                     .then(|| response_information(&c.response_topic_prefix, &connect.client_id)),
-                authentication_method: method,
+                authentication_method: props.authentication_method.clone(),
                 ..ConnAckProperties::default()
             }
         } else {
@@ -550,9 +548,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if expiry == 0 {
             self.end_session(sid);
         } else {
-            if expiry != u32::MAX {
-                // The session's `expires_at()`, from its `disconnected_at` set above.
-                let at = now.plus_secs(expiry);
+            if let Some(at) = self.session(sid).and_then(Session::expires_at) {
                 self.timers.insert((
                     at,
                     Timer::SessionExpiry {
