@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Medians of scripts/bench-baseline's results.jsonl as Markdown tables, with Meridian's ratios
-against each peer. Usage: bench-table.py results.jsonl"""
+against each peer, and Mosquitto's against the relay floor when it ran. Usage: bench-table.py
+results.jsonl"""
 
 import json
 import statistics
@@ -8,7 +9,12 @@ import sys
 from collections import OrderedDict
 
 PEERS = ["mosquitto", "rumqttd"]
-NAMES = {"meridian": "Meridian", "mosquitto": "Mosquitto", "rumqttd": "rumqttd"}
+NAMES = {
+    "meridian": "Meridian",
+    "mosquitto": "Mosquitto",
+    "rumqttd": "rumqttd",
+    "relay-floor": "relay floor",
+}
 
 
 def med(values):
@@ -68,14 +74,14 @@ def main():
                     f"| {s} | {NAMES.get(b, b)} | {fmt(m[b]['rate'])} | {fmt(m[b]['cpu'], 2)} | "
                     f"{fmt(m[b]['p50'])} / {fmt(m[b]['p99'])} | {m[b]['lost']} | {m[b]['dup']} | {m[b]['runs']} |"
                 )
-            if "meridian" in m:
-                for p in PEERS:
-                    if p in m:
-                        a, o = m["meridian"], m[p]
-                        print(
-                            f"| {s} | Meridian ÷ {NAMES[p]} | {ratio(a['rate'], o['rate'])} | "
-                            f"{ratio(a['cpu'], o['cpu'])} | {ratio(a['p50'], o['p50'])} / {ratio(a['p99'], o['p99'])} | | | |"
-                        )
+            pairs = [("meridian", p) for p in PEERS + ["relay-floor"]] + [("relay-floor", "mosquitto")]
+            for x, y in pairs:
+                if x in m and y in m:
+                    a, o = m[x], m[y]
+                    print(
+                        f"| {s} | {NAMES[x]} ÷ {NAMES[y]} | {ratio(a['rate'], o['rate'])} | "
+                        f"{ratio(a['cpu'], o['cpu'])} | {ratio(a['p50'], o['p50'])} / {ratio(a['p99'], o['p99'])} | | | |"
+                    )
         print()
 
     if conn:
