@@ -6,8 +6,8 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use bytes::Bytes;
-use common::Daemon;
 use common::raw::{Raw, connect_packet};
+use common::{Daemon, cheap_hash};
 use meridian_core::codec::{
     Packet, ProtocolVersion, ProtocolVersion::V5, ProtocolVersion::V311, Publish,
     PublishProperties, QoS, ReasonCode, Subscribe, SubscribeFilter, SubscribeProperties,
@@ -29,17 +29,6 @@ fn passwd(file: &std::path::Path, user: &str, password: &str) {
 struct Setup {
     daemon: Daemon,
     _dir: tempfile::TempDir,
-}
-
-/// Hashes with tiny Argon2 parameters: the daemon verifies with the parameters in the PHC
-/// string, and default-cost hashing is slow in debug builds.
-fn cheap_hash(password: &str) -> String {
-    use argon2::password_hash::PasswordHasher;
-    let params = argon2::Params::new(64, 1, 1, None).unwrap();
-    argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
-        .hash_password(password.as_bytes())
-        .unwrap()
-        .to_string()
 }
 
 fn start() -> Setup {

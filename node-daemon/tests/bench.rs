@@ -5,15 +5,20 @@ mod common;
 
 use std::process::Command;
 
-use common::Daemon;
+use common::{Daemon, cheap_hash};
 use serde_json::Value;
 
 fn bench(d: &Daemon, args: &[&str]) -> Value {
+    bench_on(d, d.mqtt, args)
+}
+
+/// `meridian bench ARGS` against `port` of the daemon, which it measures.
+fn bench_on(d: &Daemon, port: u16, args: &[&str]) -> Value {
     let pid = d.child.as_ref().expect("daemon running").id().to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
         .arg("bench")
         .args(args)
-        .args(["--port", &d.mqtt.to_string()])
+        .args(["--port", &port.to_string()])
         .args(["--broker-pid", &pid, "--json", "--quiet", "--timeout", "20"])
         .args(["--threads", "2"])
         .output()
@@ -131,6 +136,72 @@ fn websocket_and_text_report() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("received        100 of 100"), "{text}");
     assert!(text.contains("lost            0   duplicates 0"), "{text}");
+}
+
+#[test]
+fn tls_and_credentials_reach_a_broker_that_requires_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    let passwd = dir.path().join("passwd");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    std::fs::write(&passwd, format!("alice:{}\n", cheap_hash("looking-glass"))).unwrap();
+    let tls = common::free_port();
+    let d = Daemon::start_with_config(Some(&format!(
+        r#"
+[listeners.tls]
+enabled = true
+bind = "127.0.0.1:{tls}"
+cert = "{}"
+key = "{}"
+
+[auth]
+password_file = "{}"
+allow_anonymous = false
+"#,
+        cert.display(),
+        key.display(),
+        passwd.display()
+    )));
+    let ca = cert.to_str().unwrap();
+    let trusted = ["--tls", "--ca", ca];
+
+    let r = bench_on(
+        &d,
+        tls,
+        &[
+            &["pairs", "-n", "200", "-q", "1"],
+            trusted.as_slice(),
+            &["--username", "alice", "--password", "looking-glass"],
+        ]
+        .concat(),
+    );
+    assert_eq!(r["target"], format!("mqtts://127.0.0.1:{tls}").as_str());
+    assert_exact(&r, 200, 200, true);
+
+    // Refusals are named: a wrong password, no password, a certificate not trusted.
+    let wrong = [
+        trusted.as_slice(),
+        &["--username", "alice", "--password", "nope"],
+    ]
+    .concat();
+    for (args, expected) in [
+        (wrong.as_slice(), "BadUserNamePassword"),
+        (trusted.as_slice(), "NotAuthorized"),
+        (&["--tls"], "certificate"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
+            .args(["bench", "pairs", "-n", "10", "--quiet", "--timeout", "10"])
+            .args(["--port", &tls.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
 }
 
 #[test]

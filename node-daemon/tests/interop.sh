@@ -3,6 +3,7 @@
 #   mosquitto_pub/mosquitto_sub (Debian mosquitto-clients): TCP, MQTT 3.1.1 and 5.0
 #   paho-mqtt (Python):                                        TCP and WebSocket, 3.1.1 and 5.0
 #   MQTT.js (npm mqtt@5):                                      TCP and WebSocket, 3.1.1 and 5.0
+# and `meridian bench` against another broker, Mosquitto (Debian mosquitto).
 # Installs what is missing (idempotent), builds the daemon, runs every check, prints
 # "N passed, M failed" and exits non-zero on any failure.
 set -uo pipefail
@@ -18,6 +19,12 @@ if ! command -v mosquitto_sub >/dev/null || ! command -v mosquitto_pub >/dev/nul
   log "installing mosquitto-clients"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq mosquitto-clients >/dev/null || { log "cannot install mosquitto-clients"; exit 1; }
+fi
+MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+if [ ! -x "$MOSQUITTO" ]; then
+  log "installing mosquitto"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq mosquitto >/dev/null || { log "cannot install mosquitto"; exit 1; }
 fi
 if ! python3 -c "import paho.mqtt" 2>/dev/null; then
   log "installing paho-mqtt"
@@ -108,6 +115,43 @@ for url in "mqtt://127.0.0.1:$MQTT" "ws://127.0.0.1:$WS/mqtt"; do
     check "mqtt.js $url v$v" node "$HERE/interop/mqttjs_check.js" "$url" "$v"
   done
 done
+
+# `meridian bench` works against any broker: every message once, and the broker's CPU measured
+# through its pid.
+bench_against_mosquitto() {
+  local port; port=$(free_port)
+  printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$port" >"$TMP/mosquitto.conf"
+  "$MOSQUITTO" -c "$TMP/mosquitto.conf" 2>"$TMP/mosquitto.log" &
+  local pid=$! rc=0
+  python3 - "$port" <<'PY' || rc=1
+import socket, sys, time
+deadline = time.time() + 20
+while True:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=0.5).close()
+        break
+    except OSError:
+        if time.time() > deadline:
+            sys.exit("mosquitto did not start")
+        time.sleep(0.05)
+PY
+  if [ $rc -eq 0 ]; then
+    "$BIN" bench pairs -c 2 -n 300 -q 1 --port "$port" --broker-pid "$pid" --json --quiet --timeout 30 \
+      >"$TMP/bench.json" || rc=1
+  fi
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  [ $rc -eq 0 ] || return 1
+  python3 - "$TMP/bench.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+m = r["messages"]
+assert (m["sent"], m["acked"], m["received"]) == (600, 600, 600), m
+assert (m["lost"], m["duplicates"], m["foreign"]) == (0, 0, 0), m
+# CPU time is counted in clock ticks: a short run may take none.
+assert r["broker"]["cpu_secs"] >= 0 and r["broker"]["rss_after_bytes"] > 0, r["broker"]
+PY
+}
+check "meridian bench against mosquitto" bench_against_mosquitto
 
 # The daemon is still healthy after all of it.
 check "daemon healthy" http_get /health

@@ -9,6 +9,18 @@ use std::time::{Duration, Instant};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
+/// A password hash with tiny Argon2 parameters, for password files made in tests: the daemon
+/// verifies with the parameters in the PHC string, and default-cost hashing is slow in debug
+/// builds.
+pub fn cheap_hash(password: &str) -> String {
+    use argon2::password_hash::PasswordHasher;
+    let params = argon2::Params::new(64, 1, 1, None).unwrap();
+    argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
+        .hash_password(password.as_bytes())
+        .unwrap()
+        .to_string()
+}
+
 /// A free loopback port (bound then released; the daemon binds it right after).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
