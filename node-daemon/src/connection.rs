@@ -83,7 +83,7 @@ impl<W: Wire> ConnectionTask<W> {
         engine: &EngineHandle,
         permit: OwnedSemaphorePermit,
     ) -> Self {
-        let outbox = Outbox::new();
+        let outbox = wire.outbox();
         Self {
             wire,
             phase: Phase::Registering(Box::pin(engine.accept(info, outbox.clone()))),
@@ -118,6 +118,9 @@ impl<W: Wire> ConnectionTask<W> {
                     Poll::Ready(Ok(0)) => self.unflushed = false,
                     Poll::Ready(Ok(n)) => {
                         self.outbox.written(n);
+                        if self.out.is_empty() {
+                            self.outbox.written_all();
+                        }
                         self.unflushed = true;
                         busy = true;
                     }
@@ -374,11 +377,67 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_broker_task_writes_to_an_idle_socket_itself() {
+        let (mut h, task) = harness(8).await;
+        let (outbox, task) = spawn_registered(&mut h, task).await;
+        outbox.write_or_push(Bytes::from_static(b"at once"));
+        // The test's runtime has one thread, and the task has not run since: nothing queued
+        // means the bytes went straight to the socket.
+        assert_eq!(outbox.queued(), 0);
+        let mut got = [0; 7];
+        tokio::time::timeout(DEADLINE, h.client.read_exact(&mut got))
+            .await
+            .expect("the bytes arrive")
+            .unwrap();
+        assert_eq!(&got, b"at once");
+        drop(outbox);
+        drop(h.client);
+        expect_closed(&mut h.broker, task).await;
+    }
+
+    #[tokio::test]
+    async fn bytes_written_directly_never_overtake_queued_ones() {
+        let (mut h, task) = harness(8).await;
+        let (outbox, task) = spawn_registered(&mut h, task).await;
+        // Queued and not yet taken by the task.
+        outbox.push(Bytes::from_static(b"first "));
+        outbox.write_or_push(Bytes::from_static(b"second "));
+        assert_eq!(outbox.queued(), 13, "queued behind the first");
+        // Taken by the task and not all written: the client reads nothing yet, so a large
+        // push fills the socket's buffers and the task holds the rest.
+        let big: Vec<u8> = (0..8_000_000u32).map(|i| (i % 251) as u8).collect();
+        outbox.push(Bytes::from(big.clone()));
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while outbox.queued() == 13 + big.len() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the task never wrote"
+            );
+            tokio::task::yield_now().await;
+        }
+        outbox.write_or_push(Bytes::from_static(b"last"));
+        assert!(outbox.queued() >= 4, "queued behind what the task holds");
+        outbox.close();
+        drop(outbox);
+        let mut got = Vec::new();
+        tokio::time::timeout(DEADLINE, h.client.read_to_end(&mut got))
+            .await
+            .expect("the connection ends")
+            .unwrap();
+        let expected = [&b"first second "[..], &big, b"last"].concat();
+        assert!(got == expected, "{} bytes in order", expected.len());
+        expect_closed(&mut h.broker, task).await;
+    }
+
+    #[tokio::test]
     async fn a_kill_ends_the_connection_without_writing() {
         let (mut h, task) = harness(8).await;
         let (outbox, task) = spawn_registered(&mut h, task).await;
         outbox.push(Bytes::from_static(b"dropped"));
         outbox.kill();
+        // The broker task lets go of the outbox it kills, and the socket in it closes with the
+        // task.
+        drop(outbox);
         let mut got = Vec::new();
         let _ = tokio::time::timeout(DEADLINE, h.client.read_to_end(&mut got))
             .await

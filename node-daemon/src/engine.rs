@@ -7,11 +7,13 @@
 //! [`Outbox`]es. Then it waits for the next message or the broker's deadline.
 //!
 //! It is a task on the same runtime as the connections, not a thread of its own: a message
-//! read by a connection's task wakes the broker task on that same worker thread, and the
-//! bytes it queues wake the receiving connection's task there too, so at a low rate one
-//! message costs no hand-off between threads. Under load the runtime spreads the connections
-//! over the other workers. Commits that wait for the disk, and route snapshots and large
-//! route deltas from peers, leave the worker to the other tasks while they run ([`off_worker`]).
+//! read by a connection's task wakes the broker task on that same worker thread. At a low rate
+//! (a turn of one input that writes to at most [`DIRECT_WRITES_MAX`] connections) the broker
+//! task writes to plain TCP sockets itself when nothing is waiting to be written to them
+//! ([`Outbox::write_or_push`]), so one message wakes no other task; otherwise the bytes it
+//! queues wake the receiving connections' tasks, which the runtime spreads over the workers.
+//! Commits that wait for the disk, and route snapshots and large route deltas from peers,
+//! leave the worker to the other tasks while they run ([`off_worker`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,6 +43,11 @@ pub const MAX_BATCH: usize = 256;
 /// ([`off_worker`]): 1,000 changes take about 2 ms, and handing the worker over costs tens of
 /// microseconds.
 const LARGE_ROUTE_DELTA: usize = 256;
+
+/// The most connections a turn of the broker task writes to itself. A turn that writes to more
+/// leaves the writing to the connections' tasks, which run in parallel on the other workers
+/// while the broker task goes on with the next input.
+pub const DIRECT_WRITES_MAX: usize = 2;
 
 /// Capacity of the channel into the broker task (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
@@ -290,7 +297,7 @@ impl Engine {
             "restored state"
         );
         engine.drain();
-        engine.flush()?;
+        engine.flush(false)?;
         Ok(engine)
     }
 
@@ -311,13 +318,16 @@ impl Engine {
                 },
                 () = sleep_until(wake) => None,
             };
+            let mut inputs = 0;
             if let Some(msg) = first {
                 self.handle(msg);
-                for _ in 1..MAX_BATCH {
+                inputs = 1;
+                while inputs < MAX_BATCH {
                     match rx.try_recv() {
                         Ok(msg) => self.handle(msg),
                         Err(_) => break,
                     }
+                    inputs += 1;
                 }
             }
             let now = self.clock.now();
@@ -329,12 +339,13 @@ impl Engine {
                 let now = self.clock.now();
                 self.broker.shutdown(now);
                 self.drain();
-                self.flush()?;
+                self.flush(false)?;
                 off_worker(|| self.store.sync())?;
                 info!("broker stopped; storage flushed");
                 return Ok(());
             }
-            self.flush()?;
+            // Alone, and with nothing else waiting: a low rate.
+            self.flush(inputs == 1 && rx.is_empty())?;
             if self
                 .store
                 .sync_due()
@@ -528,13 +539,23 @@ impl Engine {
         }
     }
 
-    /// Commit the batch's records, then write and close.
-    fn flush(&mut self) -> Result<(), StorageError> {
+    /// Commit the batch's records, then write and close. With `lone`, the batch was a single
+    /// input with no other waiting, and if it writes to few connections the broker task
+    /// writes to them itself.
+    fn flush(&mut self, lone: bool) -> Result<(), StorageError> {
+        // Only the batch's own outputs: what closing connections add later goes to tasks.
+        let mut lone = lone;
         loop {
             if self.outputs.is_empty() && self.slow.is_empty() && self.cut.is_empty() {
                 return Ok(());
             }
             let outputs = std::mem::take(&mut self.outputs);
+            let direct = std::mem::take(&mut lone)
+                && outputs
+                    .iter()
+                    .filter(|o| matches!(o, Output::Send { .. }))
+                    .count()
+                    <= DIRECT_WRITES_MAX;
             self.records.clear();
             for out in &outputs {
                 if let Output::Persist { key, value } = out {
@@ -553,7 +574,7 @@ impl Engine {
             }
             for out in outputs {
                 match out {
-                    Output::Send { conn, data } => self.send(conn, data),
+                    Output::Send { conn, data } => self.send(conn, data, direct),
                     Output::Close { conn } => {
                         if let Some(outbox) = self.outboxes.remove(&conn) {
                             outbox.close();
@@ -592,7 +613,9 @@ impl Engine {
         }
     }
 
-    fn send(&mut self, conn: ConnId, data: Bytes) {
+    /// Hand bytes to a connection: written at once when `direct` allows and nothing is queued
+    /// before them, else queued for its task.
+    fn send(&mut self, conn: ConnId, data: Bytes, direct: bool) {
         // Already cut off in this batch: drop the rest, and count the connection once.
         if self.slow.contains(&conn) {
             return;
@@ -601,9 +624,7 @@ impl Engine {
             return;
         };
         let queued = outbox.queued() + data.len();
-        if queued <= self.max_write_buffer_bytes {
-            outbox.push(data);
-        } else {
+        if queued > self.max_write_buffer_bytes {
             warn!(
                 conn = conn.0,
                 queued, "slow consumer: write buffer full, disconnecting"
@@ -612,6 +633,10 @@ impl Engine {
                 .slow_consumer_disconnects
                 .fetch_add(1, Ordering::Relaxed);
             self.slow.push(conn);
+        } else if direct {
+            outbox.write_or_push(data);
+        } else {
+            outbox.push(data);
         }
     }
 }
@@ -796,7 +821,7 @@ mod tests {
             std::slice::from_ref(&peer),
             "cut once, however many frames overflow"
         );
-        engine.flush().unwrap();
+        engine.flush(false).unwrap();
         assert!(!engine.links.contains_key(&peer), "the session is gone");
         tokio::time::timeout(Duration::from_secs(5), kill.notified())
             .await

@@ -3,11 +3,14 @@
 //!
 //! Each transport is one object polled by hand, not split into halves: a connection's task
 //! keeps its whole state for as long as the connection lives, and halves cost a shared
-//! allocation (and, for WebSocket, a lock) per connection.
+//! allocation (and, for WebSocket, a lock) per connection. A plain TCP socket lives in the
+//! connection's outbox, the allocation its task already shares with the broker task, so that
+//! the broker task can write to it too.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
@@ -17,6 +20,8 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tracing::debug;
+
+use crate::outbox::Outbox;
 
 /// Read buffer sizes. A connection whose reads fill the buffer doubles it, up to the largest,
 /// and halves it again when reads get small.
@@ -41,19 +46,25 @@ pub trait Wire: Unpin + Send {
 
     /// End the writing side once everything was written.
     fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// The outbox the broker task writes to for this connection.
+    fn outbox(&self) -> Arc<Outbox> {
+        Outbox::new()
+    }
 }
 
 /// Plain MQTT over TCP. A buffer is taken only once the socket is readable, so a quiet
-/// connection holds none.
+/// connection holds none. The socket lives in the connection's outbox, which the broker task
+/// may write to directly (see [`Outbox::write_or_push`]).
 pub struct TcpWire {
-    socket: TcpStream,
+    outbox: Arc<Outbox>,
     want: usize,
 }
 
 impl TcpWire {
     pub fn new(socket: TcpStream) -> Self {
         Self {
-            socket,
+            outbox: Outbox::with_socket(socket),
             want: READ_MIN,
         }
     }
@@ -61,7 +72,9 @@ impl TcpWire {
 
 impl Wire for TcpWire {
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        let socket = &self.socket;
+        let Some(socket) = self.outbox.socket() else {
+            return Poll::Ready(None);
+        };
         loop {
             if ready!(socket.poll_read_ready(cx)).is_err() {
                 return Poll::Ready(None);
@@ -98,11 +111,33 @@ impl Wire for TcpWire {
         cx: &mut Context<'_>,
         out: &mut VecDeque<Bytes>,
     ) -> Poll<io::Result<usize>> {
-        poll_write_vectored(&mut self.socket, cx, out)
+        let Some(socket) = self.outbox.socket() else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        if out.is_empty() {
+            // A socket has nothing to flush.
+            return Poll::Ready(Ok(0));
+        }
+        loop {
+            ready!(socket.poll_write_ready(cx))?;
+            match with_slices(out, |slices| socket.try_write_vectored(slices)) {
+                Ok(n) => return Poll::Ready(consume(out, n)),
+                // The readiness was stale: wait again.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 
-    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.socket).poll_shutdown(cx)
+    fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = self.outbox.socket().map_or(Ok(()), |s| {
+            rustix::net::shutdown(s, rustix::net::Shutdown::Write).map_err(io::Error::from)
+        });
+        Poll::Ready(r)
+    }
+
+    fn outbox(&self) -> Arc<Outbox> {
+        self.outbox.clone()
     }
 }
 
