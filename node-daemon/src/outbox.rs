@@ -238,6 +238,16 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    /// Bytes an outbox may take. There is one per connection, in an `Arc`: with its two
+    /// counters, a 160-byte malloc chunk.
+    const OUTBOX_BUDGET: usize = 128;
+
+    #[test]
+    fn an_outbox_stays_within_its_budget() {
+        let size = size_of::<Outbox>();
+        assert!(size <= OUTBOX_BUDGET, "an outbox takes {size} bytes");
+    }
+
     #[test]
     fn without_a_socket_write_or_push_queues() {
         let o = Outbox::new();
