@@ -79,7 +79,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         assigned: bool,
         outcome: AuthOutcome,
     ) {
-        let method = connect.properties.authentication_method.clone();
         match outcome {
             AuthOutcome::Allow { username } => {
                 self.complete_connect(conn_id, *connect, assigned, username)
@@ -88,6 +87,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.refuse(conn_id, Some(connect.client_id.clone()), reason)
             }
             AuthOutcome::Continue(data) => {
+                let method = connect.properties.authentication_method.clone();
                 if method.is_none() || connect.protocol != ProtocolVersion::V5 {
                     return self.refuse(
                         conn_id,
@@ -97,11 +97,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
                 self.send(
                     conn_id,
-                    &auth_packet(
-                        ReasonCode::CONTINUE_AUTHENTICATION,
-                        method.clone(),
-                        Some(data),
-                    ),
+                    &auth_packet(ReasonCode::CONTINUE_AUTHENTICATION, method, Some(data)),
                 );
                 self.set_authenticating(conn_id, connect, assigned);
             }
