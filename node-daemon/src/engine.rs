@@ -542,14 +542,13 @@ impl Engine {
     /// Commit the batch's records, then write and close. With `lone`, the batch was a single
     /// input with no other waiting, and if it writes to few connections the broker task
     /// writes to them itself.
-    fn flush(&mut self, lone: bool) -> Result<(), StorageError> {
-        // Only the batch's own outputs: what closing connections add later goes to tasks.
-        let mut lone = lone;
+    fn flush(&mut self, mut lone: bool) -> Result<(), StorageError> {
         loop {
             if self.outputs.is_empty() && self.slow.is_empty() && self.cut.is_empty() {
                 return Ok(());
             }
             let outputs = std::mem::take(&mut self.outputs);
+            // Only the batch's own outputs: what closing connections add later goes to tasks.
             let direct = std::mem::take(&mut lone)
                 && outputs
                     .iter()

@@ -68,13 +68,17 @@ impl TcpWire {
             want: READ_MIN,
         }
     }
+
+    fn socket(&self) -> &TcpStream {
+        self.outbox
+            .socket()
+            .expect("a TCP wire's outbox is made with its socket")
+    }
 }
 
 impl Wire for TcpWire {
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        let Some(socket) = self.outbox.socket() else {
-            return Poll::Ready(None);
-        };
+        let socket = self.socket();
         loop {
             if ready!(socket.poll_read_ready(cx)).is_err() {
                 return Poll::Ready(None);
@@ -111,9 +115,7 @@ impl Wire for TcpWire {
         cx: &mut Context<'_>,
         out: &mut VecDeque<Bytes>,
     ) -> Poll<io::Result<usize>> {
-        let Some(socket) = self.outbox.socket() else {
-            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
-        };
+        let socket = self.socket();
         if out.is_empty() {
             // A socket has nothing to flush.
             return Poll::Ready(Ok(0));
@@ -130,10 +132,8 @@ impl Wire for TcpWire {
     }
 
     fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = self.outbox.socket().map_or(Ok(()), |s| {
-            rustix::net::shutdown(s, rustix::net::Shutdown::Write).map_err(io::Error::from)
-        });
-        Poll::Ready(r)
+        let r = rustix::net::shutdown(self.socket(), rustix::net::Shutdown::Write);
+        Poll::Ready(r.map_err(io::Error::from))
     }
 
     fn outbox(&self) -> Arc<Outbox> {
