@@ -162,6 +162,38 @@ fn restart_redelivers_unacknowledged_inflight_with_dup() {
 }
 
 #[test]
+fn a_message_too_large_for_the_client_leaves_no_record() {
+    let mut w = World::new();
+    let small = |c: &mut codec::Connect| {
+        persistent(c);
+        c.properties.maximum_packet_size = Some(64);
+    };
+    let s = w.connect_with(V5, "s", small).0;
+    w.subscribe(s, "big", QoS::AtLeastOnce);
+    let p = w.connect(V5, "p");
+    let queued = |w: &World| w.store.keys().filter(|k| k[0] == b'Q').count();
+
+    // Sent at once: measured before a record is written.
+    w.publish(p, "big", &[0u8; 100], QoS::AtLeastOnce, false, 1);
+    assert!(w.received_publishes(s).is_empty());
+    assert_eq!(
+        queued(&w),
+        0,
+        "no record for a message the client cannot take"
+    );
+
+    // Queued while the client is away, measured when it comes back: the record goes.
+    w.close(s);
+    w.publish(p, "big", &[0u8; 100], QoS::AtLeastOnce, false, 2);
+    assert_eq!(queued(&w), 1, "queued for the absent client");
+    let s = w.connect_with(V5, "s", small).0;
+    assert!(w.received_publishes(s).is_empty());
+    assert_eq!(queued(&w), 0, "the dropped message's record is deleted");
+    assert_eq!(w.broker.stats().dropped_too_large, 2);
+    assert_eq!(w.broker.stats().inflight_messages, 0);
+}
+
+#[test]
 fn restart_keeps_incoming_qos2_state_so_a_resend_is_not_delivered_twice() {
     let mut w = World::new();
     let s = w.connect(V5, "watch");

@@ -44,7 +44,9 @@ impl Message {
     }
 }
 
-/// One message on its way to one session.
+/// One message on its way to one session. Every queued and in-flight QoS 1/2 message holds
+/// one, so what few deliveries carry (subscription identifiers, a shared subscription) is
+/// boxed: a delivery takes 24 bytes instead of 56.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     pub message: Arc<Message>,
@@ -52,8 +54,55 @@ pub struct Delivery {
     pub qos: QoS,
     /// Retain flag as sent to this subscriber.
     pub retain: bool,
-    pub subscription_ids: Vec<u32>,
-    /// Set when the delivery came through a shared subscription (full filter text), so that an
+    rare: Option<Box<Rare>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rare {
+    subscription_ids: Vec<u32>,
+    shared: Option<Arc<str>>,
+}
+
+impl Delivery {
+    /// `subscription_ids`: of the subscriptions it matched (sent to MQTT 5 clients).
+    /// `shared`: the full filter text of the shared subscription it came through, so that an
     /// unacknowledged message can go to another member if this one leaves.
-    pub shared: Option<Arc<str>>,
+    pub fn new(
+        message: Arc<Message>,
+        qos: QoS,
+        retain: bool,
+        subscription_ids: Vec<u32>,
+        shared: Option<Arc<str>>,
+    ) -> Self {
+        Self {
+            message,
+            qos,
+            retain,
+            rare: Rare::boxed(subscription_ids, shared),
+        }
+    }
+
+    pub fn subscription_ids(&self) -> &[u32] {
+        self.rare.as_ref().map_or(&[], |r| &r.subscription_ids)
+    }
+
+    pub fn shared(&self) -> Option<&Arc<str>> {
+        self.rare.as_ref().and_then(|r| r.shared.as_ref())
+    }
+
+    pub fn set_subscription_ids(&mut self, ids: Vec<u32>) {
+        let shared = self.rare.take().and_then(|r| r.shared);
+        self.rare = Rare::boxed(ids, shared);
+    }
+}
+
+impl Rare {
+    fn boxed(subscription_ids: Vec<u32>, shared: Option<Arc<str>>) -> Option<Box<Self>> {
+        (!subscription_ids.is_empty() || shared.is_some()).then(|| {
+            Box::new(Self {
+                subscription_ids,
+                shared,
+            })
+        })
+    }
 }

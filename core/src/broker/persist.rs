@@ -441,10 +441,11 @@ pub(crate) fn encode_queued(inflight: Option<(u16, InflightState)>, delivery: &D
     v.put_u16(inflight.map_or(0, |(id, _)| id));
     v.put_u8(delivery.qos as u8);
     v.put_u8(u8::from(delivery.retain));
-    put_opt_string(&mut v, delivery.shared.as_deref());
+    put_opt_string(&mut v, delivery.shared().map(|s| &**s));
     // At most one identifier per subscription, and subscriptions per client are bounded.
-    v.put_u16(u16::try_from(delivery.subscription_ids.len()).unwrap_or(u16::MAX));
-    for id in delivery.subscription_ids.iter().take(usize::from(u16::MAX)) {
+    let ids = delivery.subscription_ids();
+    v.put_u16(u16::try_from(ids.len()).unwrap_or(u16::MAX));
+    for id in ids.iter().take(usize::from(u16::MAX)) {
         v.put_u32(*id);
     }
     put_message(&mut v, &delivery.message);
@@ -475,13 +476,7 @@ pub(crate) fn decode_queued(value: &[u8]) -> Result<QueuedRecord, RecordError> {
     let message = Arc::new(r.message()?);
     Ok(QueuedRecord {
         inflight,
-        delivery: Delivery {
-            message,
-            qos,
-            retain,
-            subscription_ids,
-            shared,
-        },
+        delivery: Delivery::new(message, qos, retain, subscription_ids, shared),
     })
 }
 

@@ -277,13 +277,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let n = recipients.len();
         for r in recipients.drain(..) {
-            let delivery = Delivery {
-                message: message.clone(),
-                qos: message.qos.min(r.qos),
-                retain: message.retain && r.retain_as_published,
-                subscription_ids: r.subscription_ids,
-                shared: r.shared,
-            };
+            let delivery = Delivery::new(
+                message.clone(),
+                message.qos.min(r.qos),
+                message.retain && r.retain_as_published,
+                r.subscription_ids,
+                r.shared,
+            );
             self.deliver(r.session, delivery);
         }
         self.scratch = recipients;
@@ -398,22 +398,32 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let packet_id = session.inflight.allocate_packet_id();
         let persistent = session.is_persistent();
         let client_id = (persistent || stored).then(|| session.client_id.to_string());
-        if !self.fits_client(conn, &delivery, Some(packet_id)) {
-            // Too large for this client: dropped, as if delivered.
+        // A message too large for this client is dropped, as if delivered, and so is its record.
+        // The record goes before the PUBLISH: once the client may have the message, a restart
+        // must know its packet id, or a QoS 2 message could be delivered twice. So a persistent
+        // session's delivery is measured first; any other is measured as it is written.
+        if persistent && !self.fits_client(conn, &delivery, Some(packet_id)) {
             self.stats.dropped_too_large += 1;
             if stored && let Some(client_id) = client_id {
                 self.persist(Key::Queued { client_id, seq }.encode(), None);
             }
             return;
         }
-        // The record goes first: once the client may have the message, a restart must know
-        // its packet id, or a QoS 2 message could be delivered twice.
-        if persistent && let Some(client_id) = client_id {
+        if persistent && let Some(client_id) = &client_id {
             let value =
                 persist::encode_queued(Some((packet_id, InflightState::AwaitAck)), &delivery);
-            self.persist(Key::Queued { client_id, seq }.encode(), Some(value));
+            let key = Key::Queued {
+                client_id: client_id.clone(),
+                seq,
+            };
+            self.persist(key.encode(), Some(value));
         }
-        self.write_publish(conn, &delivery, Some(packet_id), false);
+        if !self.write_publish(conn, &delivery, Some(packet_id), false) {
+            if let Some(client_id) = client_id {
+                self.persist(Key::Queued { client_id, seq }.encode(), None);
+            }
+            return;
+        }
         if let Some(session) = self.session_mut(sid) {
             session.persisted |= persistent;
             session.inflight.push(Inflight {
@@ -666,7 +676,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .filter(|m| m.state == InflightState::AwaitAck && m.delivery.qos == QoS::AtLeastOnce)
             .map(|m| (m.seq, &m.delivery))
             .chain(session.queue.iter().map(|m| (m.seq, &m.delivery)))
-            .filter_map(|(seq, d)| Some((seq, d.shared.clone()?)))
+            .filter_map(|(seq, d)| Some((seq, d.shared()?.clone())))
             .collect();
         for (seq, filter) in candidates {
             let Ok(filter) = TopicFilter::new(&*filter) else {
@@ -701,7 +711,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             });
             delivery.qos = delivery.message.qos.min(sub.options.qos);
             delivery.retain = delivery.message.retain && sub.options.retain_as_published;
-            delivery.subscription_ids = sub.subscription_id.into_iter().collect();
+            delivery.set_subscription_ids(sub.subscription_id.into_iter().collect());
             // The new member's record is written before the old one is deleted.
             self.deliver(other, delivery);
             if let Some(key) = old_key {
@@ -730,11 +740,7 @@ fn outgoing(
         properties: &msg.properties,
         topic_alias: None,
         message_expiry_interval: msg.remaining_expiry_secs(now).map(|s| s.max(1)),
-        subscription_identifiers: if v5 {
-            delivery.subscription_ids.as_slice()
-        } else {
-            &[]
-        },
+        subscription_identifiers: if v5 { delivery.subscription_ids() } else { &[] },
     }
 }
 

@@ -427,6 +427,25 @@ mod tests {
     /// every byte here is a byte per client.
     const SESSION_BUDGET: usize = 168;
 
+    /// Bytes a queued message takes in its session's queue, and an in-flight one in its
+    /// window: one each per message and subscriber, so a fan-out to many slow or absent
+    /// subscribers is counted in these.
+    const QUEUED_BUDGET: usize = 32;
+    const INFLIGHT_BUDGET: usize = 40;
+
+    #[test]
+    fn queued_and_inflight_messages_stay_within_their_budgets() {
+        let (queued, inflight) = (size_of::<Queued>(), size_of::<Inflight>());
+        assert!(
+            queued <= QUEUED_BUDGET,
+            "a queued message takes {queued} bytes"
+        );
+        assert!(
+            inflight <= INFLIGHT_BUDGET,
+            "an in-flight message takes {inflight} bytes"
+        );
+    }
+
     #[test]
     fn a_session_stays_within_its_budget() {
         let size = std::mem::size_of::<Option<Session>>();
@@ -458,13 +477,7 @@ mod tests {
         Inflight {
             packet_id,
             state: InflightState::AwaitAck,
-            delivery: Delivery {
-                message,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                subscription_ids: Vec::new(),
-                shared: None,
-            },
+            delivery: Delivery::new(message, QoS::AtLeastOnce, false, Vec::new(), None),
             seq,
             sent,
         }

@@ -173,13 +173,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
         });
         for message in matches {
-            let delivery = Delivery {
-                qos: message.qos.min(granted),
-                retain: true,
-                subscription_ids: subscription_id.into_iter().collect(),
-                shared: None,
-                message,
-            };
+            let qos = message.qos.min(granted);
+            let ids = subscription_id.into_iter().collect();
+            let delivery = Delivery::new(message, qos, true, ids, None);
             self.deliver(sid, delivery);
         }
     }
