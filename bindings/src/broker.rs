@@ -307,7 +307,7 @@ impl JsBroker {
             payload,
             qos,
             retain,
-            properties,
+            properties: properties.into(),
             expires_at: None,
             origin: None,
         };

@@ -1172,7 +1172,7 @@ impl Shell {
                         payload: payload.0.clone(),
                         qos: qos.0,
                         retain: *retain,
-                        properties: PublishProperties::default(),
+                        properties: Default::default(),
                         expires_at: None,
                         origin: None,
                     };

@@ -16,7 +16,7 @@ use super::message::Message;
 use super::persist::Key;
 use super::session::SessionId;
 use super::{Authenticator, Authorizer, Broker, Timer};
-use crate::codec::{Publish, QoS, SubAck};
+use crate::codec::{Publish, PublishProperties, QoS, SubAck};
 use crate::link::{
     self, Arrival, DEFAULT_MAX_FRAME_LEN, DigestEntry, Forward, Frame, Inbox,
     LINK_PROTOCOL_VERSION, Outbox, OutboxLimits, RetainedUpdate,
@@ -112,7 +112,7 @@ struct Peer {
 /// A message as it travels on the link: every property, the expiry interval set to what
 /// remains.
 fn link_publish(message: &Message, now: Timestamp) -> Publish {
-    let mut properties = message.properties.clone();
+    let mut properties = PublishProperties::clone(&message.properties);
     properties.message_expiry_interval = message.remaining_expiry_secs(now).map(|s| s.max(1));
     Publish {
         dup: false,
@@ -659,7 +659,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 .properties
                 .message_expiry_interval
                 .map(|s| now.plus_secs(s)),
-            properties: p.properties,
+            properties: p.properties.into(),
             origin: None,
         };
         if p.qos == QoS::AtMostOnce {
@@ -879,7 +879,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     topic_alias: None,
                     subscription_identifiers: Vec::new(),
                     ..p.properties
-                },
+                }
+                .into(),
                 origin: None,
             },
             None => Message {

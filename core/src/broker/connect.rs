@@ -689,7 +689,8 @@ fn will_from(w: &LastWill) -> Will {
                 user_properties: p.user_properties.clone(),
                 content_type: p.content_type.clone(),
                 ..Default::default()
-            },
+            }
+            .into(),
             // The expiry interval starts when the will is published.
             expires_at: None,
             origin: None,

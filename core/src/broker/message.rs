@@ -1,5 +1,6 @@
 //! An application message as the broker holds it: shared by every subscriber, never copied.
 
+use std::ops::Deref;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -18,7 +19,7 @@ pub struct Message {
     pub retain: bool,
     /// Properties passed through to subscribers. `topic_alias` and `subscription_identifiers`
     /// are always empty here; `message_expiry_interval` is replaced by `expires_at`.
-    pub properties: PublishProperties,
+    pub properties: MessageProperties,
     /// When the message expires (from Message Expiry Interval), if it does.
     pub expires_at: Option<Timestamp>,
     /// The session that published it, for No Local. `None` for wills, restored and system messages.
@@ -41,6 +42,53 @@ impl Message {
     /// Payload bytes counted against queue limits.
     pub fn weight(&self) -> usize {
         self.payload.len() + self.topic.len()
+    }
+}
+
+/// A message's properties, read through [`Deref`]. Most messages have none, and every queued,
+/// retained or in-flight message holds its own: they are boxed, and made only when there are
+/// some, so that a message takes 88 bytes rather than 224.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageProperties(Option<Box<PublishProperties>>);
+
+/// What a message without properties reads.
+static NO_PROPERTIES: PublishProperties = PublishProperties {
+    payload_format_indicator: None,
+    message_expiry_interval: None,
+    topic_alias: None,
+    response_topic: None,
+    correlation_data: None,
+    user_properties: Vec::new(),
+    subscription_identifiers: Vec::new(),
+    content_type: None,
+};
+
+impl From<PublishProperties> for MessageProperties {
+    fn from(properties: PublishProperties) -> Self {
+        Self((properties != NO_PROPERTIES).then(|| Box::new(properties)))
+    }
+}
+
+impl Deref for MessageProperties {
+    type Target = PublishProperties;
+
+    fn deref(&self) -> &PublishProperties {
+        self.0.as_deref().unwrap_or(&NO_PROPERTIES)
+    }
+}
+
+impl MessageProperties {
+    /// Without what is set for each delivery or hop: the expiry interval (a message keeps its
+    /// expiry as a time), the topic alias and the subscription identifiers.
+    pub(crate) fn strip_per_delivery(&mut self) {
+        if let Some(p) = self.0.as_deref_mut() {
+            p.message_expiry_interval = None;
+            p.topic_alias = None;
+            p.subscription_identifiers.clear();
+            if *p == NO_PROPERTIES {
+                self.0 = None;
+            }
+        }
     }
 }
 
@@ -104,5 +152,45 @@ impl Rare {
                 shared,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::UserProperty;
+
+    /// Bytes a message takes (its `Arc` adds 16): one for each published message, for as
+    /// long as it is queued, in flight or retained.
+    const MESSAGE_BUDGET: usize = 88;
+
+    #[test]
+    fn a_message_stays_within_its_budget() {
+        let size = size_of::<Message>();
+        assert!(size <= MESSAGE_BUDGET, "a message takes {size} bytes");
+    }
+
+    #[test]
+    fn properties_are_boxed_only_when_there_are_some() {
+        assert!(MessageProperties::from(PublishProperties::default()).0.is_none());
+
+        let mut expiring = MessageProperties::from(PublishProperties {
+            message_expiry_interval: Some(60),
+            topic_alias: Some(3),
+            ..Default::default()
+        });
+        assert_eq!(expiring.message_expiry_interval, Some(60));
+        expiring.strip_per_delivery();
+        assert!(expiring.0.is_none(), "nothing is left to pass on");
+
+        let user_properties: Vec<UserProperty> = vec![("k".into(), "v".into())];
+        let mut kept = MessageProperties::from(PublishProperties {
+            message_expiry_interval: Some(60),
+            user_properties: user_properties.clone(),
+            ..Default::default()
+        });
+        kept.strip_per_delivery();
+        assert_eq!(kept.user_properties, user_properties);
+        assert_eq!(kept.message_expiry_interval, None);
     }
 }

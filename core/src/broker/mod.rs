@@ -29,7 +29,7 @@ pub use auth::{AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, Cl
 pub use cluster::{ClusterConfig, PeerSummary};
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
-pub use message::Message;
+pub use message::{Message, MessageProperties};
 pub use persist::RecordError;
 pub use restore::RestoreReport;
 pub use stats::Stats;

@@ -24,7 +24,8 @@ use super::io::Timestamp;
 use super::message::{Delivery, Message};
 use super::session::{InflightState, SubscriptionEntry, Will};
 use crate::codec::{
-    self, Packet, ProtocolVersion, Publish, QoS, RetainHandling, SubscriptionOptions,
+    self, Packet, ProtocolVersion, Publish, PublishProperties, QoS, RetainHandling,
+    SubscriptionOptions,
 };
 
 const FORMAT: u8 = 1;
@@ -274,7 +275,7 @@ impl<'a> Reader<'a> {
                 payload: p.payload,
                 qos: p.qos,
                 retain: p.retain,
-                properties: p.properties,
+                properties: p.properties.into(),
                 expires_at,
                 origin: None,
             }),
@@ -310,7 +311,7 @@ fn put_message(v: &mut BytesMut, m: &Message) {
         topic: m.topic.to_string(),
         packet_id: (m.qos != QoS::AtMostOnce).then_some(1),
         payload: m.payload.clone(),
-        properties: m.properties.clone(),
+        properties: PublishProperties::clone(&m.properties),
     });
     let _ = codec::encode(&publish, ProtocolVersion::V5, v);
 }

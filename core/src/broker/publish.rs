@@ -117,7 +117,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 payload: p.payload,
                 qos: p.qos,
                 retain: p.retain,
-                properties: p.properties,
+                properties: p.properties.into(),
                 expires_at: None,
                 origin: Some(sid),
             };
@@ -187,9 +187,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             message.expires_at = Some(self.now.plus_secs(secs));
         }
-        message.properties.message_expiry_interval = None;
-        message.properties.topic_alias = None;
-        message.properties.subscription_identifiers.clear();
+        message.properties.strip_per_delivery();
         let message = Arc::new(message);
         if message.retain {
             self.store_retained(&message);
@@ -202,9 +200,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// A message forwarded by another node: to local subscribers only.
     pub(super) fn deliver_local(&mut self, mut message: Message) -> usize {
-        message.properties.message_expiry_interval = None;
-        message.properties.topic_alias = None;
-        message.properties.subscription_identifiers.clear();
+        message.properties.strip_per_delivery();
         self.route(&Arc::new(message))
     }
 

@@ -420,7 +420,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{PublishProperties, QoS};
+    use crate::codec::QoS;
     use proptest::prelude::*;
 
     /// Bytes a session may take. Sessions are kept inline in the broker's session table, so
@@ -470,7 +470,7 @@ mod tests {
             payload: bytes::Bytes::new(),
             qos: QoS::AtLeastOnce,
             retain: false,
-            properties: PublishProperties::default(),
+            properties: Default::default(),
             expires_at: None,
             origin: None,
         });
