@@ -172,7 +172,11 @@ mod tests {
 
     #[test]
     fn properties_are_boxed_only_when_there_are_some() {
-        assert!(MessageProperties::from(PublishProperties::default()).0.is_none());
+        assert!(
+            MessageProperties::from(PublishProperties::default())
+                .0
+                .is_none()
+        );
 
         let mut expiring = MessageProperties::from(PublishProperties {
             message_expiry_interval: Some(60),
