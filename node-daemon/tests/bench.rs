@@ -3,7 +3,10 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::{Daemon, cheap_hash};
 use serde_json::Value;
@@ -93,6 +96,50 @@ fn presets_deliver_every_message_once() {
         &["pub", "-c", "2", "-n", "100", "-q", "1", "-t", "x/%i"],
     );
     assert_exact(&r, 200, 0, true);
+}
+
+/// The daemon's gauge of retained messages, from its metrics.
+fn retained_messages(d: &Daemon) -> u64 {
+    let mut s = TcpStream::connect(("127.0.0.1", d.admin)).expect("admin port");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("meridian_retained_messages "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no retained-messages gauge in:\n{text}"))
+}
+
+#[test]
+fn retained_publishes_leave_one_message_per_topic() {
+    let d = Daemon::start();
+    let r = bench(
+        &d,
+        &[
+            "pub", "-c", "3", "-n", "2", "-q", "1", "--retain", "-t", "kept/%i",
+        ],
+    );
+    assert_eq!(r["retain"], true, "{r}");
+    assert_exact(&r, 6, 0, true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while retained_messages(&d) != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the broker keeps 3 retained messages"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Without the flag, nothing more is kept.
+    let r = bench(
+        &d,
+        &["pub", "-c", "2", "-n", "2", "-q", "1", "-t", "gone/%i"],
+    );
+    assert_eq!(r["retain"], false, "{r}");
+    assert_exact(&r, 4, 0, true);
+    assert_eq!(retained_messages(&d), 3);
 }
 
 #[test]

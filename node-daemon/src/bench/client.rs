@@ -187,6 +187,7 @@ pub struct RunCfg {
     pub count: u64,
     pub duration: Duration,
     pub inflight: u16,
+    pub retain: bool,
     pub publishers: usize,
     /// Bound on connecting and subscribing.
     pub connect_timeout: Duration,
@@ -521,7 +522,7 @@ async fn produce(client: AsyncClient, topic: String, index: u32, cfg: Arc<RunCfg
         buf.put_bytes(b'x', size - HEADER);
         let payload: Bytes = buf.freeze();
         if client
-            .publish_bytes(topic.clone(), cfg.qos, false, payload)
+            .publish_bytes(topic.clone(), cfg.qos, cfg.retain, payload)
             .await
             .is_err()
         {
@@ -574,6 +575,7 @@ mod tests {
             count: 1,
             duration: Duration::from_secs(1),
             inflight: 1,
+            retain: false,
             publishers: 1,
             connect_timeout: Duration::from_secs(10),
             shared: shared.clone(),

@@ -156,6 +156,9 @@ pub struct Load {
     /// QoS 1/2 messages in flight per publisher.
     #[arg(long, default_value_t = 100)]
     pub inflight: u16,
+    /// Publish with the RETAIN flag: the broker keeps each topic's last message.
+    #[arg(long)]
+    pub retain: bool,
 }
 
 #[derive(Debug, Clone, Args)]

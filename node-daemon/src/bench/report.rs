@@ -17,6 +17,8 @@ pub struct Report {
     pub publishers: usize,
     pub subscribers: usize,
     pub qos: u8,
+    /// Messages were published with the RETAIN flag.
+    pub retain: bool,
     pub payload_bytes: usize,
     /// Messages per second per publisher; 0 = as fast as possible.
     pub rate_per_publisher: f64,
@@ -212,8 +214,14 @@ impl Report {
         };
         writeln!(
             out,
-            "{} against {}: {} clients ({} publishers, {} subscribers), QoS {}",
-            self.scenario, self.target, self.clients, self.publishers, self.subscribers, self.qos
+            "{} against {}: {} clients ({} publishers, {} subscribers), QoS {}{}",
+            self.scenario,
+            self.target,
+            self.clients,
+            self.publishers,
+            self.subscribers,
+            self.qos,
+            if self.retain { ", retained" } else { "" }
         )?;
         let c = &self.connects;
         writeln!(

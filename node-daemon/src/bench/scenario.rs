@@ -177,6 +177,7 @@ fn start_clients(
         count: load.map_or(0, |l| l.count),
         duration: Duration::from_secs_f64(load.map_or(0.0, |l| l.duration)),
         inflight: load.map_or(100, |l| l.inflight),
+        retain: load.is_some_and(|l| l.retain),
         publishers: plan.publishers,
         connect_timeout: Duration::from_secs_f64(common.timeout),
         shared: Arc::new(Shared::new()),
@@ -339,6 +340,7 @@ async fn connect_only(
         publishers: 0,
         subscribers: plan.subscribers,
         qos,
+        retain: false,
         payload_bytes: 0,
         rate_per_publisher: 0.0,
         connects,
@@ -454,6 +456,7 @@ async fn flow(plan: Plan, common: &Common, load: &Load) -> anyhow::Result<Report
         publishers: plan.publishers,
         subscribers: plan.subscribers,
         qos: load.qos,
+        retain: load.retain,
         payload_bytes: load.size,
         rate_per_publisher: load.rate,
         connects: Connects::from_results(
