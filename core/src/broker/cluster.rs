@@ -867,7 +867,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let message = match update.message {
             Some(p) => Message {
                 topic: p.topic.as_str().into(),
-                payload: p.payload,
+                // Its own allocation, not a part of the link frame it came in (see
+                // `publish_message`).
+                payload: Bytes::copy_from_slice(&p.payload),
                 qos: p.qos,
                 retain: true,
                 expires_at: p

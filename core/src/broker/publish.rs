@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
@@ -188,6 +190,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             message.expires_at = Some(self.now.plus_secs(secs));
         }
         message.properties.strip_per_delivery();
+        if message.retain {
+            // A retained message outlives the packet it came in: its payload gets its own
+            // allocation rather than keep the read buffer it was cut from (with whatever else
+            // that buffer held) alive.
+            message.payload = Bytes::copy_from_slice(&message.payload);
+        }
         let message = Arc::new(message);
         if message.retain {
             self.store_retained(&message);
