@@ -20,6 +20,12 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "meridian.redb";
 
+/// Memory redb may keep for pages it read or is about to write. Its default, 1 GiB, grows with
+/// what is stored, and the broker already holds all of it: the store is read once, at start,
+/// and written afterwards. Pages it no longer keeps are read back through the operating
+/// system's file cache.
+const CACHE_BYTES: usize = 16 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("cannot create data directory {path}: {error}")]
@@ -62,10 +68,13 @@ impl Store {
             error,
         })?;
         let path = dir.join(DB_FILE);
-        let db = Database::create(&path).map_err(|error| StorageError::Open {
-            path: path.display().to_string(),
-            error,
-        })?;
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(&path)
+            .map_err(|error| StorageError::Open {
+                path: path.display().to_string(),
+                error,
+            })?;
         let txn = db.begin_write().map_err(redb_err)?;
         txn.open_table(RECORDS).map_err(redb_err)?;
         txn.commit().map_err(redb_err)?;
