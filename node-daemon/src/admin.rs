@@ -437,6 +437,12 @@ pub fn render_metrics(
         "Storage transactions committed",
         d.storage_commits.load(Ordering::Relaxed),
     );
+    counter(
+        &mut r,
+        "storage_cache_evictions",
+        "Pages the store's cache let go of because it was full (storage.cache_bytes)",
+        d.storage_cache_evictions.load(Ordering::Relaxed),
+    );
     if let Some(m) = mesh {
         render_mesh_metrics(&mut r, peers, m);
     }

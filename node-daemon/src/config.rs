@@ -152,6 +152,8 @@ pub struct StorageConfig {
     pub data_dir: PathBuf,
     pub sync: SyncPolicy,
     pub sync_interval_ms: u64,
+    /// Memory the store may keep for its pages (redb's cache).
+    pub cache_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -346,6 +348,12 @@ impl DaemonConfig {
             return Err(invalid(
                 "storage.sync_interval_ms: must be at least 1 with sync = \"periodic\"".to_owned(),
             ));
+        }
+        if self.storage.cache_bytes < crate::storage::MIN_CACHE_BYTES {
+            return Err(invalid(format!(
+                "storage.cache_bytes: must be at least {}",
+                crate::storage::MIN_CACHE_BYTES
+            )));
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!("log.level: {e}")));
@@ -544,7 +552,8 @@ partial!(PAdmin {
 partial!(PStorage {
     data_dir: PathBuf,
     sync: SyncPolicy,
-    sync_interval_ms: u64
+    sync_interval_ms: u64,
+    cache_bytes: usize
 });
 partial!(PLog {
     format: LogFormat,
@@ -662,5 +671,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("mqtt.maximum_qos"), "{e}");
+        let e = DaemonConfig::parse("[storage]\ncache_bytes = 4096\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("storage.cache_bytes"), "{e}");
     }
 }

@@ -122,6 +122,8 @@ pub struct DaemonCounters {
     pub slow_consumer_disconnects: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub storage_commits: AtomicU64,
+    /// Pages the store's cache let go of because it was full ([`Store::cache_evictions`]).
+    pub storage_cache_evictions: AtomicU64,
     pub connections_accepted: AtomicU64,
 }
 
@@ -570,6 +572,9 @@ impl Engine {
                 self.counters
                     .storage_commits
                     .fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .storage_cache_evictions
+                    .store(self.store.cache_evictions(), Ordering::Relaxed);
             }
             for out in outputs {
                 match out {
@@ -727,7 +732,13 @@ mod tests {
     #[test]
     fn connections_still_open_are_closed_when_the_broker_task_ends() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+        let store = Store::open(
+            dir.path(),
+            SyncPolicy::Always,
+            Duration::from_secs(1),
+            crate::storage::MIN_CACHE_BYTES,
+        )
+        .unwrap();
         let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
         let outbox = Outbox::new();
         let (reply, _conn) = oneshot::channel();
@@ -750,8 +761,13 @@ mod tests {
 
         let routes = tokio::spawn(async {
             let dir = tempfile::tempdir().unwrap();
-            let store =
-                Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+            let store = Store::open(
+                dir.path(),
+                SyncPolicy::Always,
+                Duration::from_secs(1),
+                crate::storage::MIN_CACHE_BYTES,
+            )
+            .unwrap();
             let mut broker = allow_all();
             broker.enable_cluster(ClusterConfig::new(NodeId::new("here").unwrap(), 1, "r1"));
             let mut engine = Engine::new(broker, store, 1 << 20, Arc::default()).unwrap();
@@ -799,7 +815,13 @@ mod tests {
     #[tokio::test]
     async fn a_link_session_that_cannot_keep_up_is_cut() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+        let store = Store::open(
+            dir.path(),
+            SyncPolicy::Always,
+            Duration::from_secs(1),
+            crate::storage::MIN_CACHE_BYTES,
+        )
+        .unwrap();
         let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
         let (tx, mut frames) = mpsc::channel(2);

@@ -215,6 +215,7 @@ impl Server {
                 &storage.data_dir,
                 storage.sync,
                 Duration::from_millis(storage.sync_interval_ms),
+                storage.cache_bytes,
             )?;
             let (authn, authz) = match auth_setup {
                 Ok(setup) => setup.build(engine_tx),

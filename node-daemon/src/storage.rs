@@ -20,11 +20,11 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "meridian.redb";
 
-/// Memory redb may keep for pages it read or is about to write. Its default, 1 GiB, grows with
-/// what is stored, and the broker already holds all of it: the store is read once, at start,
-/// and written afterwards. Pages it no longer keeps are read back through the operating
-/// system's file cache.
-const CACHE_BYTES: usize = 16 << 20;
+/// The least memory the store may keep for its pages (`storage.cache_bytes`). The default is
+/// 16 MiB; redb's own default, 1 GiB, grows with what is stored, which the broker already holds:
+/// the store is read once, at start, and written afterwards. Pages the cache does not keep are
+/// read back through the operating system's file cache.
+pub const MIN_CACHE_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -62,14 +62,20 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    pub fn open(dir: &Path, sync: SyncPolicy, interval: Duration) -> Result<Self, StorageError> {
+    /// Open (or create) the store in `dir`, keeping at most `cache_bytes` of its pages in memory.
+    pub fn open(
+        dir: &Path,
+        sync: SyncPolicy,
+        interval: Duration,
+        cache_bytes: usize,
+    ) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(|error| StorageError::CreateDir {
             path: dir.display().to_string(),
             error,
         })?;
         let path = dir.join(DB_FILE);
         let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
+            .set_cache_size(cache_bytes)
             .create(&path)
             .map_err(|error| StorageError::Open {
                 path: path.display().to_string(),
@@ -155,6 +161,12 @@ impl Store {
         Ok(())
     }
 
+    /// Pages the cache has let go of because it was full, since the store was opened: a count
+    /// that keeps growing says `storage.cache_bytes` is smaller than what the broker writes.
+    pub fn cache_evictions(&self) -> u64 {
+        self.db.cache_stats().evictions()
+    }
+
     /// Whether [`Store::apply`] waits for the disk (an fsync): only with the `always` policy.
     /// The periodic policy fsyncs in [`Store::sync`] when [`Store::sync_due`] says so.
     pub fn commit_syncs(&self) -> bool {
@@ -188,8 +200,13 @@ mod tests {
     fn records_survive_reopen_and_deletes_apply_in_order() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let mut s =
-                Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+            let mut s = Store::open(
+                dir.path(),
+                SyncPolicy::Always,
+                Duration::from_secs(1),
+                MIN_CACHE_BYTES,
+            )
+            .unwrap();
             s.apply(&[
                 (Bytes::from_static(b"a"), Some(Bytes::from_static(b"1"))),
                 (Bytes::from_static(b"b"), Some(Bytes::from_static(b"2"))),
@@ -198,7 +215,13 @@ mod tests {
             ])
             .unwrap();
         }
-        let s = Store::open(dir.path(), SyncPolicy::Always, Duration::from_secs(1)).unwrap();
+        let s = Store::open(
+            dir.path(),
+            SyncPolicy::Always,
+            Duration::from_secs(1),
+            MIN_CACHE_BYTES,
+        )
+        .unwrap();
         let all = s.load_all().unwrap();
         assert_eq!(
             all,
@@ -213,10 +236,22 @@ mod tests {
     fn incarnation_grows_on_every_start() {
         let dir = tempfile::tempdir().unwrap();
         let first = {
-            let mut s = Store::open(dir.path(), SyncPolicy::None, Duration::ZERO).unwrap();
+            let mut s = Store::open(
+                dir.path(),
+                SyncPolicy::None,
+                Duration::ZERO,
+                MIN_CACHE_BYTES,
+            )
+            .unwrap();
             s.next_incarnation().unwrap()
         };
-        let mut s = Store::open(dir.path(), SyncPolicy::None, Duration::ZERO).unwrap();
+        let mut s = Store::open(
+            dir.path(),
+            SyncPolicy::None,
+            Duration::ZERO,
+            MIN_CACHE_BYTES,
+        )
+        .unwrap();
         let second = s.next_incarnation().unwrap();
         assert_eq!((first, second), (1, 2));
         assert!(
@@ -229,22 +264,39 @@ mod tests {
     fn non_durable_commits_become_durable_on_sync() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let mut s = Store::open(dir.path(), SyncPolicy::None, Duration::from_secs(1)).unwrap();
+            let mut s = Store::open(
+                dir.path(),
+                SyncPolicy::None,
+                Duration::from_secs(1),
+                MIN_CACHE_BYTES,
+            )
+            .unwrap();
             s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
                 .unwrap();
             assert!(s.unsynced);
             s.sync().unwrap();
             assert!(!s.unsynced);
         }
-        let s = Store::open(dir.path(), SyncPolicy::None, Duration::from_secs(1)).unwrap();
+        let s = Store::open(
+            dir.path(),
+            SyncPolicy::None,
+            Duration::from_secs(1),
+            MIN_CACHE_BYTES,
+        )
+        .unwrap();
         assert_eq!(s.load_all().unwrap().len(), 1);
     }
 
     #[test]
     fn periodic_policy_defers_fsync_until_due() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s =
-            Store::open(dir.path(), SyncPolicy::Periodic, Duration::from_secs(3600)).unwrap();
+        let mut s = Store::open(
+            dir.path(),
+            SyncPolicy::Periodic,
+            Duration::from_secs(3600),
+            MIN_CACHE_BYTES,
+        )
+        .unwrap();
         assert_eq!(s.sync_due(), None);
         s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
@@ -252,8 +304,13 @@ mod tests {
         assert!(due > Instant::now());
         s.sync().unwrap();
         assert_eq!(s.sync_due(), None);
-        let mut always =
-            Store::open(&dir.path().join("b"), SyncPolicy::Always, Duration::ZERO).unwrap();
+        let mut always = Store::open(
+            &dir.path().join("b"),
+            SyncPolicy::Always,
+            Duration::ZERO,
+            MIN_CACHE_BYTES,
+        )
+        .unwrap();
         always
             .apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
@@ -265,7 +322,13 @@ mod tests {
     #[test]
     fn a_periodic_commit_past_its_interval_leaves_the_sync_to_the_caller() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Store::open(dir.path(), SyncPolicy::Periodic, Duration::ZERO).unwrap();
+        let mut s = Store::open(
+            dir.path(),
+            SyncPolicy::Periodic,
+            Duration::ZERO,
+            MIN_CACHE_BYTES,
+        )
+        .unwrap();
         assert!(!s.commit_syncs());
         s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
@@ -273,5 +336,28 @@ mod tests {
         assert!(s.sync_due().is_some_and(|due| due <= Instant::now()));
         s.sync().unwrap();
         assert_eq!(s.sync_due(), None);
+    }
+
+    /// The cache keeps at most what it was given: 4 MiB of records overflow a 1 MiB cache,
+    /// and a 64 MiB one keeps them all.
+    #[test]
+    fn the_cache_is_bounded_by_what_it_was_given() {
+        let evictions = |cache_bytes| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut s =
+                Store::open(dir.path(), SyncPolicy::None, Duration::ZERO, cache_bytes).unwrap();
+            for batch in 0..64u32 {
+                let records: Vec<_> = (0..16u32)
+                    .map(|i| {
+                        let key = Bytes::from(format!("r/{batch}/{i}"));
+                        (key, Some(Bytes::from(vec![b'x'; 4096])))
+                    })
+                    .collect();
+                s.apply(&records).unwrap();
+            }
+            s.cache_evictions()
+        };
+        assert!(evictions(MIN_CACHE_BYTES) > 0);
+        assert_eq!(evictions(64 << 20), 0);
     }
 }

@@ -71,3 +71,35 @@ async fn health_metrics_clients_and_kick() {
     let (status, _) = http(d.admin, "GET", "/nope").await;
     assert_eq!(status, 404);
 }
+
+/// `storage.cache_bytes` reaches the store: 2 MiB of retained messages overflow a 1 MiB cache,
+/// which the evictions counter shows, and fit in the default 16 MiB.
+#[tokio::test]
+async fn the_store_cache_is_bounded_by_the_config() {
+    async fn evictions_after_retaining_2_mib(d: &Daemon) -> u64 {
+        let mut c = v3::connect(v3::options("retainer", d.mqtt)).await;
+        for i in 0..256 {
+            c.client
+                .publish(format!("big/{i}"), QoS::AtLeastOnce, true, vec![b'x'; 8192])
+                .await
+                .unwrap();
+        }
+        // Each message is stored before it is acknowledged.
+        for _ in 0..256 {
+            c.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+                .await;
+        }
+        let (status, body) = http(d.admin, "GET", "/metrics").await;
+        assert_eq!(status, 200);
+        let line = body
+            .lines()
+            .find(|l| l.starts_with("meridian_storage_cache_evictions_total "))
+            .unwrap_or_else(|| panic!("no evictions counter in\n{body}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+    let small =
+        Daemon::start_with_config(Some("[storage]\nsync = \"none\"\ncache_bytes = 1048576\n"));
+    assert!(evictions_after_retaining_2_mib(&small).await > 0);
+    let default = Daemon::start_with_config(Some("[storage]\nsync = \"none\"\n"));
+    assert_eq!(evictions_after_retaining_2_mib(&default).await, 0);
+}
