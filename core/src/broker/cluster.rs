@@ -590,7 +590,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             c.scratch = nodes;
             return;
         }
-        let publish = link_publish(message, now);
+        let publish = if message.qos == QoS::AtMostOnce {
+            link_publish(message, now)
+        } else {
+            // It may wait in the peers' outboxes.
+            let mut detached = Message::clone(message);
+            detached.detach();
+            link_publish(&detached, now)
+        };
         let forward = Forward {
             origin: c.owner.clone(),
             seq: 0,
@@ -864,12 +871,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.persist_stamp(&update.topic, &update.stamp, deleted);
         self.prune_retained_tombstones();
-        let message = match update.message {
+        let mut message = match update.message {
             Some(p) => Message {
                 topic: p.topic.as_str().into(),
-                // Its own allocation, not a part of the link frame it came in (see
-                // `publish_message`).
-                payload: Bytes::copy_from_slice(&p.payload),
+                payload: p.payload,
                 qos: p.qos,
                 retain: true,
                 expires_at: p
@@ -895,6 +900,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 origin: None,
             },
         };
+        // Its own bytes, not a part of the link frame it came in.
+        message.detach();
         self.store_retained(&Arc::new(message));
     }
 

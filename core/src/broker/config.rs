@@ -7,7 +7,7 @@
 //! | `max_packet_size` | a larger incoming packet: DISCONNECT 0x95 (5.0) / close (3.1.1), checked from the fixed header before the body is buffered |
 //! | `receive_maximum` | one more unacknowledged incoming QoS 2 PUBLISH: DISCONNECT 0x93 (3.1.1 clients, which have no Receive Maximum, are bounded the same way: the connection is closed) |
 //! | `max_inflight` | outgoing QoS 1/2 beyond min(this, client's Receive Maximum) wait in the session queue |
-//! | `max_queued_messages`, `max_queued_bytes` | the new message for that session is dropped and counted (`Stats::dropped_queue_full`) |
+//! | `max_queued_messages`, `max_queued_bytes` | the new message for that session is dropped and counted (`Stats::dropped_queue_full`); `max_queued_bytes` counts payload and topic bytes, and a queued message holds its own copy of its payload, not the read it arrived in |
 //! | `max_subscriptions_per_client` | further new filters get SUBACK 0x97 (5.0) / 0x80 (3.1.1) |
 //! | `max_topic_len`, `max_topic_levels` | PUBLISH: PUBACK/PUBREC 0x90 (5.0) / close (3.1.1); SUBSCRIBE: per-filter 0x8F / 0x80 |
 //! | `max_client_id_len` | CONNACK 0x85 (5.0) / return code 2 (3.1.1) |

@@ -1,4 +1,4 @@
-//! An application message as the broker holds it: shared by every subscriber, never copied.
+//! An application message as the broker holds it: shared by every subscriber.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -42,6 +42,21 @@ impl Message {
     /// Payload bytes counted against queue limits.
     pub fn weight(&self) -> usize {
         self.payload.len() + self.topic.len()
+    }
+
+    /// Give the message's bytes (payload, correlation data) allocations of their own.
+    ///
+    /// A message decoded from a packet holds parts of the buffer the packet was read into, and
+    /// keeps all of that buffer alive, with every other packet it held: up to a whole read
+    /// for a few bytes. A message that may be kept long (retained, queued for a session,
+    /// waiting in a peer's outbox) is detached, so that what it keeps is what its limits count.
+    pub(crate) fn detach(&mut self) {
+        self.payload = Bytes::copy_from_slice(&self.payload);
+        if let Some(p) = self.properties.0.as_deref_mut()
+            && let Some(data) = &mut p.correlation_data
+        {
+            *data = Bytes::copy_from_slice(data);
+        }
     }
 }
 

@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
@@ -191,17 +189,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         message.properties.strip_per_delivery();
         if message.retain {
-            // A retained message outlives the packet it came in: its payload gets its own
-            // allocation rather than keep the read buffer it was cut from (with whatever else
-            // that buffer held) alive.
-            message.payload = Bytes::copy_from_slice(&message.payload);
+            // A retained message outlives the packet it came in.
+            message.detach();
         }
         let message = Arc::new(message);
         if message.retain {
             self.store_retained(&message);
             self.replicate_retained(&message);
         }
-        let n = self.route(&message);
+        // A retained message holds its own bytes already.
+        let detached = message.retain.then(|| message.clone());
+        let n = self.route(&message, detached);
         self.forward(&message);
         n
     }
@@ -209,7 +207,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// A message forwarded by another node: to local subscribers only.
     pub(super) fn deliver_local(&mut self, mut message: Message) -> usize {
         message.properties.strip_per_delivery();
-        self.route(&Arc::new(message))
+        self.route(&Arc::new(message), None)
     }
 
     pub(super) fn store_retained(&mut self, message: &Arc<Message>) {
@@ -266,7 +264,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    fn route(&mut self, message: &Arc<Message>) -> usize {
+    /// Deliver to every matching local session. `detached`: the message, if it holds its own
+    /// bytes already (see [`Broker::deliver`]).
+    fn route(&mut self, message: &Arc<Message>, mut detached: Option<Arc<Message>>) -> usize {
         let mut recipients = std::mem::take(&mut self.scratch);
         {
             let sessions = &self.sessions;
@@ -288,14 +288,22 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 r.subscription_ids,
                 r.shared,
             );
-            self.deliver(r.session, delivery);
+            self.deliver(r.session, delivery, &mut detached);
         }
         self.scratch = recipients;
         n
     }
 
-    /// Hand one message to one session: send it now, or queue it.
-    pub(super) fn deliver(&mut self, sid: SessionId, delivery: Delivery) {
+    /// Hand one message to one session: send it now, or queue it. A queued message may wait
+    /// long, so it holds bytes of its own ([`Message::detach`]): `detached` is the delivery's
+    /// message so detached, made by the first session that queues it and shared by the others
+    /// (pass the message itself if it holds its own bytes already).
+    pub(super) fn deliver(
+        &mut self,
+        sid: SessionId,
+        mut delivery: Delivery,
+        detached: &mut Option<Arc<Message>>,
+    ) {
         let Some(session) = self.session(sid) else {
             return;
         };
@@ -340,6 +348,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             }
         }
+        delivery.message = detached
+            .get_or_insert_with(|| {
+                let mut message = Message::clone(&delivery.message);
+                message.detach();
+                Arc::new(message)
+            })
+            .clone();
         let Some(session) = self.session_mut(sid) else {
             return;
         };
@@ -702,6 +717,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             };
             let in_flight = session.inflight.iter().position(|m| m.seq == seq);
+            let from_queue = in_flight.is_none();
             let delivery = match in_flight {
                 Some(pos) => session.inflight.remove(pos).map(|m| m.delivery),
                 None => session.queue.remove_seq(seq).map(|m| m.delivery),
@@ -717,7 +733,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             delivery.retain = delivery.message.retain && sub.options.retain_as_published;
             delivery.set_subscription_ids(sub.subscription_id.into_iter().collect());
             // The new member's record is written before the old one is deleted.
-            self.deliver(other, delivery);
+            // A queued message holds its own bytes already.
+            let mut detached = from_queue.then(|| delivery.message.clone());
+            self.deliver(other, delivery, &mut detached);
             if let Some(key) = old_key {
                 self.persist(key.encode(), None);
             }

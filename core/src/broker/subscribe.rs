@@ -175,8 +175,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for message in matches {
             let qos = message.qos.min(granted);
             let ids = subscription_id.into_iter().collect();
-            let delivery = Delivery::new(message, qos, true, ids, None);
-            self.deliver(sid, delivery);
+            let delivery = Delivery::new(message.clone(), qos, true, ids, None);
+            // A retained message holds its own bytes already.
+            self.deliver(sid, delivery, &mut Some(message));
         }
     }
 

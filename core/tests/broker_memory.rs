@@ -1,0 +1,147 @@
+//! What the broker keeps in memory, counted by the allocator (dhat's heap usage testing). One
+//! test in this binary, so that no other test's allocations are counted with it.
+
+mod common;
+
+use bytes::BytesMut;
+use common::*;
+use meridian_core::broker::ClusterConfig;
+use meridian_core::codec::{self, Packet, QoS, Subscribe, SubscribeFilter, SubscriptionOptions};
+use meridian_core::link::{Forward, Frame};
+use meridian_core::routes::{NodeId, Owner};
+use meridian_core::{Broker, Config, ConnId, ConnInfo, Input, Timestamp};
+
+#[global_allocator]
+static ALLOCATOR: dhat::Alloc = dhat::Alloc;
+
+const NOW: Timestamp = Timestamp(1_000);
+/// Messages sent in each case, one per read.
+const READS: usize = 200;
+/// What else each read held.
+const PADDING: usize = 16 * 1024;
+
+fn feed(broker: &mut Broker, conn: ConnId, packets: &[Packet]) {
+    let mut buf = BytesMut::new();
+    for p in packets {
+        codec::encode(p, V5, &mut buf).unwrap();
+    }
+    broker.handle_input(NOW, Input::Bytes { conn, data: &buf });
+    while broker.poll_output().is_some() {}
+}
+
+/// A broker with one subscriber to `wanted` whose in-flight window holds one message: the
+/// rest wait in its session's queue.
+fn broker_with_a_slow_subscriber(cluster: Option<ClusterConfig>) -> Broker {
+    let mut broker = Broker::new(Config::default(), NOW);
+    if let Some(cluster) = cluster {
+        broker.enable_cluster(cluster);
+    }
+    let sub = broker.accept(NOW, ConnInfo::default());
+    let mut connect = connect_packet(V5, "sub");
+    connect.properties.receive_maximum = Some(1);
+    let subscribe = Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: "wanted".into(),
+            options: SubscriptionOptions {
+                qos: QoS::AtLeastOnce,
+                ..Default::default()
+            },
+        }],
+        properties: Default::default(),
+    };
+    feed(
+        &mut broker,
+        sub,
+        &[Packet::Connect(connect), Packet::Subscribe(subscribe)],
+    );
+    broker
+}
+
+/// Heap bytes allocated by `send` and still held afterwards, per message sent.
+fn kept_per_message(broker: &mut Broker, send: impl FnOnce(&mut Broker)) -> usize {
+    let profiler = dhat::Profiler::builder().testing().build();
+    send(broker);
+    let kept = dhat::HeapStats::get().curr_bytes;
+    drop(profiler);
+    assert_eq!(
+        broker.stats().queued_messages,
+        READS - 1,
+        "the rest are queued"
+    );
+    kept / READS
+}
+
+/// A queued message keeps its own bytes, not the read they came in. Each read here holds
+/// 16 KiB that nobody wants and a 10-byte message for the slow subscriber: what the broker
+/// keeps per queued message must be near 10 bytes plus its records, not 16 KiB. So for reads
+/// from a client, and for frames forwarded by a peer node.
+#[test]
+fn a_queued_message_keeps_its_own_bytes_not_the_read_they_came_in() {
+    let padding = vec![b'x'; PADDING];
+    let wanted = |i: usize| {
+        let id = u16::try_from(i + 1).unwrap();
+        publish_packet("wanted", b"0123456789", QoS::AtLeastOnce, false, id)
+    };
+
+    let mut broker = broker_with_a_slow_subscriber(None);
+    let publisher = broker.accept(NOW, ConnInfo::default());
+    feed(
+        &mut broker,
+        publisher,
+        &[Packet::Connect(connect_packet(V5, "pub"))],
+    );
+    let reads: Vec<[Packet; 2]> = (0..READS)
+        .map(|i| {
+            let unwanted = publish_packet("unwanted", &padding, QoS::AtMostOnce, false, 0);
+            [Packet::Publish(unwanted), Packet::Publish(wanted(i))]
+        })
+        .collect();
+    let from_a_client = kept_per_message(&mut broker, |broker| {
+        for read in &reads {
+            feed(broker, publisher, read);
+        }
+    });
+
+    let here = NodeId::new("here").unwrap();
+    let there = NodeId::new("there").unwrap();
+    let mut broker = broker_with_a_slow_subscriber(Some(ClusterConfig::new(here, 1, "r1")));
+    broker.handle_input(
+        NOW,
+        Input::PeerUp {
+            peer: there.clone(),
+        },
+    );
+    while broker.poll_output().is_some() {}
+    let from_a_peer = kept_per_message(&mut broker, |broker| {
+        for i in 0..READS {
+            // A peer's frames are decoded from its reads, as a client's packets are: the
+            // message is a part of the read.
+            let mut message = wanted(i);
+            let mut read = BytesMut::from(&padding[..]);
+            read.extend_from_slice(&message.payload);
+            message.payload = read.freeze().split_off(PADDING);
+            let forward = Forward {
+                origin: Owner {
+                    node: there.clone(),
+                    incarnation: 1,
+                },
+                seq: i as u64 + 1,
+                message,
+            };
+            let input = Input::PeerFrame {
+                peer: there.clone(),
+                frame: Box::new(Frame::Forward(forward)),
+            };
+            broker.handle_input(NOW, input);
+            while broker.poll_output().is_some() {}
+        }
+    });
+
+    for (from, kept) in [("a client", from_a_client), ("a peer", from_a_peer)] {
+        assert!(
+            kept < 1024,
+            "{kept} bytes kept per queued message from {from} (a read was over {PADDING} bytes)"
+        );
+    }
+}
