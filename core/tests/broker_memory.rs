@@ -8,7 +8,7 @@ use common::*;
 use meridian_core::broker::ClusterConfig;
 use meridian_core::codec::{self, Packet, QoS, Subscribe, SubscribeFilter, SubscriptionOptions};
 use meridian_core::link::{Forward, Frame};
-use meridian_core::routes::{NodeId, Owner};
+use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, set_hash};
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Input, Timestamp};
 
 #[global_allocator]
@@ -64,48 +64,56 @@ fn kept_per_message(broker: &mut Broker, send: impl FnOnce(&mut Broker)) -> usiz
     send(broker);
     let kept = dhat::HeapStats::get().curr_bytes;
     drop(profiler);
-    assert_eq!(
-        broker.stats().queued_messages,
-        READS - 1,
-        "the rest are queued"
-    );
     kept / READS
 }
 
-/// A queued message keeps its own bytes, not the read they came in. Each read here holds
-/// 16 KiB that nobody wants and a 10-byte message for the slow subscriber: what the broker
-/// keeps per queued message must be near 10 bytes plus its records, not 16 KiB. So for reads
-/// from a client, and for frames forwarded by a peer node.
-#[test]
-fn a_queued_message_keeps_its_own_bytes_not_the_read_they_came_in() {
-    let padding = vec![b'x'; PADDING];
-    let wanted = |i: usize| {
-        let id = u16::try_from(i + 1).unwrap();
-        publish_packet("wanted", b"0123456789", QoS::AtLeastOnce, false, id)
-    };
+fn wanted(i: usize) -> codec::Publish {
+    let id = u16::try_from(i + 1).unwrap();
+    publish_packet("wanted", b"0123456789", QoS::AtLeastOnce, false, id)
+}
 
-    let mut broker = broker_with_a_slow_subscriber(None);
+/// A client connected to `broker` publishes, in each of its reads, 16 KiB nobody wants and a
+/// 10-byte QoS 1 message to `wanted`; what the broker kept per message.
+fn publish_reads(broker: &mut Broker) -> usize {
     let publisher = broker.accept(NOW, ConnInfo::default());
     feed(
-        &mut broker,
+        broker,
         publisher,
         &[Packet::Connect(connect_packet(V5, "pub"))],
     );
+    let padding = vec![b'x'; PADDING];
     let reads: Vec<[Packet; 2]> = (0..READS)
         .map(|i| {
             let unwanted = publish_packet("unwanted", &padding, QoS::AtMostOnce, false, 0);
             [Packet::Publish(unwanted), Packet::Publish(wanted(i))]
         })
         .collect();
-    let from_a_client = kept_per_message(&mut broker, |broker| {
+    kept_per_message(broker, |broker| {
         for read in &reads {
             feed(broker, publisher, read);
         }
-    });
+    })
+}
+
+/// A queued message keeps its own bytes, not the read they came in. Each read here holds
+/// 16 KiB that nobody wants and a 10-byte message that must wait: what the broker keeps per
+/// waiting message must be near 10 bytes plus its records, not 16 KiB. So for a client's
+/// reads and a peer's frames queued for a slow subscriber, and for a client's reads waiting
+/// in the outbox to a peer that is away.
+#[test]
+fn a_waiting_message_keeps_its_own_bytes_not_the_read_they_came_in() {
+    let mut broker = broker_with_a_slow_subscriber(None);
+    let queued_from_a_client = publish_reads(&mut broker);
+    assert_eq!(broker.stats().queued_messages, READS - 1);
 
     let here = NodeId::new("here").unwrap();
     let there = NodeId::new("there").unwrap();
-    let mut broker = broker_with_a_slow_subscriber(Some(ClusterConfig::new(here, 1, "r1")));
+    let owner = Owner {
+        node: there.clone(),
+        incarnation: 1,
+    };
+    let cluster = ClusterConfig::new(here, 1, "r1");
+    let mut broker = broker_with_a_slow_subscriber(Some(cluster.clone()));
     broker.handle_input(
         NOW,
         Input::PeerUp {
@@ -113,7 +121,8 @@ fn a_queued_message_keeps_its_own_bytes_not_the_read_they_came_in() {
         },
     );
     while broker.poll_output().is_some() {}
-    let from_a_peer = kept_per_message(&mut broker, |broker| {
+    let padding = vec![b'x'; PADDING];
+    let queued_from_a_peer = kept_per_message(&mut broker, |broker| {
         for i in 0..READS {
             // A peer's frames are decoded from its reads, as a client's packets are: the
             // message is a part of the read.
@@ -122,10 +131,7 @@ fn a_queued_message_keeps_its_own_bytes_not_the_read_they_came_in() {
             read.extend_from_slice(&message.payload);
             message.payload = read.freeze().split_off(PADDING);
             let forward = Forward {
-                origin: Owner {
-                    node: there.clone(),
-                    incarnation: 1,
-                },
+                origin: owner.clone(),
                 seq: i as u64 + 1,
                 message,
             };
@@ -137,11 +143,44 @@ fn a_queued_message_keeps_its_own_bytes_not_the_read_they_came_in() {
             while broker.poll_output().is_some() {}
         }
     });
+    assert_eq!(broker.stats().queued_messages, READS - 1);
 
-    for (from, kept) in [("a client", from_a_client), ("a peer", from_a_peer)] {
+    // A node whose peer wants `wanted` and is away: every message waits in its outbox.
+    let mut broker = Broker::new(Config::default(), NOW);
+    broker.enable_cluster(cluster);
+    broker.handle_input(
+        NOW,
+        Input::PeerUp {
+            peer: there.clone(),
+        },
+    );
+    let delta = RouteDelta {
+        owner,
+        after: 0,
+        changes: vec![RouteChange {
+            version: 1,
+            filter: "wanted".into(),
+            op: RouteOp::Add,
+        }],
+        hash: set_hash(["wanted"]),
+    };
+    let frame = Box::new(Frame::RouteDelta(delta));
+    let peer = there.clone();
+    broker.handle_input(NOW, Input::PeerFrame { peer, frame });
+    broker.handle_input(NOW, Input::PeerDown { peer: there });
+    while broker.poll_output().is_some() {}
+    let in_an_outbox = publish_reads(&mut broker);
+    let outbox: Vec<usize> = broker.peers().iter().map(|p| p.outbox_messages).collect();
+    assert_eq!(outbox, [READS], "every message waits in the outbox");
+
+    for (waiting, kept) in [
+        ("queued from a client", queued_from_a_client),
+        ("queued from a peer", queued_from_a_peer),
+        ("in a peer's outbox", in_an_outbox),
+    ] {
         assert!(
             kept < 1024,
-            "{kept} bytes kept per queued message from {from} (a read was over {PADDING} bytes)"
+            "{kept} bytes kept per message {waiting} (a read was over {PADDING} bytes)"
         );
     }
 }
