@@ -129,6 +129,8 @@ pub struct ListenerConfig {
     pub require_client_cert: bool,
     pub max_connections: usize,
     pub max_packet_size: u32,
+    /// Connections the kernel holds until the broker accepts them (the listen backlog).
+    pub backlog: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -331,6 +333,11 @@ impl DaemonConfig {
             if l.max_connections == 0 {
                 return Err(invalid(format!(
                     "listeners.{name}.max_connections: must be at least 1"
+                )));
+            }
+            if l.backlog == 0 {
+                return Err(invalid(format!(
+                    "listeners.{name}.backlog: must be at least 1"
                 )));
             }
         }
@@ -544,6 +551,7 @@ partial!(PListener {
     require_client_cert: bool,
     max_connections: usize,
     max_packet_size: u32,
+    backlog: u32,
 });
 partial!(PAdmin {
     enabled: bool,
@@ -675,5 +683,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("storage.cache_bytes"), "{e}");
+        let e = DaemonConfig::parse("[listeners.ws]\nbacklog = 0\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listeners.ws.backlog"), "{e}");
     }
 }

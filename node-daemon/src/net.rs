@@ -29,6 +29,23 @@ pub enum Transport {
     },
 }
 
+/// Bind a listening socket at `addr` whose kernel queue holds `backlog` connections not yet
+/// accepted (capped by the kernel at `net.core.somaxconn`). std's and tokio's `bind` use 128,
+/// which a burst of clients reconnecting at once overflows: each connection beyond it waits
+/// for its SYN to be sent again, a second later.
+pub fn bind(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std's `bind` does on Unix: a restarted broker binds its port at once, whatever
+    // connections of the previous run wait out TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// One running listener's settings.
 #[derive(Clone)]
 pub struct ListenerSpec {

@@ -310,8 +310,7 @@ impl Server {
                 if !l.enabled {
                     continue;
                 }
-                let listener = TcpListener::bind(l.bind)
-                    .await
+                let listener = net::bind(l.bind, l.backlog)
                     .with_context(|| format!("listeners.{name}: cannot bind {}", l.bind))?;
                 let local = listener.local_addr()?;
                 let transport = match name {

@@ -56,3 +56,30 @@ async fn listener_max_connections_closes_the_excess() {
     );
     assert!(metrics.contains("meridian_connections 2"), "{metrics}");
 }
+
+/// The listen backlog the kernel reports for a listening port (`ss`, from iproute2: the
+/// Send-Q of a listening socket is its backlog).
+fn listen_backlog(port: u16) -> u32 {
+    let out = std::process::Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"LISTEN"), "ss printed {text:?}");
+    fields[2].parse().expect("Send-Q is a number")
+}
+
+/// Each listener's backlog comes from its `backlog` key (1024 by default, where std's and
+/// tokio's bind would give 128), as far as the kernel's cap allows.
+#[test]
+fn listener_backlog_comes_from_the_config() {
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("somaxconn")
+        .trim()
+        .parse()
+        .unwrap();
+    let d = Daemon::start_with_config(Some("[listeners.tcp]\nbacklog = 300\n"));
+    assert_eq!(listen_backlog(d.mqtt), 300.min(somaxconn));
+    assert_eq!(listen_backlog(d.ws), 1024.min(somaxconn), "the default");
+}
