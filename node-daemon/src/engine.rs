@@ -724,6 +724,16 @@ mod tests {
     use crate::outbox::End;
     use meridian_core::broker::AllowAll;
 
+    fn store(dir: &std::path::Path) -> Store {
+        Store::open(
+            dir,
+            SyncPolicy::Always,
+            Duration::from_secs(1),
+            crate::storage::MIN_CACHE_BYTES,
+        )
+        .unwrap()
+    }
+
     fn allow_all() -> DaemonBroker {
         let config = meridian_core::Config::default();
         Broker::with_auth(config, Timestamp(0), Box::new(AllowAll), Box::new(AllowAll))
@@ -732,13 +742,7 @@ mod tests {
     #[test]
     fn connections_still_open_are_closed_when_the_broker_task_ends() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(
-            dir.path(),
-            SyncPolicy::Always,
-            Duration::from_secs(1),
-            crate::storage::MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let store = store(dir.path());
         let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
         let outbox = Outbox::new();
         let (reply, _conn) = oneshot::channel();
@@ -761,13 +765,7 @@ mod tests {
 
         let routes = tokio::spawn(async {
             let dir = tempfile::tempdir().unwrap();
-            let store = Store::open(
-                dir.path(),
-                SyncPolicy::Always,
-                Duration::from_secs(1),
-                crate::storage::MIN_CACHE_BYTES,
-            )
-            .unwrap();
+            let store = store(dir.path());
             let mut broker = allow_all();
             broker.enable_cluster(ClusterConfig::new(NodeId::new("here").unwrap(), 1, "r1"));
             let mut engine = Engine::new(broker, store, 1 << 20, Arc::default()).unwrap();
@@ -815,13 +813,7 @@ mod tests {
     #[tokio::test]
     async fn a_link_session_that_cannot_keep_up_is_cut() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(
-            dir.path(),
-            SyncPolicy::Always,
-            Duration::from_secs(1),
-            crate::storage::MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let store = store(dir.path());
         let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
         let (tx, mut frames) = mpsc::channel(2);

@@ -196,17 +196,15 @@ impl Store {
 mod tests {
     use super::*;
 
+    fn open(dir: &Path, sync: SyncPolicy, interval: Duration) -> Store {
+        Store::open(dir, sync, interval, MIN_CACHE_BYTES).unwrap()
+    }
+
     #[test]
     fn records_survive_reopen_and_deletes_apply_in_order() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let mut s = Store::open(
-                dir.path(),
-                SyncPolicy::Always,
-                Duration::from_secs(1),
-                MIN_CACHE_BYTES,
-            )
-            .unwrap();
+            let mut s = open(dir.path(), SyncPolicy::Always, Duration::from_secs(1));
             s.apply(&[
                 (Bytes::from_static(b"a"), Some(Bytes::from_static(b"1"))),
                 (Bytes::from_static(b"b"), Some(Bytes::from_static(b"2"))),
@@ -215,13 +213,7 @@ mod tests {
             ])
             .unwrap();
         }
-        let s = Store::open(
-            dir.path(),
-            SyncPolicy::Always,
-            Duration::from_secs(1),
-            MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let s = open(dir.path(), SyncPolicy::Always, Duration::from_secs(1));
         let all = s.load_all().unwrap();
         assert_eq!(
             all,
@@ -236,22 +228,10 @@ mod tests {
     fn incarnation_grows_on_every_start() {
         let dir = tempfile::tempdir().unwrap();
         let first = {
-            let mut s = Store::open(
-                dir.path(),
-                SyncPolicy::None,
-                Duration::ZERO,
-                MIN_CACHE_BYTES,
-            )
-            .unwrap();
+            let mut s = open(dir.path(), SyncPolicy::None, Duration::ZERO);
             s.next_incarnation().unwrap()
         };
-        let mut s = Store::open(
-            dir.path(),
-            SyncPolicy::None,
-            Duration::ZERO,
-            MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let mut s = open(dir.path(), SyncPolicy::None, Duration::ZERO);
         let second = s.next_incarnation().unwrap();
         assert_eq!((first, second), (1, 2));
         assert!(
@@ -264,39 +244,21 @@ mod tests {
     fn non_durable_commits_become_durable_on_sync() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let mut s = Store::open(
-                dir.path(),
-                SyncPolicy::None,
-                Duration::from_secs(1),
-                MIN_CACHE_BYTES,
-            )
-            .unwrap();
+            let mut s = open(dir.path(), SyncPolicy::None, Duration::from_secs(1));
             s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
                 .unwrap();
             assert!(s.unsynced);
             s.sync().unwrap();
             assert!(!s.unsynced);
         }
-        let s = Store::open(
-            dir.path(),
-            SyncPolicy::None,
-            Duration::from_secs(1),
-            MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let s = open(dir.path(), SyncPolicy::None, Duration::from_secs(1));
         assert_eq!(s.load_all().unwrap().len(), 1);
     }
 
     #[test]
     fn periodic_policy_defers_fsync_until_due() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Store::open(
-            dir.path(),
-            SyncPolicy::Periodic,
-            Duration::from_secs(3600),
-            MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let mut s = open(dir.path(), SyncPolicy::Periodic, Duration::from_secs(3600));
         assert_eq!(s.sync_due(), None);
         s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
@@ -304,13 +266,7 @@ mod tests {
         assert!(due > Instant::now());
         s.sync().unwrap();
         assert_eq!(s.sync_due(), None);
-        let mut always = Store::open(
-            &dir.path().join("b"),
-            SyncPolicy::Always,
-            Duration::ZERO,
-            MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let mut always = open(&dir.path().join("b"), SyncPolicy::Always, Duration::ZERO);
         always
             .apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
@@ -322,13 +278,7 @@ mod tests {
     #[test]
     fn a_periodic_commit_past_its_interval_leaves_the_sync_to_the_caller() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Store::open(
-            dir.path(),
-            SyncPolicy::Periodic,
-            Duration::ZERO,
-            MIN_CACHE_BYTES,
-        )
-        .unwrap();
+        let mut s = open(dir.path(), SyncPolicy::Periodic, Duration::ZERO);
         assert!(!s.commit_syncs());
         s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
