@@ -6,7 +6,9 @@ mod common;
 use bytes::BytesMut;
 use common::*;
 use meridian_core::broker::ClusterConfig;
-use meridian_core::codec::{self, Packet, QoS, Subscribe, SubscribeFilter, SubscriptionOptions};
+use meridian_core::codec::{
+    self, Connect, Packet, QoS, Subscribe, SubscribeFilter, SubscriptionOptions,
+};
 use meridian_core::link::{Forward, Frame};
 use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, set_hash};
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Input, Timestamp};
@@ -32,13 +34,18 @@ fn feed(broker: &mut Broker, conn: ConnId, packets: &[Packet]) {
 /// A broker with one subscriber to `wanted` whose in-flight window holds one message: the
 /// rest wait in its session's queue.
 fn broker_with_a_slow_subscriber(cluster: Option<ClusterConfig>) -> Broker {
+    let mut connect = connect_packet(V5, "sub");
+    connect.properties.receive_maximum = Some(1);
+    broker_with_a_subscriber(cluster, connect).0
+}
+
+/// A broker with one subscriber to `wanted`, connected with `connect`, and its connection.
+fn broker_with_a_subscriber(cluster: Option<ClusterConfig>, connect: Connect) -> (Broker, ConnId) {
     let mut broker = Broker::new(Config::default(), NOW);
     if let Some(cluster) = cluster {
         broker.enable_cluster(cluster);
     }
     let sub = broker.accept(NOW, ConnInfo::default());
-    let mut connect = connect_packet(V5, "sub");
-    connect.properties.receive_maximum = Some(1);
     let subscribe = Subscribe {
         packet_id: 1,
         filters: vec![SubscribeFilter {
@@ -55,7 +62,7 @@ fn broker_with_a_slow_subscriber(cluster: Option<ClusterConfig>) -> Broker {
         sub,
         &[Packet::Connect(connect), Packet::Subscribe(subscribe)],
     );
-    broker
+    (broker, sub)
 }
 
 /// Heap bytes allocated by `send` and still held afterwards, per message sent.
@@ -73,8 +80,8 @@ fn wanted(i: usize) -> codec::Publish {
 }
 
 /// A client connected to `broker` publishes, in each of its reads, 16 KiB nobody wants and a
-/// 10-byte QoS 1 message to `wanted`; what the broker kept per message.
-fn publish_reads(broker: &mut Broker) -> usize {
+/// 10-byte QoS 1 message to `wanted`; then `after` runs. What the broker kept per message.
+fn publish_reads(broker: &mut Broker, after: impl FnOnce(&mut Broker)) -> usize {
     let publisher = broker.accept(NOW, ConnInfo::default());
     feed(
         broker,
@@ -92,6 +99,7 @@ fn publish_reads(broker: &mut Broker) -> usize {
         for read in &reads {
             feed(broker, publisher, read);
         }
+        after(broker);
     })
 }
 
@@ -99,11 +107,12 @@ fn publish_reads(broker: &mut Broker) -> usize {
 /// 16 KiB that nobody wants and a 10-byte message that must wait: what the broker keeps per
 /// waiting message must be near 10 bytes plus its records, not 16 KiB. So for a client's
 /// reads and a peer's frames queued for a slow subscriber, and for a client's reads waiting
-/// in the outbox to a peer that is away.
+/// in the outbox to a peer that is away, and for messages in flight to a persistent session
+/// when its client goes away.
 #[test]
 fn a_waiting_message_keeps_its_own_bytes_not_the_read_they_came_in() {
     let mut broker = broker_with_a_slow_subscriber(None);
-    let queued_from_a_client = publish_reads(&mut broker);
+    let queued_from_a_client = publish_reads(&mut broker, |_| {});
     assert_eq!(broker.stats().queued_messages, READS - 1);
 
     let here = NodeId::new("here").unwrap();
@@ -169,14 +178,26 @@ fn a_waiting_message_keeps_its_own_bytes_not_the_read_they_came_in() {
     broker.handle_input(NOW, Input::PeerFrame { peer, frame });
     broker.handle_input(NOW, Input::PeerDown { peer: there });
     while broker.poll_output().is_some() {}
-    let in_an_outbox = publish_reads(&mut broker);
+    let in_an_outbox = publish_reads(&mut broker, |_| {});
     let outbox: Vec<usize> = broker.peers().iter().map(|p| p.outbox_messages).collect();
     assert_eq!(outbox, [READS], "every message waits in the outbox");
+
+    // A persistent session that goes away with every message in flight.
+    let mut connect = connect_packet(V5, "sub");
+    connect.clean_start = false;
+    connect.properties.session_expiry_interval = Some(3600);
+    let (mut broker, sub) = broker_with_a_subscriber(None, connect);
+    let in_flight_to_a_session_gone = publish_reads(&mut broker, |broker| {
+        broker.handle_input(NOW, Input::Closed { conn: sub });
+        while broker.poll_output().is_some() {}
+    });
+    assert_eq!(broker.stats().inflight_messages, READS);
 
     for (waiting, kept) in [
         ("queued from a client", queued_from_a_client),
         ("queued from a peer", queued_from_a_peer),
         ("in a peer's outbox", in_an_outbox),
+        ("in flight to a session gone", in_flight_to_a_session_gone),
     ] {
         assert!(
             kept < 1024,

@@ -594,9 +594,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             link_publish(message, now)
         } else {
             // It may wait in the peers' outboxes.
-            let mut detached = Message::clone(message);
-            detached.detach();
-            link_publish(&detached, now)
+            link_publish(&message.detached(), now)
         };
         let forward = Forward {
             origin: c.owner.clone(),

@@ -513,6 +513,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         session.generation = generation;
         session.disconnected_at = Some(now);
         session.inflight.mark_all_unsent();
+        if session.is_persistent() {
+            session.inflight.detach_messages();
+        }
         let client_id = session.client_id.to_string();
         let will = session.will.take().filter(|_| cause.publishes_will());
         let expiry = session.expiry_secs;

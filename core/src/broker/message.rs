@@ -58,6 +58,13 @@ impl Message {
             *data = Bytes::copy_from_slice(data);
         }
     }
+
+    /// A copy of the message with bytes of its own ([`Message::detach`]).
+    pub(crate) fn detached(&self) -> Self {
+        let mut message = self.clone();
+        message.detach();
+        message
+    }
 }
 
 /// A message's properties, read through [`Deref`]. Most messages have none, and every queued,

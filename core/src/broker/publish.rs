@@ -349,11 +349,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
         }
         delivery.message = detached
-            .get_or_insert_with(|| {
-                let mut message = Message::clone(&delivery.message);
-                message.detach();
-                Arc::new(message)
-            })
+            .get_or_insert_with(|| Arc::new(delivery.message.detached()))
             .clone();
         let Some(session) = self.session_mut(sid) else {
             return;

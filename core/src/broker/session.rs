@@ -209,6 +209,14 @@ impl InflightWindow {
         }
     }
 
+    /// The session lost its connection: what is in flight may now wait long, so each message
+    /// gets bytes of its own ([`Message::detach`]).
+    pub fn detach_messages(&mut self) {
+        for m in self.store.iter_mut().flat_map(|s| s.entries.iter_mut()) {
+            m.delivery.message = Arc::new(m.delivery.message.detached());
+        }
+    }
+
     /// `pos` must hold an entry.
     pub fn set_state(&mut self, pos: usize, state: InflightState) {
         self.store_mut().entries[pos].state = state;
