@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Medians of scripts/bench-baseline's results.jsonl as Markdown tables, with Meridian's ratios
-against each peer, and Mosquitto's against the relay floor when it ran. Usage: bench-table.py
-results.jsonl"""
+against each peer, and Mosquitto's against the relay floor when it ran; Meridian with one worker
+thread (meridian-1w) gets the same ratios as Meridian. Usage: bench-table.py results.jsonl"""
 
 import json
 import statistics
@@ -14,7 +14,10 @@ NAMES = {
     "mosquitto": "Mosquitto",
     "rumqttd": "rumqttd",
     "relay-floor": "relay floor",
+    "meridian-1w": "Meridian, 1 worker",
 }
+# Whose ratios against the peers are printed.
+OURS = ["meridian", "meridian-1w"]
 
 
 def med(values):
@@ -74,7 +77,7 @@ def main():
                     f"| {s} | {NAMES.get(b, b)} | {fmt(m[b]['rate'])} | {fmt(m[b]['cpu'], 2)} | "
                     f"{fmt(m[b]['p50'])} / {fmt(m[b]['p99'])} | {m[b]['lost']} | {m[b]['dup']} | {m[b]['runs']} |"
                 )
-            pairs = [("meridian", p) for p in PEERS + ["relay-floor"]] + [("relay-floor", "mosquitto")]
+            pairs = [(o, p) for o in OURS for p in PEERS + ["relay-floor"]] + [("relay-floor", "mosquitto")]
             for x, y in pairs:
                 if x in m and y in m:
                     a, o = m[x], m[y]
@@ -104,12 +107,12 @@ def main():
                     f"| {s} | {NAMES.get(b, b)} | {fmt(m[b]['up'], 3)} | {fmt(m[b]['cp99'])} | "
                     f"{fmt(m[b]['s50'])} / {fmt(m[b]['s99'])} | {fmt(m[b]['rss'])} | {m[b]['failed']} | {m[b]['runs']} |"
                 )
-            if "meridian" in m:
+            for ours in [o for o in OURS if o in m]:
                 for p in PEERS:
                     if p in m:
-                        a, o = m["meridian"], m[p]
+                        a, o = m[ours], m[p]
                         print(
-                            f"| {s} | Meridian ÷ {NAMES[p]} | {ratio(a['up'], o['up'])} | {ratio(a['cp99'], o['cp99'])} | "
+                            f"| {s} | {NAMES[ours]} ÷ {NAMES[p]} | {ratio(a['up'], o['up'])} | {ratio(a['cp99'], o['cp99'])} | "
                             f"{ratio(a['s50'], o['s50'])} / {ratio(a['s99'], o['s99'])} | {ratio(a['rss'], o['rss'])} | | |"
                         )
 

@@ -32,6 +32,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::runtime::RuntimeMetrics;
 use tokio::sync::watch;
 use tracing::debug;
 
@@ -108,6 +109,7 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -
                     &engine.counters,
                     &peers,
                     engine.mesh.as_deref(),
+                    Some(&tokio::runtime::Handle::current().metrics()),
                 ))))
                 .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
             _ => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
@@ -296,13 +298,14 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// The metrics page from a snapshot of the broker's [`Stats`], the daemon's counters and, in
-/// cluster mode, the peers and the mesh's counters.
+/// The metrics page from a snapshot of the broker's [`Stats`], the daemon's counters, the
+/// runtime's threads and, in cluster mode, the peers and the mesh's counters.
 pub fn render_metrics(
     s: &Stats,
     d: &DaemonCounters,
     peers: &[PeerSummary],
     mesh: Option<&MeshStats>,
+    runtime: Option<&RuntimeMetrics>,
 ) -> String {
     let mut r = Registry::with_prefix("meridian");
     let gauge = |r: &mut Registry, name: &str, help: &str, v: usize| {
@@ -446,10 +449,49 @@ pub fn render_metrics(
     if let Some(m) = mesh {
         render_mesh_metrics(&mut r, peers, m);
     }
+    if let Some(rt) = runtime {
+        render_runtime_metrics(&mut r, rt);
+    }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &r);
     out
+}
+
+/// The worker threads (`runtime.worker_threads`): how many, how busy, how often they sleep.
+fn render_runtime_metrics(r: &mut Registry, rt: &RuntimeMetrics) {
+    let workers: Gauge = Gauge::default();
+    workers.set(i64::try_from(rt.num_workers()).unwrap_or(i64::MAX));
+    r.register(
+        "runtime_workers",
+        "Worker threads serving clients and the broker (runtime.worker_threads)",
+        workers,
+    );
+    let tasks: Gauge = Gauge::default();
+    tasks.set(i64::try_from(rt.num_alive_tasks()).unwrap_or(i64::MAX));
+    r.register(
+        "runtime_tasks",
+        "Tasks alive: one per connection, the broker's and the listeners'",
+        tasks,
+    );
+    let busy = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+    let parks = Family::<Labels, Counter>::default();
+    for w in 0..rt.num_workers() {
+        let label = vec![("worker".to_owned(), w.to_string())];
+        busy.get_or_create(&label)
+            .inc_by(rt.worker_total_busy_duration(w).as_secs_f64());
+        parks.get_or_create(&label).inc_by(rt.worker_park_count(w));
+    }
+    r.register(
+        "runtime_worker_busy_seconds",
+        "Time each worker thread spent running tasks",
+        busy,
+    );
+    r.register(
+        "runtime_worker_parks",
+        "Times each worker thread went to sleep for want of work",
+        parks,
+    );
 }
 
 type Labels = Vec<(String, String)>;
@@ -567,7 +609,16 @@ mod tests {
             dropped_queue_full: 7,
             ..Stats::default()
         };
-        let page = render_metrics(&stats, &DaemonCounters::default(), &[], None);
+        let runtime = crate::config::RuntimeConfig { worker_threads: 2 }
+            .build()
+            .unwrap();
+        let page = render_metrics(
+            &stats,
+            &DaemonCounters::default(),
+            &[],
+            None,
+            Some(&runtime.metrics()),
+        );
         assert!(page.contains("meridian_connections 3"), "{page}");
         assert!(
             page.contains("meridian_messages_received_total{qos=\"2\"} 3"),
@@ -579,6 +630,15 @@ mod tests {
         );
         assert!(
             page.contains("meridian_slow_consumer_disconnects_total 0"),
+            "{page}"
+        );
+        assert!(page.contains("meridian_runtime_workers 2"), "{page}");
+        assert!(
+            page.contains("meridian_runtime_worker_parks_total{worker=\"1\"}"),
+            "{page}"
+        );
+        assert!(
+            page.contains("meridian_runtime_worker_busy_seconds_total{worker=\"0\"}"),
             "{page}"
         );
         assert!(page.ends_with("# EOF\n"));

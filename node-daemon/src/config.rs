@@ -40,6 +40,7 @@ pub struct DaemonConfig {
     pub admin: AdminConfig,
     pub storage: StorageConfig,
     pub log: LogConfig,
+    pub runtime: RuntimeConfig,
     pub limits: Limits,
     pub mqtt: MqttFeatures,
     pub auth: AuthConfig,
@@ -170,6 +171,28 @@ pub enum LogFormat {
 pub struct LogConfig {
     pub format: LogFormat,
     pub level: String,
+}
+
+/// `[runtime]`: the threads that serve connections and the broker.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// tokio worker threads; 0 = one per CPU core (or `TOKIO_WORKER_THREADS` when set).
+    pub worker_threads: usize,
+}
+
+/// More worker threads than this is a mistake, not a tuning.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
+impl RuntimeConfig {
+    /// The daemon's multi-thread runtime, with this many workers.
+    pub fn build(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if self.worker_threads > 0 {
+            builder.worker_threads(self.worker_threads);
+        }
+        builder.enable_all().thread_name("meridian-worker").build()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -362,6 +385,11 @@ impl DaemonConfig {
                 crate::storage::MIN_CACHE_BYTES
             )));
         }
+        if self.runtime.worker_threads > MAX_WORKER_THREADS {
+            return Err(invalid(format!(
+                "runtime.worker_threads: must be at most {MAX_WORKER_THREADS}"
+            )));
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(invalid(format!("log.level: {e}")));
         }
@@ -518,6 +546,7 @@ struct Partial {
     admin: Option<PAdmin>,
     storage: Option<PStorage>,
     log: Option<PLog>,
+    runtime: Option<PRuntime>,
     limits: Option<PLimits>,
     mqtt: Option<PMqtt>,
     auth: Option<PAuth>,
@@ -566,6 +595,9 @@ partial!(PStorage {
 partial!(PLog {
     format: LogFormat,
     level: String
+});
+partial!(PRuntime {
+    worker_threads: usize
 });
 partial!(PLimits {
     max_packet_size: u32,
@@ -687,5 +719,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("listeners.ws.backlog"), "{e}");
+        let e = DaemonConfig::parse("[runtime]\nworker_threads = 100000\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("runtime.worker_threads"), "{e}");
+    }
+
+    #[test]
+    fn the_runtime_has_the_configured_workers() {
+        let c = DaemonConfig::parse("[runtime]\nworker_threads = 3\n", "x.toml").unwrap();
+        let runtime = c.runtime.build().unwrap();
+        assert_eq!(runtime.metrics().num_workers(), 3);
+        let default = DaemonConfig::default().runtime.build().unwrap();
+        if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            assert_eq!(default.metrics().num_workers(), cores);
+        }
     }
 }

@@ -187,9 +187,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     config.validate_cluster("command line")?;
     init_logging(&config)?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("meridian-worker")
+    let runtime = config
+        .runtime
         .build()
         .context("cannot start the tokio runtime")?;
     runtime.block_on(async move {

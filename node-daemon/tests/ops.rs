@@ -1,11 +1,13 @@
-//! Operational behaviour: JSON logs, per-listener connection limits.
+//! Operational behaviour: JSON logs, per-listener connection limits, listen backlogs, worker
+//! threads.
 
 mod common;
 
 use std::time::Instant;
 
-use common::{DEADLINE, Daemon, http};
+use common::{DEADLINE, Daemon, http, v3};
 use meridian_core::codec::ProtocolVersion::V311;
+use rumqttc::QoS;
 use tokio::io::AsyncReadExt;
 
 #[tokio::test]
@@ -82,4 +84,32 @@ fn listener_backlog_comes_from_the_config() {
     let d = Daemon::start_with_config(Some("[listeners.tcp]\nbacklog = 300\n"));
     assert_eq!(listen_backlog(d.mqtt), 300.min(somaxconn));
     assert_eq!(listen_backlog(d.ws), 1024.min(somaxconn), "the default");
+}
+
+/// `runtime.worker_threads` sets how many threads serve clients, and one serves them all.
+#[tokio::test]
+async fn worker_threads_come_from_the_config() {
+    let d = Daemon::start_with_config(Some("[runtime]\nworker_threads = 1\n"));
+    let mut sub = v3::connect(v3::options("one-sub", d.mqtt)).await;
+    sub.subscribe("one/#", QoS::AtLeastOnce).await;
+    let publ = v3::connect(v3::options("one-pub", d.mqtt)).await;
+    for i in 0..100u8 {
+        publ.client
+            .publish(format!("one/{i}"), QoS::AtLeastOnce, false, vec![i; 8])
+            .await
+            .unwrap();
+    }
+    for i in 0..100u8 {
+        let p = sub.publish_msg().await;
+        assert_eq!(
+            (p.topic, p.payload.to_vec()),
+            (format!("one/{i}"), vec![i; 8])
+        );
+    }
+    let (_, metrics) = http(d.admin, "GET", "/metrics").await;
+    assert!(metrics.contains("meridian_runtime_workers 1"), "{metrics}");
+
+    let d = Daemon::start_with_config(Some("[runtime]\nworker_threads = 3\n"));
+    let (_, metrics) = http(d.admin, "GET", "/metrics").await;
+    assert!(metrics.contains("meridian_runtime_workers 3"), "{metrics}");
 }
