@@ -471,7 +471,7 @@ fn render_runtime_metrics(r: &mut Registry, rt: &RuntimeMetrics) {
     tasks.set(i64::try_from(rt.num_alive_tasks()).unwrap_or(i64::MAX));
     r.register(
         "runtime_tasks",
-        "Tasks alive: one per connection, the broker's and the listeners'",
+        "Tasks alive: one per connection, plus the daemon's own (broker, listeners, admin)",
         tasks,
     );
     let busy = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
