@@ -549,7 +549,7 @@ impl Engine {
             if self.outputs.is_empty() && self.slow.is_empty() && self.cut.is_empty() {
                 return Ok(());
             }
-            let outputs = std::mem::take(&mut self.outputs);
+            let mut outputs = std::mem::take(&mut self.outputs);
             // Only the batch's own outputs: what closing connections add later goes to tasks.
             let direct = std::mem::take(&mut lone)
                 && outputs
@@ -576,7 +576,7 @@ impl Engine {
                     .storage_cache_evictions
                     .store(self.store.cache_evictions(), Ordering::Relaxed);
             }
-            for out in outputs {
+            for out in outputs.drain(..) {
                 match out {
                     Output::Send { conn, data } => self.send(conn, data, direct),
                     Output::Close { conn } => {
@@ -613,6 +613,10 @@ impl Engine {
                     self.broker.handle_input(now, Input::Closed { conn });
                     self.drain();
                 }
+            }
+            // The list keeps its room for the next batch, unless the closes above queued more.
+            if self.outputs.is_empty() {
+                self.outputs = outputs;
             }
         }
     }

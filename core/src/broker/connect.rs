@@ -41,7 +41,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             );
         }
         if let Some(will) = &connect.will {
-            if TopicName::with_limits(will.topic.as_str(), &self.topic_limits).is_err() {
+            if TopicName::check(&will.topic, &self.topic_limits).is_err() {
                 return self.refuse(conn_id, Some(client_id), ReasonCode::TOPIC_NAME_INVALID);
             }
             if will.qos > self.config.maximum_qos {

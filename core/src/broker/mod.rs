@@ -298,7 +298,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         message: Message,
     ) -> Result<usize, topic::TopicError> {
         self.advance(now);
-        topic::TopicName::with_limits(&*message.topic, &self.topic_limits)?;
+        topic::TopicName::check(&message.topic, &self.topic_limits)?;
         Ok(self.publish_message(message))
     }
 
@@ -364,7 +364,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     fn flush_dirty(&mut self) {
-        for id in std::mem::take(&mut self.dirty) {
+        // Drained rather than taken: the list keeps its room for the next batch.
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for id in dirty.drain(..) {
             if let Some(conn) = self.conns.get_mut(&id) {
                 conn.dirty = false;
                 if !conn.write_buf.is_empty() {
@@ -375,6 +377,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
             }
         }
+        self.dirty = dirty;
     }
 
     /// Encode a packet into a connection's write buffer.

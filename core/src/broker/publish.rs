@@ -159,7 +159,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Why a PUBLISH from a client is refused, if it is.
     fn check_publish(&mut self, sid: SessionId, p: &Publish) -> Option<ReasonCode> {
-        if TopicName::with_limits(p.topic.as_str(), &self.topic_limits).is_err() {
+        if TopicName::check(&p.topic, &self.topic_limits).is_err() {
             return Some(ReasonCode::TOPIC_NAME_INVALID);
         }
         if p.properties.payload_format_indicator == Some(1)

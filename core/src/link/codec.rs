@@ -8,7 +8,7 @@ use super::{DigestEntry, Forward, Frame, RetainedUpdate};
 use crate::codec::{self as mqtt, Packet, ProtocolVersion};
 use crate::retained::{Hlc, Stamp};
 use crate::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
-use crate::topic::{TopicFilter, TopicName};
+use crate::topic::{Limits, TopicFilter, TopicName};
 
 const HELLO: u8 = 1;
 const ROUTE_DELTA: u8 = 2;
@@ -413,7 +413,7 @@ impl Reader {
 
     fn retained(&mut self) -> Result<RetainedUpdate, LinkError> {
         let topic = self.string()?;
-        TopicName::new(topic.as_str()).map_err(|_| self.bad("invalid topic name"))?;
+        TopicName::check(&topic, &Limits::MQTT).map_err(|_| self.bad("invalid topic name"))?;
         let hlc = Hlc {
             wall_ms: self.u64()?,
             logical: self.u32()?,

@@ -125,12 +125,17 @@ impl TopicName {
     /// Validates `s` against `limits`.
     pub fn with_limits(s: impl Into<String>, limits: &Limits) -> Result<Self, TopicError> {
         let s = s.into();
-        check_common(&s, limits)?;
+        Self::check(&s, limits)?;
+        Ok(Self(s.into_boxed_str()))
+    }
+
+    /// Whether `s` would make a valid topic name under `limits`, without making one.
+    pub fn check(s: &str, limits: &Limits) -> Result<(), TopicError> {
+        check_common(s, limits)?;
         if s.contains(['+', '#']) {
             return Err(TopicError::WildcardInName);
         }
-        check_levels(&s, limits)?;
-        Ok(Self(s.into_boxed_str()))
+        check_levels(s, limits)
     }
 
     /// The topic as text.
@@ -414,6 +419,16 @@ mod tests {
         assert_eq!(
             TopicName::with_limits("a/b/c", &limits),
             Err(TopicError::TooManyLevels { levels: 3, max: 2 })
+        );
+        // The check alone says the same, without making a name.
+        assert_eq!(TopicName::check("a/b", &limits), Ok(()));
+        assert_eq!(
+            TopicName::check("a/b/c", &limits),
+            Err(TopicError::TooManyLevels { levels: 3, max: 2 })
+        );
+        assert_eq!(
+            TopicName::check("a/+", &Limits::MQTT),
+            Err(TopicError::WildcardInName)
         );
         assert_eq!(
             TopicName::with_limits("abcdef", &limits),
