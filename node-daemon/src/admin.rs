@@ -109,7 +109,7 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -
                     &engine.counters,
                     &peers,
                     engine.mesh.as_deref(),
-                    Some(&tokio::runtime::Handle::current().metrics()),
+                    &tokio::runtime::Handle::current().metrics(),
                 ))))
                 .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
             _ => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
@@ -305,7 +305,7 @@ pub fn render_metrics(
     d: &DaemonCounters,
     peers: &[PeerSummary],
     mesh: Option<&MeshStats>,
-    runtime: Option<&RuntimeMetrics>,
+    runtime: &RuntimeMetrics,
 ) -> String {
     let mut r = Registry::with_prefix("meridian");
     let gauge = |r: &mut Registry, name: &str, help: &str, v: usize| {
@@ -449,9 +449,7 @@ pub fn render_metrics(
     if let Some(m) = mesh {
         render_mesh_metrics(&mut r, peers, m);
     }
-    if let Some(rt) = runtime {
-        render_runtime_metrics(&mut r, rt);
-    }
+    render_runtime_metrics(&mut r, runtime);
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &r);
@@ -617,7 +615,7 @@ mod tests {
             &DaemonCounters::default(),
             &[],
             None,
-            Some(&runtime.metrics()),
+            &runtime.metrics(),
         );
         assert!(page.contains("meridian_connections 3"), "{page}");
         assert!(
