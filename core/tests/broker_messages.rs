@@ -228,6 +228,41 @@ fn offline_queue_bound_drops_new_messages_and_counts_them() {
 }
 
 #[test]
+fn congested_connection_drops_qos0_and_counts_until_drained() {
+    let mut w = World::new();
+    let s = w.connect(V5, "s");
+    w.subscribe(s, "zero", QoS::AtMostOnce);
+    w.subscribe(s, "one", QoS::AtLeastOnce);
+    let other = w.connect(V3, "other");
+    w.subscribe(other, "zero", QoS::AtMostOnce);
+    let p = w.connect(V5, "p");
+
+    w.set_congested(s, true);
+    w.publish(p, "zero", b"a", QoS::AtMostOnce, false, 0);
+    w.publish(p, "one", b"b", QoS::AtLeastOnce, false, 1);
+    let got: Vec<Bytes> = w
+        .received_publishes(s)
+        .into_iter()
+        .map(|p| p.payload)
+        .collect();
+    assert_eq!(got, vec![Bytes::from_static(b"b")], "QoS 1 still goes out");
+    assert_eq!(w.broker.stats().dropped_qos0_congested, 1);
+    assert_eq!(
+        w.received_publishes(other).len(),
+        1,
+        "others are not affected"
+    );
+
+    w.set_congested(s, false);
+    w.publish(p, "zero", b"c", QoS::AtMostOnce, false, 0);
+    let got = w.received_publishes(s);
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].payload[..], b"c");
+    assert_eq!(w.broker.stats().dropped_qos0_congested, 1);
+    assert!(!w.is_closed(s));
+}
+
+#[test]
 fn suback_has_a_reason_code_per_filter() {
     let mut w = World::with_config(Config {
         maximum_qos: QoS::AtLeastOnce,

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
 use meridian_core::codec::{Packet, ProtocolVersion, QoS};
@@ -40,6 +40,11 @@ enum Op {
         topic: usize,
         qos: u8,
     },
+    /// The shell reports the client's connection congested (`true`) or drained.
+    Congest {
+        client: usize,
+        congested: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -49,6 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..CLIENTS, 0..FILTERS.len(), 0..3u8).prop_map(|(client, filter, qos)| Op::Subscribe { client, filter, qos }),
         1 => (0..CLIENTS, 0..FILTERS.len()).prop_map(|(client, filter)| Op::Unsubscribe { client, filter }),
         6 => (0..CLIENTS, 0..TOPICS.len(), 0..3u8).prop_map(|(client, topic, qos)| Op::Publish { client, topic, qos }),
+        1 => (0..CLIENTS, any::<bool>()).prop_map(|(client, congested)| Op::Congest { client, congested }),
     ]
 }
 
@@ -68,6 +74,8 @@ struct ModelSession {
 struct Model {
     sessions: BTreeMap<usize, ModelSession>,
     connected: BTreeMap<usize, meridian_core::ConnId>,
+    /// Connected clients whose connection the shell reported congested: no QoS 0 for them.
+    congested: BTreeSet<usize>,
     /// What each client must have received, in order.
     expected: BTreeMap<usize, Vec<(u32, QoS)>>,
 }
@@ -89,6 +97,7 @@ fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
                         c.properties.session_expiry_interval = Some(if clean { 0 } else { 3600 });
                     }
                 });
+                m.congested.remove(&client);
                 if let Some(old) = m.connected.remove(&client) {
                     prop_assert!(w.is_closed(old), "takeover closes the old connection");
                     if !m.sessions[&client].persistent {
@@ -114,6 +123,7 @@ fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
                 m.connected.insert(client, conn);
             }
             Op::Drop { client } => {
+                m.congested.remove(&client);
                 if let Some(conn) = m.connected.remove(&client) {
                     w.close(conn);
                     if !m.sessions[&client].persistent {
@@ -176,10 +186,22 @@ fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
                         let Some(best) = best else { continue };
                         let eff = qos(q).min(best);
                         if m.connected.contains_key(&c) {
-                            m.expected.entry(c).or_default().push((id, eff));
+                            if eff != QoS::AtMostOnce || !m.congested.contains(&c) {
+                                m.expected.entry(c).or_default().push((id, eff));
+                            }
                         } else if eff != QoS::AtMostOnce {
                             session.queued.push((id, eff));
                         }
+                    }
+                }
+            }
+            Op::Congest { client, congested } => {
+                if let Some(&conn) = m.connected.get(&client) {
+                    w.set_congested(conn, congested);
+                    if congested {
+                        m.congested.insert(client);
+                    } else {
+                        m.congested.remove(&client);
                     }
                 }
             }

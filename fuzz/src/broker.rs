@@ -4,8 +4,9 @@
 //! Operations: accept a connection; send it a well-formed packet built from arbitrary fields
 //! (so that the fuzzer gets past CONNECT), several at once, one split in two, or raw bytes;
 //! close it; let time pass, firing every timer on the way; answer a pending authentication;
-//! acknowledge everything a client received; crash and restart from what was persisted; and
-//! the shell's own calls (publish, disconnect a client, shut down).
+//! acknowledge everything a client received; crash and restart from what was persisted;
+//! report a connection congested or drained; and the shell's own calls (publish, disconnect a
+//! client, shut down).
 //!
 //! Invariants, after every step:
 //! - no `Send` or `Close` for a connection that is already closed (or was never accepted);
@@ -376,6 +377,11 @@ pub enum Op {
         client: u8,
     },
     Shutdown,
+    /// The shell reports the connection's write backlog past its mark (`true`) or drained.
+    Congest {
+        conn: u8,
+        congested: bool,
+    },
 }
 
 #[derive(Debug, Clone, Arbitrary)]
@@ -1200,6 +1206,15 @@ impl Shell {
                     ReasonCode::ADMINISTRATIVE_ACTION,
                 );
                 self.drain();
+            }
+            Op::Congest { conn, congested } => {
+                if let Some(conn) = self.conn(*conn) {
+                    self.input(if *congested {
+                        Input::Congested { conn }
+                    } else {
+                        Input::Drained { conn }
+                    });
+                }
             }
             Op::Shutdown => {
                 self.broker.shutdown(Timestamp(self.now));

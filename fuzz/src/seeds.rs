@@ -400,7 +400,7 @@ const OP_TIMEOUT: u32 = 7;
 const OP_AUTH_DECISION: u32 = 8;
 const OP_ACK_ALL: u32 = 9;
 const OP_CRASH: u32 = 10;
-const OP_COUNT: u32 = 14;
+const OP_COUNT: u32 = 15;
 const OUTCOME_COUNT: u32 = 5;
 const STEPS: [u64; 11] = [
     0, 1, 999, 1_000, 1_500, 5_000, 10_000, 60_000, 90_000, 3_600_000, 86_400_000,

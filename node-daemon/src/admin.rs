@@ -394,6 +394,7 @@ pub fn render_metrics(
         ("too_large", s.dropped_too_large),
         ("expired", s.dropped_expired),
         ("qos0_offline", s.dropped_qos0_offline),
+        ("qos0_congested", s.dropped_qos0_congested),
         ("not_authorized", s.dropped_not_authorized),
         ("retained_full", s.dropped_retained_full),
         ("outbox_full", s.dropped_outbox_full),

@@ -216,6 +216,8 @@ pub struct Limits {
     pub topic_alias_maximum: u16,
     pub outbound_topic_alias_maximum: u16,
     pub max_write_buffer_bytes: usize,
+    /// Unset: an eighth of `max_write_buffer_bytes`.
+    pub qos0_max_write_buffer_bytes: Option<usize>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -368,6 +370,15 @@ impl DaemonConfig {
             return Err(invalid(
                 "limits.max_write_buffer_bytes: must be at least 1024".to_owned(),
             ));
+        }
+        if let Some(qos0) = self.limits.qos0_max_write_buffer_bytes
+            && !(1024..=self.limits.max_write_buffer_bytes).contains(&qos0)
+        {
+            return Err(invalid(format!(
+                "limits.qos0_max_write_buffer_bytes: must be at least 1024 and at most \
+                 limits.max_write_buffer_bytes ({})",
+                self.limits.max_write_buffer_bytes
+            )));
         }
         if self.limits.max_packet_size < 64 {
             return Err(invalid(
@@ -618,6 +629,7 @@ partial!(PLimits {
     topic_alias_maximum: u16,
     outbound_topic_alias_maximum: u16,
     max_write_buffer_bytes: usize,
+    qos0_max_write_buffer_bytes: usize,
 });
 partial!(PMqtt {
     maximum_qos: u8,
@@ -723,6 +735,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("runtime.worker_threads"), "{e}");
+    }
+
+    #[test]
+    fn the_qos0_write_mark_is_an_eighth_unless_set_and_never_above_the_bound() {
+        use crate::engine::WriteLimits;
+        let c =
+            DaemonConfig::parse("[limits]\nmax_write_buffer_bytes = 80000\n", "x.toml").unwrap();
+        assert_eq!(WriteLimits::from_config(&c.limits).qos0_max_bytes, 10_000);
+        let c = DaemonConfig::parse(
+            "[limits]\nmax_write_buffer_bytes = 80000\nqos0_max_write_buffer_bytes = 80000\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(WriteLimits::from_config(&c.limits).qos0_max_bytes, 80_000);
+        let e = DaemonConfig::parse(
+            "[limits]\nmax_write_buffer_bytes = 80000\nqos0_max_write_buffer_bytes = 80001\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("limits.qos0_max_write_buffer_bytes"), "{e}");
     }
 
     #[test]

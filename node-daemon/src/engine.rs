@@ -15,7 +15,7 @@
 //! Commits that wait for the disk, and route snapshots and large route deltas from peers,
 //! leave the worker to the other tasks while they run ([`off_worker`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -51,6 +51,27 @@ pub const DIRECT_WRITES_MAX: usize = 2;
 
 /// Capacity of the channel into the broker task (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
+
+/// Bounds on the bytes waiting to be written to one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteLimits {
+    /// Past this backlog the connection is cut off as a slow consumer.
+    pub max_bytes: usize,
+    /// Past this backlog QoS 0 messages to the connection are dropped ([`Input::Congested`]),
+    /// until it falls to half of it ([`Input::Drained`]).
+    pub qos0_max_bytes: usize,
+}
+
+impl WriteLimits {
+    pub fn from_config(limits: &crate::config::Limits) -> Self {
+        Self {
+            max_bytes: limits.max_write_buffer_bytes,
+            qos0_max_bytes: limits
+                .qos0_max_write_buffer_bytes
+                .unwrap_or(limits.max_write_buffer_bytes / 8),
+        }
+    }
+}
 
 /// The broker as the daemon runs it: with hooks that are `Send`, so that the broker task may
 /// run on any worker thread of the runtime.
@@ -228,7 +249,9 @@ pub struct Engine {
     store: Store,
     clock: Clock,
     outboxes: HashMap<ConnId, Arc<Outbox>>,
-    max_write_buffer_bytes: usize,
+    write_limits: WriteLimits,
+    /// Connections the broker was told are congested ([`WriteLimits::qos0_max_bytes`]).
+    congested: HashSet<ConnId>,
     counters: Arc<DaemonCounters>,
     outputs: Vec<Output>,
     records: Vec<(Bytes, Option<Bytes>)>,
@@ -264,7 +287,7 @@ impl Engine {
     pub fn new(
         broker: DaemonBroker,
         store: Store,
-        max_write_buffer_bytes: usize,
+        write_limits: WriteLimits,
         counters: Arc<DaemonCounters>,
     ) -> Result<Self, StorageError> {
         let mut engine = Self {
@@ -272,7 +295,8 @@ impl Engine {
             store,
             clock: Clock::default(),
             outboxes: HashMap::new(),
-            max_write_buffer_bytes,
+            write_limits,
+            congested: HashSet::new(),
             counters,
             outputs: Vec::new(),
             records: Vec::new(),
@@ -321,6 +345,9 @@ impl Engine {
                 () = sleep_until(wake) => None,
             };
             let mut inputs = 0;
+            if !self.congested.is_empty() {
+                self.release_drained();
+            }
             if let Some(msg) = first {
                 self.handle(msg);
                 inputs = 1;
@@ -360,6 +387,26 @@ impl Engine {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    /// Tell the broker which congested connections have written enough of their backlog to
+    /// take QoS 0 messages again (or are gone).
+    fn release_drained(&mut self) {
+        let now = self.clock.now();
+        let low = self.write_limits.qos0_max_bytes / 2;
+        let (broker, outboxes) = (&mut self.broker, &self.outboxes);
+        self.congested.retain(|&conn| match outboxes.get(&conn) {
+            Some(outbox) if outbox.queued() > low => true,
+            Some(_) => {
+                debug!(
+                    conn = conn.0,
+                    "write backlog drained: QoS 0 messages resume"
+                );
+                broker.handle_input(now, Input::Drained { conn });
+                false
+            }
+            None => false,
+        });
     }
 
     fn next_wake(&mut self) -> Option<tokio::time::Instant> {
@@ -632,7 +679,7 @@ impl Engine {
             return;
         };
         let queued = outbox.queued() + data.len();
-        if queued > self.max_write_buffer_bytes {
+        if queued > self.write_limits.max_bytes {
             warn!(
                 conn = conn.0,
                 queued, "slow consumer: write buffer full, disconnecting"
@@ -641,10 +688,23 @@ impl Engine {
                 .slow_consumer_disconnects
                 .fetch_add(1, Ordering::Relaxed);
             self.slow.push(conn);
-        } else if direct {
-            outbox.write_or_push(data);
         } else {
-            outbox.push(data);
+            if direct {
+                outbox.write_or_push(data);
+            } else {
+                outbox.push(data);
+            }
+            if queued > self.write_limits.qos0_max_bytes
+                && outbox.queued() > self.write_limits.qos0_max_bytes
+                && self.congested.insert(conn)
+            {
+                debug!(
+                    conn = conn.0,
+                    queued, "write backlog past its mark: QoS 0 messages are dropped"
+                );
+                let now = self.clock.now();
+                self.broker.handle_input(now, Input::Congested { conn });
+            }
         }
     }
 }
@@ -728,6 +788,11 @@ mod tests {
     use crate::outbox::End;
     use meridian_core::broker::AllowAll;
 
+    const TEST_LIMITS: WriteLimits = WriteLimits {
+        max_bytes: 1 << 20,
+        qos0_max_bytes: 1 << 18,
+    };
+
     fn store(dir: &std::path::Path) -> Store {
         Store::open(
             dir,
@@ -747,7 +812,7 @@ mod tests {
     fn connections_still_open_are_closed_when_the_broker_task_ends() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
-        let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
+        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
         let outbox = Outbox::new();
         let (reply, _conn) = oneshot::channel();
         engine.handle(ToEngine::Accept {
@@ -772,7 +837,7 @@ mod tests {
             let store = store(dir.path());
             let mut broker = allow_all();
             broker.enable_cluster(ClusterConfig::new(NodeId::new("here").unwrap(), 1, "r1"));
-            let mut engine = Engine::new(broker, store, 1 << 20, Arc::default()).unwrap();
+            let mut engine = Engine::new(broker, store, TEST_LIMITS, Arc::default()).unwrap();
             let there = NodeId::new("there").unwrap();
             let filters: Vec<String> = (0..LARGE_ROUTE_DELTA + 10)
                 .map(|i| format!("t/{i}/#"))
@@ -818,7 +883,7 @@ mod tests {
     async fn a_link_session_that_cannot_keep_up_is_cut() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
-        let mut engine = Engine::new(allow_all(), store, 1 << 20, Arc::default()).unwrap();
+        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
         let (tx, mut frames) = mpsc::channel(2);
         let kill = Arc::new(tokio::sync::Notify::new());

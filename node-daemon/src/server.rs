@@ -208,7 +208,7 @@ impl Server {
         // survived a restart.
         core_config.seed = fresh_seed();
         let storage = config.storage.clone();
-        let max_write = config.limits.max_write_buffer_bytes;
+        let write_limits = crate::engine::WriteLimits::from_config(&config.limits);
         let engine_tx = handle.tx.clone();
         let engine = tokio::task::spawn_blocking(move || {
             let mut store = Store::open(
@@ -236,7 +236,7 @@ impl Server {
                 broker.enable_cluster(cluster);
                 mesh_tx = Some(cmd_tx);
             }
-            let mut engine = Engine::new(broker, store, max_write, counters)?;
+            let mut engine = Engine::new(broker, store, write_limits, counters)?;
             if let Some(tx) = mesh_tx {
                 engine = engine.with_mesh(tx);
             }

@@ -182,14 +182,18 @@ async fn connect_flood_leaves_the_daemon_serving() {
 #[tokio::test]
 async fn slow_consumer_is_disconnected_and_counted() {
     let d = Daemon::start_with_config(Some("[limits]\nmax_write_buffer_bytes = 65536\n"));
-    // A subscriber that never reads its socket.
+    // A subscriber that never reads its socket, at QoS 1: QoS 0 messages would be dropped
+    // once its backlog passed a lower mark, and it would stay connected.
     let mut slow = Raw::connect(d.mqtt, V311, "slow").await;
     slow.send(&meridian_core::codec::Packet::Subscribe(
         meridian_core::codec::Subscribe {
             packet_id: 1,
             filters: vec![meridian_core::codec::SubscribeFilter {
                 filter: "firehose".to_owned(),
-                options: Default::default(),
+                options: meridian_core::codec::SubscriptionOptions {
+                    qos: meridian_core::codec::QoS::AtLeastOnce,
+                    ..Default::default()
+                },
             }],
             properties: Default::default(),
         },
@@ -222,10 +226,119 @@ async fn slow_consumer_is_disconnected_and_counted() {
         );
         for _ in 0..8 {
             publ.client
-                .publish("firehose", QoS::AtMostOnce, false, payload.clone())
+                .publish("firehose", QoS::AtLeastOnce, false, payload.clone())
                 .await
                 .unwrap();
         }
     }
     bystander_round_trip(&d, "after-slow").await;
+}
+
+/// A series of `/metrics`, 0 when absent.
+async fn metric(d: &Daemon, series: &str) -> u64 {
+    let (_, page) = http(d.admin, "GET", "/metrics").await;
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+const QOS0_CONGESTED: &str = "meridian_messages_dropped_total{reason=\"qos0_congested\"}";
+
+/// A subscriber that stops reading during a QoS 0 flood is not cut off: past
+/// `qos0_max_write_buffer_bytes` of backlog its QoS 0 messages are dropped and counted, its
+/// QoS 1 messages still arrive, and QoS 0 resumes once it has read its backlog.
+#[tokio::test]
+async fn qos0_flood_to_a_stalled_reader_is_dropped_not_disconnected() {
+    let d = Daemon::start_with_config(Some(
+        "[limits]\nmax_write_buffer_bytes = 8388608\nqos0_max_write_buffer_bytes = 65536\n",
+    ));
+    // rumqttc, its event loop polled by hand: while it is not polled, the socket is not read.
+    let mut opts = v3::options("stalled", d.mqtt);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let (sub, mut events) = rumqttc::AsyncClient::new(opts, 10);
+    sub.subscribe("firehose", QoS::AtMostOnce).await.unwrap();
+    sub.subscribe("keep", QoS::AtLeastOnce).await.unwrap();
+    let mut subacks = 0;
+    while subacks < 2 {
+        let event = tokio::time::timeout(DEADLINE, events.poll()).await;
+        if let Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)))) = event {
+            subacks += 1;
+        }
+        assert!(matches!(event, Ok(Ok(_))), "subscriber: {event:?}");
+    }
+
+    let mut opts = v3::options("flood", d.mqtt);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let publ = v3::connect(opts).await;
+    let payload = vec![7u8; 256 * 1024];
+    let mut published = 0u64;
+    let flood = async |n: usize| {
+        for _ in 0..n {
+            publ.client
+                .publish("firehose", QoS::AtMostOnce, false, payload.clone())
+                .await
+                .unwrap();
+        }
+        n as u64
+    };
+    // Until the kernel's buffers are full and the backlog passes its mark...
+    let deadline = Instant::now() + DEADLINE;
+    while metric(&d, QOS0_CONGESTED).await == 0 {
+        assert!(Instant::now() < deadline, "QoS 0 messages never dropped");
+        published += flood(8).await;
+    }
+    // ...then four times the hard bound more, which would cut the subscriber off if queued.
+    published += flood(128).await;
+    publ.client
+        .publish("keep", QoS::AtLeastOnce, false, "still here")
+        .await
+        .unwrap();
+
+    // The subscriber reads again: what was written before the mark, then the QoS 1 message.
+    let mut received = 0u64;
+    loop {
+        match tokio::time::timeout(DEADLINE, events.poll()).await {
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) => {
+                if p.topic == "keep" {
+                    break;
+                }
+                received += 1;
+            }
+            Ok(Ok(_)) => {}
+            other => panic!("the stalled subscriber lost its connection: {other:?}"),
+        }
+    }
+    let dropped = metric(&d, QOS0_CONGESTED).await;
+    assert!(
+        received > 0 && dropped > 0,
+        "received {received}, dropped {dropped}"
+    );
+    assert_eq!(
+        received + dropped,
+        published,
+        "every QoS 0 message was either delivered or counted as dropped"
+    );
+    assert_eq!(
+        metric(&d, "meridian_slow_consumer_disconnects_total").await,
+        0
+    );
+
+    // Its backlog written, QoS 0 messages reach it again.
+    publ.client
+        .publish("firehose", QoS::AtMostOnce, false, "after")
+        .await
+        .unwrap();
+    loop {
+        match tokio::time::timeout(DEADLINE, events.poll()).await {
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) => {
+                assert_eq!(&p.payload[..], b"after");
+                break;
+            }
+            Ok(Ok(_)) => {}
+            other => panic!("the subscriber lost its connection: {other:?}"),
+        }
+    }
+    assert_eq!(metric(&d, QOS0_CONGESTED).await, dropped);
+    bystander_round_trip(&d, "after-qos0-flood").await;
 }

@@ -269,7 +269,10 @@ async fn assigned_client_ids_differ_across_restarts() {
 #[tokio::test]
 async fn a_subscriber_that_stops_reading_gets_everything_in_order_when_it_reads_again() {
     const COUNT: u32 = 8000;
-    let d = Daemon::start_with_config(Some("[limits]\nmax_write_buffer_bytes = 67108864\n"));
+    // QoS 0 messages are kept however long the backlog grows, up to the hard bound.
+    let d = Daemon::start_with_config(Some(
+        "[limits]\nmax_write_buffer_bytes = 67108864\nqos0_max_write_buffer_bytes = 67108864\n",
+    ));
     // rumqttc stops reading its socket while its 1,000-packet channel is full, that is, until
     // the test starts taking packets below.
     let mut sub = v3::connect(v3::options("stalled-sub", d.mqtt)).await;

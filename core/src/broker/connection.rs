@@ -54,6 +54,9 @@ pub(crate) struct Connection {
     pub write_buf: BytesMut,
     /// Whether `write_buf` holds bytes not yet handed to the shell.
     pub dirty: bool,
+    /// The shell's backlog for this connection is past its mark ([`super::Input::Congested`]):
+    /// QoS 0 deliveries are dropped.
+    pub congested: bool,
     pub last_packet_at: Timestamp,
     /// When the connect timeout fires (its timer is cancelled once connected or closed).
     pub connect_deadline: Timestamp,
@@ -84,6 +87,7 @@ impl Connection {
             read_buf: BytesMut::new(),
             write_buf: BytesMut::new(),
             dirty: false,
+            congested: false,
             last_packet_at: now,
             connect_deadline,
             keep_alive_timer: None,

@@ -195,6 +195,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Input::PeerUp { peer } => self.on_peer_up(peer),
             Input::PeerFrame { peer, frame } => self.on_peer_frame(peer, *frame),
             Input::PeerDown { peer } => self.on_peer_down(peer),
+            Input::Congested { conn } => self.set_congested(conn, true),
+            Input::Drained { conn } => self.set_congested(conn, false),
+        }
+    }
+
+    fn set_congested(&mut self, conn: ConnId, congested: bool) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.congested = congested;
         }
     }
 

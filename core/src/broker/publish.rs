@@ -464,6 +464,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
             return false;
         };
+        if conn.congested && delivery.qos == QoS::AtMostOnce {
+            self.stats.dropped_qos0_congested += 1;
+            return false;
+        }
         let msg = &delivery.message;
         let v5 = conn.protocol == ProtocolVersion::V5;
         let max = conn.client_max_packet as usize;

@@ -23,6 +23,8 @@ pub struct Stats {
     pub dropped_too_large: u64,
     pub dropped_expired: u64,
     pub dropped_qos0_offline: u64,
+    /// QoS 0 deliveries dropped because the connection was congested ([`crate::Input::Congested`]).
+    pub dropped_qos0_congested: u64,
     pub dropped_not_authorized: u64,
     pub dropped_retained_full: u64,
     /// QoS 0 forwards for a peer whose link was down.

@@ -168,6 +168,18 @@ impl World {
         self.drain();
     }
 
+    /// Tell the broker the connection's unwritten backlog passed the shell's mark (`true`) or
+    /// fell back (`false`).
+    pub fn set_congested(&mut self, conn: ConnId, congested: bool) {
+        let input = if congested {
+            Input::Congested { conn }
+        } else {
+            Input::Drained { conn }
+        };
+        self.broker.handle_input(Timestamp(self.now), input);
+        self.drain();
+    }
+
     /// Move virtual time forward, firing every timer on the way.
     pub fn advance(&mut self, ms: u64) {
         let target = self.now + ms;
