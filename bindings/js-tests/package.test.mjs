@@ -102,6 +102,8 @@ test(`random bytes on many connections never trap, and the broker keeps working 
       noTrap(() => decodePacket(bytes, next() < 0.5 ? 4 : 5), `decode round ${round}`);
       now += Math.floor(next() * 1000);
       if (next() < 0.05) noTrap(() => b.handleTimeout(now), "timeout");
+      if (next() < 0.05) noTrap(() => b.handleCongested(conn, now), "congested");
+      if (next() < 0.05) noTrap(() => b.handleDrained(conn, now), "drained");
     }
     if (next() < 0.5) b.handleClosed(conn, now);
     b.drain();
@@ -139,6 +141,7 @@ test(`random objects for every API taking JS values throw Errors, never trap (se
     noTrap(() => b.restore(pick([v, [v], [[v, v]]]), T0), `restore #${i}`);
     noTrap(() => b.handleBytes(pick([1, v]), v, pick([T0, v])), `handleBytes #${i}`);
     noTrap(() => b.authDecision(1, v, T0), `authDecision #${i}`);
+    noTrap(() => b.handleCongested(pick([1, v]), pick([T0, v])), `handleCongested #${i}`);
     noTrap(() => matcher.add(v, v), `matcher.add #${i}`);
     noTrap(() => matcher.match(v), `matcher.match #${i}`);
     noTrap(() => m.validateTopicFilter(v), `validateTopicFilter #${i}`);

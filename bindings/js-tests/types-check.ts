@@ -26,6 +26,8 @@ new Broker(null, undefined, {
 const conn: number = broker.accept(now);
 broker.accept(now, { remoteAddr: "127.0.0.1:1883" });
 broker.handleBytes(conn, new Uint8Array([0xc0, 0]), now);
+broker.handleCongested(conn, now);
+broker.handleDrained(conn, now);
 broker.handleClosed(conn, now);
 broker.handleTimeout(now);
 broker.authDecision(conn, { deny: 0x87 }, now);
@@ -65,6 +67,7 @@ const next: Output | undefined = broker.pollOutput();
 const deadline: number | undefined = broker.pollTimeout();
 const stats: BrokerStats = broker.stats();
 const sent: number = stats.messagesSent[2];
+const dropped: number = stats.droppedQos0Congested;
 const delivered: number = broker.publish({ topic: "a", payload: "x", qos: 1 }, now);
 broker.restore([[new Uint8Array(1), new Uint8Array(2)]], now).unreadable.map((u) => u.detail);
 broker.disconnectClient("c1", now, 0x98);

@@ -150,6 +150,37 @@ impl JsBroker {
         Ok(())
     }
 
+    /// Connection `conn` has more unwritten bytes than the app wants to buffer (for a Node
+    /// socket, `write()` returned `false`): QoS 0 messages to it are dropped, and counted in
+    /// `stats().droppedQos0Congested`, until `handleDrained`. QoS 1 and 2 messages go on.
+    #[wasm_bindgen(js_name = handleCongested)]
+    pub fn handle_congested(
+        &mut self,
+        conn: f64,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
+    ) -> Result<(), JsValue> {
+        let input = Input::Congested {
+            conn: conn_id(conn)?,
+        };
+        self.inner.handle_input(now(now_ms)?, input);
+        Ok(())
+    }
+
+    /// Connection `conn`, reported congested, has written its backlog (a Node socket's
+    /// `"drain"` event): QoS 0 messages to it resume.
+    #[wasm_bindgen(js_name = handleDrained)]
+    pub fn handle_drained(
+        &mut self,
+        conn: f64,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
+    ) -> Result<(), JsValue> {
+        let input = Input::Drained {
+            conn: conn_id(conn)?,
+        };
+        self.inner.handle_input(now(now_ms)?, input);
+        Ok(())
+    }
+
     /// The deadline from `pollTimeout()` (or a later time) has come.
     #[wasm_bindgen(js_name = handleTimeout)]
     pub fn handle_timeout(

@@ -143,6 +143,7 @@ pub(crate) fn stats(s: &Stats) -> JsValue {
         .set("droppedTooLarge", js::num(s.dropped_too_large))
         .set("droppedExpired", js::num(s.dropped_expired))
         .set("droppedQos0Offline", js::num(s.dropped_qos0_offline))
+        .set("droppedQos0Congested", js::num(s.dropped_qos0_congested))
         .set("droppedNotAuthorized", js::num(s.dropped_not_authorized))
         .set("droppedRetainedFull", js::num(s.dropped_retained_full))
         .set("droppedPeerDown", js::num(s.dropped_peer_down))

@@ -144,6 +144,8 @@ export interface BrokerStats {
   droppedTooLarge: number;
   droppedExpired: number;
   droppedQos0Offline: number;
+  /** QoS 0 messages not sent to a connection reported with `handleCongested`. */
+  droppedQos0Congested: number;
   droppedNotAuthorized: number;
   droppedRetainedFull: number;
   droppedPeerDown: number;

@@ -132,6 +132,41 @@ fn publish_subscribe_qos1_between_two_connections() {
 }
 
 #[wasm_bindgen_test]
+fn a_congested_connection_misses_qos0_until_drained() {
+    let mut h = Harness::new("{}");
+    let sub = h.connect("sub", 5);
+    let publisher = h.connect("pub", 5);
+    h.send(
+        sub,
+        r#"{"type":"subscribe","packetId":1,"filters":[{"filter":"t/#","qos":1}]}"#,
+        5,
+    );
+    h.take(sub);
+    let publish = |h: &mut Harness, qos: u8, payload: &str| {
+        let id = if qos > 0 { r#","packetId":5"# } else { "" };
+        h.send(
+            publisher,
+            &format!(r#"{{"type":"publish","topic":"t/x","payload":"{payload}","qos":{qos}{id}}}"#),
+            5,
+        );
+    };
+    h.broker.handle_congested(sub, h.now).unwrap();
+    publish(&mut h, 0, "dropped");
+    publish(&mut h, 1, "kept");
+    let got = h.take(sub);
+    assert_eq!(got.len(), 1);
+    assert_eq!(bytes(&get(&got[0], "payload")), b"kept");
+    assert_eq!(get_num(&h.broker.stats(), "droppedQos0Congested"), 1.0);
+
+    h.broker.handle_drained(sub, h.now).unwrap();
+    publish(&mut h, 0, "resumed");
+    let got = h.take(sub);
+    assert_eq!(got.len(), 1);
+    assert_eq!(bytes(&get(&got[0], "payload")), b"resumed");
+    assert!(h.broker.handle_congested(-1.0, h.now).is_err());
+}
+
+#[wasm_bindgen_test]
 fn malformed_frame_closes_only_its_own_connection() {
     let mut h = Harness::new("{}");
     let good = h.connect("good", 5);

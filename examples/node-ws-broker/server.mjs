@@ -26,14 +26,27 @@ const log = opts.quiet ? () => {} : (...args) => console.log(new Date().toISOStr
 
 /** A client that does not read what it is sent is dropped past this many buffered bytes. */
 const MAX_BUFFERED_BYTES = 8 * 1024 * 1024;
+/** Past this many, QoS 0 messages to it are dropped until half of them are written. */
+const QOS0_BUFFERED_BYTES = 1024 * 1024;
 
 const broker = new Broker({}, Date.now());
 const sockets = new Map(); // connection id -> WebSocket
+const congested = new Set(); // connection ids the broker was told are congested
 // Persisted records (sessions, subscriptions, queued and retained messages). Kept in memory
 // here; a real deployment writes them to disk or a KV store before the sends that follow, and
 // feeds them to broker.restore() on start.
 const store = new Map();
 let timer;
+
+/** Tells the broker which congested connections have written enough to take QoS 0 again. */
+function releaseDrained() {
+  for (const conn of congested) {
+    const ws = sockets.get(conn);
+    if (ws && ws.bufferedAmount > QOS0_BUFFERED_BYTES / 2) continue;
+    congested.delete(conn);
+    if (ws) broker.handleDrained(conn, Date.now());
+  }
+}
 
 /** Carries out every pending output, in order, then re-arms the timer. */
 function drive() {
@@ -44,6 +57,10 @@ function drive() {
         if (!ws) break;
         ws.send(out.data);
         if (ws.bufferedAmount > MAX_BUFFERED_BYTES) ws.terminate();
+        else if (ws.bufferedAmount > QOS0_BUFFERED_BYTES && !congested.has(out.conn)) {
+          congested.add(out.conn);
+          broker.handleCongested(out.conn, Date.now());
+        }
         break;
       }
       case "close": {
@@ -71,6 +88,7 @@ function drive() {
   if (at !== undefined) {
     const delay = Math.min(Math.max(at - Date.now(), 0), 2 ** 31 - 1);
     timer = setTimeout(() => {
+      releaseDrained();
       broker.handleTimeout(Date.now());
       drive();
     }, delay);
@@ -95,6 +113,7 @@ wss.on("connection", (ws, req) => {
       ws.close(1003, "MQTT needs binary frames");
       return;
     }
+    releaseDrained();
     broker.handleBytes(conn, data, Date.now());
     drive();
   });
