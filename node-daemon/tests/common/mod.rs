@@ -5,6 +5,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
@@ -22,11 +23,29 @@ pub fn cheap_hash(password: &str) -> String {
 }
 
 /// A free loopback port (bound then released; the daemon binds it right after).
+///
+/// Taken from just below the kernel's ephemeral range, which outgoing connections draw their
+/// local ports from: a port from that range, once released, could become the local port of any
+/// test's client connection before the daemon binds it, or while a restarted daemon is down
+/// (its config keeps the port). Each test process walks the ports from its own starting point.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const SPAN: u32 = 12_000;
+    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .filter(|&low| low > SPAN + 1024)
+        .unwrap_or(32_768);
+    let start = std::process::id().wrapping_mul(7919);
+    for _ in 0..SPAN {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = ephemeral_low - SPAN + start.wrapping_add(i) % SPAN;
+        let port = u16::try_from(port).expect("below the ephemeral range");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below {ephemeral_low}");
 }
 
 /// A daemon child process with its own data directory and ports. Killed on drop.
