@@ -77,6 +77,8 @@ const node = new Broker(null, now);
 node.enableCluster({ node: "eu-1", incarnation: 3, region: "eu", routeBatchMs: 20 });
 node.handlePeerUp("us-1", now);
 node.handlePeerBytes("us-1", new Uint8Array(0), now);
+node.handlePeerCongested("us-1", now);
+node.handlePeerDrained("us-1", now);
 node.handlePeerDown("us-1", now);
 const peerRegions: Array<string | null> = node.peers().map((p) => p.region);
 void peerRegions;

@@ -181,6 +181,35 @@ impl JsBroker {
         Ok(())
     }
 
+    /// The link to node `peer` carries less than is sent on it (its writer's buffer passed the
+    /// app's mark): QoS 0 forwards to it are dropped, and counted in
+    /// `stats().droppedPeerCongested`, until `handlePeerDrained` or its next `handlePeerUp`.
+    #[wasm_bindgen(js_name = handlePeerCongested)]
+    pub fn handle_peer_congested(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "string")] peer: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
+    ) -> Result<(), JsValue> {
+        let peer = node_id(&peer, "peer")?;
+        self.inner
+            .handle_input(now(now_ms)?, Input::PeerCongested { peer });
+        Ok(())
+    }
+
+    /// The link to node `peer`, reported congested, has written its backlog: QoS 0 forwards
+    /// to it resume.
+    #[wasm_bindgen(js_name = handlePeerDrained)]
+    pub fn handle_peer_drained(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "string")] peer: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
+    ) -> Result<(), JsValue> {
+        let peer = node_id(&peer, "peer")?;
+        self.inner
+            .handle_input(now(now_ms)?, Input::PeerDrained { peer });
+        Ok(())
+    }
+
     /// The peer nodes this node knows (empty unless `enableCluster` was called).
     #[wasm_bindgen(unchecked_return_type = "PeerSummary[]")]
     pub fn peers(&self) -> JsValue {

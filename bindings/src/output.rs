@@ -147,6 +147,7 @@ pub(crate) fn stats(s: &Stats) -> JsValue {
         .set("droppedNotAuthorized", js::num(s.dropped_not_authorized))
         .set("droppedRetainedFull", js::num(s.dropped_retained_full))
         .set("droppedPeerDown", js::num(s.dropped_peer_down))
+        .set("droppedPeerCongested", js::num(s.dropped_peer_congested))
         .set("droppedOutboxFull", js::num(s.dropped_outbox_full))
         .set("connectsRefused", js::num(s.connects_refused))
         .set("protocolErrors", js::num(s.protocol_errors));

@@ -149,6 +149,8 @@ export interface BrokerStats {
   droppedNotAuthorized: number;
   droppedRetainedFull: number;
   droppedPeerDown: number;
+  /** QoS 0 forwards not sent to a peer reported with `handlePeerCongested`. */
+  droppedPeerCongested: number;
   droppedOutboxFull: number;
   connectsRefused: number;
   protocolErrors: number;

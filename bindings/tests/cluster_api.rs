@@ -102,6 +102,45 @@ fn a_message_published_on_one_node_reaches_a_subscriber_on_the_other() {
 }
 
 #[wasm_bindgen_test]
+fn a_congested_link_misses_qos0_forwards_until_drained() {
+    let mut a = node("a");
+    let mut b = node("b");
+    a.broker.handle_peer_up("b".into(), a.now).unwrap();
+    b.broker.handle_peer_up("a".into(), b.now).unwrap();
+    let sub = a.connect("sub", 5);
+    a.send(
+        sub,
+        r#"{"type":"subscribe","packetId":1,"filters":[{"filter":"w/#","qos":1}]}"#,
+        5,
+    );
+    a.take(sub);
+    settle(&mut a, &mut b);
+    let publisher = b.connect("pub", 5);
+    let publish = |a: &mut Harness, b: &mut Harness, payload: &str| {
+        b.send(
+            publisher,
+            &format!(r#"{{"type":"publish","topic":"w/x","payload":"{payload}"}}"#),
+            5,
+        );
+        settle(a, b);
+        a.take(sub)
+            .iter()
+            .map(|p| String::from_utf8(bytes(&get(p, "payload"))).unwrap())
+            .collect::<Vec<_>>()
+    };
+    b.broker.handle_peer_congested("a".into(), b.now).unwrap();
+    assert!(publish(&mut a, &mut b, "dropped").is_empty());
+    assert_eq!(get_num(&b.broker.stats(), "droppedPeerCongested"), 1.0);
+    b.broker.handle_peer_drained("a".into(), b.now).unwrap();
+    assert_eq!(publish(&mut a, &mut b, "crossed"), vec!["crossed"]);
+    assert!(
+        b.broker
+            .handle_peer_congested(JsValue::from(1), b.now)
+            .is_err()
+    );
+}
+
+#[wasm_bindgen_test]
 fn peer_input_is_checked() {
     let mut a = node("a");
     let err = a

@@ -7,10 +7,10 @@ mod common;
 use bytes::Bytes;
 use common::mesh::{Mesh, id};
 use common::*;
-use meridian_core::Config;
 use meridian_core::broker::PeerSummary;
 use meridian_core::codec::{Packet, PublishProperties, QoS, ReasonCode};
 use meridian_core::link::OutboxLimits;
+use meridian_core::{Config, Input, Timestamp};
 
 fn persistent(c: &mut meridian_core::codec::Connect) {
     c.clean_start = false;
@@ -332,6 +332,48 @@ fn forwarded_message_keeps_every_property_and_qos0_goes_direct() {
         0,
         "QoS 0 skips the outbox"
     );
+}
+
+#[test]
+fn a_congested_link_drops_qos0_forwards_until_drained_or_the_next_session() {
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "g/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    let congest = |mesh: &mut Mesh, input: fn(meridian_core::routes::NodeId) -> Input<'static>| {
+        let w = mesh.node("c");
+        w.broker.handle_input(Timestamp(w.now), input(id("a")));
+        w.drain();
+    };
+    let send = |mesh: &mut Mesh, i: u32, qos: QoS| {
+        mesh.node("c")
+            .publish(publisher, "g/x", &i.to_be_bytes(), qos, false, i as u16 + 1);
+        mesh.node("c").recv(publisher);
+        mesh.settle();
+    };
+
+    congest(&mut mesh, |peer| Input::PeerCongested { peer });
+    send(&mut mesh, 0, QoS::AtMostOnce);
+    send(&mut mesh, 1, QoS::AtLeastOnce);
+    assert_eq!(
+        payloads(mesh.node("a"), sub),
+        vec![1],
+        "QoS 1 still crosses"
+    );
+    assert_eq!(mesh.node("c").broker.stats().dropped_peer_congested, 1);
+
+    congest(&mut mesh, |peer| Input::PeerDrained { peer });
+    send(&mut mesh, 2, QoS::AtMostOnce);
+    assert_eq!(payloads(mesh.node("a"), sub), vec![2]);
+
+    // A new session starts uncongested.
+    congest(&mut mesh, |peer| Input::PeerCongested { peer });
+    mesh.link_down(&id("a"), &id("c"));
+    mesh.link_up(&id("a"), &id("c"));
+    send(&mut mesh, 3, QoS::AtMostOnce);
+    assert_eq!(payloads(mesh.node("a"), sub), vec![3]);
+    assert_eq!(mesh.node("c").broker.stats().dropped_peer_congested, 1);
 }
 
 #[test]

@@ -399,6 +399,7 @@ pub fn render_metrics(
         ("retained_full", s.dropped_retained_full),
         ("outbox_full", s.dropped_outbox_full),
         ("peer_down", s.dropped_peer_down),
+        ("peer_congested", s.dropped_peer_congested),
     ] {
         dropped
             .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
@@ -422,6 +423,12 @@ pub fn render_metrics(
         "slow_consumer_disconnects",
         "Clients disconnected because their write buffer was full",
         d.slow_consumer_disconnects.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut r,
+        "link_sessions_cut",
+        "Link sessions to peer nodes cut because their frame queue was full",
+        d.link_sessions_cut.load(Ordering::Relaxed),
     );
     counter(
         &mut r,

@@ -141,6 +141,8 @@ pub enum ToEngine {
 #[derive(Debug, Default)]
 pub struct DaemonCounters {
     pub slow_consumer_disconnects: AtomicU64,
+    /// Link sessions cut because their frame queue was full.
+    pub link_sessions_cut: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub storage_commits: AtomicU64,
     /// Pages the store's cache let go of because it was full ([`Store::cache_evictions`]).
@@ -259,6 +261,8 @@ pub struct Engine {
     slow: Vec<ConnId>,
     /// Link sessions to peer nodes, by node.
     links: HashMap<NodeId, PeerLink>,
+    /// Peers whose link the broker was told is congested ([`PeerWriter::congested`]).
+    congested_links: Vec<NodeId>,
     /// Sessions whose queue overflowed in this batch: cut after the batch.
     cut: Vec<NodeId>,
     /// Where broadcasts go (gossip), in cluster mode.
@@ -271,6 +275,8 @@ pub struct Engine {
 struct PeerLink {
     session: u64,
     writer: PeerWriter,
+    /// The broker was told ([`Input::PeerCongested`]) and not yet told it drained.
+    congested: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -302,6 +308,7 @@ impl Engine {
             records: Vec::new(),
             slow: Vec::new(),
             links: HashMap::new(),
+            congested_links: Vec::new(),
             cut: Vec::new(),
             mesh: None,
             frame_buf: BytesMut::new(),
@@ -347,6 +354,9 @@ impl Engine {
             let mut inputs = 0;
             if !self.congested.is_empty() {
                 self.release_drained();
+            }
+            if !self.congested_links.is_empty() {
+                self.release_drained_links();
             }
             if let Some(msg) = first {
                 self.handle(msg);
@@ -407,6 +417,26 @@ impl Engine {
             }
             None => false,
         });
+    }
+
+    /// Tell the broker which congested links have written enough of their queue to take QoS 0
+    /// forwards again. Links that ended need no word: the core starts every session uncongested.
+    fn release_drained_links(&mut self) {
+        let now = self.clock.now();
+        let (broker, links) = (&mut self.broker, &mut self.links);
+        self.congested_links
+            .retain(|peer| match links.get_mut(peer) {
+                Some(link) if link.congested => {
+                    if !link.writer.drained() {
+                        return true;
+                    }
+                    link.congested = false;
+                    info!(peer = %peer, "link session drained: QoS 0 forwards resume");
+                    broker.handle_input(now, Input::PeerDrained { peer: peer.clone() });
+                    false
+                }
+                _ => false,
+            });
     }
 
     fn next_wake(&mut self) -> Option<tokio::time::Instant> {
@@ -484,9 +514,14 @@ impl Engine {
                 session,
                 writer,
             } => {
-                let old = self
-                    .links
-                    .insert(peer.clone(), PeerLink { session, writer });
+                let old = self.links.insert(
+                    peer.clone(),
+                    PeerLink {
+                        session,
+                        writer,
+                        congested: false,
+                    },
+                );
                 if let Some(old) = old {
                     // A new session replaces the old one: the core re-sends what was in flight.
                     old.writer.kill.notify_one();
@@ -551,14 +586,31 @@ impl Engine {
         }
     }
 
-    /// Queue an encoded frame on a peer's session; a session that cannot keep up is cut.
+    /// Queue an encoded frame on a peer's session. Past its congestion mark the broker stops
+    /// forwarding QoS 0 messages to the peer; a session whose queue is full all the same is
+    /// cut.
     fn write_to_peer(&mut self, peer: &NodeId, frame: Bytes) {
-        let Some(link) = self.links.get(peer) else {
+        let Some(link) = self.links.get_mut(peer) else {
             return; // No session: the core re-sends what matters on the next one.
         };
-        if link.writer.tx.try_send(frame).is_err() && !self.cut.contains(peer) {
-            warn!(peer = %peer, "link session queue full: cutting the session");
-            self.cut.push(peer.clone());
+        if !link.writer.send(frame) {
+            if !self.cut.contains(peer) {
+                warn!(peer = %peer, "link session queue full: cutting the session");
+                self.counters
+                    .link_sessions_cut
+                    .fetch_add(1, Ordering::Relaxed);
+                self.cut.push(peer.clone());
+            }
+        } else if !link.congested && link.writer.congested() {
+            link.congested = true;
+            info!(
+                peer = %peer,
+                "link session congested: QoS 0 forwards dropped until it drains"
+            );
+            self.congested_links.push(peer.clone());
+            let now = self.clock.now();
+            self.broker
+                .handle_input(now, Input::PeerCongested { peer: peer.clone() });
         }
     }
 
@@ -885,15 +937,12 @@ mod tests {
         let store = store(dir.path());
         let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
-        let (tx, mut frames) = mpsc::channel(2);
-        let kill = Arc::new(tokio::sync::Notify::new());
+        let (writer, mut frames, _) = PeerWriter::channel(2);
+        let kill = writer.kill.clone();
         engine.handle(ToEngine::PeerUp {
             peer: peer.clone(),
             session: 1,
-            writer: PeerWriter {
-                tx,
-                kill: kill.clone(),
-            },
+            writer,
         });
         for frame in ["one", "two", "three", "four"] {
             engine.write_to_peer(&peer, Bytes::from_static(frame.as_bytes()));
@@ -912,5 +961,42 @@ mod tests {
         assert_eq!(frames.recv().await.as_deref(), Some(&b"one"[..]));
         assert_eq!(frames.recv().await.as_deref(), Some(&b"two"[..]));
         assert!(frames.try_recv().is_err(), "nothing after the cut");
+    }
+
+    /// Past half its frames a link is congested, once; at a quarter, written by its session,
+    /// it is drained at the next turn.
+    #[tokio::test]
+    async fn a_link_is_congested_past_its_mark_and_drained_below_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
+        let peer = NodeId::new("thin").unwrap();
+        let (writer, mut frames, written) = PeerWriter::channel(8);
+        engine.handle(ToEngine::PeerUp {
+            peer: peer.clone(),
+            session: 1,
+            writer,
+        });
+        for _ in 0..4 {
+            engine.write_to_peer(&peer, Bytes::from_static(b"frame"));
+        }
+        assert!(
+            !engine.links[&peer].congested,
+            "half the frames is the mark"
+        );
+        for _ in 0..3 {
+            engine.write_to_peer(&peer, Bytes::from_static(b"frame"));
+        }
+        assert!(engine.links[&peer].congested);
+        assert_eq!(engine.congested_links, vec![peer.clone()], "told once");
+        // The session writes all but two.
+        for _ in 0..5 {
+            let frame = frames.recv().await.unwrap();
+            written.fetch_sub(frame.len(), Ordering::AcqRel);
+        }
+        engine.release_drained_links();
+        assert!(!engine.links[&peer].congested);
+        assert!(engine.congested_links.is_empty());
+        assert!(engine.cut.is_empty());
     }
 }

@@ -1,6 +1,6 @@
 //! A fault-injecting TCP proxy for trying a deployment on one machine: put it between two
-//! nodes' p2p ports to give their link one-way latency, or to cut it (every connection through
-//! it dropped, new ones refused) and restore it. `examples/three-regions` and the mesh tests
+//! nodes' p2p ports to give their link one-way latency or a bandwidth, or to cut it (every
+//! connection through it dropped, new ones refused) and restore it. `examples/three-regions` and the mesh tests
 //! use it; nothing in the broker does.
 
 use std::sync::Arc;
@@ -17,6 +17,8 @@ use tokio::time::Instant;
 struct Control {
     /// Added to each direction (so the round trip grows by twice this).
     one_way_ms: AtomicU64,
+    /// Bytes per second each direction carries (0: as many as the sockets take).
+    bytes_per_sec: AtomicU64,
     cut: AtomicBool,
     /// Wakes every connection when a cut starts.
     cut_now: Notify,
@@ -84,6 +86,14 @@ impl LinkProxy {
         self.control.one_way_ms.store(ms, Ordering::SeqCst);
     }
 
+    /// Carry at most `bytes_per_sec` in each direction (0: no limit), like a thin link: the
+    /// sender's socket fills when it sends faster.
+    pub fn set_bandwidth(&self, bytes_per_sec: u64) {
+        self.control
+            .bytes_per_sec
+            .store(bytes_per_sec, Ordering::SeqCst);
+    }
+
     /// Drop every connection and refuse new ones until [`LinkProxy::restore`].
     pub fn cut(&self) {
         self.control.cut.store(true, Ordering::SeqCst);
@@ -125,10 +135,26 @@ async fn pipe(
     };
     let reader = async move {
         let mut buf = vec![0u8; 64 * 1024];
+        // When the bandwidth allows the next read.
+        let mut next_read = Instant::now();
         loop {
-            match from.read(&mut buf).await {
+            let rate = control.bytes_per_sec.load(Ordering::SeqCst);
+            // Reads of about 20 ms worth of bytes at a limited rate.
+            let room = if rate == 0 {
+                buf.len()
+            } else {
+                usize::try_from(rate / 50).map_or(buf.len(), |r| r.clamp(512, buf.len()))
+            };
+            if rate > 0 {
+                tokio::time::sleep_until(next_read).await;
+            }
+            match from.read(&mut buf[..room]).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
+                    if rate > 0 {
+                        let took = Duration::from_secs_f64(n as f64 / rate as f64);
+                        next_read = next_read.max(Instant::now()) + took;
+                    }
                     let delay = Duration::from_millis(control.one_way_ms.load(Ordering::SeqCst));
                     if tx
                         .send((Instant::now() + delay, buf[..n].to_vec()))

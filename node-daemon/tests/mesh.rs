@@ -378,6 +378,78 @@ async fn a_thousand_subscribers_get_local_subacks_whatever_the_link_latency() {
     }
 }
 
+/// A link thinner than the QoS 0 stream sent across it: past its mark the sending node drops
+/// QoS 0 forwards to that region and counts them, instead of letting the link's queue fill until
+/// the session is cut; QoS 1 messages still cross, and the session stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
+    const DROPPED: &str = "meridian_messages_dropped_total{reason=\"peer_congested\"}";
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let a = Node::start("euc1", pa, &[], &key).await;
+    let c = Node::start("afs1", pc, &[link.port], &key).await;
+    wait_for("the link", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    let mut sub = v3::connect(v3::options("far-sub", a.mqtt())).await;
+    sub.subscribe("flood/#", QoS::AtMostOnce).await;
+    sub.subscribe("keep/#", QoS::AtLeastOnce).await;
+    wait_for("the routes at c", &[&a, &c], || async {
+        c.routes_of(&a).await.len() == 2
+    })
+    .await;
+
+    // 2 MB/s from c to a; the publisher at c sends as fast as it can.
+    link.set_bandwidth(2_000_000);
+    let publ = v3::connect(v3::options("near-pub", c.mqtt())).await;
+    let payload = vec![7u8; 1024];
+    let flood = async |n: usize| {
+        for _ in 0..n {
+            publ.client
+                .publish("flood/x", QoS::AtMostOnce, false, payload.clone())
+                .await
+                .unwrap();
+        }
+    };
+    let deadline = Instant::now() + MESH_DEADLINE;
+    while metric(&c.metrics().await, DROPPED) == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "QoS 0 forwards never dropped\n{}",
+            tail(&c.log(), 40)
+        );
+        flood(1000).await;
+    }
+    // Then more than the link's whole queue holds (16,384 frames), which would cut the session
+    // if it were queued.
+    flood(20_000).await;
+    publ.client
+        .publish("keep/x", QoS::AtLeastOnce, false, "across")
+        .await
+        .unwrap();
+    // Everything queued before it crosses first, at 2 MB/s.
+    let got = tokio::time::timeout(MESH_DEADLINE, async {
+        loop {
+            match sub.rx.recv().await {
+                Some(Packet::Publish(p)) if p.topic == "keep/x" => return p,
+                Some(_) => {}
+                None => panic!("the subscriber's connection ended"),
+            }
+        }
+    })
+    .await
+    .expect("the QoS 1 message crosses the thin link");
+    assert_eq!(&got.payload[..], b"across");
+    let page = c.metrics().await;
+    assert!(metric(&page, DROPPED) > 0.0);
+    assert_eq!(metric(&page, "meridian_link_sessions_cut_total"), 0.0);
+    assert_eq!(link.connections(), 1, "the session was never replaced");
+    assert!(c.connected_to(&a).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qos1_and_qos2_survive_a_cut_link_and_a_killed_publisher_node() {
     let dir = tempfile::tempdir().unwrap();

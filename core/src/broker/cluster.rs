@@ -102,6 +102,9 @@ pub struct PeerSummary {
 #[derive(Debug)]
 struct Peer {
     connected: bool,
+    /// The shell reported the link congested ([`crate::Input::PeerCongested`]): no QoS 0
+    /// forwards until it drains or the next session.
+    congested: bool,
     region: Option<String>,
     outbox: Outbox,
     announced_version: u64,
@@ -181,6 +184,7 @@ impl Cluster {
         let limits = self.config.outbox;
         self.peers.entry(node.clone()).or_insert_with(|| Peer {
             connected: false,
+            congested: false,
             region: None,
             outbox: Outbox::new(limits),
             announced_version: 0,
@@ -392,7 +396,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if peer == c.owner.node {
             return;
         }
-        c.peer(&peer).connected = true;
+        let p = c.peer(&peer);
+        p.connected = true;
+        p.congested = false;
         c.routes.add_peer(peer.clone());
         let hello = Frame::Hello {
             node: c.owner.node.clone(),
@@ -408,10 +414,20 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.pump_outbox(&peer);
     }
 
+    pub(super) fn set_peer_congested(&mut self, peer: &NodeId, congested: bool) {
+        let Some(c) = &mut self.cluster else { return };
+        if let Some(p) = c.peers.get_mut(peer)
+            && p.connected
+        {
+            p.congested = congested;
+        }
+    }
+
     pub(super) fn on_peer_down(&mut self, peer: NodeId) {
         let Some(c) = &mut self.cluster else { return };
         if let Some(p) = c.peers.get_mut(&peer) {
             p.connected = false;
+            p.congested = false;
             p.outbox.link_down();
         }
         if !c.fences.is_empty() {
@@ -605,11 +621,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let Some(c) = &mut self.cluster else { break };
             let peer = c.peer(&node);
             if message.qos == QoS::AtMostOnce {
-                if peer.connected {
+                if !peer.connected {
+                    self.stats.dropped_peer_down += 1;
+                } else if peer.congested {
+                    self.stats.dropped_peer_congested += 1;
+                } else {
                     peer.forwarded_to += 1;
                     self.send_to_peer(node, Frame::Forward(forward.clone()));
-                } else {
-                    self.stats.dropped_peer_down += 1;
                 }
                 continue;
             }

@@ -77,6 +77,13 @@ pub enum Input<'a> {
     Congested { conn: ConnId },
     /// The backlog of a [`Input::Congested`] connection fell back: QoS 0 deliveries resume.
     Drained { conn: ConnId },
+    /// The shell's queue of frames for this peer's link passed its mark: the link carries less
+    /// than is sent on it. QoS 0 forwards to the peer are dropped, and counted in
+    /// [`crate::broker::Stats::dropped_peer_congested`], until [`Input::PeerDrained`] or the
+    /// link's next session. QoS 1 and 2 forwards wait in the peer's outbox as always.
+    PeerCongested { peer: NodeId },
+    /// The queue of a [`Input::PeerCongested`] link fell back: QoS 0 forwards resume.
+    PeerDrained { peer: NodeId },
 }
 
 /// One thing the shell must do, taken from [`crate::Broker::poll_output`] in order.

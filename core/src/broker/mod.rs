@@ -197,6 +197,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Input::PeerDown { peer } => self.on_peer_down(peer),
             Input::Congested { conn } => self.set_congested(conn, true),
             Input::Drained { conn } => self.set_congested(conn, false),
+            Input::PeerCongested { peer } => self.set_peer_congested(&peer, true),
+            Input::PeerDrained { peer } => self.set_peer_congested(&peer, false),
         }
     }
 

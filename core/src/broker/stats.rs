@@ -29,6 +29,8 @@ pub struct Stats {
     pub dropped_retained_full: u64,
     /// QoS 0 forwards for a peer whose link was down.
     pub dropped_peer_down: u64,
+    /// QoS 0 forwards for a peer whose link was congested ([`crate::Input::PeerCongested`]).
+    pub dropped_peer_congested: u64,
     /// QoS 1/2 forwards refused by a full peer outbox (MQTT 3.1.1 publishers only; 5.0
     /// publishers get 0x97 instead).
     pub dropped_outbox_full: u64,

@@ -7,7 +7,7 @@
 //! codec's own length-prefixed encoding, written back to back.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,12 +22,64 @@ use crate::engine::ToEngine;
 /// Frames queued for one peer before the session counts as stuck and is cut (the core
 /// re-sends what matters on the next session).
 pub const PEER_QUEUE: usize = 16 * 1024;
+/// Bytes queued for one peer past which the link counts as congested (as it does past half of
+/// its frames): QoS 0 forwards to the peer are dropped
+/// ([`meridian_core::Input::PeerCongested`]) until the queue is back down to
+/// [`PEER_DRAINED_BYTES`] and a quarter of its frames. Only QoS 1/2 forwards, bounded by the
+/// outbox's window, and the link's own frames queue beyond it.
+pub const PEER_CONGESTED_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes queued for a congested peer at or below which QoS 0 forwards resume.
+pub const PEER_DRAINED_BYTES: usize = 1024 * 1024;
 
 /// The broker task's end of a session: frames to write, and a way to end the session.
 #[derive(Debug, Clone)]
 pub struct PeerWriter {
-    pub tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Bytes>,
     pub kill: Arc<Notify>,
+    /// Bytes of the frames queued on `tx` and not yet written to the stream.
+    queued_bytes: Arc<AtomicUsize>,
+}
+
+impl PeerWriter {
+    /// The broker task's end of a new session's queue, and the session's end.
+    pub fn channel(frames: usize) -> (Self, mpsc::Receiver<Bytes>, Arc<AtomicUsize>) {
+        let (tx, rx) = mpsc::channel(frames);
+        let queued_bytes = Arc::new(AtomicUsize::new(0));
+        let writer = Self {
+            tx,
+            kill: Arc::new(Notify::new()),
+            queued_bytes: queued_bytes.clone(),
+        };
+        (writer, rx, queued_bytes)
+    }
+
+    /// Queue a frame; `false` if the queue is full (or the session ended).
+    pub fn send(&self, frame: Bytes) -> bool {
+        let len = frame.len();
+        // Counted before it can be written, so the session never subtracts first.
+        self.queued_bytes.fetch_add(len, Ordering::AcqRel);
+        if self.tx.try_send(frame).is_err() {
+            self.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Past the congestion mark: [`PEER_CONGESTED_BYTES`] or half the queue's frames.
+    pub fn congested(&self) -> bool {
+        self.queued_bytes.load(Ordering::Acquire) > PEER_CONGESTED_BYTES
+            || self.queued_frames() > self.tx.max_capacity() / 2
+    }
+
+    /// Back down to [`PEER_DRAINED_BYTES`] and a quarter of the queue's frames.
+    pub fn drained(&self) -> bool {
+        self.queued_bytes.load(Ordering::Acquire) <= PEER_DRAINED_BYTES
+            && self.queued_frames() <= self.tx.max_capacity() / 4
+    }
+
+    fn queued_frames(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
 }
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
@@ -36,15 +88,12 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 /// task cuts it. Returns once the broker task was told it ended.
 pub async fn run(peer: NodeId, mut stream: Stream, engine: mpsc::Sender<ToEngine>) {
     let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    let (tx, mut rx) = mpsc::channel::<Bytes>(PEER_QUEUE);
-    let kill = Arc::new(Notify::new());
+    let (writer, mut rx, queued_bytes) = PeerWriter::channel(PEER_QUEUE);
+    let kill = writer.kill.clone();
     let up = ToEngine::PeerUp {
         peer: peer.clone(),
         session,
-        writer: PeerWriter {
-            tx,
-            kill: kill.clone(),
-        },
+        writer,
     };
     if engine.send(up).await.is_err() {
         return;
@@ -84,8 +133,10 @@ pub async fn run(peer: NodeId, mut stream: Stream, engine: mpsc::Sender<ToEngine
         let write = async {
             while let Some(first) = rx.recv().await {
                 writer.write_all(&first).await?;
+                queued_bytes.fetch_sub(first.len(), Ordering::AcqRel);
                 while let Ok(more) = rx.try_recv() {
                     writer.write_all(&more).await?;
+                    queued_bytes.fetch_sub(more.len(), Ordering::AcqRel);
                 }
                 writer.flush().await?;
             }
