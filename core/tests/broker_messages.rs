@@ -580,6 +580,39 @@ fn shared_subscription_spreads_messages_across_members() {
 }
 
 #[test]
+fn shared_subscription_passes_over_a_congested_member() {
+    let mut w = World::new();
+    let a = w.connect(V5, "a");
+    let b = w.connect(V5, "b");
+    w.subscribe(a, "$share/g/work/#", QoS::AtMostOnce);
+    w.subscribe(b, "$share/g/work/#", QoS::AtMostOnce);
+    let p = w.connect(V5, "p");
+    w.set_congested(a, true);
+    for i in 0..6u8 {
+        w.publish(p, "work/x", &[i], QoS::AtMostOnce, false, 0);
+    }
+    assert!(w.received_publishes(a).is_empty());
+    assert_eq!(
+        w.received_publishes(b).len(),
+        6,
+        "all to the member keeping up"
+    );
+    assert_eq!(w.broker.stats().dropped_qos0_congested, 0);
+
+    // With every member congested, the message goes to one in turn, and is dropped there.
+    w.set_congested(b, true);
+    w.publish(p, "work/x", &[6], QoS::AtMostOnce, false, 0);
+    assert_eq!(w.broker.stats().dropped_qos0_congested, 1);
+    w.set_congested(a, false);
+    w.set_congested(b, false);
+    for i in 7..11u8 {
+        w.publish(p, "work/x", &[i], QoS::AtMostOnce, false, 0);
+    }
+    assert_eq!(w.received_publishes(a).len(), 2, "round robin again");
+    assert_eq!(w.received_publishes(b).len(), 2);
+}
+
+#[test]
 fn shared_subscription_resends_unacknowledged_to_another_member_when_one_leaves() {
     let mut w = World::new();
     let a = w.connect(V5, "a");

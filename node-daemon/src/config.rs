@@ -216,7 +216,7 @@ pub struct Limits {
     pub topic_alias_maximum: u16,
     pub outbound_topic_alias_maximum: u16,
     pub max_write_buffer_bytes: usize,
-    /// Unset: an eighth of `max_write_buffer_bytes`.
+    /// Unset: an eighth of `max_write_buffer_bytes`, at least 1024 bytes.
     pub qos0_max_write_buffer_bytes: Option<usize>,
 }
 

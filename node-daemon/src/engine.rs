@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use crate::mesh::MeshCmd;
-use crate::mesh::session::PeerWriter;
+use crate::mesh::session::{PeerWriter, SendError};
 use crate::outbox::Outbox;
 use crate::storage::{StorageError, Store};
 
@@ -66,9 +66,11 @@ impl WriteLimits {
     pub fn from_config(limits: &crate::config::Limits) -> Self {
         Self {
             max_bytes: limits.max_write_buffer_bytes,
-            qos0_max_bytes: limits
-                .qos0_max_write_buffer_bytes
-                .unwrap_or(limits.max_write_buffer_bytes / 8),
+            qos0_max_bytes: limits.qos0_max_write_buffer_bytes.unwrap_or(
+                (limits.max_write_buffer_bytes / 8)
+                    .max(1024)
+                    .min(limits.max_write_buffer_bytes),
+            ),
         }
     }
 }
@@ -254,6 +256,8 @@ pub struct Engine {
     write_limits: WriteLimits,
     /// Connections the broker was told are congested ([`WriteLimits::qos0_max_bytes`]).
     congested: HashSet<ConnId>,
+    /// Bytes for each connection in this batch, not yet handed to its outbox.
+    batch_bytes: HashMap<ConnId, usize>,
     counters: Arc<DaemonCounters>,
     outputs: Vec<Output>,
     records: Vec<(Bytes, Option<Bytes>)>,
@@ -277,6 +281,9 @@ struct PeerLink {
     writer: PeerWriter,
     /// The broker was told ([`Input::PeerCongested`]) and not yet told it drained.
     congested: bool,
+    /// Frames for the peer in this batch, and their bytes, not yet queued on the session.
+    batch_frames: usize,
+    batch_bytes: usize,
 }
 
 impl std::fmt::Debug for Engine {
@@ -303,6 +310,7 @@ impl Engine {
             outboxes: HashMap::new(),
             write_limits,
             congested: HashSet::new(),
+            batch_bytes: HashMap::new(),
             counters,
             outputs: Vec::new(),
             records: Vec::new(),
@@ -520,6 +528,8 @@ impl Engine {
                         session,
                         writer,
                         congested: false,
+                        batch_frames: 0,
+                        batch_bytes: 0,
                     },
                 );
                 if let Some(old) = old {
@@ -586,31 +596,23 @@ impl Engine {
         }
     }
 
-    /// Queue an encoded frame on a peer's session. Past its congestion mark the broker stops
-    /// forwarding QoS 0 messages to the peer; a session whose queue is full all the same is
-    /// cut.
+    /// Queue an encoded frame on a peer's session; a session whose queue is full is cut (QoS 0
+    /// forwards stop well before, at the congestion mark: [`Engine::note_frame`]).
     fn write_to_peer(&mut self, peer: &NodeId, frame: Bytes) {
         let Some(link) = self.links.get_mut(peer) else {
             return; // No session: the core re-sends what matters on the next one.
         };
-        if !link.writer.send(frame) {
-            if !self.cut.contains(peer) {
+        match link.writer.send(frame) {
+            Ok(()) => {}
+            Err(SendError::Full) if !self.cut.contains(peer) => {
                 warn!(peer = %peer, "link session queue full: cutting the session");
                 self.counters
                     .link_sessions_cut
                     .fetch_add(1, Ordering::Relaxed);
                 self.cut.push(peer.clone());
             }
-        } else if !link.congested && link.writer.congested() {
-            link.congested = true;
-            info!(
-                peer = %peer,
-                "link session congested: QoS 0 forwards dropped until it drains"
-            );
-            self.congested_links.push(peer.clone());
-            let now = self.clock.now();
-            self.broker
-                .handle_input(now, Input::PeerCongested { peer: peer.clone() });
+            // Cut already, or the session ended by itself (its PeerDown is on its way).
+            Err(_) => {}
         }
     }
 
@@ -634,10 +636,65 @@ impl Engine {
         }
     }
 
+    /// Take the broker's outputs for the end of the batch. Bytes and frames they add to a
+    /// connection's or a peer's backlog count at once: past its mark the broker is told before
+    /// the next input, not after the batch, so that a batch cannot overshoot the mark by more
+    /// than one input's worth.
     fn drain(&mut self) {
         while let Some(output) = self.broker.poll_output() {
+            match &output {
+                Output::Send { conn, data } => self.note_send(*conn, data.len()),
+                Output::ToPeer { peer, frame } => self.note_frame(peer, frame),
+                _ => {}
+            }
             self.outputs.push(output);
         }
+    }
+
+    /// `len` more bytes for `conn` in this batch: past [`WriteLimits::qos0_max_bytes`] with
+    /// what it has queued, the broker drops QoS 0 messages for it ([`Input::Congested`]).
+    fn note_send(&mut self, conn: ConnId, len: usize) {
+        let pending = self.batch_bytes.entry(conn).or_default();
+        *pending += len;
+        let pending = *pending;
+        let Some(outbox) = self.outboxes.get(&conn) else {
+            return;
+        };
+        let backlog = outbox.queued() + pending;
+        if backlog > self.write_limits.qos0_max_bytes && self.congested.insert(conn) {
+            debug!(
+                conn = conn.0,
+                backlog, "write backlog past its mark: QoS 0 messages are dropped"
+            );
+            let now = self.clock.now();
+            self.broker.handle_input(now, Input::Congested { conn });
+        }
+    }
+
+    /// One more frame for `peer` in this batch: past the link's congestion mark with what its
+    /// session has queued, the broker drops QoS 0 forwards to it ([`Input::PeerCongested`]).
+    fn note_frame(&mut self, peer: &NodeId, frame: &Frame) {
+        let Some(link) = self.links.get_mut(peer) else {
+            return;
+        };
+        link.batch_frames += 1;
+        link.batch_bytes += link::encoded_len(frame).unwrap_or(0);
+        if link.congested
+            || !link
+                .writer
+                .congested_with(link.batch_frames, link.batch_bytes)
+        {
+            return;
+        }
+        link.congested = true;
+        info!(
+            peer = %peer,
+            "link session congested: QoS 0 forwards dropped until it drains"
+        );
+        self.congested_links.push(peer.clone());
+        let now = self.clock.now();
+        self.broker
+            .handle_input(now, Input::PeerCongested { peer: peer.clone() });
     }
 
     /// Commit the batch's records, then write and close. With `lone`, the batch was a single
@@ -646,6 +703,7 @@ impl Engine {
     fn flush(&mut self, mut lone: bool) -> Result<(), StorageError> {
         loop {
             if self.outputs.is_empty() && self.slow.is_empty() && self.cut.is_empty() {
+                self.end_batch();
                 return Ok(());
             }
             let mut outputs = std::mem::take(&mut self.outputs);
@@ -720,6 +778,17 @@ impl Engine {
         }
     }
 
+    /// What the batch noted for each connection and peer is in their queues now.
+    fn end_batch(&mut self) {
+        if !self.batch_bytes.is_empty() {
+            self.batch_bytes.clear();
+        }
+        for link in self.links.values_mut() {
+            link.batch_frames = 0;
+            link.batch_bytes = 0;
+        }
+    }
+
     /// Hand bytes to a connection: written at once when `direct` allows and nothing is queued
     /// before them, else queued for its task.
     fn send(&mut self, conn: ConnId, data: Bytes, direct: bool) {
@@ -740,23 +809,10 @@ impl Engine {
                 .slow_consumer_disconnects
                 .fetch_add(1, Ordering::Relaxed);
             self.slow.push(conn);
+        } else if direct {
+            outbox.write_or_push(data);
         } else {
-            if direct {
-                outbox.write_or_push(data);
-            } else {
-                outbox.push(data);
-            }
-            if queued > self.write_limits.qos0_max_bytes
-                && outbox.queued() > self.write_limits.qos0_max_bytes
-                && self.congested.insert(conn)
-            {
-                debug!(
-                    conn = conn.0,
-                    queued, "write backlog past its mark: QoS 0 messages are dropped"
-                );
-                let now = self.clock.now();
-                self.broker.handle_input(now, Input::Congested { conn });
-            }
+            outbox.push(data);
         }
     }
 }
@@ -963,8 +1019,8 @@ mod tests {
         assert!(frames.try_recv().is_err(), "nothing after the cut");
     }
 
-    /// Past half its frames a link is congested, once; at a quarter, written by its session,
-    /// it is drained at the next turn.
+    /// Past half its frames a link is congested, once, as soon as the batch's outputs show it;
+    /// at a quarter, written by its session, it is drained at the next turn.
     #[tokio::test]
     async fn a_link_is_congested_past_its_mark_and_drained_below_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -977,26 +1033,135 @@ mod tests {
             session: 1,
             writer,
         });
-        for _ in 0..4 {
+        // Two frames queued from an earlier batch, then a batch of more.
+        for _ in 0..2 {
             engine.write_to_peer(&peer, Bytes::from_static(b"frame"));
+        }
+        for _ in 0..2 {
+            engine.note_frame(&peer, &Frame::KeepAlive);
         }
         assert!(
             !engine.links[&peer].congested,
             "half the frames is the mark"
         );
         for _ in 0..3 {
+            engine.note_frame(&peer, &Frame::KeepAlive);
+        }
+        assert!(
+            engine.links[&peer].congested,
+            "told before the batch is written"
+        );
+        assert_eq!(engine.congested_links, vec![peer.clone()], "told once");
+        engine.end_batch();
+        for _ in 0..5 {
             engine.write_to_peer(&peer, Bytes::from_static(b"frame"));
         }
-        assert!(engine.links[&peer].congested);
-        assert_eq!(engine.congested_links, vec![peer.clone()], "told once");
-        // The session writes all but two.
-        for _ in 0..5 {
+        // The session writes all but three.
+        for _ in 0..4 {
             let frame = frames.recv().await.unwrap();
             written.fetch_sub(frame.len(), Ordering::AcqRel);
         }
         engine.release_drained_links();
+        assert!(engine.links[&peer].congested, "three left: above a quarter");
+        let frame = frames.recv().await.unwrap();
+        written.fetch_sub(frame.len(), Ordering::AcqRel);
+        engine.release_drained_links();
         assert!(!engine.links[&peer].congested);
         assert!(engine.congested_links.is_empty());
         assert!(engine.cut.is_empty());
+    }
+
+    /// The bytes of one packet, as a client would send them (MQTT 5.0).
+    fn wire(packet: meridian_core::codec::Packet) -> Bytes {
+        let mut buf = BytesMut::new();
+        meridian_core::codec::encode(&packet, meridian_core::codec::ProtocolVersion::V5, &mut buf)
+            .unwrap();
+        buf.freeze()
+    }
+
+    /// A connection registered with the engine, connected as `client_id`, its outbox empty.
+    fn client(engine: &mut Engine, client_id: &str) -> (ConnId, Arc<Outbox>) {
+        use meridian_core::codec::{Connect, ConnectProperties, Packet, ProtocolVersion};
+        let outbox = Outbox::new();
+        let (reply, mut conn) = oneshot::channel();
+        engine.handle(ToEngine::Accept {
+            info: ConnInfo::default(),
+            outbox: outbox.clone(),
+            reply,
+        });
+        let conn = conn.try_recv().unwrap();
+        let connect = Connect {
+            protocol: ProtocolVersion::V5,
+            clean_start: true,
+            keep_alive: 0,
+            client_id: client_id.to_owned(),
+            will: None,
+            username: None,
+            password: None,
+            properties: ConnectProperties::default(),
+        };
+        engine.handle(ToEngine::Bytes {
+            conn,
+            data: wire(Packet::Connect(connect)),
+        });
+        engine.flush(false).unwrap();
+        let mut taken = std::collections::VecDeque::new();
+        outbox.take(&mut taken);
+        outbox.written(taken.iter().map(Bytes::len).sum());
+        (conn, outbox)
+    }
+
+    /// A batch that would take a subscriber past its QoS 0 mark tells the broker as soon as
+    /// it does: the rest of the batch's QoS 0 messages for it are dropped, not queued.
+    #[test]
+    fn a_batch_stops_queueing_qos0_at_the_mark_not_after_it() {
+        use meridian_core::codec::{Packet, Publish, QoS, Subscribe, SubscribeFilter};
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
+        let (sub, sub_box) = client(&mut engine, "sub");
+        engine.handle(ToEngine::Bytes {
+            conn: sub,
+            data: wire(Packet::Subscribe(Subscribe {
+                packet_id: 1,
+                filters: vec![SubscribeFilter {
+                    filter: "t".to_owned(),
+                    options: Default::default(),
+                }],
+                properties: Default::default(),
+            })),
+        });
+        engine.flush(false).unwrap();
+        let acked = sub_box.queued();
+        let (publisher, _) = client(&mut engine, "pub");
+        const COUNT: usize = 40;
+        let payload = Bytes::from(vec![0u8; 16 * 1024]);
+        for _ in 0..COUNT {
+            let publish = Publish {
+                dup: false,
+                qos: QoS::AtMostOnce,
+                retain: false,
+                topic: "t".to_owned(),
+                packet_id: None,
+                payload: payload.clone(),
+                properties: Default::default(),
+            };
+            engine.handle(ToEngine::Bytes {
+                conn: publisher,
+                data: wire(Packet::Publish(publish)),
+            });
+        }
+        engine.flush(false).unwrap();
+        let stats = engine.broker.stats();
+        let delivered = usize::try_from(stats.messages_sent[0]).unwrap();
+        let dropped = usize::try_from(stats.dropped_qos0_congested).unwrap();
+        assert_eq!(delivered + dropped, COUNT);
+        assert!(dropped > 0, "nothing dropped: {delivered} delivered");
+        let backlog = sub_box.queued() - acked;
+        assert!(
+            backlog <= TEST_LIMITS.qos0_max_bytes + payload.len() + 64,
+            "{backlog} bytes queued, past the mark by more than one message"
+        );
+        assert!(engine.slow.is_empty() && engine.outboxes.contains_key(&sub));
     }
 }

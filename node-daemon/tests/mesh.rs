@@ -402,10 +402,11 @@ async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
     })
     .await;
 
-    // 2 MB/s from c to a; the publisher at c sends as fast as it can.
-    link.set_bandwidth(2_000_000);
+    // 500 kB/s from c to a; the publisher at c sends small messages as fast as it can, so that
+    // one read of the broker's holds hundreds of them.
+    link.set_bandwidth(500_000);
     let publ = v3::connect(v3::options("near-pub", c.mqtt())).await;
-    let payload = vec![7u8; 1024];
+    let payload = vec![7u8; 32];
     let flood = async |n: usize| {
         for _ in 0..n {
             publ.client
@@ -423,14 +424,14 @@ async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
         );
         flood(1000).await;
     }
-    // Then more than the link's whole queue holds (16,384 frames), which would cut the session
-    // if it were queued.
-    flood(20_000).await;
+    // Then four times what the link's whole queue holds (16,384 frames), which would cut the
+    // session if it were queued.
+    flood(64_000).await;
     publ.client
         .publish("keep/x", QoS::AtLeastOnce, false, "across")
         .await
         .unwrap();
-    // Everything queued before it crosses first, at 2 MB/s.
+    // Everything queued before it crosses first.
     let got = tokio::time::timeout(MESH_DEADLINE, async {
         loop {
             match sub.rx.recv().await {
@@ -448,6 +449,26 @@ async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
     assert_eq!(metric(&page, "meridian_link_sessions_cut_total"), 0.0);
     assert_eq!(link.connections(), 1, "the session was never replaced");
     assert!(c.connected_to(&a).await);
+
+    // The link drained: QoS 0 crosses again, and nothing more is dropped.
+    let dropped = metric(&c.metrics().await, DROPPED);
+    publ.client
+        .publish("flood/x", QoS::AtMostOnce, false, "after")
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(MESH_DEADLINE, async {
+        loop {
+            match sub.rx.recv().await {
+                Some(Packet::Publish(p)) if &p.payload[..] == b"after" => return p,
+                Some(_) => {}
+                None => panic!("the subscriber's connection ended"),
+            }
+        }
+    })
+    .await
+    .expect("QoS 0 crosses the drained link");
+    assert_eq!(got.topic, "flood/x");
+    assert_eq!(metric(&c.metrics().await, DROPPED), dropped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
 use super::session::{Inflight, InflightState, Queued, SessionId};
+use super::subscriptions::Readiness;
 use super::{Authenticator, Authorizer, Broker, ClientRef};
 use crate::codec::{self, Ack, OutgoingPublish, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use crate::topic::{TopicFilter, TopicName};
@@ -269,15 +270,20 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     fn route(&mut self, message: &Arc<Message>, mut detached: Option<Arc<Message>>) -> usize {
         let mut recipients = std::mem::take(&mut self.scratch);
         {
-            let sessions = &self.sessions;
-            let connected = |sid: SessionId| {
-                sessions
+            let (sessions, conns) = (&self.sessions, &self.conns);
+            let readiness = |sid: SessionId| {
+                let conn = sessions
                     .get(sid as usize)
                     .and_then(Option::as_ref)
-                    .is_some_and(|s| s.conn.is_some())
+                    .and_then(|s| s.conn);
+                match conn.and_then(|c| conns.get(&c)) {
+                    None => Readiness::Offline,
+                    Some(c) if c.congested => Readiness::Congested,
+                    Some(_) => Readiness::Ready,
+                }
             };
             self.subs
-                .recipients(&message.topic, message.origin, connected, &mut recipients);
+                .recipients(&message.topic, message.origin, readiness, &mut recipients);
         }
         let n = recipients.len();
         for r in recipients.drain(..) {

@@ -214,13 +214,13 @@ impl SubscriptionIndex {
 
     /// Everyone who should receive a message on `topic`: one entry per session for its direct
     /// subscriptions (overlaps merged: highest QoS, every subscription identifier), plus one per
-    /// matching shared group (a member chosen round-robin, connected members first).
+    /// matching shared group (a member chosen round-robin, the most [`Readiness`] first).
     /// `origin` is the publishing session, skipped by No Local subscriptions.
     pub fn recipients(
         &self,
         topic: &str,
         origin: Option<SessionId>,
-        is_connected: impl Fn(SessionId) -> bool,
+        readiness: impl Fn(SessionId) -> Readiness,
         out: &mut Vec<Recipient>,
     ) {
         out.clear();
@@ -239,7 +239,7 @@ impl SubscriptionIndex {
                 });
             }
             for group in &entry.shared {
-                if let Some((session, sub)) = pick_member(group, &is_connected) {
+                if let Some((session, sub)) = pick_member(group, &readiness) {
                     shared.push(Recipient {
                         session,
                         qos: sub.options.qos,
@@ -276,28 +276,48 @@ impl SubscriptionIndex {
         let name = filter.shared_group()?;
         let entry = self.trie.get(filter.pattern())?;
         let group = entry.shared.iter().find(|g| &*g.name == name)?;
-        let (session, sub) = pick_member(group, &|s| s != except && eligible(s))?;
+        let (session, sub) = pick_member(group, &|s| {
+            if s != except && eligible(s) {
+                Readiness::Ready
+            } else {
+                Readiness::Offline
+            }
+        })?;
         (session != except && eligible(session)).then_some((session, sub))
     }
 }
 
-/// Round-robin over the group, preferring connected members; if none is connected the next
-/// member in turn gets the message (queued in its session).
+/// How well a member of a shared group can take a message now, least first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Readiness {
+    /// Not connected: a message would wait in its session (QoS 0: dropped).
+    Offline,
+    /// Connected, but the shell reported its connection congested: QoS 0 would be dropped.
+    Congested,
+    Ready,
+}
+
+/// Round-robin over the group: the next member in turn that is [`Readiness::Ready`]; if there
+/// is none, the next of the readiest there are (a message for an offline member is queued in
+/// its session).
 fn pick_member(
     group: &SharedGroup,
-    is_connected: &impl Fn(SessionId) -> bool,
+    readiness: &impl Fn(SessionId) -> Readiness,
 ) -> Option<(SessionId, Subscriber)> {
     let n = group.members.len();
     let start = group.cursor.get() % n.max(1);
-    let mut fallback = None;
+    let mut fallback: Option<(Readiness, usize, SessionId, Subscriber)> = None;
     for (k, (&session, sub)) in group.members.iter().enumerate().cycle().skip(start).take(n) {
-        if is_connected(session) {
+        let ready = readiness(session);
+        if ready == Readiness::Ready {
             group.cursor.set(k + 1);
             return Some((session, *sub));
         }
-        fallback.get_or_insert((k, session, *sub));
+        if fallback.is_none_or(|(best, ..)| ready > best) {
+            fallback = Some((ready, k, session, *sub));
+        }
     }
-    let (k, session, sub) = fallback?;
+    let (_, k, session, sub) = fallback?;
     group.cursor.set(k + 1);
     Some((session, sub))
 }

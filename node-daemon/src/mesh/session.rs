@@ -14,6 +14,7 @@ use futures_util::io::{AsyncReadExt, AsyncWriteExt};
 use libp2p::Stream;
 use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
 use meridian_core::routes::NodeId;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, warn};
 
@@ -30,6 +31,15 @@ pub const PEER_QUEUE: usize = 16 * 1024;
 pub const PEER_CONGESTED_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes queued for a congested peer at or below which QoS 0 forwards resume.
 pub const PEER_DRAINED_BYTES: usize = 1024 * 1024;
+
+/// Why a frame could not be queued on a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    /// The session's queue is full: it cannot keep up.
+    Full,
+    /// The session ended.
+    Ended,
+}
 
 /// The broker task's end of a session: frames to write, and a way to end the session.
 #[derive(Debug, Clone)]
@@ -53,22 +63,25 @@ impl PeerWriter {
         (writer, rx, queued_bytes)
     }
 
-    /// Queue a frame; `false` if the queue is full (or the session ended).
-    pub fn send(&self, frame: Bytes) -> bool {
+    /// Queue a frame.
+    pub fn send(&self, frame: Bytes) -> Result<(), SendError> {
         let len = frame.len();
         // Counted before it can be written, so the session never subtracts first.
         self.queued_bytes.fetch_add(len, Ordering::AcqRel);
-        if self.tx.try_send(frame).is_err() {
+        self.tx.try_send(frame).map_err(|e| {
             self.queued_bytes.fetch_sub(len, Ordering::AcqRel);
-            return false;
-        }
-        true
+            match e {
+                TrySendError::Full(_) => SendError::Full,
+                TrySendError::Closed(_) => SendError::Ended,
+            }
+        })
     }
 
-    /// Past the congestion mark: [`PEER_CONGESTED_BYTES`] or half the queue's frames.
-    pub fn congested(&self) -> bool {
-        self.queued_bytes.load(Ordering::Acquire) > PEER_CONGESTED_BYTES
-            || self.queued_frames() > self.tx.max_capacity() / 2
+    /// Past the congestion mark ([`PEER_CONGESTED_BYTES`] or half the queue's frames) once
+    /// `frames` more frames of `bytes` in all are queued.
+    pub fn congested_with(&self, frames: usize, bytes: usize) -> bool {
+        self.queued_bytes.load(Ordering::Acquire) + bytes > PEER_CONGESTED_BYTES
+            || self.queued_frames() + frames > self.tx.max_capacity() / 2
     }
 
     /// Back down to [`PEER_DRAINED_BYTES`] and a quarter of the queue's frames.

@@ -24,28 +24,37 @@ pub fn cheap_hash(password: &str) -> String {
 
 /// A free loopback port (bound then released; the daemon binds it right after).
 ///
-/// Taken from just below the kernel's ephemeral range, which outgoing connections draw their
-/// local ports from: a port from that range, once released, could become the local port of any
+/// Taken from outside the kernel's ephemeral range, which outgoing connections draw their local
+/// ports from: a port from that range, once released, could become the local port of any
 /// test's client connection before the daemon binds it, or while a restarted daemon is down
 /// (its config keeps the port). Each test process walks the ports from its own starting point.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    const SPAN: u32 = 12_000;
-    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+    let (low, high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .filter(|&low| low > SPAN + 1024)
-        .unwrap_or(32_768);
+        .and_then(|r| {
+            let mut it = r.split_whitespace().map(|p| p.parse::<u32>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32_768, 60_999));
+    // Up to 12,000 ports just below the range where there is room for 2,048, else above it.
+    let below = low.saturating_sub(12_000).max(1_024);
+    let (first, span) = if low >= below + 2_048 {
+        (below, low - below)
+    } else {
+        (high + 1, 65_535u32.saturating_sub(high).max(1))
+    };
     let start = std::process::id().wrapping_mul(7919);
-    for _ in 0..SPAN {
+    for _ in 0..span {
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = ephemeral_low - SPAN + start.wrapping_add(i) % SPAN;
-        let port = u16::try_from(port).expect("below the ephemeral range");
+        let Ok(port) = u16::try_from(first + start.wrapping_add(i) % span) else {
+            continue;
+        };
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
-    panic!("no free loopback port below {ephemeral_low}");
+    panic!("no free loopback port outside the ephemeral range {low}-{high}");
 }
 
 /// A daemon child process with its own data directory and ports. Killed on drop.
