@@ -170,7 +170,8 @@ pub(crate) fn client(c: &ClientSummary) -> JsValue {
             })),
         )
         .set("inflight", c.inflight)
-        .set("queued", c.queued);
+        .set("queued", c.queued)
+        .set("congested", c.congested);
     o.into_js()
 }
 

@@ -165,6 +165,8 @@ export interface ClientSummary {
   subscriptions: Array<{ filter: string; qos: QoS }>;
   inflight: number;
   queued: number;
+  /** Reported with `handleCongested` and not yet drained: QoS 0 messages to it are dropped. */
+  congested: boolean;
 }
 
 export interface RestoreReport {

@@ -157,6 +157,15 @@ fn a_congested_connection_misses_qos0_until_drained() {
     assert_eq!(got.len(), 1);
     assert_eq!(bytes(&get(&got[0], "payload")), b"kept");
     assert_eq!(get_num(&h.broker.stats(), "droppedQos0Congested"), 1.0);
+    let clients = array(&h.broker.clients());
+    let congested = |id: &str| {
+        clients
+            .iter()
+            .find(|c| get_str(c, "clientId") == id)
+            .map(|c| get_bool(c, "congested"))
+    };
+    assert_eq!(congested("sub"), Some(true));
+    assert_eq!(congested("pub"), Some(false));
 
     h.broker.handle_drained(sub, h.now).unwrap();
     publish(&mut h, 0, "resumed");

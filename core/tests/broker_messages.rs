@@ -238,6 +238,15 @@ fn congested_connection_drops_qos0_and_counts_until_drained() {
     let p = w.connect(V5, "p");
 
     w.set_congested(s, true);
+    let congested = |w: &World| {
+        w.broker
+            .clients()
+            .iter()
+            .filter(|c| c.congested)
+            .map(|c| c.client_id.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(congested(&w), vec!["s".to_owned()]);
     w.publish(p, "zero", b"a", QoS::AtMostOnce, false, 0);
     w.publish(p, "one", b"b", QoS::AtLeastOnce, false, 1);
     let got: Vec<Bytes> = w
@@ -254,6 +263,7 @@ fn congested_connection_drops_qos0_and_counts_until_drained() {
     );
 
     w.set_congested(s, false);
+    assert!(congested(&w).is_empty());
     w.publish(p, "zero", b"c", QoS::AtMostOnce, false, 0);
     let got = w.received_publishes(s);
     assert_eq!(got.len(), 1);

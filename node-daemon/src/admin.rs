@@ -255,6 +255,7 @@ fn client_json(c: &ClientSummary) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "inflight": c.inflight,
         "queued": c.queued,
+        "congested": c.congested,
     })
 }
 

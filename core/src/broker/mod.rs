@@ -78,6 +78,8 @@ pub struct ClientSummary {
     pub subscriptions: Vec<(String, QoS)>,
     pub inflight: usize,
     pub queued: usize,
+    /// Its connection is congested ([`Input::Congested`]): QoS 0 messages to it are dropped.
+    pub congested: bool,
 }
 
 /// The sans-IO MQTT broker.
@@ -257,6 +259,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     .collect(),
                 inflight: s.inflight.len(),
                 queued: s.queue.len(),
+                congested: s
+                    .conn
+                    .and_then(|c| self.conns.get(&c))
+                    .is_some_and(|c| c.congested),
             })
             .collect();
         list.sort_by(|a, b| a.client_id.cmp(&b.client_id));
