@@ -159,10 +159,9 @@ impl JsBroker {
         conn: f64,
         #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
     ) -> Result<(), JsValue> {
-        let input = Input::Congested {
-            conn: conn_id(conn)?,
-        };
-        self.inner.handle_input(now(now_ms)?, input);
+        let conn = conn_id(conn)?;
+        self.inner
+            .handle_input(now(now_ms)?, Input::Congested { conn });
         Ok(())
     }
 
@@ -174,10 +173,9 @@ impl JsBroker {
         conn: f64,
         #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
     ) -> Result<(), JsValue> {
-        let input = Input::Drained {
-            conn: conn_id(conn)?,
-        };
-        self.inner.handle_input(now(now_ms)?, input);
+        let conn = conn_id(conn)?;
+        self.inner
+            .handle_input(now(now_ms)?, Input::Drained { conn });
         Ok(())
     }
 

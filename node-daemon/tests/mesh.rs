@@ -203,6 +203,41 @@ async fn three_regions() -> Three {
     t
 }
 
+/// The next PUBLISH `sub` receives that `want` accepts, skipping the others, within the mesh
+/// deadline.
+async fn next_publish(
+    sub: &mut v3::Client,
+    want: impl Fn(&rumqttc::Publish) -> bool,
+) -> rumqttc::Publish {
+    tokio::time::timeout(MESH_DEADLINE, async {
+        loop {
+            match sub.rx.recv().await {
+                Some(Packet::Publish(p)) if want(&p) => return p,
+                Some(_) => {}
+                None => panic!("the subscriber's connection ended"),
+            }
+        }
+    })
+    .await
+    .expect("the message arrives in time")
+}
+
+/// Two regions, c dialling a through a proxy, linked: a, c, the proxy, and the directory that
+/// holds their cluster key.
+async fn two_regions() -> (Node, Node, Proxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let a = Node::start("euc1", pa, &[], &key).await;
+    let c = Node::start("afs1", pc, &[link.port], &key).await;
+    wait_for("the link", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    (a, c, link, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_goes_only_to_the_region_that_wants_it_and_stops_after_unsubscribe() {
     let t = three_regions().await;
@@ -325,16 +360,7 @@ async fn subscribe_many(port: u16, prefix: &str, n: usize) -> (Duration, Vec<v3:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_subscribers_get_local_subacks_whatever_the_link_latency() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let (pa, pc) = (free_port(), free_port());
-    let link = Proxy::start(pa).await.unwrap();
-    let a = Node::start("euc1", pa, &[], &key).await;
-    let c = Node::start("afs1", pc, &[link.port], &key).await;
-    wait_for("the link", &[&a, &c], || async {
-        a.connected_to(&c).await && c.connected_to(&a).await
-    })
-    .await;
+    let (a, c, link, _dir) = two_regions().await;
 
     const N: usize = 1000;
     let mut report = Vec::new();
@@ -384,16 +410,7 @@ async fn a_thousand_subscribers_get_local_subacks_whatever_the_link_latency() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
     const DROPPED: &str = "meridian_messages_dropped_total{reason=\"peer_congested\"}";
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let (pa, pc) = (free_port(), free_port());
-    let link = Proxy::start(pa).await.unwrap();
-    let a = Node::start("euc1", pa, &[], &key).await;
-    let c = Node::start("afs1", pc, &[link.port], &key).await;
-    wait_for("the link", &[&a, &c], || async {
-        a.connected_to(&c).await && c.connected_to(&a).await
-    })
-    .await;
+    let (a, c, link, _dir) = two_regions().await;
     let mut sub = v3::connect(v3::options("far-sub", a.mqtt())).await;
     sub.subscribe("flood/#", QoS::AtMostOnce).await;
     sub.subscribe("keep/#", QoS::AtLeastOnce).await;
@@ -432,17 +449,7 @@ async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
         .await
         .unwrap();
     // Everything queued before it crosses first.
-    let got = tokio::time::timeout(MESH_DEADLINE, async {
-        loop {
-            match sub.rx.recv().await {
-                Some(Packet::Publish(p)) if p.topic == "keep/x" => return p,
-                Some(_) => {}
-                None => panic!("the subscriber's connection ended"),
-            }
-        }
-    })
-    .await
-    .expect("the QoS 1 message crosses the thin link");
+    let got = next_publish(&mut sub, |p| p.topic == "keep/x").await;
     assert_eq!(&got.payload[..], b"across");
     let page = c.metrics().await;
     assert!(metric(&page, DROPPED) > 0.0);
@@ -456,17 +463,7 @@ async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
         .publish("flood/x", QoS::AtMostOnce, false, "after")
         .await
         .unwrap();
-    let got = tokio::time::timeout(MESH_DEADLINE, async {
-        loop {
-            match sub.rx.recv().await {
-                Some(Packet::Publish(p)) if &p.payload[..] == b"after" => return p,
-                Some(_) => {}
-                None => panic!("the subscriber's connection ended"),
-            }
-        }
-    })
-    .await
-    .expect("QoS 0 crosses the drained link");
+    let got = next_publish(&mut sub, |p| &p.payload[..] == b"after").await;
     assert_eq!(got.topic, "flood/x");
     assert_eq!(metric(&c.metrics().await, DROPPED), dropped);
 }
