@@ -4,12 +4,15 @@
 #
 #   examples/three-regions/run.sh                 # direct links
 #   examples/three-regions/run.sh --latency 80    # 80 ms each way on every link (160 ms RTT)
+#   examples/three-regions/run.sh --bandwidth 500000   # every link carries 500 kB/s each way
 set -euo pipefail
 latency=0
+bandwidth=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --latency) latency="$2"; shift 2 ;;
-        -h | --help) sed -n '2,7p' "$0"; exit 0 ;;
+        --bandwidth) bandwidth="$2"; shift 2 ;;
+        -h | --help) sed -n '2,8p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -37,11 +40,12 @@ ws=(8083 8084 8085)
 admin=(9101 9102 9103)
 p2p=(7101 7102 7103)
 
-# Links: ape1 dials euc1, afs1 dials euc1 and ape1; with --latency, each through a proxy
-# (proxy port -> region port).
-if [ "$latency" -gt 0 ]; then
+# Links: ape1 dials euc1, afs1 dials euc1 and ape1; with --latency or --bandwidth, each
+# through a proxy (proxy port -> region port).
+if [ "$latency" -gt 0 ] || [ "$bandwidth" -gt 0 ]; then
     for pair in 7201:7101 7202:7101 7203:7102; do
-        "$proxy" "${pair%:*}" "${pair#*:}" "$latency" >/dev/null 2>"$work/proxy-${pair%:*}.log" &
+        "$proxy" "${pair%:*}" "${pair#*:}" "$latency" "$bandwidth" >/dev/null \
+            2>"$work/proxy-${pair%:*}.log" &
         pids+=($!)
     done
     peers_ape1=(/ip4/127.0.0.1/tcp/7201)
@@ -75,7 +79,8 @@ done
 
 cat <<INFO
 
-Three regions are up (link latency: ${latency} ms each way). Logs: $work/*.log
+Three regions are up (links: ${latency} ms each way, bandwidth ${bandwidth:-0} B/s, 0 = unlimited).
+Logs: $work/*.log
 
   region  MQTT            WebSocket                    admin
   euc1    127.0.0.1:1883  ws://127.0.0.1:8083/mqtt     http://127.0.0.1:9101/api/peers
