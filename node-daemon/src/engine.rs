@@ -265,7 +265,7 @@ pub struct Engine {
     slow: Vec<ConnId>,
     /// Link sessions to peer nodes, by node.
     links: HashMap<NodeId, PeerLink>,
-    /// Peers whose link the broker was told is congested ([`PeerWriter::congested`]).
+    /// Peers whose link the broker was told is congested ([`PeerWriter::congested_with`]).
     congested_links: Vec<NodeId>,
     /// Sessions whose queue overflowed in this batch: cut after the batch.
     cut: Vec<NodeId>,
