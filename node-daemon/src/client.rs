@@ -308,7 +308,10 @@ impl InProcessClient {
                 self.outbox.changed().await;
             }
             for data in self.received.drain(..) {
-                self.outbox.written(data.len());
+                if self.outbox.written(data.len()) {
+                    // Held-back messages wait for a turn of the broker task that sees this.
+                    let _ = self.engine.tx.try_send(ToEngine::WriteDrained);
+                }
                 self.buf.extend_from_slice(&data);
             }
         }

@@ -50,8 +50,10 @@ pub struct ConnectionTask<W> {
     unflushed: bool,
     to_broker: Sender<ToEngine>,
     phase: Phase,
-    /// The listener's connection permit, held until the task ends.
-    _permit: OwnedSemaphorePermit,
+    /// The listener's connection permit, held until the connection ends (given back before
+    /// the broker task hears of it, so that a client that saw the broker count the
+    /// connection gone finds its slot free).
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 enum Phase {
@@ -91,7 +93,7 @@ impl<W: Wire> ConnectionTask<W> {
             out: VecDeque::new(),
             unflushed: false,
             to_broker: engine.tx.clone(),
-            _permit: permit,
+            permit: Some(permit),
         }
     }
 
@@ -117,7 +119,11 @@ impl<W: Wire> ConnectionTask<W> {
                 match self.wire.poll_write_some(cx, &mut self.out) {
                     Poll::Ready(Ok(0)) => self.unflushed = false,
                     Poll::Ready(Ok(n)) => {
-                        self.outbox.written(n);
+                        if self.outbox.written(n) {
+                            // The broker task held messages back for this backlog: a turn of
+                            // its sees it drained. If its queue is full, a turn comes anyway.
+                            let _ = self.to_broker.try_send(ToEngine::WriteDrained);
+                        }
                         if self.out.is_empty() {
                             self.outbox.written_all();
                         }
@@ -170,7 +176,9 @@ impl<W: Wire> ConnectionTask<W> {
         loop {
             match ready!(self.wire.poll_write_some(cx, &mut self.out)) {
                 Ok(0) => break,
-                Ok(n) => self.outbox.written(n),
+                Ok(n) => {
+                    self.outbox.written(n);
+                }
                 Err(_) => return Poll::Ready(()),
             }
         }
@@ -181,6 +189,7 @@ impl<W: Wire> ConnectionTask<W> {
     /// Tell the broker task the connection is gone: now if its queue has room, else once it
     /// has.
     fn end(&mut self, conn: ConnId) {
+        self.permit = None;
         self.phase = match self.to_broker.try_send(ToEngine::Closed { conn }) {
             Ok(()) | Err(TrySendError::Closed(_)) => Phase::Ended,
             Err(TrySendError::Full(_)) => {

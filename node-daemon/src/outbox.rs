@@ -46,6 +46,9 @@ pub struct Outbox {
     waker: AtomicWaker,
     /// Bytes pushed and not yet written to the socket.
     queued: AtomicUsize,
+    /// One more than the backlog at which [`Outbox::written`] reports the queue drained
+    /// (0: nobody is waiting for that).
+    drain_watch: AtomicUsize,
     /// A plain TCP connection's socket, shared with its task.
     socket: Option<TcpStream>,
 }
@@ -152,9 +155,22 @@ impl Outbox {
         state.end
     }
 
-    /// Account for bytes written to the socket.
-    pub fn written(&self, n: usize) {
-        self.queued.fetch_sub(n, Ordering::AcqRel);
+    /// Account for bytes written to the socket. `true`, once, when the backlog has fallen to
+    /// the mark of [`Outbox::watch_drain`]: the writer then tells the broker task.
+    pub fn written(&self, n: usize) -> bool {
+        let left = self.queued.fetch_sub(n, Ordering::AcqRel) - n;
+        let watch = self.drain_watch.load(Ordering::Acquire);
+        watch != 0 && left < watch && self.drain_watch.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Have [`Outbox::written`] report when the backlog falls to `mark` bytes or below.
+    pub fn watch_drain(&self, mark: usize) {
+        self.drain_watch.store(mark + 1, Ordering::Release);
+    }
+
+    /// No longer report the backlog falling (the broker task saw it already).
+    pub fn unwatch_drain(&self) {
+        self.drain_watch.store(0, Ordering::Release);
     }
 
     /// The connection's task wrote everything it took.
@@ -217,6 +233,20 @@ mod tests {
     }
 
     #[test]
+    fn a_watched_backlog_reports_falling_to_its_mark_once() {
+        let o = Outbox::new();
+        o.push(Bytes::from_static(b"0123456789"));
+        o.watch_drain(4);
+        assert!(!o.written(5), "5 left, above the mark");
+        assert!(o.written(1), "4 left: at the mark");
+        assert!(!o.written(1), "once");
+        o.push(Bytes::from_static(b"0123456789"));
+        o.watch_drain(4);
+        o.unwatch_drain();
+        assert!(!o.written(13), "no longer watched");
+    }
+
+    #[test]
     fn empty_bytes_queue_nothing() {
         let o = Outbox::new();
         o.push(Bytes::new());
@@ -239,8 +269,8 @@ mod tests {
     }
 
     /// Bytes an outbox may take. There is one per connection, in an `Arc`: with its two
-    /// counters, a 160-byte malloc chunk.
-    const OUTBOX_BUDGET: usize = 128;
+    /// counters, up to 136 bytes take a 160-byte malloc chunk (152 requested, 8 of overhead).
+    const OUTBOX_BUDGET: usize = 136;
 
     #[test]
     fn an_outbox_stays_within_its_budget() {

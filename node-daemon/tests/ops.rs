@@ -38,6 +38,26 @@ async fn json_logs_are_one_object_per_line() {
 #[tokio::test]
 async fn listener_max_connections_closes_the_excess() {
     let d = Daemon::start_with_config(Some("[listeners.tcp]\nmax_connections = 2\n"));
+    // The start-up check's probes of the MQTT and WebSocket ports hold a slot each until the
+    // daemon has seen them closed.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (_, page) = http(d.admin, "GET", "/metrics").await;
+        let value = |name: &str| {
+            page.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+        };
+        if value("meridian_connections_accepted_total") >= Some(2)
+            && value("meridian_connections") == Some(0)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probes never closed:\n{page}"
+        );
+        tokio::task::yield_now().await;
+    }
     let _a = common::raw::Raw::connect(d.mqtt, V311, "a").await;
     let _b = common::raw::Raw::connect(d.mqtt, V311, "b").await;
     let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", d.mqtt))
