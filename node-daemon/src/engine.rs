@@ -424,9 +424,9 @@ impl Engine {
                 return false;
             };
             if outbox.queued() > low {
-                // Its writer reports falling to the mark (once per arming, so arm it again),
-                // unless it fell between the two looks.
-                outbox.watch_drain(low);
+                // Its writer reports the queue written out (once per arming, so arm it again),
+                // unless it fell under the mark between the two looks.
+                outbox.watch_drain();
                 if outbox.queued() > low {
                     return true;
                 }
@@ -681,7 +681,7 @@ impl Engine {
         };
         let backlog = outbox.queued() + pending;
         if backlog > self.write_limits.qos0_max_bytes && self.congested.insert(conn) {
-            outbox.watch_drain(self.write_limits.qos0_max_bytes / 2);
+            outbox.watch_drain();
             debug!(
                 conn = conn.0,
                 backlog, "write backlog past its mark: QoS 0 messages are dropped"
