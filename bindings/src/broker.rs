@@ -152,8 +152,7 @@ impl JsBroker {
 
     /// Connection `conn` has more unwritten bytes than the app wants to buffer (for a Node
     /// socket, `write()` returned `false`): QoS 0 messages to it are dropped, and counted in
-    /// `stats().droppedQos0Congested`, and new QoS 1 and 2 messages wait in its session, until
-    /// `handleDrained` (which sends them).
+    /// `stats().droppedQos0Congested`, until `handleDrained`. QoS 1 and 2 messages go on.
     #[wasm_bindgen(js_name = handleCongested)]
     pub fn handle_congested(
         &mut self,
@@ -167,7 +166,7 @@ impl JsBroker {
     }
 
     /// Connection `conn`, reported congested, has written its backlog (a Node socket's
-    /// `"drain"` event): what waited goes out (drain the outputs), and QoS 0 resumes.
+    /// `"drain"` event): QoS 0 messages to it resume.
     #[wasm_bindgen(js_name = handleDrained)]
     pub fn handle_drained(
         &mut self,
@@ -177,7 +176,6 @@ impl JsBroker {
         let conn = conn_id(conn)?;
         self.inner
             .handle_input(now(now_ms)?, Input::Drained { conn });
-        self.collect_hook_errors();
         Ok(())
     }
 

@@ -66,7 +66,7 @@ fn qos(q: u8) -> QoS {
 struct ModelSession {
     persistent: bool,
     subs: BTreeMap<&'static str, QoS>,
-    /// QoS 1/2 messages waiting while offline, or while the connection is congested.
+    /// QoS 1/2 messages waiting while offline.
     queued: Vec<(u32, QoS)>,
 }
 
@@ -185,13 +185,10 @@ fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
                             .max();
                         let Some(best) = best else { continue };
                         let eff = qos(q).min(best);
-                        if m.congested.contains(&c) {
-                            // Connected but congested: QoS 0 dropped, QoS 1/2 wait.
-                            if eff != QoS::AtMostOnce {
-                                session.queued.push((id, eff));
+                        if m.connected.contains_key(&c) {
+                            if eff != QoS::AtMostOnce || !m.congested.contains(&c) {
+                                m.expected.entry(c).or_default().push((id, eff));
                             }
-                        } else if m.connected.contains_key(&c) {
-                            m.expected.entry(c).or_default().push((id, eff));
                         } else if eff != QoS::AtMostOnce {
                             session.queued.push((id, eff));
                         }
@@ -203,10 +200,8 @@ fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
                     w.set_congested(conn, congested);
                     if congested {
                         m.congested.insert(client);
-                    } else if m.congested.remove(&client) {
-                        let session = m.sessions.get_mut(&client).unwrap();
-                        let waited = std::mem::take(&mut session.queued);
-                        m.expected.entry(client).or_default().extend(waited);
+                    } else {
+                        m.congested.remove(&client);
                     }
                 }
             }

@@ -32,27 +32,19 @@ const QOS0_BUFFERED_BYTES = 1024 * 1024;
 const broker = new Broker({}, Date.now());
 const sockets = new Map(); // connection id -> WebSocket
 const congested = new Set(); // connection ids the broker was told are congested
-let drainCheck; // interval that looks at congested sockets while there are any
 // Persisted records (sessions, subscriptions, queued and retained messages). Kept in memory
 // here; a real deployment writes them to disk or a KV store before the sends that follow, and
 // feeds them to broker.restore() on start.
 const store = new Map();
 let timer;
 
-/**
- * Tells the broker which congested connections have written enough to take messages again:
- * what waited in their sessions goes out at the next drive().
- */
+/** Tells the broker which congested connections have written enough to take QoS 0 again. */
 function releaseDrained() {
   for (const conn of congested) {
     const ws = sockets.get(conn);
     if (ws && ws.bufferedAmount > QOS0_BUFFERED_BYTES / 2) continue;
     congested.delete(conn);
     if (ws) broker.handleDrained(conn, Date.now());
-  }
-  if (congested.size === 0) {
-    clearInterval(drainCheck);
-    drainCheck = undefined;
   }
 }
 
@@ -68,11 +60,6 @@ function drive() {
         else if (ws.bufferedAmount > QOS0_BUFFERED_BYTES && !congested.has(out.conn)) {
           congested.add(out.conn);
           broker.handleCongested(out.conn, Date.now());
-          // Nothing else may come to wake the broker once the socket has caught up: look.
-          drainCheck ??= setInterval(() => {
-            releaseDrained();
-            drive();
-          }, 50);
         }
         break;
       }

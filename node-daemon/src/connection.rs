@@ -119,11 +119,7 @@ impl<W: Wire> ConnectionTask<W> {
                 match self.wire.poll_write_some(cx, &mut self.out) {
                     Poll::Ready(Ok(0)) => self.unflushed = false,
                     Poll::Ready(Ok(n)) => {
-                        if self.outbox.written(n) {
-                            // The broker task held messages back for this backlog: a turn of
-                            // its sees it drained. If its queue is full, a turn comes anyway.
-                            let _ = self.to_broker.try_send(ToEngine::WriteDrained);
-                        }
+                        self.outbox.written(n);
                         if self.out.is_empty() {
                             self.outbox.written_all();
                         }
@@ -176,9 +172,7 @@ impl<W: Wire> ConnectionTask<W> {
         loop {
             match ready!(self.wire.poll_write_some(cx, &mut self.out)) {
                 Ok(0) => break,
-                Ok(n) => {
-                    self.outbox.written(n);
-                }
+                Ok(n) => self.outbox.written(n),
                 Err(_) => return Poll::Ready(()),
             }
         }

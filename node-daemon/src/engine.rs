@@ -130,9 +130,6 @@ pub enum ToEngine {
     },
     /// An encoded broadcast frame that gossip could not take: send it on every session.
     BroadcastDirect(Bytes),
-    /// A congested connection's backlog fell to its drain mark ([`Outbox::watch_drain`]): the
-    /// turn this message starts finds it and tells the broker.
-    WriteDrained,
     Peers(oneshot::Sender<Vec<PeerSummary>>),
     /// A peer's route set as replicated here (`None`: this node's own).
     Routes {
@@ -261,8 +258,6 @@ pub struct Engine {
     congested: HashSet<ConnId>,
     /// Bytes for each connection in this batch, not yet handed to its outbox.
     batch_bytes: HashMap<ConnId, usize>,
-    /// Room for the connections [`Engine::release_drained`] finds drained.
-    scratch_conns: Vec<ConnId>,
     counters: Arc<DaemonCounters>,
     outputs: Vec<Output>,
     records: Vec<(Bytes, Option<Bytes>)>,
@@ -316,7 +311,6 @@ impl Engine {
             write_limits,
             congested: HashSet::new(),
             batch_bytes: HashMap::new(),
-            scratch_conns: Vec::new(),
             counters,
             outputs: Vec::new(),
             records: Vec::new(),
@@ -414,34 +408,23 @@ impl Engine {
     }
 
     /// Tell the broker which congested connections have written enough of their backlog to
-    /// take messages again (or are gone): what waited in their sessions goes out.
+    /// take QoS 0 messages again (or are gone).
     fn release_drained(&mut self) {
-        let low = self.write_limits.qos0_max_bytes / 2;
-        let mut drained = std::mem::take(&mut self.scratch_conns);
-        let outboxes = &self.outboxes;
-        self.congested.retain(|&conn| {
-            let Some(outbox) = outboxes.get(&conn) else {
-                return false;
-            };
-            if outbox.queued() > low {
-                // Its writer reports the queue written out (once per arming, so arm it again),
-                // unless it fell under the mark between the two looks.
-                outbox.watch_drain();
-                if outbox.queued() > low {
-                    return true;
-                }
-            }
-            outbox.unwatch_drain();
-            drained.push(conn);
-            false
-        });
         let now = self.clock.now();
-        for conn in drained.drain(..) {
-            debug!(conn = conn.0, "write backlog drained: messages resume");
-            self.broker.handle_input(now, Input::Drained { conn });
-            self.drain();
-        }
-        self.scratch_conns = drained;
+        let low = self.write_limits.qos0_max_bytes / 2;
+        let (broker, outboxes) = (&mut self.broker, &self.outboxes);
+        self.congested.retain(|&conn| match outboxes.get(&conn) {
+            Some(outbox) if outbox.queued() > low => true,
+            Some(_) => {
+                debug!(
+                    conn = conn.0,
+                    "write backlog drained: QoS 0 messages resume"
+                );
+                broker.handle_input(now, Input::Drained { conn });
+                false
+            }
+            None => false,
+        });
     }
 
     /// Tell the broker which congested links have written enough of their queue to take QoS 0
@@ -584,8 +567,6 @@ impl Engine {
                 }
             }
             ToEngine::BroadcastDirect(frame) => self.write_to_every_peer(&frame),
-            // Seen at the start of the turn, by release_drained.
-            ToEngine::WriteDrained => {}
             ToEngine::Peers(reply) => {
                 let _ = reply.send(self.broker.peers());
             }
@@ -681,7 +662,6 @@ impl Engine {
         };
         let backlog = outbox.queued() + pending;
         if backlog > self.write_limits.qos0_max_bytes && self.congested.insert(conn) {
-            outbox.watch_drain();
             debug!(
                 conn = conn.0,
                 backlog, "write backlog past its mark: QoS 0 messages are dropped"

@@ -46,8 +46,6 @@ pub struct Outbox {
     waker: AtomicWaker,
     /// Bytes pushed and not yet written to the socket.
     queued: AtomicUsize,
-    /// [`Outbox::written`] reports the queue written out ([`Outbox::watch_drain`]).
-    drain_watched: AtomicBool,
     /// A plain TCP connection's socket, shared with its task.
     socket: Option<TcpStream>,
 }
@@ -154,25 +152,9 @@ impl Outbox {
         state.end
     }
 
-    /// Account for bytes written to the socket. `true`, once after [`Outbox::watch_drain`],
-    /// when nothing is left to write: the writer then tells the broker task.
-    pub fn written(&self, n: usize) -> bool {
-        let left = self.queued.fetch_sub(n, Ordering::AcqRel) - n;
-        left == 0
-            && self.drain_watched.load(Ordering::Acquire)
-            && self.drain_watched.swap(false, Ordering::AcqRel)
-    }
-
-    /// Have [`Outbox::written`] report when the queue is written out. (A flag, not a mark: a
-    /// connection's outbox is kept small. The broker task also looks at the backlog itself at
-    /// each turn; this report matters when nothing else would start one.)
-    pub fn watch_drain(&self) {
-        self.drain_watched.store(true, Ordering::Release);
-    }
-
-    /// No longer report the queue written out (the broker task saw it drained already).
-    pub fn unwatch_drain(&self) {
-        self.drain_watched.store(false, Ordering::Release);
+    /// Account for bytes written to the socket.
+    pub fn written(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::AcqRel);
     }
 
     /// The connection's task wrote everything it took.
@@ -235,21 +217,6 @@ mod tests {
     }
 
     #[test]
-    fn a_watched_queue_reports_being_written_out_once() {
-        let o = Outbox::new();
-        o.push(Bytes::from_static(b"0123456789"));
-        o.watch_drain();
-        assert!(!o.written(6), "4 left");
-        assert!(o.written(4), "written out");
-        o.push(Bytes::from_static(b"0123456789"));
-        assert!(!o.written(10), "once");
-        o.push(Bytes::from_static(b"0123456789"));
-        o.watch_drain();
-        o.unwatch_drain();
-        assert!(!o.written(10), "no longer watched");
-    }
-
-    #[test]
     fn empty_bytes_queue_nothing() {
         let o = Outbox::new();
         o.push(Bytes::new());
@@ -272,8 +239,7 @@ mod tests {
     }
 
     /// Bytes an outbox may take. There is one per connection, in an `Arc`: with its two
-    /// counters, a 160-byte malloc chunk. (An outbox of 136 bytes, with the same chunk in
-    /// theory, measured 40-60 bytes more per idle connection at 16,000.)
+    /// counters, a 160-byte malloc chunk.
     const OUTBOX_BUDGET: usize = 128;
 
     #[test]

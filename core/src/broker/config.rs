@@ -17,7 +17,7 @@
 //! | `max_sessions` | a CONNECT that would create one more session: CONNACK 0x97 (5.0) / return code 3 (3.1.1) |
 //! | `max_retained_messages` | a new retained topic beyond it is not stored (counted in `Stats::dropped_retained_full`); replacing or deleting still works |
 //! | `topic_alias_maximum` | a client alias above it: DISCONNECT 0x94 |
-//! | the shell's write backlog (not a field here) | the shell feeds [`crate::Input::Congested`] when a connection's unwritten bytes pass its mark: QoS 0 deliveries to it are dropped and counted (`Stats::dropped_qos0_congested`), and new QoS 1/2 deliveries wait in its session (bounded as above), until [`crate::Input::Drained`]; the shell also decides when a backlog is too large to keep the connection |
+//! | the shell's write backlog (not a field here) | the shell feeds [`crate::Input::Congested`] when a connection's unwritten bytes pass its mark: QoS 0 deliveries to it are dropped and counted (`Stats::dropped_qos0_congested`) until [`crate::Input::Drained`]; the shell also decides when a backlog is too large to keep the connection |
 
 use crate::codec::QoS;
 

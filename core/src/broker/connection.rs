@@ -109,16 +109,6 @@ impl Connection {
         }
     }
 
-    /// How many QoS 1/2 messages may be in flight to the client now: none while the shell
-    /// reports the connection congested, so that new ones wait in the session.
-    pub fn window(&self) -> usize {
-        if self.congested {
-            0
-        } else {
-            usize::from(self.send_window)
-        }
-    }
-
     /// When the keep alive runs out: 1.5 times the interval after the last packet.
     pub fn keep_alive_deadline(&self) -> Option<Timestamp> {
         (self.keep_alive_secs > 0).then(|| {

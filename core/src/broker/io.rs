@@ -71,14 +71,11 @@ pub enum Input<'a> {
     /// The link to a peer node is down.
     PeerDown { peer: NodeId },
     /// The shell's backlog of bytes not yet written to this connection passed its mark: the
-    /// client reads more slowly than it is sent to. Until [`Input::Drained`], QoS 0 deliveries
-    /// to it are dropped, and counted in [`crate::broker::Stats::dropped_qos0_congested`], and
-    /// new QoS 1 and 2 deliveries wait in its session (within `max_queued_messages` and
-    /// `max_queued_bytes`); acknowledgements still go out. A shared subscription prefers its
-    /// other members.
+    /// client reads more slowly than it is sent to. QoS 0 deliveries to it are dropped, and
+    /// counted in [`crate::broker::Stats::dropped_qos0_congested`], until [`Input::Drained`].
+    /// QoS 1 and 2 deliveries are bounded by the in-flight window and go on as before.
     Congested { conn: ConnId },
-    /// The backlog of a [`Input::Congested`] connection fell back: what waited in its session
-    /// goes out, and QoS 0 deliveries resume.
+    /// The backlog of a [`Input::Congested`] connection fell back: QoS 0 deliveries resume.
     Drained { conn: ConnId },
     /// The shell's queue of frames for this peer's link passed its mark: the link carries less
     /// than is sent on it. QoS 0 forwards to the peer are dropped, and counted in

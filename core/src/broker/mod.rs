@@ -205,13 +205,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     fn set_congested(&mut self, conn: ConnId, congested: bool) {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return;
-        };
-        c.congested = congested;
-        // What waited in the session while the connection was congested goes out now.
-        if !congested && let Some(sid) = c.session() {
-            self.pump(sid);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.congested = congested;
         }
     }
 

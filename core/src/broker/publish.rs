@@ -329,7 +329,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let window = conn
             .and_then(|c| self.conns.get(&c))
-            .map_or(0, |c| c.window());
+            .map_or(0, |c| usize::from(c.send_window));
         if let Some(conn) = conn
             && session.queue.is_empty()
             && session.inflight.len() < window
@@ -530,7 +530,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             };
             let Some(conn) = session.conn else { return };
-            let window = self.conns.get(&conn).map_or(0, |c| c.window());
+            let window = self
+                .conns
+                .get(&conn)
+                .map_or(0, |c| usize::from(c.send_window));
             if let Some(pos) = session.inflight.first_unsent() {
                 if session.inflight.sent() >= window {
                     return;
