@@ -73,7 +73,8 @@ pub enum Input<'a> {
     /// The shell's backlog of bytes not yet written to this connection passed its mark: the
     /// client reads more slowly than it is sent to. QoS 0 deliveries to it are dropped, and
     /// counted in [`crate::broker::Stats::dropped_qos0_congested`], until [`Input::Drained`].
-    /// QoS 1 and 2 deliveries are bounded by the in-flight window and go on as before.
+    /// QoS 1 and 2 deliveries are bounded by the in-flight window and go on as before. A shared
+    /// subscription gives its messages to members that are not congested first.
     Congested { conn: ConnId },
     /// The backlog of a [`Input::Congested`] connection fell back: QoS 0 deliveries resume.
     Drained { conn: ConnId },
