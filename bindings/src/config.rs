@@ -25,6 +25,7 @@ pub(crate) fn from_js(value: &JsValue) -> Result<Config, JsValue> {
     field!("maxPacketSize", max_packet_size, u32);
     field!("receiveMaximum", receive_maximum, u16);
     field!("maxInflight", max_inflight, u16);
+    field!("maxInflightBytes", max_inflight_bytes, usize);
     field!("maxQueuedMessages", max_queued_messages, usize);
     field!("maxQueuedBytes", max_queued_bytes, usize);
     field!(
@@ -101,6 +102,7 @@ pub(crate) fn to_js(c: &Config) -> JsValue {
     o.set("maxPacketSize", c.max_packet_size)
         .set("receiveMaximum", c.receive_maximum)
         .set("maxInflight", c.max_inflight)
+        .set("maxInflightBytes", c.max_inflight_bytes)
         .set("maxQueuedMessages", c.max_queued_messages)
         .set("maxQueuedBytes", c.max_queued_bytes)
         .set("maxSubscriptionsPerClient", c.max_subscriptions_per_client)

@@ -14,6 +14,7 @@ export interface BrokerConfig {
   maxPacketSize?: number;
   receiveMaximum?: number;
   maxInflight?: number;
+  maxInflightBytes?: number;
   maxQueuedMessages?: number;
   maxQueuedBytes?: number;
   maxSubscriptionsPerClient?: number;

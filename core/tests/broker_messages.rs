@@ -124,6 +124,43 @@ fn client_receive_maximum_limits_messages_in_flight() {
 }
 
 #[test]
+fn bytes_in_flight_are_bounded_too() {
+    // Room for three messages of 1,000 payload bytes and a one-byte topic.
+    let mut w = World::with_config(Config {
+        max_inflight_bytes: 3 * 1001,
+        ..Config::default()
+    });
+    let s = w.connect(V5, "s");
+    w.subscribe(s, "a", QoS::AtLeastOnce);
+    let p = w.connect(V5, "p");
+    for i in 1..=5u16 {
+        w.publish(p, "a", &[i as u8; 1000], QoS::AtLeastOnce, false, i);
+    }
+    let first = w.received_publishes(s);
+    assert_eq!(first.len(), 3, "three fit");
+    assert_eq!(w.broker.stats().queued_messages, 2);
+    w.ack(s, &first[0]);
+    let next = w.received_publishes(s);
+    assert_eq!(next.len(), 1, "an ack makes room for one");
+    assert_eq!(next[0].payload[0], 4, "in order");
+    for m in first[1..].iter().chain(&next) {
+        w.ack(s, m);
+    }
+    let last = w.received_publishes(s);
+    assert_eq!(last[0].payload[0], 5);
+    w.ack(s, &last[0]);
+
+    // A message larger than the bound goes alone.
+    w.publish(p, "a", &[9; 5000], QoS::AtLeastOnce, false, 6);
+    w.publish(p, "a", &[10; 10], QoS::AtLeastOnce, false, 7);
+    let got = w.received_publishes(s);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].payload.len(), 5000);
+    w.ack(s, &got[0]);
+    assert_eq!(w.received_publishes(s)[0].payload[0], 10);
+}
+
+#[test]
 fn server_receive_maximum_exceeded_disconnects_with_0x93() {
     let mut w = World::with_config(Config {
         receive_maximum: 2,

@@ -71,6 +71,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             max_packet_size: pick(u, &[d.max_packet_size, 64, 300])?,
             receive_maximum: pick(u, &[d.receive_maximum, 1, 2])?,
             max_inflight: pick(u, &[d.max_inflight, 1, 2])?,
+            max_inflight_bytes: pick(u, &[d.max_inflight_bytes, 1, 300])?,
             max_queued_messages: pick(u, &[d.max_queued_messages, 0, 2])?,
             max_queued_bytes: pick(u, &[d.max_queued_bytes, 8, 100])?,
             max_subscriptions_per_client: pick(u, &[d.max_subscriptions_per_client, 1, 2])?,

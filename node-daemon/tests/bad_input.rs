@@ -234,6 +234,62 @@ async fn slow_consumer_is_disconnected_and_counted() {
     bystander_round_trip(&d, "after-slow").await;
 }
 
+/// A subscriber that stops reading during a stream of large QoS 1 messages is not cut off:
+/// `max_inflight_bytes` holds back what would take its backlog past the write buffer's bound,
+/// and the rest waits in its session until it reads and acknowledges again.
+#[tokio::test]
+async fn large_qos1_messages_to_a_stalled_reader_wait_in_its_session() {
+    const COUNT: usize = 64;
+    let d = Daemon::start();
+    // rumqttc, its event loop polled by hand: while it is not polled, the socket is not read
+    // and nothing is acknowledged.
+    let mut opts = v3::options("stalled-qos1", d.mqtt);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let (sub, mut events) = rumqttc::AsyncClient::new(opts, 10);
+    sub.subscribe("big", QoS::AtLeastOnce).await.unwrap();
+    loop {
+        match tokio::time::timeout(DEADLINE, events.poll()).await {
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)))) => break,
+            Ok(Ok(_)) => {}
+            other => panic!("subscriber: {other:?}"),
+        }
+    }
+    // 16 MiB: twice the write buffer's bound (8 MiB) if it all went out at once.
+    let mut opts = v3::options("big-pub", d.mqtt);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let publ = v3::connect(opts).await;
+    for i in 0..COUNT {
+        let mut payload = vec![0u8; 256 * 1024];
+        payload[0] = u8::try_from(i).unwrap();
+        publ.client
+            .publish("big", QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + DEADLINE;
+    while metric(&d, "meridian_queued_messages").await == 0 {
+        assert!(Instant::now() < deadline, "nothing held back");
+        tokio::task::yield_now().await;
+    }
+    // The subscriber reads and acknowledges again: every message, in order, nothing cut.
+    let mut next = 0;
+    while next < COUNT {
+        match tokio::time::timeout(DEADLINE, events.poll()).await {
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)))) => {
+                assert_eq!(usize::from(p.payload[0]), next, "in order");
+                next += 1;
+            }
+            Ok(Ok(_)) => {}
+            other => panic!("after {next} messages the subscriber got: {other:?}"),
+        }
+    }
+    assert_eq!(
+        metric(&d, "meridian_slow_consumer_disconnects_total").await,
+        0
+    );
+    bystander_round_trip(&d, "after-large-qos1").await;
+}
+
 /// A series of `/metrics`, 0 when absent.
 async fn metric(d: &Daemon, series: &str) -> u64 {
     let (_, page) = http(d.admin, "GET", "/metrics").await;

@@ -7,6 +7,7 @@
 //! | `max_packet_size` | a larger incoming packet: DISCONNECT 0x95 (5.0) / close (3.1.1), checked from the fixed header before the body is buffered |
 //! | `receive_maximum` | one more unacknowledged incoming QoS 2 PUBLISH: DISCONNECT 0x93 (3.1.1 clients, which have no Receive Maximum, are bounded the same way: the connection is closed) |
 //! | `max_inflight` | outgoing QoS 1/2 beyond min(this, client's Receive Maximum) wait in the session queue |
+//! | `max_inflight_bytes` | outgoing QoS 1/2 whose payload and topic bytes would take those in flight past it wait in the session queue (one message always goes when nothing is in flight) |
 //! | `max_queued_messages`, `max_queued_bytes` | the new message for that session is dropped and counted (`Stats::dropped_queue_full`); `max_queued_bytes` counts payload and topic bytes, and a queued message holds its own copy of its payload, not the read it arrived in |
 //! | `max_subscriptions_per_client` | further new filters get SUBACK 0x97 (5.0) / 0x80 (3.1.1) |
 //! | `max_topic_len`, `max_topic_levels` | PUBLISH: PUBACK/PUBREC 0x90 (5.0) / close (3.1.1); SUBSCRIBE: per-filter 0x8F / 0x80 |
@@ -31,6 +32,9 @@ pub struct Config {
     /// Cap on outgoing unacknowledged QoS 1/2 messages per client (the client's Receive Maximum
     /// lowers it further).
     pub max_inflight: u16,
+    /// Cap on the payload and topic bytes of outgoing unacknowledged QoS 1/2 messages per
+    /// client (a message larger than this is sent alone).
+    pub max_inflight_bytes: usize,
     /// Messages waiting per session (offline, or beyond the in-flight window).
     pub max_queued_messages: usize,
     /// Payload bytes waiting per session.
@@ -78,6 +82,7 @@ impl Default for Config {
             max_packet_size: 1024 * 1024,
             receive_maximum: 1024,
             max_inflight: 256,
+            max_inflight_bytes: 4 * 1024 * 1024,
             max_queued_messages: 10_000,
             max_queued_bytes: 64 * 1024 * 1024,
             max_subscriptions_per_client: 1_000,

@@ -332,7 +332,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .map_or(0, |c| usize::from(c.send_window));
         if let Some(conn) = conn
             && session.queue.is_empty()
-            && session.inflight.len() < window
+            && session.inflight.has_room(
+                window,
+                delivery.message.weight(),
+                self.config.max_inflight_bytes,
+            )
             && session.inflight.first_unsent().is_none()
         {
             let seq = self.session_mut(sid).map_or(0, |s| s.take_seq());
@@ -541,7 +545,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.resend_inflight(sid, conn, pos);
                 continue;
             }
-            if session.inflight.len() >= window {
+            let next = session
+                .queue
+                .iter()
+                .next()
+                .map(|q| q.delivery.message.weight());
+            if !next.is_some_and(|w| {
+                session
+                    .inflight
+                    .has_room(window, w, self.config.max_inflight_bytes)
+            }) {
                 return;
             }
             let now = self.now;

@@ -109,6 +109,8 @@ struct WindowStore {
     ids: Vec<u16>,
     /// Entries with `sent == false`.
     unsent: usize,
+    /// The weight ([`super::Message::weight`]) of the entries' messages.
+    bytes: usize,
 }
 
 impl InflightWindow {
@@ -156,7 +158,21 @@ impl InflightWindow {
             Err(i) => s.ids.insert(i, entry.packet_id),
         }
         s.unsent += usize::from(!entry.sent);
+        s.bytes += entry.delivery.message.weight();
         s.entries.push_back(entry);
+    }
+
+    /// The weight ([`super::Message::weight`]) of the messages in flight.
+    pub fn bytes(&self) -> usize {
+        self.store.as_ref().map_or(0, |s| s.bytes)
+    }
+
+    /// Whether a message of `weight` fits beside what is in flight: within `window` messages,
+    /// and within `max_bytes` unless the window is empty (a message larger than the bound
+    /// still goes, alone).
+    pub fn has_room(&self, window: usize, weight: usize, max_bytes: usize) -> bool {
+        let len = self.len();
+        len < window && (len == 0 || self.bytes() + weight <= max_bytes)
     }
 
     pub fn remove(&mut self, pos: usize) -> Option<Inflight> {
@@ -166,6 +182,7 @@ impl InflightWindow {
             s.ids.remove(i);
         }
         s.unsent -= usize::from(!entry.sent);
+        s.bytes -= entry.delivery.message.weight();
         if s.entries.is_empty() {
             // The buffers go; the box stays for the next message rather than be made again.
             s.entries = VecDeque::new();
