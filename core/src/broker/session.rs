@@ -182,7 +182,9 @@ impl InflightWindow {
             s.ids.remove(i);
         }
         s.unsent -= usize::from(!entry.sent);
-        s.bytes -= entry.delivery.message.weight();
+        // A message's weight never changes (detaching copies its bytes as they are).
+        debug_assert!(s.bytes >= entry.delivery.message.weight());
+        s.bytes = s.bytes.saturating_sub(entry.delivery.message.weight());
         if s.entries.is_empty() {
             // The buffers go; the box stays for the next message rather than be made again.
             s.entries = VecDeque::new();
