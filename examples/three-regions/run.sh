@@ -40,8 +40,11 @@ ws=(8083 8084 8085)
 admin=(9101 9102 9103)
 p2p=(7101 7102 7103)
 
-# Links: ape1 dials euc1, afs1 dials euc1 and ape1; with --latency or --bandwidth, each
-# through a proxy (proxy port -> region port).
+# Direct links: ape1 and afs1 list euc1 only, and meet each other by discovery. With
+# --latency or --bandwidth, every link goes through a proxy (proxy port -> region port):
+# ape1 dials euc1, afs1 dials euc1 and ape1, and discovery is off so that no node dials
+# another's own address around its proxy.
+discover=()
 if [ "$latency" -gt 0 ] || [ "$bandwidth" -gt 0 ]; then
     for pair in 7201:7101 7202:7101 7203:7102; do
         "$proxy" "${pair%:*}" "${pair#*:}" "$latency" "$bandwidth" >/dev/null \
@@ -50,16 +53,18 @@ if [ "$latency" -gt 0 ] || [ "$bandwidth" -gt 0 ]; then
     done
     peers_ape1=(/ip4/127.0.0.1/tcp/7201)
     peers_afs1=(/ip4/127.0.0.1/tcp/7202 /ip4/127.0.0.1/tcp/7203)
+    discover=(--no-discover)
 else
     peers_ape1=(/ip4/127.0.0.1/tcp/7101)
-    peers_afs1=(/ip4/127.0.0.1/tcp/7101 /ip4/127.0.0.1/tcp/7102)
+    peers_afs1=(/ip4/127.0.0.1/tcp/7101)
 fi
 
 for i in 0 1 2; do
     r="${regions[$i]}"
     args=(run --node-name "$r" --region "$r" --cluster-key "$work/cluster.key"
         --p2p "/ip4/127.0.0.1/tcp/${p2p[$i]}" --mqtt "127.0.0.1:${mqtt[$i]}"
-        --ws "127.0.0.1:${ws[$i]}" --admin "127.0.0.1:${admin[$i]}" --data-dir "$work/$r")
+        --ws "127.0.0.1:${ws[$i]}" --admin "127.0.0.1:${admin[$i]}" --data-dir "$work/$r"
+        ${discover[@]+"${discover[@]}"})
     case "$r" in
         ape1) for p in "${peers_ape1[@]}"; do args+=(--peer "$p"); done ;;
         afs1) for p in "${peers_afs1[@]}"; do args+=(--peer "$p"); done ;;

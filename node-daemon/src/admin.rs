@@ -592,8 +592,15 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
     c.inc_by(m.dial_failures.load(Ordering::Relaxed));
     r.register(
         "p2p_dial_failures",
-        "Dials of bootstrap peers that failed",
+        "Dials of bootstrap or discovered peers that failed",
         c,
+    );
+    let g = Gauge::<i64>::default();
+    g.set(i64::try_from(m.discovered_peers.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+    r.register(
+        "p2p_discovered_peers",
+        "Peers known through discovery (announced by other nodes)",
+        g,
     );
     let c = Counter::<u64>::default();
     c.inc_by(m.gossip_fallbacks.load(Ordering::Relaxed));

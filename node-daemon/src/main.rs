@@ -96,6 +96,14 @@ struct RunArgs {
     /// Let only these peer ids in (repeatable; adds to cluster.allow_peers).
     #[arg(long, value_name = "PEER_ID")]
     allow_peer: Vec<libp2p::PeerId>,
+    /// Connect only to the bootstrap peers and to nodes that dial this one (cluster.discover =
+    /// false).
+    #[arg(long)]
+    no_discover: bool,
+    /// An address other nodes should dial to reach this one (repeatable; adds to
+    /// cluster.advertise).
+    #[arg(long, value_name = "MULTIADDR")]
+    advertise: Vec<libp2p::Multiaddr>,
     /// Print the full default configuration file and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -184,6 +192,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     cluster
         .allow_peers
         .extend(args.allow_peer.into_iter().map(P2pPeerId));
+    if args.no_discover {
+        cluster.discover = false;
+    }
+    cluster
+        .advertise
+        .extend(args.advertise.into_iter().map(P2pAddr));
     config.validate_cluster("command line")?;
     init_logging(&config)?;
 

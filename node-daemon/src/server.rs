@@ -267,6 +267,8 @@ impl Server {
                     ping_interval: Duration::from_millis(cluster.ping_interval_ms),
                     redial_min: Duration::from_millis(250),
                     redial_max: Duration::from_secs(10),
+                    discover: cluster.discover,
+                    advertise: cluster.advertise.iter().map(|a| a.0.clone()).collect(),
                 };
                 mesh = Some(
                     mesh::start(

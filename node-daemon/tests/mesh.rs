@@ -27,7 +27,35 @@ impl Node {
         Self::start_with(region, p2p, peers, key, "").await
     }
 
+    /// The links of these tests go through proxies: discovery, which would dial the nodes' own
+    /// addresses around them, is off unless a test turns it on.
     async fn start_with(region: &str, p2p: u16, peers: &[u16], key: &Path, extra: &str) -> Self {
+        Self::launch(
+            region,
+            p2p,
+            peers,
+            key,
+            &format!("discover = false\n{extra}"),
+        )
+        .await
+    }
+
+    /// A node with discovery on, as by default, announcing `advertise` (a port on loopback)
+    /// as its address if given.
+    async fn start_discovering(
+        region: &str,
+        p2p: u16,
+        peers: &[u16],
+        key: &Path,
+        advertise: Option<u16>,
+    ) -> Self {
+        let extra = advertise
+            .map(|p| format!("advertise = [\"/ip4/127.0.0.1/tcp/{p}\"]\n"))
+            .unwrap_or_default();
+        Self::launch(region, p2p, peers, key, &extra).await
+    }
+
+    async fn launch(region: &str, p2p: u16, peers: &[u16], key: &Path, extra: &str) -> Self {
         let peers: Vec<String> = peers
             .iter()
             .map(|p| format!("\"/ip4/127.0.0.1/tcp/{p}\""))
@@ -685,6 +713,66 @@ async fn a_node_without_the_cluster_key_or_not_allowed_cannot_join() {
         .map(|p| p["peer_id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(known, std::slice::from_ref(&b.peer_id), "only b is in");
+}
+
+/// Two nodes that each list only a first one meet by discovery, at the addresses they
+/// advertise (each a proxy in front of it, as a NAT would be); a message crosses between them
+/// directly. A node that is gone for good is forgotten after a few failed dials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_list_one_peer_meet_the_others_by_discovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let (front_b, front_c) = (
+        Proxy::start(pb).await.unwrap(),
+        Proxy::start(pc).await.unwrap(),
+    );
+    let a = Node::start_discovering("euc1", pa, &[], &key, None).await;
+    let b = Node::start_discovering("ape1", pb, &[pa], &key, Some(front_b.port)).await;
+    let c = Node::start_discovering("afs1", pc, &[pa], &key, Some(front_c.port)).await;
+    wait_for("b and c to meet", &[&a, &b, &c], || async {
+        b.connected_to(&c).await && c.connected_to(&b).await
+    })
+    .await;
+    assert!(
+        front_b.connections() + front_c.connections() >= 1,
+        "b and c met at an advertised address, not at their listen addresses"
+    );
+    for n in [&a, &b, &c] {
+        wait_for("each to know the other two", &[n], || async {
+            metric(&n.metrics().await, "meridian_p2p_discovered_peers") == 2.0
+        })
+        .await;
+    }
+
+    let mut sub = v3::connect(v3::options("sub-b", b.mqtt())).await;
+    sub.subscribe("meet/+", QoS::AtLeastOnce).await;
+    wait_for("c to route to b", &[&b, &c], || async {
+        c.routes_of(&b).await == ["meet/+"]
+    })
+    .await;
+    let publ = v3::connect(v3::options("pub-c", c.mqtt())).await;
+    publ.client
+        .publish("meet/1", QoS::AtLeastOnce, false, "across")
+        .await
+        .unwrap();
+    let p = next_publish(&mut sub, |p| p.topic == "meet/1").await;
+    assert_eq!(&p.payload[..], b"across");
+    assert_eq!(
+        c.peer_metric("meridian_forward_sent_messages_total", &b)
+            .await,
+        1.0,
+        "c forwarded to b itself"
+    );
+
+    drop(publ);
+    let Node { daemon, .. } = c;
+    drop(daemon);
+    wait_for("b to forget c", &[&a, &b], || async {
+        metric(&b.metrics().await, "meridian_p2p_discovered_peers") == 1.0
+    })
+    .await;
+    assert!(b.log().contains("discovered peer forgotten"));
 }
 
 /// `meridian peer-id --data-dir DIR`.

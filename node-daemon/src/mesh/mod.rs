@@ -7,11 +7,14 @@
 //!   one peer: forwarded messages and their acks, route acks, digests, snapshot chunks. The node
 //!   with the smaller peer id opens it, so a pair has one session however many connections;
 //! - **identify** and **ping** (the RTT per peer is in the metrics);
-//! - an optional **allowlist** of peer ids on top of the key.
+//! - an optional **allowlist** of peer ids on top of the key;
+//! - **discovery** ([`discovery`], on by default): nodes announce their addresses and their
+//!   peers' on a gossip topic, so a node that lists one peer meets the others.
 //!
 //! Bootstrap peers are dialled until they answer, with exponential backoff, and re-dialled
 //! when their connection drops. The node's id in the deployment is its peer id.
 
+pub mod discovery;
 pub mod keys;
 pub mod session;
 
@@ -29,7 +32,7 @@ use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
 use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::swarm::behaviour::toggle::Toggle;
-use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
     Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, gossipsub, identify, noise, ping,
@@ -61,9 +64,13 @@ pub struct MeshSettings {
     /// Peer ids let in besides holding the key; empty = every holder of the key.
     pub allow: Vec<PeerId>,
     pub ping_interval: Duration,
-    /// First and largest pause between dials of a bootstrap peer that does not answer.
+    /// First and largest pause between dials of a peer that does not answer.
     pub redial_min: Duration,
     pub redial_max: Duration,
+    /// Meet the nodes the peers know of ([`discovery`]).
+    pub discover: bool,
+    /// The addresses announced to other nodes; empty = the listen addresses.
+    pub advertise: Vec<Multiaddr>,
 }
 
 /// Counters and gauges of the mesh, read by the metrics page.
@@ -75,8 +82,10 @@ pub struct MeshStats {
     pub refused_handshake: AtomicU64,
     /// Connections refused because the peer id is not on the allowlist.
     pub refused_not_allowed: AtomicU64,
-    /// Dials of bootstrap peers that failed.
+    /// Dials of bootstrap or discovered peers that failed.
     pub dial_failures: AtomicU64,
+    /// Peers known through discovery.
+    pub discovered_peers: AtomicU64,
     /// Broadcast frames that gossip could not take, sent over the sessions instead.
     pub gossip_fallbacks: AtomicU64,
 }
@@ -206,6 +215,14 @@ pub async fn start(
         .gossipsub
         .subscribe(&topic)
         .context("cannot subscribe to the gossip topic")?;
+    let discovery_topic = gossipsub::IdentTopic::new(discovery::DISCOVERY_TOPIC);
+    if settings.discover {
+        swarm
+            .behaviour_mut()
+            .gossipsub
+            .subscribe(&discovery_topic)
+            .context("cannot subscribe to the discovery topic")?;
+    }
     let mut incoming = swarm
         .behaviour()
         .stream
@@ -251,9 +268,27 @@ pub async fn start(
     });
 
     let (stop, stop_rx) = oneshot::channel();
+    let directory = settings.discover.then(|| {
+        discovery::Directory::new(
+            peer_id,
+            &settings.allow,
+            settings.redial_min,
+            settings.redial_max,
+        )
+    });
+    let advertise_listen = settings.advertise.is_empty();
+    let advertise = if advertise_listen {
+        listen_addrs.clone()
+    } else {
+        settings.advertise.clone()
+    };
     let driver = Driver {
         swarm,
         topic,
+        discovery_topic,
+        directory,
+        advertise,
+        advertise_listen,
         engine,
         stats: stats.clone(),
         bootstrap: settings
@@ -306,6 +341,13 @@ impl Bootstrap {
 struct Driver {
     swarm: Swarm<Behaviour>,
     topic: gossipsub::IdentTopic,
+    discovery_topic: gossipsub::IdentTopic,
+    /// The peers heard of by discovery (`None` with discovery off).
+    directory: Option<discovery::Directory>,
+    /// This node's addresses as announced to others.
+    advertise: Vec<Multiaddr>,
+    /// `advertise` follows the listen addresses (no `cluster.advertise`).
+    advertise_listen: bool,
     engine: mpsc::Sender<ToEngine>,
     stats: Arc<MeshStats>,
     bootstrap: Vec<Bootstrap>,
@@ -329,6 +371,7 @@ impl Driver {
                 },
                 _ = tick.tick() => {
                     self.dial_bootstrap();
+                    self.dial_discovered();
                     // An opener gives up when its peer goes away; one that gave up while the
                     // peer came back (or never got an answer) is started again.
                     let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
@@ -389,6 +432,75 @@ impl Driver {
         }
     }
 
+    /// Dial the discovered peers that are due (not connected, backoff passed).
+    fn dial_discovered(&mut self) {
+        let Some(directory) = &mut self.directory else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        for (peer, addrs) in directory.due(now) {
+            if self.swarm.is_connected(&peer) {
+                directory.connected(peer);
+                continue;
+            }
+            if self.bootstrap.iter().any(|b| b.peer == Some(peer)) {
+                continue; // Dialled as a bootstrap peer, by the configured address.
+            }
+            let opts = DialOpts::peer_id(peer)
+                .addresses(addrs)
+                .condition(PeerCondition::DisconnectedAndNotDialing)
+                .build();
+            let id = opts.connection_id();
+            match self.swarm.dial(opts) {
+                Ok(()) => {
+                    debug!(%peer, "dialling a discovered peer");
+                    directory.dialing(peer, id);
+                }
+                Err(e) => {
+                    debug!(%peer, error = %e, "cannot dial a discovered peer");
+                    directory.not_dialled(peer, now);
+                }
+            }
+        }
+    }
+
+    /// Tell the peers this node's addresses and those of its peers.
+    fn announce(&mut self) {
+        let Some(directory) = &self.directory else {
+            return;
+        };
+        let announcement = directory.announcement(&self.advertise);
+        if let Err(e) = self
+            .swarm
+            .behaviour_mut()
+            .gossipsub
+            .publish(self.discovery_topic.clone(), announcement)
+        {
+            debug!(error = ?e, "cannot announce this node's peers");
+        }
+    }
+
+    fn on_announcement(&mut self, message: gossipsub::Message) {
+        let (Some(author), Some(directory)) = (message.source, &mut self.directory) else {
+            return;
+        };
+        match discovery::decode(&message.data) {
+            Ok(entries) => {
+                let swarm = &self.swarm;
+                let new = directory.learn(author, entries, tokio::time::Instant::now(), |p| {
+                    swarm.is_connected(p)
+                });
+                for peer in new {
+                    info!(%peer, from = %author, "discovered peer");
+                }
+                self.stats
+                    .discovered_peers
+                    .store(directory.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => warn!(peer = %author, error = %e, "malformed announcement ignored"),
+        }
+    }
+
     fn on_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
             SwarmEvent::ConnectionEstablished {
@@ -407,6 +519,9 @@ impl Driver {
                 }
                 if num_established.get() == 1 {
                     info!(peer = %peer_id, addr = %endpoint.get_remote_address(), "peer connected");
+                }
+                if let Some(directory) = &mut self.directory {
+                    directory.connected(peer_id);
                 }
                 self.ensure_session(peer_id);
             }
@@ -427,6 +542,9 @@ impl Driver {
                             b.next = now + b.backoff;
                         }
                     }
+                    if let Some(directory) = &mut self.directory {
+                        directory.disconnected(peer_id, now);
+                    }
                 }
             }
             SwarmEvent::OutgoingConnectionError {
@@ -442,6 +560,19 @@ impl Driver {
                         b.retry_later(now, self.redial_max);
                         self.stats.dial_failures.fetch_add(1, Ordering::Relaxed);
                         debug!(addr = %b.addr, error = %error, retry_in = ?b.backoff, "bootstrap peer did not answer");
+                    }
+                }
+                if let Some(directory) = &mut self.directory {
+                    let (ours, forgotten) = directory.dial_failed(connection_id, now);
+                    if ours {
+                        self.stats.dial_failures.fetch_add(1, Ordering::Relaxed);
+                        debug!(peer = ?peer_id, error = %error, "discovered peer did not answer");
+                    }
+                    if let Some(peer) = forgotten {
+                        info!(%peer, "discovered peer forgotten after failed dials");
+                        self.stats
+                            .discovered_peers
+                            .store(directory.len() as u64, Ordering::Relaxed);
                     }
                 }
                 if let DialError::Denied { cause } = &error {
@@ -474,7 +605,30 @@ impl Driver {
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 message,
                 ..
-            })) => self.on_gossip(message),
+            })) => {
+                if message.topic == self.discovery_topic.hash() {
+                    self.on_announcement(message);
+                } else {
+                    self.on_gossip(message);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
+                peer_id,
+                topic,
+            })) if topic == self.discovery_topic.hash() => {
+                debug!(peer = %peer_id, "peer joined discovery: announcing");
+                self.announce();
+            }
+            SwarmEvent::NewListenAddr { address, .. } => {
+                if self.advertise_listen && !self.advertise.contains(&address) {
+                    self.advertise.push(address);
+                }
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                if self.advertise_listen {
+                    self.advertise.retain(|a| *a != address);
+                }
+            }
             SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event {
                 peer,
                 result: Ok(rtt),
