@@ -60,6 +60,9 @@ pub struct ClusterSection {
     pub allow_peers: Vec<P2pPeerId>,
     pub discover: bool,
     pub advertise: Vec<P2pAddr>,
+    pub link_queue_frames: usize,
+    pub link_congested_bytes: usize,
+    pub link_drained_bytes: usize,
     pub route_batch_ms: u64,
     pub digest_interval_ms: u64,
     pub tombstone_budget: usize,
@@ -506,12 +509,36 @@ impl ClusterSection {
             ("outbox_window", self.outbox_window),
             ("outbox_max_messages", self.outbox_max_messages),
             ("outbox_max_bytes", self.outbox_max_bytes),
+            ("link_congested_bytes", self.link_congested_bytes),
         ] {
             if v == 0 {
                 return Err(format!("cluster.{key}: must be at least 1"));
             }
         }
+        if self.link_queue_frames < 4 {
+            return Err(format!(
+                "cluster.link_queue_frames: must be at least 4 (a link is congested past half \
+                 its frames and drained at a quarter), not {}",
+                self.link_queue_frames
+            ));
+        }
+        if self.link_drained_bytes >= self.link_congested_bytes {
+            return Err(format!(
+                "cluster.link_drained_bytes: must be below cluster.link_congested_bytes ({}), \
+                 not {}",
+                self.link_congested_bytes, self.link_drained_bytes
+            ));
+        }
         Ok(())
+    }
+
+    /// The bounds of each link session's queue.
+    pub fn link_limits(&self) -> crate::mesh::session::LinkLimits {
+        crate::mesh::session::LinkLimits {
+            queue_frames: self.link_queue_frames,
+            congested_bytes: self.link_congested_bytes,
+            drained_bytes: self.link_drained_bytes,
+        }
     }
 }
 
@@ -660,6 +687,9 @@ partial!(PCluster {
     allow_peers: Vec<P2pPeerId>,
     discover: bool,
     advertise: Vec<P2pAddr>,
+    link_queue_frames: usize,
+    link_congested_bytes: usize,
+    link_drained_bytes: usize,
     route_batch_ms: u64,
     digest_interval_ms: u64,
     tombstone_budget: usize,
@@ -763,6 +793,39 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("limits.qos0_max_write_buffer_bytes"), "{e}");
+    }
+
+    #[test]
+    fn the_link_marks_are_checked_and_given_to_the_sessions() {
+        use crate::mesh::session::LinkLimits;
+        let base = "[cluster]\nenabled = true\nkey_file = \"k\"\n";
+        let c = DaemonConfig::parse(base, "x.toml").unwrap();
+        assert_eq!(c.cluster.link_limits(), LinkLimits::default());
+        let c = DaemonConfig::parse(
+            &format!(
+                "{base}link_queue_frames = 64\nlink_congested_bytes = 9000\nlink_drained_bytes = 10\n"
+            ),
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.cluster.link_limits(),
+            LinkLimits {
+                queue_frames: 64,
+                congested_bytes: 9000,
+                drained_bytes: 10
+            }
+        );
+        for (bad, key) in [
+            ("link_queue_frames = 3", "cluster.link_queue_frames"),
+            ("link_congested_bytes = 0", "cluster.link_congested_bytes"),
+            ("link_drained_bytes = 4194304", "cluster.link_drained_bytes"),
+        ] {
+            let e = DaemonConfig::parse(&format!("{base}{bad}\n"), "x.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -993,7 +993,10 @@ mod tests {
         let store = store(dir.path());
         let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
-        let (writer, mut frames, _) = PeerWriter::channel(2);
+        let (writer, mut frames, _) = PeerWriter::channel(crate::mesh::session::LinkLimits {
+            queue_frames: 2,
+            ..crate::mesh::session::LinkLimits::default()
+        });
         let kill = writer.kill.clone();
         engine.handle(ToEngine::PeerUp {
             peer: peer.clone(),
@@ -1027,7 +1030,10 @@ mod tests {
         let store = store(dir.path());
         let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
         let peer = NodeId::new("thin").unwrap();
-        let (writer, mut frames, written) = PeerWriter::channel(8);
+        let (writer, mut frames, written) = PeerWriter::channel(crate::mesh::session::LinkLimits {
+            queue_frames: 8,
+            ..crate::mesh::session::LinkLimits::default()
+        });
         engine.handle(ToEngine::PeerUp {
             peer: peer.clone(),
             session: 1,

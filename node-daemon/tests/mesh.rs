@@ -496,6 +496,57 @@ async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
     assert_eq!(metric(&c.metrics().await, DROPPED), dropped);
 }
 
+/// The link's marks are the operator's (`cluster.link_*`): with room for a burst six times
+/// the default congestion mark, a thin link carries all of it, late but whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_with_room_for_a_burst_carries_all_of_it() {
+    const N: usize = 6 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let a = Node::start("euc1", pa, &[], &key).await;
+    let roomy = "link_queue_frames = 65536\nlink_congested_bytes = 67108864\n";
+    let c = Node::start_with("afs1", pc, &[link.port], &key, roomy).await;
+    wait_for("the link", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    let mut sub = v3::connect(v3::options("far-sub", a.mqtt())).await;
+    sub.subscribe("burst/#", QoS::AtMostOnce).await;
+    wait_for("the route at c", &[&a, &c], || async {
+        c.routes_of(&a).await.len() == 1
+    })
+    .await;
+
+    // 6 MiB in 1 KiB messages, published far faster than the link's 2 MB/s: the default mark
+    // (4 MiB) would drop the tail of it.
+    link.set_bandwidth(2_000_000);
+    let publ = v3::connect(v3::options("near-pub", c.mqtt())).await;
+    for i in 0..N {
+        let mut payload = vec![0u8; 1024];
+        payload[..8].copy_from_slice(&(i as u64).to_be_bytes());
+        publ.client
+            .publish("burst/x", QoS::AtMostOnce, false, payload)
+            .await
+            .unwrap();
+    }
+    for i in 0..N {
+        let p = next_publish(&mut sub, |p| p.topic == "burst/x").await;
+        let got = u64::from_be_bytes(p.payload[..8].try_into().unwrap());
+        assert_eq!(got, i as u64, "in order, none missing");
+    }
+    let page = c.metrics().await;
+    assert_eq!(
+        metric(
+            &page,
+            "meridian_messages_dropped_total{reason=\"peer_congested\"}"
+        ),
+        0.0
+    );
+    assert_eq!(metric(&page, "meridian_link_sessions_cut_total"), 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qos1_and_qos2_survive_a_cut_link_and_a_killed_publisher_node() {
     let dir = tempfile::tempdir().unwrap();

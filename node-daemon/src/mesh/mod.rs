@@ -71,6 +71,8 @@ pub struct MeshSettings {
     pub discover: bool,
     /// The addresses announced to other nodes; empty = the listen addresses.
     pub advertise: Vec<Multiaddr>,
+    /// The bounds of each link session's queue.
+    pub link_limits: session::LinkLimits,
 }
 
 /// Counters and gauges of the mesh, read by the metrics page.
@@ -258,12 +260,18 @@ pub async fn start(
 
     // Incoming link sessions: the peer with the smaller id opened them.
     let accept_engine = engine.clone();
+    let link_limits = settings.link_limits;
     tokio::spawn(async move {
         while let Some((peer, stream)) = incoming.next().await {
             let Ok(node) = NodeId::new(&peer.to_string()) else {
                 continue;
             };
-            tokio::spawn(session::run(node, stream, accept_engine.clone()));
+            tokio::spawn(session::run(
+                node,
+                stream,
+                accept_engine.clone(),
+                link_limits,
+            ));
         }
     });
 
@@ -289,6 +297,7 @@ pub async fn start(
         directory,
         advertise,
         advertise_listen,
+        link_limits: settings.link_limits,
         engine,
         stats: stats.clone(),
         bootstrap: settings
@@ -348,6 +357,7 @@ struct Driver {
     advertise: Vec<Multiaddr>,
     /// `advertise` follows the listen addresses (no `cluster.advertise`).
     advertise_listen: bool,
+    link_limits: session::LinkLimits,
     engine: mpsc::Sender<ToEngine>,
     stats: Arc<MeshStats>,
     bootstrap: Vec<Bootstrap>,
@@ -660,6 +670,7 @@ impl Driver {
         };
         let mut control = self.swarm.behaviour().stream.new_control();
         let engine = self.engine.clone();
+        let limits = self.link_limits;
         let task = tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             loop {
@@ -667,7 +678,7 @@ impl Driver {
                 let open = control.open_stream(peer, LINK_PROTOCOL);
                 match tokio::time::timeout(OPEN_TIMEOUT, open).await {
                     Ok(Ok(stream)) => {
-                        session::run(node.clone(), stream, engine.clone()).await;
+                        session::run(node.clone(), stream, engine.clone(), limits).await;
                         backoff = Duration::from_millis(50);
                     }
                     Ok(Err(e)) => debug!(%peer, error = %e, "cannot open a link session"),

@@ -20,17 +20,31 @@ use tracing::{debug, warn};
 
 use crate::engine::ToEngine;
 
-/// Frames queued for one peer before the session counts as stuck and is cut (the core
-/// re-sends what matters on the next session).
-pub const PEER_QUEUE: usize = 16 * 1024;
-/// Bytes queued for one peer past which the link counts as congested (as it does past half of
-/// its frames): QoS 0 forwards to the peer are dropped
-/// ([`meridian_core::Input::PeerCongested`]) until the queue is back down to
-/// [`PEER_DRAINED_BYTES`] and a quarter of its frames. Only QoS 1/2 forwards, bounded by the
-/// outbox's window, and the link's own frames queue beyond it.
-pub const PEER_CONGESTED_BYTES: usize = 4 * 1024 * 1024;
-/// Bytes queued for a congested peer at or below which QoS 0 forwards resume.
-pub const PEER_DRAINED_BYTES: usize = 1024 * 1024;
+/// The bounds of a session's queue (`cluster.link_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkLimits {
+    /// Frames queued for the peer before the session counts as stuck and is cut (the core
+    /// re-sends what matters on the next session).
+    pub queue_frames: usize,
+    /// Bytes queued for the peer past which the link counts as congested (as it does past
+    /// half of its frames): QoS 0 forwards to the peer are dropped
+    /// ([`meridian_core::Input::PeerCongested`]) until the queue is back down to
+    /// `drained_bytes` and a quarter of its frames. Only QoS 1/2 forwards, bounded by the
+    /// outbox's window, and the link's own frames queue beyond it.
+    pub congested_bytes: usize,
+    /// Bytes queued for a congested peer at or below which QoS 0 forwards resume.
+    pub drained_bytes: usize,
+}
+
+impl Default for LinkLimits {
+    fn default() -> Self {
+        Self {
+            queue_frames: 16 * 1024,
+            congested_bytes: 4 * 1024 * 1024,
+            drained_bytes: 1024 * 1024,
+        }
+    }
+}
 
 /// Why a frame could not be queued on a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,17 +62,21 @@ pub struct PeerWriter {
     pub kill: Arc<Notify>,
     /// Bytes of the frames queued on `tx` and not yet written to the stream.
     queued_bytes: Arc<AtomicUsize>,
+    congested_bytes: usize,
+    drained_bytes: usize,
 }
 
 impl PeerWriter {
     /// The broker task's end of a new session's queue, and the session's end.
-    pub fn channel(frames: usize) -> (Self, mpsc::Receiver<Bytes>, Arc<AtomicUsize>) {
-        let (tx, rx) = mpsc::channel(frames);
+    pub fn channel(limits: LinkLimits) -> (Self, mpsc::Receiver<Bytes>, Arc<AtomicUsize>) {
+        let (tx, rx) = mpsc::channel(limits.queue_frames);
         let queued_bytes = Arc::new(AtomicUsize::new(0));
         let writer = Self {
             tx,
             kill: Arc::new(Notify::new()),
             queued_bytes: queued_bytes.clone(),
+            congested_bytes: limits.congested_bytes,
+            drained_bytes: limits.drained_bytes,
         };
         (writer, rx, queued_bytes)
     }
@@ -77,16 +95,16 @@ impl PeerWriter {
         })
     }
 
-    /// Past the congestion mark ([`PEER_CONGESTED_BYTES`] or half the queue's frames) once
-    /// `frames` more frames of `bytes` in all are queued.
+    /// Past the congestion mark ([`LinkLimits::congested_bytes`] or half the queue's frames)
+    /// once `frames` more frames of `bytes` in all are queued.
     pub fn congested_with(&self, frames: usize, bytes: usize) -> bool {
-        self.queued_bytes.load(Ordering::Acquire) + bytes > PEER_CONGESTED_BYTES
+        self.queued_bytes.load(Ordering::Acquire) + bytes > self.congested_bytes
             || self.queued_frames() + frames > self.tx.max_capacity() / 2
     }
 
-    /// Back down to [`PEER_DRAINED_BYTES`] and a quarter of the queue's frames.
+    /// Back down to [`LinkLimits::drained_bytes`] and a quarter of the queue's frames.
     pub fn drained(&self) -> bool {
-        self.queued_bytes.load(Ordering::Acquire) <= PEER_DRAINED_BYTES
+        self.queued_bytes.load(Ordering::Acquire) <= self.drained_bytes
             && self.queued_frames() <= self.tx.max_capacity() / 4
     }
 
@@ -99,9 +117,14 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// Run one session over `stream` until either side ends it, the stream fails, or the broker
 /// task cuts it. Returns once the broker task was told it ended.
-pub async fn run(peer: NodeId, mut stream: Stream, engine: mpsc::Sender<ToEngine>) {
+pub async fn run(
+    peer: NodeId,
+    mut stream: Stream,
+    engine: mpsc::Sender<ToEngine>,
+    limits: LinkLimits,
+) {
     let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    let (writer, mut rx, queued_bytes) = PeerWriter::channel(PEER_QUEUE);
+    let (writer, mut rx, queued_bytes) = PeerWriter::channel(limits);
     let kill = writer.kill.clone();
     let up = ToEngine::PeerUp {
         peer: peer.clone(),
@@ -167,4 +190,47 @@ pub async fn run(peer: NodeId, mut stream: Stream, engine: mpsc::Sender<ToEngine
     }
     let _ = stream.close().await;
     let _ = engine.send(ToEngine::PeerDown { peer, session }).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marks_are_the_configured_ones() {
+        let limits = LinkLimits {
+            queue_frames: 8,
+            congested_bytes: 1000,
+            drained_bytes: 100,
+        };
+        let (writer, mut rx, queued) = PeerWriter::channel(limits);
+        assert!(
+            !writer.congested_with(1, 1000),
+            "at the mark is not past it"
+        );
+        assert!(writer.congested_with(1, 1001), "past the byte mark");
+        assert!(writer.congested_with(5, 5), "past half the frames");
+
+        writer.send(Bytes::from(vec![0; 600])).unwrap();
+        writer.send(Bytes::from(vec![0; 401])).unwrap();
+        assert!(writer.congested_with(0, 0));
+        assert!(!writer.drained());
+        // The session writes the first frame out: 401 bytes are left, above the drained mark.
+        let first = rx.try_recv().unwrap();
+        queued.fetch_sub(first.len(), Ordering::AcqRel);
+        assert!(!writer.congested_with(0, 0));
+        assert!(!writer.drained(), "401 bytes are above the drained mark");
+        let second = rx.try_recv().unwrap();
+        queued.fetch_sub(second.len(), Ordering::AcqRel);
+        assert!(writer.drained());
+
+        for _ in 0..8 {
+            writer.send(Bytes::from_static(b"x")).unwrap();
+        }
+        assert_eq!(
+            writer.send(Bytes::from_static(b"x")),
+            Err(SendError::Full),
+            "the queue holds its frames and no more"
+        );
+    }
 }
