@@ -60,6 +60,7 @@ pub struct ClusterSection {
     pub allow_peers: Vec<P2pPeerId>,
     pub discover: bool,
     pub advertise: Vec<P2pAddr>,
+    pub announce_interval_ms: u64,
     pub link_queue_frames: usize,
     pub link_congested_bytes: usize,
     pub link_drained_bytes: usize,
@@ -468,6 +469,9 @@ impl DaemonConfig {
     }
 }
 
+/// The most frames a link session's queue may hold (each slot costs its memory only when used).
+const MAX_LINK_QUEUE_FRAMES: usize = 1 << 24;
+
 impl ClusterSection {
     fn validate(&self) -> Result<(), String> {
         if !self.enabled {
@@ -499,6 +503,7 @@ impl ClusterSection {
             ("route_batch_ms", self.route_batch_ms),
             ("digest_interval_ms", self.digest_interval_ms),
             ("ping_interval_ms", self.ping_interval_ms),
+            ("announce_interval_ms", self.announce_interval_ms),
         ] {
             if v == 0 {
                 return Err(format!("cluster.{key}: must be at least 1"));
@@ -515,10 +520,10 @@ impl ClusterSection {
                 return Err(format!("cluster.{key}: must be at least 1"));
             }
         }
-        if self.link_queue_frames < 4 {
+        if !(4..=MAX_LINK_QUEUE_FRAMES).contains(&self.link_queue_frames) {
             return Err(format!(
-                "cluster.link_queue_frames: must be at least 4 (a link is congested past half \
-                 its frames and drained at a quarter), not {}",
+                "cluster.link_queue_frames: must be 4 to {MAX_LINK_QUEUE_FRAMES} (a link is \
+                 congested past half its frames and drained at a quarter), not {}",
                 self.link_queue_frames
             ));
         }
@@ -687,6 +692,7 @@ partial!(PCluster {
     allow_peers: Vec<P2pPeerId>,
     discover: bool,
     advertise: Vec<P2pAddr>,
+    announce_interval_ms: u64,
     link_queue_frames: usize,
     link_congested_bytes: usize,
     link_drained_bytes: usize,
@@ -818,6 +824,11 @@ mod tests {
         );
         for (bad, key) in [
             ("link_queue_frames = 3", "cluster.link_queue_frames"),
+            (
+                "link_queue_frames = 4611686018427387904",
+                "cluster.link_queue_frames",
+            ),
+            ("announce_interval_ms = 0", "cluster.announce_interval_ms"),
             ("link_congested_bytes = 0", "cluster.link_congested_bytes"),
             ("link_drained_bytes = 4194304", "cluster.link_drained_bytes"),
         ] {

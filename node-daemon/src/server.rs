@@ -269,6 +269,7 @@ impl Server {
                     redial_max: Duration::from_secs(10),
                     discover: cluster.discover,
                     advertise: cluster.advertise.iter().map(|a| a.0.clone()).collect(),
+                    announce_every: Duration::from_millis(cluster.announce_interval_ms),
                     link_limits: cluster.link_limits(),
                 };
                 mesh = Some(

@@ -40,8 +40,8 @@ impl Node {
         .await
     }
 
-    /// A node with discovery on, as by default, announcing `advertise` (a port on loopback)
-    /// as its address if given.
+    /// A node with discovery on, as by default, announcing every second, and `advertise` (a
+    /// port on loopback) as its address if given.
     async fn start_discovering(
         region: &str,
         p2p: u16,
@@ -49,9 +49,10 @@ impl Node {
         key: &Path,
         advertise: Option<u16>,
     ) -> Self {
-        let extra = advertise
+        let advertise = advertise
             .map(|p| format!("advertise = [\"/ip4/127.0.0.1/tcp/{p}\"]\n"))
             .unwrap_or_default();
+        let extra = format!("announce_interval_ms = 1000\n{advertise}");
         Self::launch(region, p2p, peers, key, &extra).await
     }
 
@@ -768,7 +769,9 @@ async fn a_node_without_the_cluster_key_or_not_allowed_cannot_join() {
 
 /// Two nodes that each list only a first one meet by discovery, at the addresses they
 /// advertise (each a proxy in front of it, as a NAT would be); a message crosses between them
-/// directly. A node that is gone for good is forgotten after a few failed dials.
+/// directly. When the link between the two breaks for longer than a discovered peer is kept
+/// unannounced, they meet again once it is back, since the first still announces both. A node
+/// that is gone for good is forgotten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_that_list_one_peer_meet_the_others_by_discovery() {
     let dir = tempfile::tempdir().unwrap();
@@ -815,6 +818,29 @@ async fn nodes_that_list_one_peer_meet_the_others_by_discovery() {
         1.0,
         "c forwarded to b itself"
     );
+
+    // Cut b <-> c only, until b has failed to dial c five times (four seconds, more than the
+    // three announcement intervals after which a peer no one announces is forgotten).
+    const FAILURES: &str = "meridian_p2p_dial_failures_total";
+    let failed = metric(&b.metrics().await, FAILURES);
+    front_b.cut();
+    front_c.cut();
+    wait_for("b to fail to dial c five times", &[&a, &b, &c], || async {
+        metric(&b.metrics().await, FAILURES) >= failed + 5.0
+    })
+    .await;
+    assert!(!b.connected_to(&c).await);
+    assert_eq!(
+        metric(&b.metrics().await, "meridian_p2p_discovered_peers"),
+        2.0,
+        "a still announces c"
+    );
+    front_b.restore();
+    front_c.restore();
+    wait_for("b and c to meet again", &[&a, &b, &c], || async {
+        b.connected_to(&c).await && c.connected_to(&b).await
+    })
+    .await;
 
     drop(publ);
     let Node { daemon, .. } = c;

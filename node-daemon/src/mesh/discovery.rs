@@ -1,16 +1,21 @@
 //! Peer discovery: the nodes of a deployment meet through any one of them.
 //!
 //! Each node announces, on a gossip topic of its own, the addresses it can be reached at and
-//! those of the peers it is connected to. It announces whenever a peer joins the topic, so a
-//! newcomer hears of every node its first peer is connected to, and the newcomer's own
-//! announcement, relayed by gossip, reaches the rest. A node dials every announced peer it is
-//! not connected to, and dials it again (with backoff) when its connection drops; a peer that
-//! fails [`MAX_FAILED_DIALS`] dials in a row is forgotten until it is announced again.
+//! those of the peers it is connected to: when a peer joins the topic (so a newcomer hears of
+//! every node its first peer is connected to, and gossip relays the newcomer's own
+//! announcement to the rest), and again every `cluster.announce_interval_ms`, at most once a
+//! second ([`MIN_ANNOUNCE_GAP`]). A node dials every announced peer it is not connected to, and
+//! dials it again (with backoff) while its connection is down. A peer is forgotten once it has
+//! been neither connected nor announced by anyone for three intervals ([`Directory::expire`]):
+//! a node that is gone for good stops being dialled, while two nodes that lost the link between
+//! them keep dialling each other as long as a third still reaches both.
 //!
-//! Announcements come only from holders of the cluster key (and of an allowed peer id), signed
-//! by their author. The addresses a node gives for itself replace those others gave for it.
-//! A peer outside the allowlist is never dialled. Announcements are bounded: at most
-//! [`MAX_PEERS`] peers of at most [`MAX_ADDRS`] addresses each; the rest is ignored.
+//! Announcements come only from holders of the cluster key, signed by their author, and count
+//! only from an author on the allowlist (if there is one). The addresses a node gives for itself
+//! replace those others gave for it; until it speaks for itself, a peer is dialled at the
+//! addresses others gave. A peer outside the allowlist is never dialled, and QUIC addresses,
+//! which do not carry the cluster key, only with an allowlist. Everything is bounded: at most
+//! [`MAX_PEERS`] peers known, of at most [`MAX_ADDRS`] addresses each; the rest is ignored.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -23,12 +28,12 @@ use tokio::time::Instant;
 
 /// The gossipsub topic of announcements.
 pub const DISCOVERY_TOPIC: &str = "meridian/members/1";
-/// Peers taken from one announcement.
+/// Peers taken from one announcement, and known at once.
 pub const MAX_PEERS: usize = 1024;
 /// Addresses taken per peer.
 pub const MAX_ADDRS: usize = 16;
-/// Failed dials in a row after which a discovered peer is forgotten.
-pub const MAX_FAILED_DIALS: u32 = 5;
+/// The shortest time between two announcements of a node, however often peers join.
+pub const MIN_ANNOUNCE_GAP: Duration = Duration::from_secs(1);
 
 /// An announcement as sent: `{"peers":[{"id":"12D3Koo…","addrs":["/ip4/…/tcp/7000"]}]}`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -106,7 +111,8 @@ struct Known {
     dialing: Option<ConnectionId>,
     next_dial: Instant,
     backoff: Duration,
-    failures: u32,
+    /// When an announcement last listed it, or its connection last closed.
+    last_heard: Instant,
 }
 
 /// The peers this node has heard of, and when to dial each.
@@ -118,16 +124,27 @@ pub struct Directory {
     known: BTreeMap<PeerId, Known>,
     redial_min: Duration,
     redial_max: Duration,
+    /// How long a peer is kept that is neither connected nor announced.
+    forget_after: Duration,
 }
 
 impl Directory {
-    pub fn new(me: PeerId, allow: &[PeerId], redial_min: Duration, redial_max: Duration) -> Self {
+    /// `announce_every`: how often nodes announce; a peer no one has announced for three of
+    /// those is forgotten.
+    pub fn new(
+        me: PeerId,
+        allow: &[PeerId],
+        redial_min: Duration,
+        redial_max: Duration,
+        announce_every: Duration,
+    ) -> Self {
         Self {
             me,
             allow: allow.iter().copied().collect(),
             known: BTreeMap::new(),
             redial_min,
             redial_max,
+            forget_after: announce_every * 3,
         }
     }
 
@@ -140,6 +157,10 @@ impl Directory {
         self.known.is_empty()
     }
 
+    fn allowed(&self, peer: &PeerId) -> bool {
+        self.allow.is_empty() || self.allow.contains(peer)
+    }
+
     /// Take in an announcement by `author`. `is_connected` says which peers this node is
     /// connected to already. Returns the peers it did not know.
     pub fn learn(
@@ -150,19 +171,30 @@ impl Directory {
         is_connected: impl Fn(&PeerId) -> bool,
     ) -> Vec<PeerId> {
         let mut new = Vec::new();
-        for (peer, addrs) in entries {
-            if peer == self.me || !(self.allow.is_empty() || self.allow.contains(&peer)) {
+        if !self.allowed(&author) {
+            return new;
+        }
+        let quic_ok = !self.allow.is_empty();
+        for (peer, mut addrs) in entries {
+            if peer == self.me || !self.allowed(&peer) {
+                continue;
+            }
+            // pnet keeps strangers out of TCP only; over QUIC the allowlist must.
+            addrs.retain(|a| quic_ok || !a.iter().any(|p| matches!(p, Protocol::QuicV1)));
+            if addrs.is_empty() {
                 continue;
             }
             let from_itself = peer == author;
+            let room = self.known.len() < MAX_PEERS;
             match self.known.get_mut(&peer) {
                 Some(k) => {
+                    k.last_heard = now;
                     if from_itself || !k.self_reported {
                         k.addrs = addrs;
                         k.self_reported |= from_itself;
                     }
                 }
-                None => {
+                None if room => {
                     new.push(peer);
                     self.known.insert(
                         peer,
@@ -173,10 +205,11 @@ impl Directory {
                             dialing: None,
                             next_dial: now,
                             backoff: self.redial_min,
-                            failures: 0,
+                            last_heard: now,
                         },
                     );
                 }
+                None => {}
             }
         }
         new
@@ -187,7 +220,6 @@ impl Directory {
         if let Some(k) = self.known.get_mut(&peer) {
             k.connected = true;
             k.dialing = None;
-            k.failures = 0;
             k.backoff = self.redial_min;
         }
     }
@@ -197,6 +229,7 @@ impl Directory {
         if let Some(k) = self.known.get_mut(&peer) {
             k.connected = false;
             k.next_dial = now + k.backoff;
+            k.last_heard = now;
         }
     }
 
@@ -207,8 +240,7 @@ impl Directory {
         }
     }
 
-    /// A dial could not even start (the swarm refused it): try again after the backoff, without
-    /// counting it as a failure.
+    /// A dial could not start (the swarm refused it): try again after the backoff.
     pub fn not_dialled(&mut self, peer: PeerId, now: Instant) {
         if let Some(k) = self.known.get_mut(&peer) {
             k.next_dial = now + k.backoff;
@@ -216,21 +248,32 @@ impl Directory {
         }
     }
 
-    /// The dial `id` failed. Returns whether it was one of this directory's, and the peer if it
-    /// was forgotten for failing too often.
-    pub fn dial_failed(&mut self, id: ConnectionId, now: Instant) -> (bool, Option<PeerId>) {
-        let Some((&peer, k)) = self.known.iter_mut().find(|(_, k)| k.dialing == Some(id)) else {
-            return (false, None);
+    /// The dial `id` failed: try again after the backoff. Returns whether it was one of this
+    /// directory's.
+    pub fn dial_failed(&mut self, id: ConnectionId, now: Instant) -> bool {
+        let Some(k) = self.known.values_mut().find(|k| k.dialing == Some(id)) else {
+            return false;
         };
         k.dialing = None;
-        k.failures += 1;
-        if k.failures >= MAX_FAILED_DIALS {
-            self.known.remove(&peer);
-            return (true, Some(peer));
-        }
         k.next_dial = now + k.backoff;
         k.backoff = (k.backoff * 2).min(self.redial_max);
-        (true, None)
+        true
+    }
+
+    /// Forget the peers that have been neither connected nor announced for three announcement
+    /// intervals. Returns them.
+    pub fn expire(&mut self, now: Instant) -> Vec<PeerId> {
+        let forget_after = self.forget_after;
+        let gone: Vec<PeerId> = self
+            .known
+            .iter()
+            .filter(|(_, k)| !k.connected && now.duration_since(k.last_heard) > forget_after)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in &gone {
+            self.known.remove(p);
+        }
+        gone
     }
 
     /// Peers to dial now, with their addresses: known, not connected, not being dialled, and
@@ -267,8 +310,16 @@ mod tests {
         format!("/ip4/127.0.0.1/tcp/{port}").parse().unwrap()
     }
 
-    fn directory(me: PeerId) -> Directory {
-        Directory::new(me, &[], Duration::from_millis(250), Duration::from_secs(10))
+    const EVERY: Duration = Duration::from_secs(1);
+
+    fn directory(me: PeerId, allow: &[PeerId]) -> Directory {
+        Directory::new(
+            me,
+            allow,
+            Duration::from_millis(250),
+            Duration::from_secs(10),
+            EVERY,
+        )
     }
 
     #[test]
@@ -325,7 +376,7 @@ mod tests {
     #[test]
     fn a_peer_heard_of_is_dialled_until_connected_and_again_after_it_drops() {
         let (me, a, b) = (PeerId::random(), PeerId::random(), PeerId::random());
-        let mut d = directory(me);
+        let mut d = directory(me, &[]);
         let now = Instant::now();
         // a announces itself, b, and this node.
         let new = d.learn(
@@ -357,35 +408,69 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_that_keeps_failing_is_forgotten_until_announced_again() {
+    fn a_peer_that_fails_is_dialled_again_while_someone_announces_it() {
         let (me, a, b) = (PeerId::random(), PeerId::random(), PeerId::random());
-        let mut d = directory(me);
+        let mut d = directory(me, &[]);
         let mut now = Instant::now();
         d.learn(a, vec![(b, vec![addr(2)])], now, |_| false);
-        for i in 1..=MAX_FAILED_DIALS {
+        for i in 1..=20 {
             let due = d.due(now);
             assert_eq!(due.len(), 1, "dial {i} is due");
-            let id = ConnectionId::new_unchecked(i as usize);
+            let id = ConnectionId::new_unchecked(i);
             d.dialing(b, id);
-            let (ours, forgotten) = d.dial_failed(id, now);
-            assert!(ours);
-            assert_eq!(forgotten.is_some(), i == MAX_FAILED_DIALS);
+            assert!(d.dial_failed(id, now));
             now += Duration::from_secs(10);
+            // a still reaches b and says so.
+            d.learn(a, vec![(b, vec![addr(2)])], now, |_| false);
+            assert!(d.expire(now).is_empty());
         }
-        assert!(d.is_empty());
-        assert_eq!(
-            d.dial_failed(ConnectionId::new_unchecked(99), now),
-            (false, None),
+        assert!(
+            !d.dial_failed(ConnectionId::new_unchecked(99), now),
             "not a dial of the directory"
         );
-        d.learn(a, vec![(b, vec![addr(2)])], now, |_| false);
-        assert_eq!(d.due(now).len(), 1);
+    }
+
+    #[test]
+    fn a_peer_no_one_announces_is_forgotten_after_three_intervals() {
+        let (me, a, b) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let mut d = directory(me, &[]);
+        let now = Instant::now();
+        d.learn(a, vec![(a, vec![addr(1)]), (b, vec![addr(2)])], now, |p| {
+            *p == a
+        });
+        d.connected(a);
+        assert!(d.expire(now + EVERY * 3).is_empty(), "not before");
+        assert_eq!(
+            d.expire(now + EVERY * 3 + Duration::from_millis(1)),
+            vec![b],
+            "a is connected: kept"
+        );
+        // Its connection closing gives a a full three intervals of dials.
+        let later = now + EVERY * 10;
+        d.disconnected(a, later);
+        assert!(d.expire(later + EVERY * 3).is_empty());
+        assert_eq!(d.expire(later + EVERY * 4), vec![a]);
+        assert!(d.is_empty());
+        d.learn(a, vec![(b, vec![addr(2)])], later, |_| false);
+        assert_eq!(d.due(later).len(), 1, "announced again, known again");
+    }
+
+    #[test]
+    fn the_directory_is_bounded() {
+        let (me, a) = (PeerId::random(), PeerId::random());
+        let mut d = directory(me, &[]);
+        let now = Instant::now();
+        for _ in 0..3 {
+            let junk = (0..MAX_PEERS).map(|i| (PeerId::random(), vec![addr(i as u16)]));
+            d.learn(a, junk.collect(), now, |_| false);
+        }
+        assert_eq!(d.len(), MAX_PEERS);
     }
 
     #[test]
     fn a_peer_speaks_for_its_own_addresses() {
         let (me, a, b) = (PeerId::random(), PeerId::random(), PeerId::random());
-        let mut d = directory(me);
+        let mut d = directory(me, &[]);
         let now = Instant::now();
         d.learn(a, vec![(b, vec![addr(2)])], now, |_| false);
         d.learn(b, vec![(b, vec![addr(20)])], now, |_| false);
@@ -394,15 +479,12 @@ mod tests {
     }
 
     #[test]
-    fn peers_outside_the_allowlist_are_ignored() {
+    fn peers_and_authors_outside_the_allowlist_are_ignored() {
         let (me, a, b) = (PeerId::random(), PeerId::random(), PeerId::random());
-        let mut d = Directory::new(
-            me,
-            &[a],
-            Duration::from_millis(250),
-            Duration::from_secs(10),
-        );
+        let mut d = directory(me, &[a]);
         let now = Instant::now();
+        d.learn(b, vec![(a, vec![addr(1)])], now, |_| false);
+        assert!(d.is_empty(), "b may not speak here");
         d.learn(a, vec![(a, vec![addr(1)]), (b, vec![addr(2)])], now, |_| {
             false
         });
@@ -410,9 +492,23 @@ mod tests {
     }
 
     #[test]
+    fn quic_addresses_are_dialled_only_with_an_allowlist() {
+        let (me, a, b) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let quic: Multiaddr = "/ip4/127.0.0.1/udp/7000/quic-v1".parse().unwrap();
+        let entries = || vec![(b, vec![quic.clone(), addr(2)]), (a, vec![quic.clone()])];
+        let now = Instant::now();
+        let mut open = directory(me, &[]);
+        open.learn(a, entries(), now, |_| false);
+        assert_eq!(open.due(now), vec![(b, vec![addr(2)])]);
+        let mut listed = directory(me, &[a, b]);
+        listed.learn(a, entries(), now, |_| false);
+        assert_eq!(listed.len(), 2);
+    }
+
+    #[test]
     fn the_announcement_names_this_node_and_its_connected_peers() {
         let (me, a, b) = (PeerId::random(), PeerId::random(), PeerId::random());
-        let mut d = directory(me);
+        let mut d = directory(me, &[]);
         let now = Instant::now();
         d.learn(a, vec![(a, vec![addr(1)]), (b, vec![addr(2)])], now, |p| {
             *p == a

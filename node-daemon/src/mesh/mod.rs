@@ -71,6 +71,8 @@ pub struct MeshSettings {
     pub discover: bool,
     /// The addresses announced to other nodes; empty = the listen addresses.
     pub advertise: Vec<Multiaddr>,
+    /// How often this node announces itself and its peers.
+    pub announce_every: Duration,
     /// The bounds of each link session's queue.
     pub link_limits: session::LinkLimits,
 }
@@ -198,9 +200,9 @@ pub async fn start(
                 identify: identify::Behaviour::new(
                     identify::Config::new("/meridian/1".to_owned(), key.public())
                         .with_agent_version(agent)
-                        // Dial only the configured peers, by the addresses configured: a
-                        // peer's self-reported addresses may be unreachable (or bypass the
-                        // path the operator chose).
+                        // Dial only the configured peers and what discovery announces: the
+                        // addresses a peer's connections report may be unreachable (or
+                        // bypass the path the operator chose).
                         .with_cache_size(0),
                 ),
                 ping: ping::Behaviour::new(ping::Config::new().with_interval(ping_interval)),
@@ -282,6 +284,7 @@ pub async fn start(
             &settings.allow,
             settings.redial_min,
             settings.redial_max,
+            settings.announce_every,
         )
     });
     let advertise_listen = settings.advertise.is_empty();
@@ -297,6 +300,9 @@ pub async fn start(
         directory,
         advertise,
         advertise_listen,
+        announce_every: settings.announce_every,
+        last_announce: None,
+        announce_pending: false,
         link_limits: settings.link_limits,
         engine,
         stats: stats.clone(),
@@ -357,6 +363,10 @@ struct Driver {
     advertise: Vec<Multiaddr>,
     /// `advertise` follows the listen addresses (no `cluster.advertise`).
     advertise_listen: bool,
+    announce_every: Duration,
+    last_announce: Option<tokio::time::Instant>,
+    /// A peer joined since the last announcement, which went out too recently to send another.
+    announce_pending: bool,
     link_limits: session::LinkLimits,
     engine: mpsc::Sender<ToEngine>,
     stats: Arc<MeshStats>,
@@ -381,7 +391,7 @@ impl Driver {
                 },
                 _ = tick.tick() => {
                     self.dial_bootstrap();
-                    self.dial_discovered();
+                    self.discovery_tick();
                     // An opener gives up when its peer goes away; one that gave up while the
                     // peer came back (or never got an answer) is started again.
                     let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
@@ -442,12 +452,32 @@ impl Driver {
         }
     }
 
-    /// Dial the discovered peers that are due (not connected, backoff passed).
-    fn dial_discovered(&mut self) {
+    /// Forget the peers no one announces any more, announce if it is time, and dial the
+    /// discovered peers that are due (not connected, backoff passed).
+    fn discovery_tick(&mut self) {
         let Some(directory) = &mut self.directory else {
             return;
         };
         let now = tokio::time::Instant::now();
+        let gone = directory.expire(now);
+        for peer in &gone {
+            info!(%peer, "discovered peer forgotten: neither connected nor announced");
+        }
+        if !gone.is_empty() {
+            self.stats
+                .discovered_peers
+                .store(directory.len() as u64, Ordering::Relaxed);
+        }
+        if self
+            .last_announce
+            .is_none_or(|last| now.duration_since(last) >= self.announce_every)
+        {
+            self.announce_pending = true;
+        }
+        self.announce_if_due(now);
+        let Some(directory) = &mut self.directory else {
+            return;
+        };
         for (peer, addrs) in directory.due(now) {
             if self.swarm.is_connected(&peer) {
                 directory.connected(peer);
@@ -474,11 +504,21 @@ impl Driver {
         }
     }
 
-    /// Tell the peers this node's addresses and those of its peers.
-    fn announce(&mut self) {
+    /// Tell the peers this node's addresses and those of its peers, if an announcement is
+    /// pending and the last one is at least [`discovery::MIN_ANNOUNCE_GAP`] old.
+    fn announce_if_due(&mut self, now: tokio::time::Instant) {
         let Some(directory) = &self.directory else {
             return;
         };
+        if !self.announce_pending
+            || self
+                .last_announce
+                .is_some_and(|last| now.duration_since(last) < discovery::MIN_ANNOUNCE_GAP)
+        {
+            return;
+        }
+        self.announce_pending = false;
+        self.last_announce = Some(now);
         let announcement = directory.announcement(&self.advertise);
         if let Err(e) = self
             .swarm
@@ -572,18 +612,11 @@ impl Driver {
                         debug!(addr = %b.addr, error = %error, retry_in = ?b.backoff, "bootstrap peer did not answer");
                     }
                 }
-                if let Some(directory) = &mut self.directory {
-                    let (ours, forgotten) = directory.dial_failed(connection_id, now);
-                    if ours {
-                        self.stats.dial_failures.fetch_add(1, Ordering::Relaxed);
-                        debug!(peer = ?peer_id, error = %error, "discovered peer did not answer");
-                    }
-                    if let Some(peer) = forgotten {
-                        info!(%peer, "discovered peer forgotten after failed dials");
-                        self.stats
-                            .discovered_peers
-                            .store(directory.len() as u64, Ordering::Relaxed);
-                    }
+                if let Some(directory) = &mut self.directory
+                    && directory.dial_failed(connection_id, now)
+                {
+                    self.stats.dial_failures.fetch_add(1, Ordering::Relaxed);
+                    debug!(peer = ?peer_id, error = %error, "discovered peer did not answer");
                 }
                 if let DialError::Denied { cause } = &error {
                     self.stats
@@ -627,7 +660,8 @@ impl Driver {
                 topic,
             })) if topic == self.discovery_topic.hash() => {
                 debug!(peer = %peer_id, "peer joined discovery: announcing");
-                self.announce();
+                self.announce_pending = true;
+                self.announce_if_due(tokio::time::Instant::now());
             }
             SwarmEvent::NewListenAddr { address, .. } => {
                 if self.advertise_listen && !self.advertise.contains(&address) {
