@@ -302,6 +302,7 @@ pub async fn start(
         advertise_listen,
         announce_every: settings.announce_every,
         last_announce: None,
+        next_periodic_announce: tokio::time::Instant::now(),
         announce_pending: false,
         link_limits: settings.link_limits,
         engine,
@@ -364,7 +365,9 @@ struct Driver {
     /// `advertise` follows the listen addresses (no `cluster.advertise`).
     advertise_listen: bool,
     announce_every: Duration,
+    /// When an announcement last went out to at least one peer.
     last_announce: Option<tokio::time::Instant>,
+    next_periodic_announce: tokio::time::Instant,
     /// A peer joined since the last announcement, which went out too recently to send another.
     announce_pending: bool,
     link_limits: session::LinkLimits,
@@ -468,13 +471,16 @@ impl Driver {
                 .discovered_peers
                 .store(directory.len() as u64, Ordering::Relaxed);
         }
-        if self
-            .last_announce
-            .is_none_or(|last| now.duration_since(last) >= self.announce_every)
-        {
+        if now >= self.next_periodic_announce {
+            self.next_periodic_announce = now + self.announce_every;
             self.announce_pending = true;
         }
         self.announce_if_due(now);
+        self.dial_discovered(now);
+    }
+
+    /// Dial the discovered peers that are due.
+    fn dial_discovered(&mut self, now: tokio::time::Instant) {
         let Some(directory) = &mut self.directory else {
             return;
         };
@@ -518,15 +524,16 @@ impl Driver {
             return;
         }
         self.announce_pending = false;
-        self.last_announce = Some(now);
         let announcement = directory.announcement(&self.advertise);
-        if let Err(e) = self
+        match self
             .swarm
             .behaviour_mut()
             .gossipsub
             .publish(self.discovery_topic.clone(), announcement)
         {
-            debug!(error = ?e, "cannot announce this node's peers");
+            Ok(_) => self.last_announce = Some(now),
+            // No peer on the topic yet: the first to join gets one at once.
+            Err(e) => debug!(error = ?e, "cannot announce this node's peers"),
         }
     }
 
@@ -534,18 +541,21 @@ impl Driver {
         let (Some(author), Some(directory)) = (message.source, &mut self.directory) else {
             return;
         };
+        let now = tokio::time::Instant::now();
         match discovery::decode(&message.data) {
             Ok(entries) => {
                 let swarm = &self.swarm;
-                let new = directory.learn(author, entries, tokio::time::Instant::now(), |p| {
-                    swarm.is_connected(p)
-                });
+                let new = directory.learn(author, entries, now, |p| swarm.is_connected(p));
+                let met = !new.is_empty();
                 for peer in new {
                     info!(%peer, from = %author, "discovered peer");
                 }
                 self.stats
                     .discovered_peers
                     .store(directory.len() as u64, Ordering::Relaxed);
+                if met {
+                    self.dial_discovered(now);
+                }
             }
             Err(e) => warn!(peer = %author, error = %e, "malformed announcement ignored"),
         }
