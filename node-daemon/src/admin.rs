@@ -11,6 +11,7 @@
 //! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode) |
 //! | `GET /api/peers` | JSON array of the peer nodes: connected, region, RTT, routes, route lag, outbox, forwards |
 //! | `GET /api/peers/{peer_id}/routes` | the filters that peer has subscribers for, as replicated here |
+//! | `GET /api/discovery` | JSON array of the peers discovery knows: addresses, whether self-reported, connected |
 //! | `GET /api/routes` | this node's own route set (filters with a local subscriber) |
 
 use std::convert::Infallible;
@@ -138,6 +139,14 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -
             }
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
+        (Method::GET, "/api/discovery") => {
+            let known = engine
+                .mesh
+                .as_deref()
+                .and_then(|m| m.discovered.lock().ok().map(|d| d.clone()))
+                .unwrap_or_default();
+            json(StatusCode::OK, serde_json::json!(known))
+        }
         (Method::GET, "/api/routes") => match engine.routes(None).await {
             Some(routes) => json(StatusCode::OK, serde_json::json!(routes)),
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),

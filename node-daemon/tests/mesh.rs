@@ -798,6 +798,19 @@ async fn nodes_that_list_one_peer_meet_the_others_by_discovery() {
         })
         .await;
     }
+    let (status, body) = http(c.daemon.admin, "GET", "/api/discovery").await;
+    assert_eq!(status, 200, "{body}");
+    let known: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let b_there = known
+        .as_array()
+        .and_then(|k| k.iter().find(|p| p["peer_id"] == b.peer_id.as_str()))
+        .unwrap_or_else(|| panic!("b in c's /api/discovery: {body}"));
+    assert_eq!(
+        b_there["addrs"],
+        serde_json::json!([format!("/ip4/127.0.0.1/tcp/{}", front_b.port)]),
+        "{body}"
+    );
+    assert_eq!(b_there["connected"], true);
 
     let mut sub = v3::connect(v3::options("sub-b", b.mqtt())).await;
     sub.subscribe("meet/+", QoS::AtLeastOnce).await;

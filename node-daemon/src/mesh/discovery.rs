@@ -101,6 +101,17 @@ pub fn reachable(addrs: &[Multiaddr]) -> Vec<Multiaddr> {
     addrs.iter().filter(|a| !loopback(a)).cloned().collect()
 }
 
+/// A known peer as the admin API shows it (`GET /api/discovery`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KnownPeer {
+    pub peer_id: String,
+    /// The addresses it is dialled at.
+    pub addrs: Vec<String>,
+    /// Whether those addresses came from the peer itself (else from a node connected to it).
+    pub self_reported: bool,
+    pub connected: bool,
+}
+
 /// What this node knows of one peer.
 #[derive(Debug)]
 struct Known {
@@ -283,6 +294,19 @@ impl Directory {
             .iter()
             .filter(|(_, k)| !k.connected && k.dialing.is_none() && k.next_dial <= now)
             .map(|(p, k)| (*p, k.addrs.clone()))
+            .collect()
+    }
+
+    /// Every known peer, in peer id order.
+    pub fn snapshot(&self) -> Vec<KnownPeer> {
+        self.known
+            .iter()
+            .map(|(p, k)| KnownPeer {
+                peer_id: p.to_string(),
+                addrs: k.addrs.iter().map(ToString::to_string).collect(),
+                self_reported: k.self_reported,
+                connected: k.connected,
+            })
             .collect()
     }
 
@@ -515,5 +539,24 @@ mod tests {
         });
         let got = decode(&d.announcement(&[addr(3)])).unwrap();
         assert_eq!(got, vec![(me, vec![addr(3)]), (a, vec![addr(1)])]);
+        let mut shown = d.snapshot();
+        shown.sort_by_key(|p| p.connected);
+        assert_eq!(
+            shown,
+            [
+                KnownPeer {
+                    peer_id: b.to_string(),
+                    addrs: vec![addr(2).to_string()],
+                    self_reported: false,
+                    connected: false
+                },
+                KnownPeer {
+                    peer_id: a.to_string(),
+                    addrs: vec![addr(1).to_string()],
+                    self_reported: true,
+                    connected: true
+                }
+            ]
+        );
     }
 }

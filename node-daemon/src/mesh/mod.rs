@@ -90,6 +90,8 @@ pub struct MeshStats {
     pub dial_failures: AtomicU64,
     /// Peers known through discovery.
     pub discovered_peers: AtomicU64,
+    /// The same peers, with their addresses (`GET /api/discovery`).
+    pub discovered: Mutex<Vec<discovery::KnownPeer>>,
     /// Broadcast frames that gossip could not take, sent over the sessions instead.
     pub gossip_fallbacks: AtomicU64,
 }
@@ -467,9 +469,7 @@ impl Driver {
             info!(%peer, "discovered peer forgotten: neither connected nor announced");
         }
         if !gone.is_empty() {
-            self.stats
-                .discovered_peers
-                .store(directory.len() as u64, Ordering::Relaxed);
+            self.show_directory();
         }
         if now >= self.next_periodic_announce {
             self.next_periodic_announce = now + self.announce_every;
@@ -477,6 +477,19 @@ impl Driver {
         }
         self.announce_if_due(now);
         self.dial_discovered(now);
+    }
+
+    /// Publish what discovery knows to the metrics and the admin API.
+    fn show_directory(&self) {
+        let Some(directory) = &self.directory else {
+            return;
+        };
+        self.stats
+            .discovered_peers
+            .store(directory.len() as u64, Ordering::Relaxed);
+        if let Ok(mut shown) = self.stats.discovered.lock() {
+            *shown = directory.snapshot();
+        }
     }
 
     /// Dial the discovered peers that are due.
@@ -550,9 +563,7 @@ impl Driver {
                 for peer in new {
                     info!(%peer, from = %author, "discovered peer");
                 }
-                self.stats
-                    .discovered_peers
-                    .store(directory.len() as u64, Ordering::Relaxed);
+                self.show_directory();
                 if met {
                     self.dial_discovered(now);
                 }
@@ -582,6 +593,7 @@ impl Driver {
                 }
                 if let Some(directory) = &mut self.directory {
                     directory.connected(peer_id);
+                    self.show_directory();
                 }
                 self.ensure_session(peer_id);
             }
@@ -604,6 +616,7 @@ impl Driver {
                     }
                     if let Some(directory) = &mut self.directory {
                         directory.disconnected(peer_id, now);
+                        self.show_directory();
                     }
                 }
             }
