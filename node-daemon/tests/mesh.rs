@@ -254,12 +254,17 @@ async fn next_publish(
 /// Two regions, c dialling a through a proxy, linked: a, c, the proxy, and the directory that
 /// holds their cluster key.
 async fn two_regions() -> (Node, Node, Proxy, tempfile::TempDir) {
+    two_regions_with("").await
+}
+
+/// [`two_regions`], with `c_extra` added to c's `[cluster]` section.
+async fn two_regions_with(c_extra: &str) -> (Node, Node, Proxy, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let key = cluster_key(dir.path(), "cluster.key");
     let (pa, pc) = (free_port(), free_port());
     let link = Proxy::start(pa).await.unwrap();
     let a = Node::start("euc1", pa, &[], &key).await;
-    let c = Node::start("afs1", pc, &[link.port], &key).await;
+    let c = Node::start_with("afs1", pc, &[link.port], &key, c_extra).await;
     wait_for("the link", &[&a, &c], || async {
         a.connected_to(&c).await && c.connected_to(&a).await
     })
@@ -502,17 +507,8 @@ async fn a_qos0_flood_over_a_thin_link_is_dropped_and_the_session_stays_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_with_room_for_a_burst_carries_all_of_it() {
     const N: usize = 6 * 1024;
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let (pa, pc) = (free_port(), free_port());
-    let link = Proxy::start(pa).await.unwrap();
-    let a = Node::start("euc1", pa, &[], &key).await;
     let roomy = "link_queue_frames = 65536\nlink_congested_bytes = 67108864\n";
-    let c = Node::start_with("afs1", pc, &[link.port], &key, roomy).await;
-    wait_for("the link", &[&a, &c], || async {
-        a.connected_to(&c).await && c.connected_to(&a).await
-    })
-    .await;
+    let (a, c, link, _dir) = two_regions_with(roomy).await;
     let mut sub = v3::connect(v3::options("far-sub", a.mqtt())).await;
     sub.subscribe("burst/#", QoS::AtMostOnce).await;
     wait_for("the route at c", &[&a, &c], || async {
