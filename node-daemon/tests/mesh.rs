@@ -878,7 +878,7 @@ async fn the_cli_contract_joins_nodes_and_bootstrap_peers_may_come_up_later() {
     let dir = tempfile::tempdir().unwrap();
     let key = cluster_key(dir.path(), "cluster.key");
     let (pa, pb) = (free_port(), free_port());
-    // a starts first, dialling b, which is not up yet.
+    // a starts first, dialling b by name, and b is not up yet.
     let a = Daemon::start_with(
         None,
         [
@@ -887,7 +887,7 @@ async fn the_cli_contract_joins_nodes_and_bootstrap_peers_may_come_up_later() {
             "--p2p",
             &format!("/ip4/127.0.0.1/tcp/{pa}"),
             "--peer",
-            &format!("/ip4/127.0.0.1/tcp/{pb}"),
+            &format!("/dns4/localhost/tcp/{pb}"),
             "--cluster-key",
             key.to_str().unwrap(),
         ]

@@ -178,6 +178,9 @@ pub async fn start(
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(transport)
         })
         .context("cannot build the p2p transport")?
+        // `/dns4/…`, `/dns6/…` and `/dns/…` addresses resolve with the system's resolver.
+        .with_dns()
+        .context("cluster: cannot read the system's DNS configuration (/etc/resolv.conf)")?
         .with_behaviour(|key| {
             let gossip_config = gossipsub::ConfigBuilder::default()
                 .max_transmit_size(GOSSIP_MAX_FRAME + 4096)
@@ -630,9 +633,15 @@ impl Driver {
                 for b in &mut self.bootstrap {
                     if b.dialing == Some(connection_id) {
                         b.dialing = None;
+                        // The first failure in a row is worth a warning (a wrong address or
+                        // name shows at once); the retries are not.
+                        if b.backoff == self.redial_min {
+                            warn!(addr = %b.addr, error = %error, "bootstrap peer did not answer; dialling it again with backoff");
+                        } else {
+                            debug!(addr = %b.addr, error = %error, retry_in = ?b.backoff, "bootstrap peer did not answer");
+                        }
                         b.retry_later(now, self.redial_max);
                         self.stats.dial_failures.fetch_add(1, Ordering::Relaxed);
-                        debug!(addr = %b.addr, error = %error, retry_in = ?b.backoff, "bootstrap peer did not answer");
                     }
                 }
                 if let Some(directory) = &mut self.directory
