@@ -32,6 +32,9 @@ pub const DISCOVERY_TOPIC: &str = "meridian/members/1";
 pub const MAX_PEERS: usize = 1024;
 /// Addresses taken per peer.
 pub const MAX_ADDRS: usize = 16;
+/// The largest announcement read; larger ones are ignored unparsed. [`MAX_PEERS`] peers with an
+/// address each take under a quarter of it.
+pub const MAX_ANNOUNCEMENT_BYTES: usize = 512 * 1024;
 /// The shortest time between two announcements of a node, however often peers join.
 pub const MIN_ANNOUNCE_GAP: Duration = Duration::from_secs(1);
 
@@ -64,9 +67,22 @@ pub fn encode(entries: &[(PeerId, &[Multiaddr])]) -> Vec<u8> {
     serde_json::to_vec(&wire).expect("an announcement always serialises")
 }
 
+/// Why an announcement was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("announcement of {0} bytes, more than {MAX_ANNOUNCEMENT_BYTES}")]
+    TooLarge(usize),
+    #[error("not an announcement: {0}")]
+    Malformed(#[from] serde_json::Error),
+}
+
 /// Decode an announcement. Peers and addresses that do not parse are skipped, and so is
-/// whatever lies past the bounds; a message that is not an announcement at all is an error.
-pub fn decode(bytes: &[u8]) -> Result<Vec<Entry>, serde_json::Error> {
+/// whatever lies past the bounds; a message that is not an announcement at all, or larger than
+/// [`MAX_ANNOUNCEMENT_BYTES`], is an error.
+pub fn decode(bytes: &[u8]) -> Result<Vec<Entry>, DecodeError> {
+    if bytes.len() > MAX_ANNOUNCEMENT_BYTES {
+        return Err(DecodeError::TooLarge(bytes.len()));
+    }
     let wire: Wire = serde_json::from_slice(bytes)?;
     Ok(wire
         .peers
@@ -365,7 +381,10 @@ mod tests {
             decode(odd.as_bytes()).unwrap(),
             vec![(a, vec!["/ip4/1.2.3.4/tcp/1".parse().unwrap()])]
         );
-        assert!(decode(b"\x00\x01 not json").is_err());
+        assert!(matches!(
+            decode(b"\x00\x01 not json"),
+            Err(DecodeError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -384,17 +403,24 @@ mod tests {
 
     #[test]
     fn announcements_are_bounded() {
-        let peers: Vec<(PeerId, Vec<Multiaddr>)> = (0..MAX_PEERS + 10)
-            .map(|_| {
-                let addrs = (0..MAX_ADDRS as u16 + 5).map(addr).collect();
-                (PeerId::random(), addrs)
-            })
+        let many: Vec<(PeerId, Vec<Multiaddr>)> = (0..MAX_PEERS + 10)
+            .map(|i| (PeerId::random(), vec![addr(i as u16)]))
             .collect();
         let refs: Vec<(PeerId, &[Multiaddr])> =
-            peers.iter().map(|(p, a)| (*p, a.as_slice())).collect();
-        let got = decode(&encode(&refs)).unwrap();
-        assert_eq!(got.len(), MAX_PEERS);
-        assert!(got.iter().all(|(_, a)| a.len() == MAX_ADDRS));
+            many.iter().map(|(p, a)| (*p, a.as_slice())).collect();
+        let bytes = encode(&refs);
+        assert!(
+            bytes.len() < MAX_ANNOUNCEMENT_BYTES / 4,
+            "a full one fits easily"
+        );
+        assert_eq!(decode(&bytes).unwrap().len(), MAX_PEERS);
+
+        let addrs: Vec<Multiaddr> = (0..MAX_ADDRS as u16 + 5).map(addr).collect();
+        let got = decode(&encode(&[(PeerId::random(), &addrs)])).unwrap();
+        assert_eq!(got[0].1.len(), MAX_ADDRS);
+
+        let huge = vec![b' '; MAX_ANNOUNCEMENT_BYTES + 1];
+        assert!(matches!(decode(&huge), Err(DecodeError::TooLarge(_))));
     }
 
     #[test]
