@@ -53,18 +53,31 @@ struct WirePeer {
 /// A peer and the addresses it can be reached at.
 pub type Entry = (PeerId, Vec<Multiaddr>);
 
-/// Encode an announcement.
+/// Encode an announcement: at most [`MAX_ADDRS`] addresses per peer, and as many peers as fit
+/// in [`MAX_ANNOUNCEMENT_BYTES`] (the first ones; this node comes first).
 pub fn encode(entries: &[(PeerId, &[Multiaddr])]) -> Vec<u8> {
-    let wire = Wire {
-        peers: entries
-            .iter()
-            .map(|(id, addrs)| WirePeer {
-                id: id.to_string(),
-                addrs: addrs.iter().map(ToString::to_string).collect(),
-            })
-            .collect(),
-    };
-    serde_json::to_vec(&wire).expect("an announcement always serialises")
+    // Room for the brackets and field names around each peer, besides its strings.
+    const PEER_OVERHEAD: usize = 32;
+    let mut size = 16;
+    let mut peers = Vec::new();
+    for (id, addrs) in entries.iter().take(MAX_PEERS) {
+        let peer = WirePeer {
+            id: id.to_string(),
+            addrs: addrs
+                .iter()
+                .take(MAX_ADDRS)
+                .map(ToString::to_string)
+                .collect(),
+        };
+        let len =
+            PEER_OVERHEAD + peer.id.len() + peer.addrs.iter().map(|a| a.len() + 3).sum::<usize>();
+        if size + len > MAX_ANNOUNCEMENT_BYTES {
+            break;
+        }
+        size += len;
+        peers.push(peer);
+    }
+    serde_json::to_vec(&Wire { peers }).expect("an announcement always serialises")
 }
 
 /// Why an announcement was not read.
@@ -421,6 +434,25 @@ mod tests {
 
         let huge = vec![b' '; MAX_ANNOUNCEMENT_BYTES + 1];
         assert!(matches!(decode(&huge), Err(DecodeError::TooLarge(_))));
+
+        // The largest a sender can be asked for (a full directory, every peer with more /ip6
+        // addresses than are taken) is cut to fit, and read.
+        let long: Vec<Multiaddr> = (0..MAX_ADDRS as u16 + 4)
+            .map(|p| {
+                format!("/ip6/2001:db8:ffff:ffff:ffff:ffff:ffff:ffff/tcp/{p}")
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        let full: Vec<(PeerId, &[Multiaddr])> = (0..MAX_PEERS)
+            .map(|_| (PeerId::random(), long.as_slice()))
+            .collect();
+        let bytes = encode(&full);
+        assert!(bytes.len() <= MAX_ANNOUNCEMENT_BYTES);
+        let got = decode(&bytes).unwrap();
+        assert!(got.len() > MAX_PEERS / 4, "{} peers", got.len());
+        assert_eq!(got[0].0, full[0].0, "the first (this node) comes first");
+        assert!(got.iter().all(|(_, a)| a.len() == MAX_ADDRS));
     }
 
     #[test]

@@ -163,6 +163,15 @@ pub async fn start(
              list the peer ids allowed in (--allow-peer) to use a /quic-v1 address"
         );
     }
+    let (dns_config, dns_opts) =
+        hickory_resolver::system_conf::read_system_conf().unwrap_or_else(|e| {
+            warn!(error = %e, "no usable DNS configuration (/etc/resolv.conf): peer addresses \
+                   by name (/dns4/...) resolve from /etc/hosts only");
+            (
+                libp2p::dns::ResolverConfig::new(),
+                libp2p::dns::ResolverOpts::default(),
+            )
+        });
     let builder = libp2p::SwarmBuilder::with_existing_identity(keypair).with_tokio();
     #[cfg(feature = "quic")]
     let builder = builder.with_quic();
@@ -179,8 +188,7 @@ pub async fn start(
         })
         .context("cannot build the p2p transport")?
         // `/dns4/…`, `/dns6/…` and `/dns/…` addresses resolve with the system's resolver.
-        .with_dns()
-        .context("cluster: cannot read the system's DNS configuration (/etc/resolv.conf)")?
+        .with_dns_config(dns_config, dns_opts)
         .with_behaviour(|key| {
             let gossip_config = gossipsub::ConfigBuilder::default()
                 .max_transmit_size(GOSSIP_MAX_FRAME + 4096)
@@ -500,9 +508,11 @@ impl Driver {
         let Some(directory) = &mut self.directory else {
             return;
         };
+        let mut shown_stale = false;
         for (peer, addrs) in directory.due(now) {
             if self.swarm.is_connected(&peer) {
                 directory.connected(peer);
+                shown_stale = true;
                 continue;
             }
             if self.bootstrap.iter().any(|b| b.peer == Some(peer)) {
@@ -523,6 +533,9 @@ impl Driver {
                     directory.not_dialled(peer, now);
                 }
             }
+        }
+        if shown_stale {
+            self.show_directory();
         }
     }
 
@@ -571,7 +584,7 @@ impl Driver {
                     self.dial_discovered(now);
                 }
             }
-            Err(e) => warn!(peer = %author, error = %e, "malformed announcement ignored"),
+            Err(e) => warn!(peer = %author, error = %e, "announcement ignored"),
         }
     }
 
@@ -588,6 +601,10 @@ impl Driver {
                     if b.dialing == Some(connection_id) {
                         b.dialing = None;
                         b.peer = Some(peer_id);
+                    }
+                    // Whoever dialled: the next outage starts from the shortest pause, and
+                    // its first failed dial is a warning again.
+                    if b.peer == Some(peer_id) {
                         b.backoff = self.redial_min;
                     }
                 }
