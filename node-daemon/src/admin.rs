@@ -605,7 +605,11 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
         c,
     );
     let g = Gauge::<i64>::default();
-    g.set(i64::try_from(m.discovered_peers.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
+    g.set(
+        m.discovered
+            .lock()
+            .map_or(0, |d| i64::try_from(d.len()).unwrap_or(i64::MAX)),
+    );
     r.register(
         "p2p_discovered_peers",
         "Peers known through discovery (announced by other nodes)",

@@ -88,9 +88,8 @@ pub struct MeshStats {
     pub refused_not_allowed: AtomicU64,
     /// Dials of bootstrap or discovered peers that failed.
     pub dial_failures: AtomicU64,
-    /// Peers known through discovery.
-    pub discovered_peers: AtomicU64,
-    /// The same peers, with their addresses (`GET /api/discovery`).
+    /// Peers known through discovery, with their addresses (`GET /api/discovery`, and their
+    /// count in the metrics).
     pub discovered: Mutex<Vec<discovery::KnownPeer>>,
     /// Broadcast frames that gossip could not take, sent over the sessions instead.
     pub gossip_fallbacks: AtomicU64,
@@ -495,9 +494,6 @@ impl Driver {
         let Some(directory) = &self.directory else {
             return;
         };
-        self.stats
-            .discovered_peers
-            .store(directory.len() as u64, Ordering::Relaxed);
         if let Ok(mut shown) = self.stats.discovered.lock() {
             *shown = directory.snapshot();
         }
