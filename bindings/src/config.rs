@@ -73,6 +73,9 @@ pub(crate) fn from_js(value: &JsValue) -> Result<Config, JsValue> {
     field!("reasonStrings", reason_strings, bool);
     field!("responseTopicPrefix", response_topic_prefix, string);
     field!("assignedClientIdPrefix", assigned_client_id_prefix, string);
+    if let Some(ms) = f.uint("sysIntervalMs", js::MAX_SAFE_INTEGER)? {
+        c.sys_interval_ms = ms;
+    }
     let seed_path = f.path_of("seed");
     if let Some(v) = f.get("seed")? {
         c.seed = seed(&v, &seed_path)?;
@@ -137,6 +140,7 @@ pub(crate) fn to_js(c: &Config) -> JsValue {
             "assignedClientIdPrefix",
             c.assigned_client_id_prefix.as_str(),
         )
+        .set("sysIntervalMs", js::num(c.sys_interval_ms))
         // As a bigint: the default seed does not fit a JS number exactly.
         .set("seed", js_sys::BigInt::from(c.seed));
     o.into_js()

@@ -39,6 +39,9 @@ export interface BrokerConfig {
   reasonStrings?: boolean;
   responseTopicPrefix?: string;
   assignedClientIdPrefix?: string;
+  /** How often the broker publishes its figures under `$SYS/broker/` (Mosquitto's topics), in
+   *  milliseconds; 0 (the default): never. While it does, clients may not publish under `$SYS`. */
+  sysIntervalMs?: number;
   /** Seed for everything the broker randomises (a safe integer or a bigint < 2^64). */
   seed?: number | bigint;
 }

@@ -247,6 +247,27 @@ fn will_is_published_when_the_connection_is_lost() {
 }
 
 #[wasm_bindgen_test]
+fn system_topics_are_published_when_asked_for() {
+    let mut h = Harness::new(r#"{"sysIntervalMs": 1000}"#);
+    assert_eq!(get_num(&h.broker.config(), "sysIntervalMs"), 1000.0);
+    let watcher = h.connect("watcher", 5);
+    h.send(
+        watcher,
+        r#"{"type":"subscribe","packetId":1,"filters":["$SYS/broker/clients/connected"]}"#,
+        5,
+    );
+    let got = h.take(watcher);
+    let figure = got
+        .iter()
+        .find(|p| get_str(p, "type") == "publish")
+        .expect("the figure follows the SUBACK");
+    assert_eq!(get_str(figure, "topic"), "$SYS/broker/clients/connected");
+    assert_eq!(bytes(&get(figure, "payload")), b"1");
+    assert!(get_bool(figure, "retain"));
+    assert_eq!(h.broker.poll_timeout(), Some(T0 + 1000.0));
+}
+
+#[wasm_bindgen_test]
 fn persisted_session_is_restored_by_a_new_broker() {
     let mut h = Harness::new("{}");
     let conn = h.connect_with(

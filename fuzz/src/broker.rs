@@ -91,6 +91,7 @@ impl<'a> Arbitrary<'a> for Knobs {
             subscription_identifiers_available: pick(u, &[true, true, false])?,
             shared_subscription_available: pick(u, &[true, true, false])?,
             reason_strings: pick(u, &[true, false])?,
+            sys_interval_ms: pick(u, &[d.sys_interval_ms, 1, 10_000])?,
             seed: u64::from(u8::arbitrary(u)?),
             ..d
         }))

@@ -411,8 +411,8 @@ const OUTCOMES: [&str; 5] = ["Allow", "AllowAs", "Deny", "Continue", "Pending"];
 /// `Debug` text of the `broker::Scenario` they must decode to.
 pub fn broker_scenario(ops: &[SeedOp]) -> (Vec<u8>, String) {
     let mut w = Writer::default();
-    // Knobs: 23 picks of the first choice (the defaults), then the seed byte.
-    for _ in 0..23 {
+    // Knobs: 24 picks of the first choice (the defaults), then the seed byte.
+    for _ in 0..24 {
         w.pick(0);
     }
     w.pick(0x6d);

@@ -238,6 +238,7 @@ pub struct MqttFeatures {
     pub reason_strings: bool,
     pub response_topic_prefix: String,
     pub assigned_client_id_prefix: String,
+    pub sys_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -330,6 +331,13 @@ impl DaemonConfig {
             return Err(invalid(format!(
                 "mqtt.maximum_qos: must be 0, 1 or 2, not {}",
                 self.mqtt.maximum_qos
+            )));
+        }
+        if (1..MIN_SYS_INTERVAL_MS).contains(&self.mqtt.sys_interval_ms) {
+            return Err(invalid(format!(
+                "mqtt.sys_interval_ms: must be 0 (no system topics) or at least \
+                 {MIN_SYS_INTERVAL_MS}, not {} (some figures take a pass over every session)",
+                self.mqtt.sys_interval_ms
             )));
         }
         for (name, l) in self.listeners.iter() {
@@ -464,10 +472,14 @@ impl DaemonConfig {
             reason_strings: m.reason_strings,
             response_topic_prefix: m.response_topic_prefix.clone(),
             assigned_client_id_prefix: m.assigned_client_id_prefix.clone(),
+            sys_interval_ms: m.sys_interval_ms,
             ..meridian_core::Config::default()
         }
     }
 }
+
+/// The shortest interval between two publications of the system topics.
+const MIN_SYS_INTERVAL_MS: u64 = 100;
 
 /// The most frames a link session's queue may hold (each slot costs its memory only when used).
 const MAX_LINK_QUEUE_FRAMES: usize = 1 << 24;
@@ -677,6 +689,7 @@ partial!(PMqtt {
     reason_strings: bool,
     response_topic_prefix: String,
     assigned_client_id_prefix: String,
+    sys_interval_ms: u64,
 });
 partial!(PAuth {
     password_file: String,
@@ -721,7 +734,12 @@ mod tests {
         assert_eq!(c.admin.bind.to_string(), "127.0.0.1:8081");
         assert_eq!(c.storage.data_dir, PathBuf::from("./meridian-data"));
         assert_eq!(c.storage.sync, SyncPolicy::Always);
-        assert_eq!(c.core_config(), meridian_core::Config::default());
+        // The daemon publishes system topics by default, as Mosquitto does; the core does not.
+        let expected = meridian_core::Config {
+            sys_interval_ms: 10_000,
+            ..meridian_core::Config::default()
+        };
+        assert_eq!(c.core_config(), expected);
     }
 
     #[test]
@@ -778,6 +796,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("runtime.worker_threads"), "{e}");
+        let e = DaemonConfig::parse("[mqtt]\nsys_interval_ms = 10\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mqtt.sys_interval_ms"), "{e}");
+        for ok in [0, 100] {
+            let c = DaemonConfig::parse(&format!("[mqtt]\nsys_interval_ms = {ok}\n"), "x.toml")
+                .unwrap();
+            assert_eq!(c.core_config().sys_interval_ms, ok);
+        }
     }
 
     #[test]

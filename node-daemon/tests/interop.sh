@@ -101,6 +101,15 @@ mosquitto_retained() {
   [ "$(mosquitto_sub -h 127.0.0.1 -p "$MQTT" -V mqttv311 -t interop/retained -C 1 -W 10)" = "kept" ]
 }
 
+# System topics, read as Mosquitto's own are: at once on subscribing, with the retain flag.
+mosquitto_sys() {
+  local out
+  out=$(mosquitto_sub -h 127.0.0.1 -p "$MQTT" -V mqttv5 -t '$SYS/broker/version' -t '$SYS/broker/clients/connected' -C 2 -W 10 -F '%r %t %p') || return 1
+  echo "$out"
+  [ "$(echo "$out" | sort)" = "$(printf '1 $SYS/broker/clients/connected 1\n1 $SYS/broker/version meridian version %s' "$(grep -m1 '^version' "$HERE/../../Cargo.toml" | cut -d'"' -f2)")" ]
+}
+
+check "mosquitto \$SYS topics" mosquitto_sys
 check "mosquitto 3.1.1 tcp" mosquitto_round_trip mqttv311
 check "mosquitto 5.0 tcp" mosquitto_round_trip mqttv5
 check "mosquitto retained 5.0 -> 3.1.1" mosquitto_retained

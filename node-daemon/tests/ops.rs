@@ -133,3 +133,61 @@ async fn worker_threads_come_from_the_config() {
     let (_, metrics) = http(d.admin, "GET", "/metrics").await;
     assert!(metrics.contains("meridian_runtime_workers 3"), "{metrics}");
 }
+
+/// The value of the next PUBLISH on `topic`.
+async fn next_figure(client: &mut v3::Client, topic: &str) -> String {
+    client
+        .expect(|p| match p {
+            rumqttc::Packet::Publish(p) if p.topic == topic => {
+                Some(String::from_utf8(p.payload.to_vec()).expect("text"))
+            }
+            _ => None,
+        })
+        .await
+}
+
+#[tokio::test]
+async fn system_topics_give_the_broker_figures_and_follow_changes() {
+    let d = Daemon::start_with_config(Some("[mqtt]\nsys_interval_ms = 100\n"));
+    let mut watcher = v3::connect(v3::options("watcher", d.mqtt)).await;
+    watcher
+        .subscribe("$SYS/broker/version", QoS::AtMostOnce)
+        .await;
+    let version = next_figure(&mut watcher, "$SYS/broker/version").await;
+    assert_eq!(
+        version,
+        format!("meridian version {}", env!("CARGO_PKG_VERSION"))
+    );
+    const CONNECTED: &str = "$SYS/broker/clients/connected";
+    watcher.subscribe(CONNECTED, QoS::AtMostOnce).await;
+    assert_eq!(next_figure(&mut watcher, CONNECTED).await, "1");
+
+    // A second client shows in a later figure; a forged one is not relayed.
+    let other = v3::connect(v3::options("other", d.mqtt)).await;
+    let deadline = Instant::now() + DEADLINE;
+    while next_figure(&mut watcher, CONNECTED).await != "2" {
+        assert!(Instant::now() < deadline, "the count never reached 2");
+    }
+    other
+        .client
+        .publish(CONNECTED, QoS::AtLeastOnce, true, "forged")
+        .await
+        .unwrap();
+    other.disconnect().await;
+    loop {
+        let figure = next_figure(&mut watcher, CONNECTED).await;
+        assert_ne!(
+            figure, "forged",
+            "a client's PUBLISH under $SYS went through"
+        );
+        if figure == "1" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the count never fell back to 1");
+    }
+    let (_, metrics) = http(d.admin, "GET", "/metrics").await;
+    assert!(
+        metrics.contains("meridian_messages_dropped_total{reason=\"not_authorized\"} 1"),
+        "the forged figure is refused: {metrics}"
+    );
+}

@@ -70,6 +70,11 @@ pub struct Config {
     pub response_topic_prefix: String,
     /// Prefix of client identifiers the broker assigns to clients that connect with an empty one.
     pub assigned_client_id_prefix: String,
+    /// How often the broker publishes its figures under `$SYS/broker/` (the topics Mosquitto
+    /// uses), in milliseconds; 0: never. Only figures that changed are sent, as QoS 0 messages
+    /// with the retain flag, to local subscribers only; a new subscription gets them all at
+    /// once. While it is set, clients may not publish under `$SYS` (`Not authorized`).
+    pub sys_interval_ms: u64,
     /// Seed for everything the broker randomises (assigned client ids, hash seeds). Shells
     /// should pass a random value per process (the core cannot draw one), so that assigned
     /// client ids differ across restarts and nodes; tests and the simulator pass a fixed one.
@@ -105,6 +110,7 @@ impl Default for Config {
             reason_strings: true,
             response_topic_prefix: "response/".to_owned(),
             assigned_client_id_prefix: "meridian-".to_owned(),
+            sys_interval_ms: 0,
             seed: 0x6d65_7269_6469_616e,
         }
     }

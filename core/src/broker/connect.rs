@@ -253,7 +253,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 client_id: &connect.client_id,
                 username: username.as_deref(),
             };
-            if !self.authorizer.may_publish(&client, &will.topic) {
+            if self.sys_reserved(&will.topic) || !self.authorizer.may_publish(&client, &will.topic)
+            {
                 return self.refuse(conn_id, Some(connect.client_id), ReasonCode::NOT_AUTHORIZED);
             }
         }

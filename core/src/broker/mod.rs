@@ -17,6 +17,7 @@ mod session;
 mod stats;
 mod subscribe;
 mod subscriptions;
+mod sys;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
@@ -62,6 +63,8 @@ enum Timer {
     Digest,
     /// A held SUBACK's longest wait is over.
     SubscribeFence,
+    /// Publish the system topics that changed.
+    Sys,
 }
 
 /// Hash maps with a fixed seed: deterministic, no OS randomness.
@@ -115,6 +118,8 @@ pub struct Broker<A = Box<dyn Authenticator>, Z = Box<dyn Authorizer>> {
     topic_limits: topic::Limits,
     /// Set when the broker is a node of a multi-region deployment.
     cluster: Option<Box<cluster::Cluster>>,
+    /// Set when the broker publishes system topics ([`Config::sys_interval_ms`]).
+    sys: Option<Box<sys::SysTopics>>,
 }
 
 impl<A, Z> fmt::Debug for Broker<A, Z> {
@@ -144,6 +149,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             max_len: config.max_topic_len,
             max_levels: config.max_topic_levels,
         };
+        let mut timers = BTreeSet::new();
+        let sys = (config.sys_interval_ms > 0).then(|| {
+            timers.insert((now.plus_ms(config.sys_interval_ms), Timer::Sys));
+            sys::SysTopics::new(now)
+        });
         Self {
             conns: FixedMap::with_hasher(FixedState::with_seed(seed)),
             next_conn: 1,
@@ -156,7 +166,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             retained_timer: None,
             outputs: VecDeque::new(),
             dirty: Vec::new(),
-            timers: BTreeSet::new(),
+            timers,
             authenticator,
             authorizer,
             rng: seed,
@@ -165,6 +175,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             scratch: Vec::new(),
             topic_limits,
             cluster: None,
+            sys,
             config,
             now,
         }
@@ -182,6 +193,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let deadline = now.plus_ms(self.config.connect_timeout_ms);
         self.conns
             .insert(id, Box::new(Connection::new(info, now, deadline)));
+        if let Some(sys) = &mut self.sys {
+            sys.connections(self.conns.len());
+        }
         self.timers.insert((deadline, Timer::ConnectTimeout(id)));
         id
     }
@@ -707,6 +721,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Timer::RouteFlush => self.fire_route_flush(),
             Timer::Digest => self.fire_digest(),
             Timer::SubscribeFence => self.release_fences(),
+            Timer::Sys => self.fire_sys(),
             Timer::RetainedExpiry => {
                 self.retained_timer = None;
                 while let Some((at, topic)) = self.retained_expiry.first().cloned() {

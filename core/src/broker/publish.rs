@@ -173,7 +173,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             client_id: &session.client_id,
             username: session.username.as_deref(),
         };
-        if !self.authorizer.may_publish(&client, &p.topic) {
+        if self.sys_reserved(&p.topic) || !self.authorizer.may_publish(&client, &p.topic) {
             self.stats.dropped_not_authorized += 1;
             return Some(ReasonCode::NOT_AUTHORIZED);
         }
@@ -267,7 +267,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Deliver to every matching local session. `detached`: the message, if it holds its own
     /// bytes already (see [`Broker::deliver`]).
-    fn route(&mut self, message: &Arc<Message>, mut detached: Option<Arc<Message>>) -> usize {
+    pub(super) fn route(
+        &mut self,
+        message: &Arc<Message>,
+        mut detached: Option<Arc<Message>>,
+    ) -> usize {
         let mut recipients = std::mem::take(&mut self.scratch);
         {
             let (sessions, conns) = (&self.sessions, &self.conns);

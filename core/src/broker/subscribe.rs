@@ -154,6 +154,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.send(conn_id, &Packet::SubAck(suback));
         for (filter, qos, subscription_id) in retained_for {
             self.send_retained(sid, &filter, qos, subscription_id);
+            self.send_sys(sid, &filter, qos, subscription_id);
         }
     }
 

@@ -145,6 +145,11 @@ impl SubscriptionIndex {
         self.count
     }
 
+    /// Whether any subscription matches `topic`.
+    pub fn matches_any(&self, topic: &str) -> bool {
+        self.trie.matches_any(topic)
+    }
+
     pub fn insert(&mut self, filter: &TopicFilter, session: SessionId, sub: Subscriber) -> Change {
         let route_changed = self
             .trie

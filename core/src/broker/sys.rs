@@ -1,0 +1,176 @@
+//! System topics: the broker's own figures under `$SYS/broker/`, named as Mosquitto names
+//! them, so that dashboards and tools made for it read them unchanged.
+//!
+//! Every [`Config::sys_interval_ms`](super::Config::sys_interval_ms) the broker sends the
+//! figures that changed since it last sent them to its subscribers, as QoS 0 messages with the
+//! retain flag. A new subscription gets the current figures at once, as it would get retained
+//! messages. The figures are made when they are sent: never stored, persisted, replicated or
+//! forwarded to other nodes, so in a deployment of several regions each node's `$SYS` topics
+//! describe that node. While the broker publishes them, clients may not publish under `$SYS`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::MessageProperties;
+use super::message::Delivery;
+use super::session::SessionId;
+use super::{Authenticator, Authorizer, Broker, Message, Timer};
+use crate::Timestamp;
+use crate::codec::QoS;
+use crate::topic::{self, TopicFilter};
+
+/// The topics, in the order [`Broker::sys_figures`] gives their values.
+const TOPICS: [&str; 16] = [
+    "$SYS/broker/version",
+    "$SYS/broker/uptime",
+    "$SYS/broker/clients/connected",
+    "$SYS/broker/clients/disconnected",
+    "$SYS/broker/clients/total",
+    "$SYS/broker/clients/maximum",
+    "$SYS/broker/subscriptions/count",
+    "$SYS/broker/retained messages/count",
+    "$SYS/broker/store/messages/count",
+    "$SYS/broker/messages/received",
+    "$SYS/broker/messages/sent",
+    "$SYS/broker/publish/messages/received",
+    "$SYS/broker/publish/messages/sent",
+    "$SYS/broker/publish/messages/dropped",
+    "$SYS/broker/bytes/received",
+    "$SYS/broker/bytes/sent",
+];
+
+/// What the broker keeps to publish its system topics.
+#[derive(Debug)]
+pub(super) struct SysTopics {
+    started: Timestamp,
+    /// The values last sent, in the order of [`TOPICS`].
+    sent: Vec<String>,
+    /// The most connections open at once.
+    max_connections: usize,
+}
+
+impl SysTopics {
+    pub(super) fn new(now: Timestamp) -> Box<Self> {
+        Box::new(Self {
+            started: now,
+            sent: vec![String::new(); TOPICS.len()],
+            max_connections: 0,
+        })
+    }
+
+    pub(super) fn connections(&mut self, open: usize) {
+        self.max_connections = self.max_connections.max(open);
+    }
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Whether `topic` is under `$SYS` while the broker publishes there: no client may.
+    pub(super) fn sys_reserved(&self, topic: &str) -> bool {
+        self.sys.is_some() && (topic == "$SYS" || topic.starts_with("$SYS/"))
+    }
+
+    /// Send the figures that changed to their subscribers, and wake again in an interval.
+    /// With no subscriber to any of them, nothing is worked out: some figures take a pass over
+    /// every session.
+    pub(super) fn fire_sys(&mut self) {
+        if self.sys.is_none() {
+            return;
+        }
+        let next = self.now.plus_ms(self.config.sys_interval_ms);
+        self.timers.insert((next, Timer::Sys));
+        if !TOPICS.iter().any(|t| self.subs.matches_any(t)) {
+            return;
+        }
+        let figures = self.sys_figures();
+        let Some(sys) = &mut self.sys else { return };
+        let mut changed = Vec::new();
+        for (i, value) in figures.into_iter().enumerate() {
+            if sys.sent[i] != value {
+                changed.push(sys_message(TOPICS[i], &value));
+                sys.sent[i] = value;
+            }
+        }
+        for message in changed {
+            let message = Arc::new(message);
+            // The message holds its own bytes already.
+            self.route(&message, Some(message.clone()));
+        }
+    }
+
+    /// The current figures matching a new subscription, with the retain flag set.
+    pub(super) fn send_sys(
+        &mut self,
+        sid: SessionId,
+        filter: &TopicFilter,
+        granted: QoS,
+        subscription_id: Option<u32>,
+    ) {
+        if self.sys.is_none() || !filter.pattern().starts_with("$SYS") {
+            return;
+        }
+        let matching: Vec<Arc<Message>> = self
+            .sys_figures()
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, _)| topic::matches(filter.pattern(), TOPICS[i]))
+            .map(|(i, value)| Arc::new(sys_message(TOPICS[i], &value)))
+            .collect();
+        for message in matching {
+            let ids = subscription_id.into_iter().collect();
+            let delivery =
+                Delivery::new(message.clone(), granted.min(message.qos), true, ids, None);
+            self.deliver(sid, delivery, &mut Some(message));
+        }
+    }
+
+    /// The value of each of [`TOPICS`], now.
+    fn sys_figures(&self) -> Vec<String> {
+        let Some(sys) = &self.sys else {
+            return Vec::new();
+        };
+        let stats = self.stats();
+        let connected = self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| s.conn.is_some())
+            .count();
+        let uptime_secs = self.now.millis_since(sys.started) / 1000;
+        let dropped = stats.dropped_queue_full
+            + stats.dropped_too_large
+            + stats.dropped_expired
+            + stats.dropped_qos0_offline
+            + stats.dropped_qos0_congested;
+        vec![
+            format!("meridian version {}", env!("CARGO_PKG_VERSION")),
+            format!("{uptime_secs} seconds"),
+            connected.to_string(),
+            (stats.sessions.saturating_sub(connected)).to_string(),
+            stats.sessions.to_string(),
+            sys.max_connections.to_string(),
+            stats.subscriptions.to_string(),
+            stats.retained_messages.to_string(),
+            (stats.queued_messages + stats.inflight_messages).to_string(),
+            stats.packets_received.to_string(),
+            stats.packets_sent.to_string(),
+            stats.messages_received.iter().sum::<u64>().to_string(),
+            stats.messages_sent.iter().sum::<u64>().to_string(),
+            dropped.to_string(),
+            stats.bytes_received.to_string(),
+            stats.bytes_sent.to_string(),
+        ]
+    }
+}
+
+fn sys_message(topic: &str, value: &str) -> Message {
+    Message {
+        topic: Arc::from(topic),
+        payload: Bytes::copy_from_slice(value.as_bytes()),
+        qos: QoS::AtMostOnce,
+        retain: true,
+        properties: MessageProperties::default(),
+        expires_at: None,
+        origin: None,
+    }
+}

@@ -1,0 +1,240 @@
+//! System topics (`Config::sys_interval_ms`): the broker's figures under `$SYS/broker/`.
+
+mod common;
+
+use bytes::Bytes;
+use common::mesh::{Mesh, id};
+use common::{V3, V5, World};
+use meridian_core::Config;
+use meridian_core::codec::{
+    LastWill, Packet, Publish, QoS, ReasonCode, SubscriptionOptions, WillProperties,
+};
+
+const INTERVAL_MS: u64 = 10_000;
+
+fn config() -> Config {
+    Config {
+        sys_interval_ms: INTERVAL_MS,
+        ..Config::default()
+    }
+}
+
+/// (topic, payload) of each PUBLISH.
+fn figures(packets: &[Packet]) -> Vec<(String, String)> {
+    packets
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some(figure(p)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn figure(p: &Publish) -> (String, String) {
+    (
+        p.topic.to_string(),
+        String::from_utf8(p.payload.to_vec()).expect("figures are text"),
+    )
+}
+
+fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected
+        .iter()
+        .map(|(t, v)| ((*t).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[test]
+fn a_subscription_gets_the_current_figures_at_once_with_the_retain_flag() {
+    let mut w = World::with_config(config());
+    w.advance(25_000);
+    let watcher = w.connect(V5, "watcher");
+    let packets = w.subscribe_collect(watcher, "$SYS/broker/+", SubscriptionOptions::default());
+    assert!(matches!(packets.first(), Some(Packet::SubAck(_))));
+    let publishes: Vec<&Publish> = packets
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        publishes
+            .iter()
+            .all(|p| p.retain && p.qos == QoS::AtMostOnce)
+    );
+    assert_eq!(
+        figures(&packets),
+        pairs(&[
+            (
+                "$SYS/broker/version",
+                &format!("meridian version {}", env!("CARGO_PKG_VERSION"))
+            ),
+            ("$SYS/broker/uptime", "25 seconds"),
+        ])
+    );
+}
+
+#[test]
+fn figures_that_changed_are_sent_every_interval() {
+    let mut w = World::with_config(config());
+    let watcher = w.connect(V5, "watcher");
+    let packets = w.subscribe_collect(
+        watcher,
+        "$SYS/broker/clients/+",
+        SubscriptionOptions::default(),
+    );
+    let clients = |connected, disconnected, total, maximum| {
+        pairs(&[
+            ("$SYS/broker/clients/connected", connected),
+            ("$SYS/broker/clients/disconnected", disconnected),
+            ("$SYS/broker/clients/total", total),
+            ("$SYS/broker/clients/maximum", maximum),
+        ])
+    };
+    assert_eq!(figures(&packets), clients("1", "0", "1", "1"));
+
+    // The first interval sends every figure; nothing changed since, so the next sends none.
+    w.advance(INTERVAL_MS);
+    assert_eq!(figures(&w.recv(watcher)), clients("1", "0", "1", "1"));
+    w.advance(INTERVAL_MS);
+    assert_eq!(figures(&w.recv(watcher)), vec![]);
+
+    // A persistent session that goes away counts as disconnected; the maximum stays.
+    let other = w.connect_with(V3, "other", |c| c.clean_start = false).0;
+    w.advance(INTERVAL_MS);
+    assert_eq!(
+        figures(&w.recv(watcher)),
+        pairs(&[
+            ("$SYS/broker/clients/connected", "2"),
+            ("$SYS/broker/clients/total", "2"),
+            ("$SYS/broker/clients/maximum", "2"),
+        ])
+    );
+    w.close(other);
+    w.advance(INTERVAL_MS - 1);
+    assert_eq!(figures(&w.recv(watcher)), vec![], "not before the interval");
+    w.advance(1);
+    assert_eq!(
+        figures(&w.recv(watcher)),
+        pairs(&[
+            ("$SYS/broker/clients/connected", "1"),
+            ("$SYS/broker/clients/disconnected", "1"),
+        ])
+    );
+}
+
+#[test]
+fn message_counters_follow_the_traffic() {
+    let mut w = World::with_config(config());
+    let watcher = w.connect(V5, "watcher");
+    w.subscribe_collect(
+        watcher,
+        "$SYS/broker/publish/messages/#",
+        SubscriptionOptions::default(),
+    );
+    w.advance(INTERVAL_MS);
+    w.recv(watcher);
+    let publisher = w.connect(V5, "publisher");
+    let sub = w.connect(V5, "sub");
+    w.subscribe(sub, "t", QoS::AtMostOnce);
+    for _ in 0..3 {
+        w.publish(publisher, "t", b"x", QoS::AtMostOnce, false, 0);
+    }
+    assert_eq!(w.received_publishes(sub).len(), 3);
+    w.advance(INTERVAL_MS);
+    assert_eq!(
+        figures(&w.recv(watcher)),
+        pairs(&[
+            ("$SYS/broker/publish/messages/received", "3"),
+            // Three to `sub`, and six to the watcher: three figures when it subscribed and
+            // the same three at the first interval.
+            ("$SYS/broker/publish/messages/sent", "9"),
+        ])
+    );
+}
+
+#[test]
+fn wildcards_at_the_start_of_a_filter_do_not_match_system_topics() {
+    let mut w = World::with_config(config());
+    let all = w.connect(V5, "all");
+    w.subscribe(all, "#", QoS::AtMostOnce);
+    w.subscribe(all, "+/broker/#", QoS::AtMostOnce);
+    w.advance(3 * INTERVAL_MS);
+    assert_eq!(w.received_publishes(all), vec![]);
+}
+
+#[test]
+fn clients_may_not_publish_under_sys_while_the_broker_does() {
+    let mut w = World::with_config(config());
+    let watcher = w.connect(V5, "watcher");
+    w.subscribe(watcher, "$SYS/#", QoS::AtLeastOnce);
+    w.recv(watcher);
+    let client = w.connect(V5, "client");
+    w.publish(
+        client,
+        "$SYS/broker/uptime",
+        b"forged",
+        QoS::AtLeastOnce,
+        true,
+        1,
+    );
+    match w.recv(client).as_slice() {
+        [Packet::PubAck(ack)] => assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED),
+        other => panic!("expected PUBACK 0x87, got {other:?}"),
+    }
+    w.publish(client, "$SYS", b"forged", QoS::AtMostOnce, false, 0);
+    assert_eq!(w.received_publishes(watcher), vec![]);
+    assert_eq!(w.broker.stats().retained_messages, 0);
+
+    // Nor through a will.
+    let (_, ack) = w.connect_with(V5, "willing", |c| {
+        c.will = Some(LastWill {
+            topic: "$SYS/broker/uptime".to_owned(),
+            payload: Bytes::from_static(b"forged"),
+            qos: QoS::AtMostOnce,
+            retain: true,
+            properties: WillProperties::default(),
+        });
+    });
+    assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED);
+
+    // Without system topics, `$SYS` is a topic like any other.
+    let mut w = World::new();
+    let watcher = w.connect(V5, "watcher");
+    w.subscribe(watcher, "$SYS/#", QoS::AtMostOnce);
+    let client = w.connect(V5, "client");
+    w.publish(client, "$SYS/x", b"mine", QoS::AtMostOnce, false, 0);
+    assert_eq!(w.received_publishes(watcher).len(), 1);
+}
+
+#[test]
+fn each_node_publishes_only_its_own_figures() {
+    let mut mesh = Mesh::new(&["a", "b"], config(), |_| {});
+    let watcher = mesh.node("b").connect(V5, "watcher");
+    let packets = mesh.node("b").subscribe_collect(
+        watcher,
+        "$SYS/broker/clients/connected",
+        SubscriptionOptions::default(),
+    );
+    assert_eq!(
+        figures(&packets),
+        pairs(&[("$SYS/broker/clients/connected", "1")])
+    );
+    // One route batch: a knows b wants the topic.
+    mesh.advance(50);
+    assert_eq!(
+        mesh.node("a")
+            .broker
+            .nodes_for("$SYS/broker/clients/connected"),
+        vec![id("b")]
+    );
+    mesh.node("a").connect(V5, "a1");
+    mesh.node("a").connect(V5, "a2");
+    mesh.advance(INTERVAL_MS);
+    // a sends b nothing: b's watcher gets b's figure only.
+    assert_eq!(
+        figures(&mesh.node("b").recv(watcher)),
+        pairs(&[("$SYS/broker/clients/connected", "1")])
+    );
+}
