@@ -94,17 +94,22 @@ fn figures_that_changed_are_sent_every_interval() {
     };
     assert_eq!(figures(&packets), clients("1", "0", "1", "1"));
 
-    // The first interval sends every figure; nothing changed since, so the next sends none.
-    w.advance(INTERVAL_MS);
-    assert_eq!(figures(&w.recv(watcher)), clients("1", "0", "1", "1"));
-    w.advance(INTERVAL_MS);
+    // Nothing changed since: nothing is sent.
+    w.advance(2 * INTERVAL_MS);
     assert_eq!(figures(&w.recv(watcher)), vec![]);
 
     // A persistent session that goes away counts as disconnected; the maximum stays.
     let other = w.connect_with(V3, "other", |c| c.clean_start = false).0;
     w.advance(INTERVAL_MS);
+    let packets = w.recv(watcher);
+    assert!(
+        packets
+            .iter()
+            .all(|p| matches!(p, Packet::Publish(p) if !p.retain)),
+        "an update to a subscriber is not flagged retained (no Retain As Published)"
+    );
     assert_eq!(
-        figures(&w.recv(watcher)),
+        figures(&packets),
         pairs(&[
             ("$SYS/broker/clients/connected", "2"),
             ("$SYS/broker/clients/total", "2"),
@@ -147,9 +152,9 @@ fn message_counters_follow_the_traffic() {
         figures(&w.recv(watcher)),
         pairs(&[
             ("$SYS/broker/publish/messages/received", "3"),
-            // Three to `sub`, and six to the watcher: three figures when it subscribed and
-            // the same three at the first interval.
-            ("$SYS/broker/publish/messages/sent", "9"),
+            // Three to `sub`, and four to the watcher: three figures when it subscribed, and
+            // the one that changed at the first interval (the three it had been sent).
+            ("$SYS/broker/publish/messages/sent", "7"),
         ])
     );
 }
@@ -232,9 +237,103 @@ fn each_node_publishes_only_its_own_figures() {
     mesh.node("a").connect(V5, "a1");
     mesh.node("a").connect(V5, "a2");
     mesh.advance(INTERVAL_MS);
-    // a sends b nothing: b's watcher gets b's figure only.
+    // a sends b nothing, and b's own figure has not changed.
+    assert_eq!(figures(&mesh.node("b").recv(watcher)), vec![]);
+    let other = mesh.node("b").connect(V5, "b2");
+    mesh.advance(INTERVAL_MS);
     assert_eq!(
         figures(&mesh.node("b").recv(watcher)),
-        pairs(&[("$SYS/broker/clients/connected", "1")])
+        pairs(&[("$SYS/broker/clients/connected", "2")])
     );
+    mesh.node("b").close(other);
+}
+
+#[test]
+fn subscribers_that_cannot_take_a_figure_miss_it_uncounted() {
+    let mut w = World::with_config(config());
+    let away = w
+        .connect_with(V5, "away", |c| {
+            c.clean_start = false;
+            c.properties.session_expiry_interval = Some(3600);
+        })
+        .0;
+    w.subscribe(away, "$SYS/broker/#", QoS::AtMostOnce);
+    w.close(away);
+    let watcher = w.connect(V5, "watcher");
+    w.subscribe(
+        watcher,
+        "$SYS/broker/publish/messages/dropped",
+        QoS::AtMostOnce,
+    );
+    w.recv(watcher);
+    w.advance(5 * INTERVAL_MS);
+    assert_eq!(w.broker.stats().dropped_qos0_offline, 0);
+    assert_eq!(figures(&w.recv(watcher)), vec![], "no drop to report");
+}
+
+#[test]
+fn nothing_else_is_passed_on_under_sys() {
+    // A retained message stored under $SYS while system topics were off...
+    let mut w = World::new();
+    let client = w.connect(V5, "client");
+    w.publish(
+        client,
+        "$SYS/broker/version",
+        b"stale",
+        QoS::AtLeastOnce,
+        true,
+        1,
+    );
+    w.recv(client);
+    assert_eq!(w.broker.stats().retained_messages, 1);
+    // ...is not sent once they are on; the broker's own figure is.
+    w.config = config();
+    w.restart();
+    let watcher = w.connect(V5, "watcher");
+    let packets = w.subscribe_collect(
+        watcher,
+        "$SYS/broker/version",
+        SubscriptionOptions::default(),
+    );
+    assert_eq!(
+        figures(&packets),
+        pairs(&[(
+            "$SYS/broker/version",
+            &format!("meridian version {}", env!("CARGO_PKG_VERSION"))
+        )])
+    );
+    // The shell may not publish there either.
+    let message = meridian_core::broker::Message {
+        topic: "$SYS/broker/uptime".into(),
+        payload: Bytes::from_static(b"forged"),
+        qos: QoS::AtMostOnce,
+        retain: true,
+        properties: Default::default(),
+        expires_at: None,
+        origin: None,
+    };
+    assert_eq!(
+        w.broker.publish(meridian_core::Timestamp(w.now), message),
+        Err(meridian_core::topic::TopicError::Reserved)
+    );
+}
+
+#[test]
+fn subscriptions_within_an_interval_share_the_figures_worked_out_for_the_first() {
+    let mut w = World::with_config(config());
+    let first = w.connect(V5, "first");
+    let uptime = |packets: &[Packet]| figures(packets)[0].1.clone();
+    let got = w.subscribe_collect(first, "$SYS/broker/uptime", SubscriptionOptions::default());
+    assert_eq!(uptime(&got), "0 seconds");
+    w.advance(INTERVAL_MS / 2);
+    let second = w.connect(V5, "second");
+    let got = w.subscribe_collect(second, "$SYS/broker/uptime", SubscriptionOptions::default());
+    assert_eq!(
+        uptime(&got),
+        "0 seconds",
+        "worked out at most once an interval"
+    );
+    w.advance(INTERVAL_MS / 2);
+    assert_eq!(uptime(&w.recv(first)), "10 seconds");
+    assert_eq!(uptime(&w.recv(second)), "10 seconds");
 }

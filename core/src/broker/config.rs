@@ -71,9 +71,9 @@ pub struct Config {
     /// Prefix of client identifiers the broker assigns to clients that connect with an empty one.
     pub assigned_client_id_prefix: String,
     /// How often the broker publishes its figures under `$SYS/broker/` (the topics Mosquitto
-    /// uses), in milliseconds; 0: never. Only figures that changed are sent, as QoS 0 messages
-    /// with the retain flag, to local subscribers only; a new subscription gets them all at
-    /// once. While it is set, clients may not publish under `$SYS` (`Not authorized`).
+    /// uses), in milliseconds; 0: never. Only figures that changed are sent, as retained QoS 0
+    /// messages, to local subscribers only; a new subscription gets them all at once. While it
+    /// is set, nothing but the broker publishes under `$SYS` (clients get `Not authorized`).
     pub sys_interval_ms: u64,
     /// Seed for everything the broker randomises (assigned client ids, hash seeds). Shells
     /// should pass a random value per process (the core cannot draw one), so that assigned

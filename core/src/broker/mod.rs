@@ -319,9 +319,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// Publish a message from the shell itself (system topics, bridges, embedding apps).
+    /// Publish a message from the shell itself (bridges, embedding apps, an admin API).
     /// Returns the number of sessions it was delivered or queued to.
-    /// A message with an invalid topic name is refused.
+    /// A message with an invalid topic name is refused, and so is one under `$SYS` while the
+    /// broker publishes its own figures there ([`Config::sys_interval_ms`]).
     pub fn publish(
         &mut self,
         now: Timestamp,
@@ -329,6 +330,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     ) -> Result<usize, topic::TopicError> {
         self.advance(now);
         topic::TopicName::check(&message.topic, &self.topic_limits)?;
+        if self.sys_reserved(&message.topic) {
+            return Err(topic::TopicError::Reserved);
+        }
         Ok(self.publish_message(message))
     }
 

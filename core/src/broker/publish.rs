@@ -200,15 +200,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         // A retained message holds its own bytes already.
         let detached = message.retain.then(|| message.clone());
-        let n = self.route(&message, detached);
+        let n = self.route(&message, detached, false);
         self.forward(&message);
         n
     }
 
-    /// A message forwarded by another node: to local subscribers only.
+    /// A message forwarded by another node: to local subscribers only. Under `$SYS`, while
+    /// this node publishes its own figures there, it is dropped.
     pub(super) fn deliver_local(&mut self, mut message: Message) -> usize {
+        if self.sys_reserved(&message.topic) {
+            return 0;
+        }
         message.properties.strip_per_delivery();
-        self.route(&Arc::new(message), None)
+        self.route(&Arc::new(message), None, false)
     }
 
     pub(super) fn store_retained(&mut self, message: &Arc<Message>) {
@@ -266,28 +270,23 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// Deliver to every matching local session. `detached`: the message, if it holds its own
-    /// bytes already (see [`Broker::deliver`]).
+    /// bytes already (see [`Broker::deliver`]). With `ready_only`, sessions that could not
+    /// take it now (offline, or congested) are passed over without a word.
     pub(super) fn route(
         &mut self,
         message: &Arc<Message>,
         mut detached: Option<Arc<Message>>,
+        ready_only: bool,
     ) -> usize {
         let mut recipients = std::mem::take(&mut self.scratch);
-        {
-            let (sessions, conns) = (&self.sessions, &self.conns);
-            let readiness = |sid: SessionId| {
-                let conn = sessions
-                    .get(sid as usize)
-                    .and_then(Option::as_ref)
-                    .and_then(|s| s.conn);
-                match conn.and_then(|c| conns.get(&c)) {
-                    None => Readiness::Offline,
-                    Some(c) if c.congested => Readiness::Congested,
-                    Some(_) => Readiness::Ready,
-                }
-            };
-            self.subs
-                .recipients(&message.topic, message.origin, readiness, &mut recipients);
+        self.subs.recipients(
+            &message.topic,
+            message.origin,
+            |sid| self.readiness(sid),
+            &mut recipients,
+        );
+        if ready_only {
+            recipients.retain(|r| self.readiness(r.session) == Readiness::Ready);
         }
         let n = recipients.len();
         for r in recipients.drain(..) {
@@ -302,6 +301,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.scratch = recipients;
         n
+    }
+
+    /// Whether a session can take a message now.
+    fn readiness(&self, sid: SessionId) -> Readiness {
+        let conn = self.session(sid).and_then(|s| s.conn);
+        match conn.and_then(|c| self.conns.get(&c)) {
+            None => Readiness::Offline,
+            Some(c) if c.congested => Readiness::Congested,
+            Some(_) => Readiness::Ready,
+        }
     }
 
     /// Hand one message to one session: send it now, or queue it. A queued message may wait

@@ -169,7 +169,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let now = self.now;
         let mut matches: Vec<Arc<Message>> = Vec::new();
         self.retained.for_each_match(filter.pattern(), |m| {
-            if !m.is_expired(now) {
+            // Under `$SYS` the broker's own figures take the place of anything stored there.
+            if !m.is_expired(now) && !self.sys_reserved(&m.topic) {
                 matches.push(m.clone());
             }
         });

@@ -2,11 +2,17 @@
 //! them, so that dashboards and tools made for it read them unchanged.
 //!
 //! Every [`Config::sys_interval_ms`](super::Config::sys_interval_ms) the broker sends the
-//! figures that changed since it last sent them to its subscribers, as QoS 0 messages with the
-//! retain flag. A new subscription gets the current figures at once, as it would get retained
-//! messages. The figures are made when they are sent: never stored, persisted, replicated or
-//! forwarded to other nodes, so in a deployment of several regions each node's `$SYS` topics
-//! describe that node. While the broker publishes them, clients may not publish under `$SYS`.
+//! figures that changed since it last sent them to its subscribers, as retained QoS 0
+//! messages: a new subscription gets the figures at once with the retain flag set, as it would
+//! get retained messages, and later ones carry it as any retained message does (only with
+//! Retain As Published). The figures are made when they are sent: never stored, persisted,
+//! replicated or forwarded to other nodes, so in a deployment of several regions each node's
+//! `$SYS` topics describe that node.
+//!
+//! While the broker publishes them, `$SYS` is its own: clients may not publish there (nor
+//! leave wills there), the shell may not either ([`Broker::publish`]), and what other nodes
+//! forward there, or retained messages stored there while system topics were off, are not
+//! passed on.
 
 use std::sync::Arc;
 
@@ -44,8 +50,11 @@ const TOPICS: [&str; 16] = [
 #[derive(Debug)]
 pub(super) struct SysTopics {
     started: Timestamp,
-    /// The values last sent, in the order of [`TOPICS`].
-    sent: Vec<String>,
+    /// The figures last worked out, in the order of [`TOPICS`] (empty before the first time):
+    /// what subscribers were last sent.
+    figures: Vec<String>,
+    /// When they were worked out.
+    figured_at: Option<Timestamp>,
     /// The most connections open at once.
     max_connections: usize,
 }
@@ -54,7 +63,8 @@ impl SysTopics {
     pub(super) fn new(now: Timestamp) -> Box<Self> {
         Box::new(Self {
             started: now,
-            sent: vec![String::new(); TOPICS.len()],
+            figures: Vec::new(),
+            figured_at: None,
             max_connections: 0,
         })
     }
@@ -65,14 +75,16 @@ impl SysTopics {
 }
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
-    /// Whether `topic` is under `$SYS` while the broker publishes there: no client may.
+    /// Whether `topic` is under `$SYS` while the broker publishes there: no client may publish
+    /// there, and nothing else published there is passed on.
     pub(super) fn sys_reserved(&self, topic: &str) -> bool {
         self.sys.is_some() && (topic == "$SYS" || topic.starts_with("$SYS/"))
     }
 
     /// Send the figures that changed to their subscribers, and wake again in an interval.
-    /// With no subscriber to any of them, nothing is worked out: some figures take a pass over
-    /// every session.
+    /// Some figures take a pass over every session: with no subscriber to any of them, nothing
+    /// is worked out. Subscribers that cannot take a message now (offline, congested) miss it,
+    /// uncounted: the next figure replaces it.
     pub(super) fn fire_sys(&mut self) {
         if self.sys.is_none() {
             return;
@@ -84,21 +96,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let figures = self.sys_figures();
         let Some(sys) = &mut self.sys else { return };
-        let mut changed = Vec::new();
-        for (i, value) in figures.into_iter().enumerate() {
-            if sys.sent[i] != value {
-                changed.push(sys_message(TOPICS[i], &value));
-                sys.sent[i] = value;
-            }
-        }
+        let old = std::mem::replace(&mut sys.figures, figures);
+        sys.figured_at = Some(self.now);
+        let changed: Vec<Arc<Message>> = sys
+            .figures
+            .iter()
+            .enumerate()
+            .filter(|&(i, value)| old.get(i) != Some(value))
+            .map(|(i, value)| Arc::new(sys_message(TOPICS[i], value)))
+            .collect();
         for message in changed {
-            let message = Arc::new(message);
             // The message holds its own bytes already.
-            self.route(&message, Some(message.clone()));
+            self.route(&message, Some(message.clone()), true);
         }
     }
 
-    /// The current figures matching a new subscription, with the retain flag set.
+    /// The figures matching a new subscription, with the retain flag set: those last sent, or
+    /// new ones if those are more than an interval old (so that a flood of subscriptions
+    /// works them out at most once an interval).
     pub(super) fn send_sys(
         &mut self,
         sid: SessionId,
@@ -106,15 +121,27 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         granted: QoS,
         subscription_id: Option<u32>,
     ) {
-        if self.sys.is_none() || !filter.pattern().starts_with("$SYS") {
+        let Some(sys) = &self.sys else { return };
+        if !filter.pattern().starts_with("$SYS") {
             return;
         }
-        let matching: Vec<Arc<Message>> = self
-            .sys_figures()
-            .into_iter()
+        let stale = sys
+            .figured_at
+            .is_none_or(|at| self.now.millis_since(at) >= self.config.sys_interval_ms);
+        if stale {
+            let figures = self.sys_figures();
+            if let Some(sys) = &mut self.sys {
+                sys.figures = figures;
+                sys.figured_at = Some(self.now);
+            }
+        }
+        let Some(sys) = &self.sys else { return };
+        let matching: Vec<Arc<Message>> = sys
+            .figures
+            .iter()
             .enumerate()
             .filter(|&(i, _)| topic::matches(filter.pattern(), TOPICS[i]))
-            .map(|(i, value)| Arc::new(sys_message(TOPICS[i], &value)))
+            .map(|(i, value)| Arc::new(sys_message(TOPICS[i], value)))
             .collect();
         for message in matching {
             let ids = subscription_id.into_iter().collect();

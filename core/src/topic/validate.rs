@@ -33,6 +33,9 @@ pub enum TopicError {
     /// Contains U+0000.
     #[error("topic contains the null character U+0000")]
     NullChar,
+    /// Under `$SYS`, where the broker publishes its own figures.
+    #[error("topics under $SYS are the broker's own")]
+    Reserved,
     /// '#' that is not the whole last level, or '+' that is not a whole level.
     #[error("misplaced wildcard: '#' must be the whole last level, '+' a whole level")]
     MisplacedWildcard,
