@@ -640,6 +640,47 @@ fn denied_publish_gets_0x87_on_v5_and_is_dropped_on_v311() {
 }
 
 #[test]
+fn new_hooks_decide_what_comes_next_and_leave_what_was_decided() {
+    let mut w = World::with_auth(
+        Config::default(),
+        Box::new(AllowAll),
+        Box::new(DenyTopic("secret")),
+    );
+    let a = w.connect(V5, "a");
+    w.subscribe(a, "public/#", QoS::AtMostOnce);
+    let deny_password = |r: &meridian_core::broker::AuthRequest<'_>| match r.password {
+        Some(b"new") => AuthOutcome::Allow { username: None },
+        _ => AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
+    };
+    w.broker.set_hooks(
+        Box::new(FnAuth(deny_password)),
+        Box::new(DenyTopic("public")),
+    );
+
+    // a stays connected and subscribed, though the rules now deny that subscription...
+    let p = w
+        .connect_with(V5, "p", |c| c.password = Some(Bytes::from_static(b"new")))
+        .0;
+    w.publish(p, "public/x", b"now denied", QoS::AtLeastOnce, false, 1);
+    assert!(
+        matches!(&w.recv(p)[..], [Packet::PubAck(ack)] if ack.reason == ReasonCode::NOT_AUTHORIZED)
+    );
+    assert!(!w.is_closed(a));
+    assert_eq!(w.broker.stats().subscriptions, 1);
+    // ...and new connections and subscriptions follow the new hooks.
+    assert_eq!(
+        w.subscribe(a, "secret/#", QoS::AtMostOnce),
+        vec![ReasonCode::GRANTED_QOS_0]
+    );
+    assert_eq!(
+        w.subscribe(a, "public/more", QoS::AtMostOnce),
+        vec![ReasonCode::NOT_AUTHORIZED]
+    );
+    let (_, ack) = w.connect_with(V5, "q", |c| c.password = Some(Bytes::from_static(b"old")));
+    assert_eq!(ack.reason, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+}
+
+#[test]
 fn denied_subscribe_gets_0x87_on_v5_and_0x80_on_v311() {
     let mut w = World::with_auth(
         Config::default(),

@@ -83,6 +83,15 @@ impl AuthSetup {
         })
     }
 
+    /// What these hooks let in, for a log line.
+    pub fn summary(&self) -> AuthSummary {
+        AuthSummary {
+            users: self.users.as_ref().map(|u| u.len()),
+            anonymous: self.anonymous,
+            acl_rules: self.acl.rules.len(),
+        }
+    }
+
     /// Build the broker's hooks. Password verifications run on the blocking pool of the
     /// runtime the broker task runs on.
     pub fn build(self, engine: mpsc::Sender<ToEngine>) -> (SendAuthenticator, SendAuthorizer) {
@@ -96,6 +105,16 @@ impl AuthSetup {
         };
         (Box::new(authn), Box::new(self.acl))
     }
+}
+
+/// What a set of hooks lets in: see [`AuthSetup::summary`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthSummary {
+    /// Users in the password file; `None` without one.
+    pub users: Option<usize>,
+    /// Clients without a username are let in.
+    pub anonymous: bool,
+    pub acl_rules: usize,
 }
 
 struct PasswordAuth {

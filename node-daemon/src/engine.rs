@@ -83,6 +83,18 @@ pub type SendAuthenticator = Box<dyn Authenticator + Send>;
 /// An authorizer the broker task can hold.
 pub type SendAuthorizer = Box<dyn Authorizer + Send>;
 
+/// Authentication and authorization hooks that replace the broker's (a reload).
+pub struct Hooks {
+    pub authenticator: SendAuthenticator,
+    pub authorizer: SendAuthorizer,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hooks")
+    }
+}
+
 /// A message for the broker task.
 #[derive(Debug)]
 pub enum ToEngine {
@@ -135,6 +147,11 @@ pub enum ToEngine {
     Routes {
         peer: Option<NodeId>,
         reply: oneshot::Sender<Vec<String>>,
+    },
+    /// Replace the broker's hooks; answered once they are in place.
+    SetHooks {
+        hooks: Hooks,
+        reply: oneshot::Sender<()>,
     },
     Shutdown,
 }
@@ -580,6 +597,10 @@ impl Engine {
                     }
                 };
                 let _ = reply.send(routes);
+            }
+            ToEngine::SetHooks { hooks, reply } => {
+                self.broker.set_hooks(hooks.authenticator, hooks.authorizer);
+                let _ = reply.send(());
             }
             ToEngine::Shutdown => self.stopping = true,
         }

@@ -155,6 +155,41 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let config = load_config(&args)?;
+    init_logging(&config)?;
+
+    let runtime = config
+        .runtime
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(async move {
+        let span = tracing::info_span!("node", name = %config.node.name);
+        let _enter = span.enter();
+        let mut server = Server::start(config).await?;
+        tracing::info!("ready");
+        let mut signals = Signals::new()?;
+        loop {
+            tokio::select! {
+                r = server.stopped() => {
+                    r?;
+                    anyhow::bail!("the broker stopped unexpectedly");
+                }
+                signal = signals.next() => match signal {
+                    Signal::Stop => break,
+                    Signal::Reload => reload(&args, &server).await,
+                },
+            }
+        }
+        tracing::info!("shutting down");
+        server.shutdown().await?;
+        tracing::info!("bye");
+        Ok(())
+    })
+}
+
+/// The configuration `meridian run` runs with: the file (or the embedded default), then the
+/// command line's overrides. Read again on SIGHUP.
+fn load_config(args: &RunArgs) -> anyhow::Result<DaemonConfig> {
     let mut config = match &args.config {
         Some(path) => DaemonConfig::load(path)?,
         None => DaemonConfig::default(),
@@ -171,75 +206,115 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         config.admin.enabled = true;
         config.admin.bind = a;
     }
-    if let Some(d) = args.data_dir {
+    if let Some(d) = args.data_dir.clone() {
         config.storage.data_dir = d;
     }
-    if let Some(n) = args.node_name {
+    if let Some(n) = args.node_name.clone() {
         config.node.name = n;
     }
     let cluster = &mut config.cluster;
-    if let Some(r) = args.region {
+    if let Some(r) = args.region.clone() {
         cluster.region = r;
     }
     if !args.p2p.is_empty() {
         cluster.enabled = true;
-        cluster.listen = args.p2p.into_iter().map(P2pAddr).collect();
+        cluster.listen = args.p2p.iter().cloned().map(P2pAddr).collect();
     }
-    cluster.peers.extend(args.peer.into_iter().map(P2pAddr));
-    if let Some(k) = args.cluster_key {
+    cluster.peers.extend(args.peer.iter().cloned().map(P2pAddr));
+    if let Some(k) = args.cluster_key.clone() {
         cluster.key_file = k;
     }
     cluster
         .allow_peers
-        .extend(args.allow_peer.into_iter().map(P2pPeerId));
+        .extend(args.allow_peer.iter().copied().map(P2pPeerId));
     if args.no_discover {
         cluster.discover = false;
     }
     cluster
         .advertise
-        .extend(args.advertise.into_iter().map(P2pAddr));
+        .extend(args.advertise.iter().cloned().map(P2pAddr));
     config.validate_cluster("command line")?;
-    init_logging(&config)?;
-
-    let runtime = config
-        .runtime
-        .build()
-        .context("cannot start the tokio runtime")?;
-    runtime.block_on(async move {
-        let span = tracing::info_span!("node", name = %config.node.name);
-        let _enter = span.enter();
-        let mut server = Server::start(config).await?;
-        tracing::info!("ready");
-        tokio::select! {
-            r = server.stopped() => {
-                r?;
-                anyhow::bail!("the broker stopped unexpectedly");
-            }
-            s = shutdown_signal() => {
-                s?;
-            }
-        }
-        tracing::info!("shutting down");
-        server.shutdown().await?;
-        tracing::info!("bye");
-        Ok(())
-    })
+    Ok(config)
 }
 
-async fn shutdown_signal() -> anyhow::Result<()> {
-    #[cfg(unix)]
-    {
+/// Read the configuration again and apply its `[auth]` and `[acl]` (SIGHUP). A configuration
+/// that cannot be read leaves everything as it was.
+async fn reload(args: &RunArgs, server: &Server) {
+    let reloaded = match load_config(args) {
+        Ok(config) => server.reload_auth(&config).await,
+        Err(e) => Err(e),
+    };
+    match reloaded {
+        Ok(r) => {
+            tracing::info!(
+                users = r.summary.users,
+                anonymous = r.summary.anonymous,
+                acl_rules = r.summary.acl_rules,
+                "reloaded the password file and ACL rules"
+            );
+            if r.other_changes {
+                tracing::warn!(
+                    "the configuration changed beyond [auth] and [acl]: \
+                     those changes take effect at the next start"
+                );
+            }
+        }
+        Err(e) => tracing::error!(
+            error = format!("{e:#}"),
+            "reload failed: the password file and ACL rules stay as they were"
+        ),
+    }
+}
+
+/// What a signal asks of `meridian run`.
+enum Signal {
+    /// SIGINT, SIGTERM: shut down.
+    Stop,
+    /// SIGHUP: reload the password file and ACL rules.
+    Reload,
+}
+
+#[cfg(unix)]
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            hup: signal(SignalKind::hangup()).context("SIGHUP handler")?,
+        })
+    }
+
+    async fn next(&mut self) -> Signal {
         tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            _ = self.term.recv() => Signal::Stop,
+            _ = self.int.recv() => Signal::Stop,
+            _ = self.hup.recv() => Signal::Reload,
         }
     }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c().await.context("Ctrl-C handler")?;
-    Ok(())
+}
+
+#[cfg(not(unix))]
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self)
+    }
+
+    async fn next(&mut self) -> Signal {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) | Err(_) => Signal::Stop,
+        }
+    }
 }
 
 fn init_logging(config: &DaemonConfig) -> anyhow::Result<()> {

@@ -152,6 +152,10 @@ pub struct Server {
     engine_done: oneshot::Receiver<anyhow::Result<()>>,
     permits: Vec<(Arc<Semaphore>, usize)>,
     mesh: Option<Mesh>,
+    /// The configuration it started with.
+    config: DaemonConfig,
+    /// Its hooks are the application's own ([`BrokerBuilder::auth`]), not the configuration's.
+    custom_auth: bool,
 }
 
 impl Server {
@@ -165,6 +169,7 @@ impl Server {
         config: DaemonConfig,
         custom_auth: Option<AuthFactory>,
     ) -> anyhow::Result<Self> {
+        let has_custom_auth = custom_auth.is_some();
         let auth_setup = match custom_auth {
             Some(f) => Err(f),
             None => Ok(auth::AuthSetup::from_config(&config)?),
@@ -378,6 +383,8 @@ impl Server {
             engine_done: done_rx,
             permits,
             mesh,
+            config,
+            custom_auth: has_custom_auth,
         })
     }
 
@@ -435,12 +442,59 @@ impl Server {
         result
     }
 
+    /// Read the password file and the ACL rules again, from `[auth]` and `[acl]` of `config`,
+    /// and make the broker use them: the daemon's answer to SIGHUP. Connected clients and their
+    /// subscriptions stay; every later decision follows the new rules. Nothing else of
+    /// `config` is applied: the answer says whether anything else differs from the
+    /// configuration the server started with (that takes a restart). On an error (a password
+    /// file that cannot be read, say) the old rules stay. Refused for a server started with
+    /// the application's own hooks ([`BrokerBuilder::auth`]).
+    pub async fn reload_auth(&self, config: &DaemonConfig) -> anyhow::Result<AuthReload> {
+        anyhow::ensure!(
+            !self.custom_auth,
+            "this broker uses the application's own authentication hooks"
+        );
+        let reloaded = DaemonConfig {
+            auth: config.auth.clone(),
+            acl: config.acl.clone(),
+            ..self.config.clone()
+        };
+        let setup = auth::AuthSetup::from_config(&reloaded)?;
+        let summary = setup.summary();
+        let (authenticator, authorizer) = setup.build(self.handle.tx.clone());
+        let (reply, applied) = oneshot::channel();
+        let hooks = crate::engine::Hooks {
+            authenticator,
+            authorizer,
+        };
+        let gone = || anyhow::anyhow!("the broker task has stopped");
+        self.handle
+            .tx
+            .send(ToEngine::SetHooks { hooks, reply })
+            .await
+            .map_err(|_| gone())?;
+        applied.await.map_err(|_| gone())?;
+        Ok(AuthReload {
+            summary,
+            other_changes: reloaded != *config,
+        })
+    }
+
     /// Wait until the broker task stops by itself (a storage failure).
     pub async fn stopped(&mut self) -> anyhow::Result<()> {
         (&mut self.engine_done)
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the broker task panicked")))
     }
+}
+
+/// What [`Server::reload_auth`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthReload {
+    pub summary: auth::AuthSummary,
+    /// The configuration differs in more than `[auth]` and `[acl]`: those changes wait for a
+    /// restart.
+    pub other_changes: bool,
 }
 
 /// Capacity of the broker task's broadcast channel to the mesh (a full one sends the

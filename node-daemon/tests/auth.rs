@@ -43,7 +43,15 @@ fn start() -> Setup {
         ),
     )
     .unwrap();
-    let config = format!(
+    Setup {
+        daemon: Daemon::start_with_config(Some(&config_text(&file, ""))),
+        _dir: dir,
+    }
+}
+
+/// The configuration of [`start`], with the ACL rules `first` before its own.
+fn config_text(password_file: &std::path::Path, first: &str) -> String {
+    format!(
         r#"
 [auth]
 password_file = "{}"
@@ -51,7 +59,7 @@ allow_anonymous = false
 
 [acl]
 default = "deny"
-
+{first}
 [[acl.rules]]
 permission = "deny"
 action = "subscribe"
@@ -67,12 +75,8 @@ permission = "allow"
 action = "all"
 topic = "public/#"
 "#,
-        file.display()
-    );
-    Setup {
-        daemon: Daemon::start_with_config(Some(&config)),
-        _dir: dir,
-    }
+        password_file.display()
+    )
 }
 
 async fn login(
@@ -255,4 +259,67 @@ fn non_loopback_listener_with_password_file_starts() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(up, "daemon listening on 0.0.0.0 with a password file");
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_password_file_and_acl_rules() {
+    let s = start();
+    let port = s.daemon.mqtt;
+    let (mut alice, r) = login(port, V5, "alice", Some("alice"), Some("looking-glass")).await;
+    assert!(!r.is_error(), "{r:?}");
+    let (_, r) = login(port, V5, "carol0", Some("carol"), Some("oak")).await;
+    assert_eq!(r, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+
+    // carol in, bob out, and no more publishing under public/.
+    let file = s._dir.path().join("passwd");
+    std::fs::write(
+        &file,
+        format!(
+            "alice:{}\ncarol:{}\n",
+            cheap_hash("looking-glass"),
+            cheap_hash("oak")
+        ),
+    )
+    .unwrap();
+    let config = s.daemon.config.as_ref().expect("a config file");
+    let deny_public =
+        "[[acl.rules]]\npermission = \"deny\"\naction = \"publish\"\ntopic = \"public/#\"\n";
+    std::fs::write(config, config_text(&file, deny_public)).unwrap();
+    s.daemon.hangup();
+    let log = s
+        .daemon
+        .wait_for_log("reloaded the password file and ACL rules", 1);
+    assert!(log.contains("users=2"), "{log}");
+    assert!(!log.contains("take effect at the next start"), "{log}");
+
+    let (_, r) = login(port, V5, "carol1", Some("carol"), Some("oak")).await;
+    assert!(!r.is_error(), "{r:?}");
+    let (_, r) = login(port, V311, "bob", Some("bob"), Some("builder")).await;
+    assert!(r.is_error(), "bob is gone: {r:?}");
+    // alice stays connected, under the new rules.
+    alice.send(&publish("public/x", 1)).await;
+    match alice.next().await {
+        Some(Packet::PubAck(a)) => assert_eq!(a.reason, ReasonCode::NOT_AUTHORIZED),
+        other => panic!("expected PUBACK 0x87, got {other:?}"),
+    }
+    alice.send(&publish("users/alice/x", 2)).await;
+    match alice.next().await {
+        Some(Packet::PubAck(a)) => assert_eq!(a.reason, ReasonCode::SUCCESS),
+        other => panic!("expected PUBACK, got {other:?}"),
+    }
+
+    // A configuration that does not parse changes nothing, and says where it is wrong.
+    std::fs::write(config, "[acl]\ndefault = \"maybe\"\n").unwrap();
+    s.daemon.hangup();
+    let log = s.daemon.wait_for_log("reload failed", 1);
+    assert!(log.contains("line 2"), "{log}");
+    let (_, r) = login(port, V5, "carol2", Some("carol"), Some("oak")).await;
+    assert!(!r.is_error(), "{r:?}");
+
+    // Other changes wait for a restart, and are said to.
+    let moved =
+        config_text(&file, deny_public).replace("[acl]", "[limits]\nmax_inflight = 7\n\n[acl]");
+    std::fs::write(config, moved).unwrap();
+    s.daemon.hangup();
+    s.daemon.wait_for_log("take effect at the next start", 1);
 }

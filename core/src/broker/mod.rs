@@ -185,6 +185,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         &self.config
     }
 
+    /// Replace the authentication and authorization hooks, say after the application reloaded
+    /// its passwords or rules. What is already decided stays: connected clients stay connected
+    /// and their subscriptions stay in place. Every later decision asks the new hooks,
+    /// including a re-authentication; a decision the old authenticator left pending is still
+    /// taken when it comes ([`Input::AuthDecision`]).
+    pub fn set_hooks(&mut self, authenticator: A, authorizer: Z) {
+        self.authenticator = authenticator;
+        self.authorizer = authorizer;
+    }
+
     /// A new network connection. The client must send CONNECT within the connect timeout.
     pub fn accept(&mut self, now: Timestamp, info: ConnInfo) -> ConnId {
         self.advance(now);

@@ -238,6 +238,33 @@ impl Daemon {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Send SIGHUP (reload the password file and ACL rules).
+    pub fn hangup(&self) {
+        let child = self.child.as_ref().expect("daemon running");
+        let status = Command::new("kill")
+            .arg("-HUP")
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    /// Wait (bounded) until the log holds `needle` `count` times; the log.
+    pub fn wait_for_log(&self, needle: &str, count: usize) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let log = self.log_text();
+            if log.matches(needle).count() >= count {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{needle:?} not logged {count} times; log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Daemon {
