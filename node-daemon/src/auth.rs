@@ -5,7 +5,7 @@
 //! once), and the decision comes back as [`ToEngine::AuthDecision`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use meridian_core::broker::{AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
 use meridian_core::codec::ReasonCode;
@@ -93,17 +93,44 @@ impl AuthSetup {
     }
 
     /// Build the broker's hooks. Password verifications run on the blocking pool of the
-    /// runtime the broker task runs on.
-    pub fn build(self, engine: mpsc::Sender<ToEngine>) -> (SendAuthenticator, SendAuthorizer) {
+    /// runtime the broker task runs on, within `limits`, which every set of hooks of one
+    /// broker shares. Hooks built later make these stale ([`VerifyLimits`]).
+    pub fn build(
+        self,
+        engine: mpsc::Sender<ToEngine>,
+        limits: &VerifyLimits,
+    ) -> (SendAuthenticator, SendAuthorizer) {
+        let generation = limits.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let authn = PasswordAuth {
             users: self.users,
             dummy_hash: self.dummy_hash,
             anonymous: self.anonymous,
             engine,
-            permits: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFY)),
-            pending: Arc::new(AtomicUsize::new(0)),
+            limits: limits.clone(),
+            generation,
         };
         (Box::new(authn), Box::new(self.acl))
+    }
+}
+
+/// What bounds password verifications across reloads: the verifications running and waiting,
+/// and which set of hooks is current. A verification that ends after its hooks were replaced
+/// (a reload) does not let the client in, whatever the old password file said: it is refused
+/// with 0x89 Server busy, and the client's next attempt meets the new file.
+#[derive(Debug, Clone)]
+pub struct VerifyLimits {
+    permits: Arc<Semaphore>,
+    pending: Arc<AtomicUsize>,
+    generation: Arc<AtomicU64>,
+}
+
+impl Default for VerifyLimits {
+    fn default() -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFY)),
+            pending: Arc::new(AtomicUsize::new(0)),
+            generation: Arc::new(AtomicU64::new(0)),
+        }
     }
 }
 
@@ -122,8 +149,9 @@ struct PasswordAuth {
     dummy_hash: Arc<str>,
     anonymous: bool,
     engine: mpsc::Sender<ToEngine>,
-    permits: Arc<Semaphore>,
-    pending: Arc<AtomicUsize>,
+    limits: VerifyLimits,
+    /// The value of `limits.generation` while these hooks are current.
+    generation: u64,
 }
 
 impl Authenticator for PasswordAuth {
@@ -153,7 +181,7 @@ impl Authenticator for PasswordAuth {
         let Some(password) = request.password else {
             return AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         };
-        if self.pending.load(Ordering::Relaxed) >= MAX_PENDING_VERIFY {
+        if self.limits.pending.load(Ordering::Relaxed) >= MAX_PENDING_VERIFY {
             return AuthOutcome::Deny(ReasonCode::SERVER_BUSY);
         }
         let (hash, known) = match users.get(username) {
@@ -163,11 +191,11 @@ impl Authenticator for PasswordAuth {
         let password = password.to_vec();
         let conn = request.conn;
         let engine = self.engine.clone();
-        let permits = self.permits.clone();
-        let pending = self.pending.clone();
-        pending.fetch_add(1, Ordering::Relaxed);
+        let limits = self.limits.clone();
+        let generation = self.generation;
+        limits.pending.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let ok = match permits.acquire_owned().await {
+            let ok = match limits.permits.clone().acquire_owned().await {
                 Ok(_permit) => {
                     tokio::task::spawn_blocking(move || passwd::verify(&password, &hash) && known)
                         .await
@@ -175,11 +203,13 @@ impl Authenticator for PasswordAuth {
                 }
                 Err(_) => false,
             };
-            pending.fetch_sub(1, Ordering::Relaxed);
-            let outcome = if ok {
-                AuthOutcome::Allow { username: None }
-            } else {
-                AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+            limits.pending.fetch_sub(1, Ordering::Relaxed);
+            let current = limits.generation.load(Ordering::Acquire) == generation;
+            let outcome = match (ok, current) {
+                (true, true) => AuthOutcome::Allow { username: None },
+                // Checked against a password file that has been replaced since.
+                (true, false) => AuthOutcome::Deny(ReasonCode::SERVER_BUSY),
+                (false, _) => AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
             };
             let _ = engine.send(ToEngine::AuthDecision { conn, outcome }).await;
         });
@@ -364,5 +394,73 @@ mod tests {
         assert_eq!(substitute("users/%u", &evil), None);
         assert_eq!(substitute("c/%c", &evil), None);
         assert_eq!(substitute("plain", &evil).as_deref(), Some("plain"));
+    }
+
+    fn cheap_hash(password: &str) -> String {
+        use argon2::password_hash::PasswordHasher;
+        let params = argon2::Params::new(64, 1, 1, None).unwrap();
+        argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
+            .hash_password(password.as_bytes())
+            .unwrap()
+            .to_string()
+    }
+
+    async fn decision(rx: &mut mpsc::Receiver<ToEngine>) -> AuthOutcome {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv());
+        match next.await.expect("a decision in time") {
+            Some(ToEngine::AuthDecision { outcome, .. }) => outcome,
+            other => panic!("expected a decision, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_verification_that_ends_after_a_reload_does_not_let_the_client_in() {
+        let hash = cheap_hash("old");
+        let setup = AuthSetup {
+            users: Some(Arc::new([("alice".to_owned(), hash.clone())].into())),
+            dummy_hash: Arc::from(hash.as_str()),
+            anonymous: false,
+            acl: Acl {
+                default: Permission::Allow,
+                rules: Vec::new(),
+            },
+        };
+        let request = AuthRequest {
+            conn: meridian_core::ConnId(1),
+            client_id: "c",
+            username: Some("alice"),
+            password: Some(b"old"),
+            method: None,
+            data: None,
+            tls_identity: None,
+            remote_addr: None,
+            continuation: false,
+            reauthentication: false,
+        };
+        let limits = VerifyLimits::default();
+        let (tx, mut rx) = mpsc::channel(4);
+        // Every verification slot taken: the check waits until after the reload.
+        let slots = u32::try_from(MAX_CONCURRENT_VERIFY).unwrap();
+        let held = limits
+            .permits
+            .clone()
+            .acquire_many_owned(slots)
+            .await
+            .unwrap();
+        let (mut old, _) = setup.clone().build(tx.clone(), &limits);
+        assert!(matches!(old.authenticate(&request), AuthOutcome::Pending));
+        let (mut new, _) = setup.build(tx, &limits);
+        drop(held);
+        assert_eq!(
+            decision(&mut rx).await,
+            AuthOutcome::Deny(ReasonCode::SERVER_BUSY)
+        );
+        // The same login through the hooks now in place.
+        assert!(matches!(new.authenticate(&request), AuthOutcome::Pending));
+        assert_eq!(
+            decision(&mut rx).await,
+            AuthOutcome::Allow { username: None }
+        );
+        assert_eq!(limits.pending.load(Ordering::Relaxed), 0);
     }
 }

@@ -165,16 +165,18 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let span = tracing::info_span!("node", name = %config.node.name);
         let _enter = span.enter();
+        // Before the start, which may take a while: a signal meanwhile is handled once the
+        // broker is up, rather than ending the process unflushed.
+        let mut signals = Signals::new()?;
         let mut server = Server::start(config).await?;
         tracing::info!("ready");
-        let mut signals = Signals::new()?;
         loop {
             tokio::select! {
                 r = server.stopped() => {
                     r?;
                     anyhow::bail!("the broker stopped unexpectedly");
                 }
-                signal = signals.next() => match signal {
+                signal = signals.next() => match signal? {
                     Signal::Stop => break,
                     Signal::Reload => reload(&args, &server).await,
                 },
@@ -292,15 +294,16 @@ impl Signals {
         })
     }
 
-    async fn next(&mut self) -> Signal {
-        tokio::select! {
+    async fn next(&mut self) -> anyhow::Result<Signal> {
+        Ok(tokio::select! {
             _ = self.term.recv() => Signal::Stop,
             _ = self.int.recv() => Signal::Stop,
             _ = self.hup.recv() => Signal::Reload,
-        }
+        })
     }
 }
 
+/// Ctrl-C only: no reload outside Unix.
 #[cfg(not(unix))]
 struct Signals;
 
@@ -310,10 +313,9 @@ impl Signals {
         Ok(Self)
     }
 
-    async fn next(&mut self) -> Signal {
-        match tokio::signal::ctrl_c().await {
-            Ok(()) | Err(_) => Signal::Stop,
-        }
+    async fn next(&mut self) -> anyhow::Result<Signal> {
+        tokio::signal::ctrl_c().await.context("Ctrl-C handler")?;
+        Ok(Signal::Stop)
     }
 }
 

@@ -156,6 +156,8 @@ pub struct Server {
     config: DaemonConfig,
     /// Its hooks are the application's own ([`BrokerBuilder::auth`]), not the configuration's.
     custom_auth: bool,
+    /// Shared by its hooks and those of every reload.
+    verify_limits: auth::VerifyLimits,
 }
 
 impl Server {
@@ -170,6 +172,7 @@ impl Server {
         custom_auth: Option<AuthFactory>,
     ) -> anyhow::Result<Self> {
         let has_custom_auth = custom_auth.is_some();
+        let verify_limits = auth::VerifyLimits::default();
         let auth_setup = match custom_auth {
             Some(f) => Err(f),
             None => Ok(auth::AuthSetup::from_config(&config)?),
@@ -215,6 +218,7 @@ impl Server {
         let storage = config.storage.clone();
         let write_limits = crate::engine::WriteLimits::from_config(&config.limits);
         let engine_tx = handle.tx.clone();
+        let hook_limits = verify_limits.clone();
         let engine = tokio::task::spawn_blocking(move || {
             let mut store = Store::open(
                 &storage.data_dir,
@@ -223,7 +227,7 @@ impl Server {
                 storage.cache_bytes,
             )?;
             let (authn, authz) = match auth_setup {
-                Ok(setup) => setup.build(engine_tx),
+                Ok(setup) => setup.build(engine_tx, &hook_limits),
                 Err(factory) => factory(AuthDecisions { tx: engine_tx }),
             };
             let now = crate::engine::Clock::default().now();
@@ -385,6 +389,7 @@ impl Server {
             mesh,
             config,
             custom_auth: has_custom_auth,
+            verify_limits,
         })
     }
 
@@ -461,7 +466,7 @@ impl Server {
         };
         let setup = auth::AuthSetup::from_config(&reloaded)?;
         let summary = setup.summary();
-        let (authenticator, authorizer) = setup.build(self.handle.tx.clone());
+        let (authenticator, authorizer) = setup.build(self.handle.tx.clone(), &self.verify_limits);
         let (reply, applied) = oneshot::channel();
         let hooks = crate::engine::Hooks {
             authenticator,
