@@ -94,8 +94,11 @@ fn figures_that_changed_are_sent_every_interval() {
     };
     assert_eq!(figures(&packets), clients("1", "0", "1", "1"));
 
-    // Nothing changed since: nothing is sent.
-    w.advance(2 * INTERVAL_MS);
+    // The first interval sends every figure (it sent none before); nothing changed since, so
+    // the next sends none.
+    w.advance(INTERVAL_MS);
+    assert_eq!(figures(&w.recv(watcher)), clients("1", "0", "1", "1"));
+    w.advance(INTERVAL_MS);
     assert_eq!(figures(&w.recv(watcher)), vec![]);
 
     // A persistent session that goes away counts as disconnected; the maximum stays.
@@ -152,9 +155,9 @@ fn message_counters_follow_the_traffic() {
         figures(&w.recv(watcher)),
         pairs(&[
             ("$SYS/broker/publish/messages/received", "3"),
-            // Three to `sub`, and four to the watcher: three figures when it subscribed, and
-            // the one that changed at the first interval (the three it had been sent).
-            ("$SYS/broker/publish/messages/sent", "7"),
+            // Three to `sub`, and six to the watcher: three figures when it subscribed, and
+            // the same three at the first interval.
+            ("$SYS/broker/publish/messages/sent", "9"),
         ])
     );
 }
@@ -237,8 +240,11 @@ fn each_node_publishes_only_its_own_figures() {
     mesh.node("a").connect(V5, "a1");
     mesh.node("a").connect(V5, "a2");
     mesh.advance(INTERVAL_MS);
-    // a sends b nothing, and b's own figure has not changed.
-    assert_eq!(figures(&mesh.node("b").recv(watcher)), vec![]);
+    // b's own figure, at its first interval; a sends b nothing.
+    assert_eq!(
+        figures(&mesh.node("b").recv(watcher)),
+        pairs(&[("$SYS/broker/clients/connected", "1")])
+    );
     let other = mesh.node("b").connect(V5, "b2");
     mesh.advance(INTERVAL_MS);
     assert_eq!(
@@ -265,6 +271,9 @@ fn subscribers_that_cannot_take_a_figure_miss_it_uncounted() {
         "$SYS/broker/publish/messages/dropped",
         QoS::AtMostOnce,
     );
+    w.recv(watcher);
+    // The first interval sends the figure again (it sent none before); after it, nothing.
+    w.advance(INTERVAL_MS);
     w.recv(watcher);
     w.advance(5 * INTERVAL_MS);
     assert_eq!(w.broker.stats().dropped_qos0_offline, 0);
@@ -336,4 +345,24 @@ fn subscriptions_within_an_interval_share_the_figures_worked_out_for_the_first()
     w.advance(INTERVAL_MS / 2);
     assert_eq!(uptime(&w.recv(first)), "10 seconds");
     assert_eq!(uptime(&w.recv(second)), "10 seconds");
+}
+
+#[test]
+fn a_subscription_just_before_an_interval_keeps_the_others_informed() {
+    let mut w = World::with_config(config());
+    let first = w.connect(V5, "first");
+    w.subscribe(first, "$SYS/broker/clients/connected", QoS::AtMostOnce);
+    w.advance(INTERVAL_MS);
+    w.recv(first);
+    // A second client connects. An interval later, before that interval's turn runs, it
+    // subscribes to other figures: they are worked out anew for it.
+    let second = w.connect(V5, "second");
+    w.now += INTERVAL_MS;
+    w.subscribe(second, "$SYS/broker/uptime", QoS::AtMostOnce);
+    w.advance(0);
+    assert_eq!(
+        figures(&w.recv(first)),
+        pairs(&[("$SYS/broker/clients/connected", "2")]),
+        "the first subscriber still hears of the change"
+    );
 }

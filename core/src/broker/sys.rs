@@ -50,11 +50,12 @@ const TOPICS: [&str; 16] = [
 #[derive(Debug)]
 pub(super) struct SysTopics {
     started: Timestamp,
-    /// The figures last worked out, in the order of [`TOPICS`] (empty before the first time):
-    /// what subscribers were last sent.
-    figures: Vec<String>,
-    /// When they were worked out.
-    figured_at: Option<Timestamp>,
+    /// The figures each interval last sent, in the order of [`TOPICS`] (empty before the
+    /// first): the next interval sends those that differ.
+    sent: Vec<String>,
+    /// The figures last worked out, and when: what a new subscription gets while they are
+    /// less than an interval old.
+    latest: Option<(Vec<String>, Timestamp)>,
     /// The most connections open at once.
     max_connections: usize,
 }
@@ -63,8 +64,8 @@ impl SysTopics {
     pub(super) fn new(now: Timestamp) -> Box<Self> {
         Box::new(Self {
             started: now,
-            figures: Vec::new(),
-            figured_at: None,
+            sent: Vec::new(),
+            latest: None,
             max_connections: 0,
         })
     }
@@ -96,24 +97,23 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let figures = self.sys_figures();
         let Some(sys) = &mut self.sys else { return };
-        let old = std::mem::replace(&mut sys.figures, figures);
-        sys.figured_at = Some(self.now);
-        let changed: Vec<Arc<Message>> = sys
-            .figures
+        let changed: Vec<Arc<Message>> = figures
             .iter()
             .enumerate()
-            .filter(|&(i, value)| old.get(i) != Some(value))
+            .filter(|&(i, value)| sys.sent.get(i) != Some(value))
             .map(|(i, value)| Arc::new(sys_message(TOPICS[i], value)))
             .collect();
+        sys.sent.clone_from(&figures);
+        sys.latest = Some((figures, self.now));
         for message in changed {
             // The message holds its own bytes already.
             self.route(&message, Some(message.clone()), true);
         }
     }
 
-    /// The figures matching a new subscription, with the retain flag set: those last sent, or
-    /// new ones if those are more than an interval old (so that a flood of subscriptions
-    /// works them out at most once an interval).
+    /// The figures matching a new subscription, with the retain flag set: those last worked
+    /// out, or new ones if those are an interval old (so that a flood of subscriptions works
+    /// them out at most once an interval).
     pub(super) fn send_sys(
         &mut self,
         sid: SessionId,
@@ -125,19 +125,21 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if !filter.pattern().starts_with("$SYS") {
             return;
         }
+        let interval = self.config.sys_interval_ms;
         let stale = sys
-            .figured_at
-            .is_none_or(|at| self.now.millis_since(at) >= self.config.sys_interval_ms);
+            .latest
+            .as_ref()
+            .is_none_or(|(_, at)| self.now.millis_since(*at) >= interval);
         if stale {
             let figures = self.sys_figures();
             if let Some(sys) = &mut self.sys {
-                sys.figures = figures;
-                sys.figured_at = Some(self.now);
+                sys.latest = Some((figures, self.now));
             }
         }
-        let Some(sys) = &self.sys else { return };
-        let matching: Vec<Arc<Message>> = sys
-            .figures
+        let Some((figures, _)) = self.sys.as_ref().and_then(|s| s.latest.as_ref()) else {
+            return;
+        };
+        let matching: Vec<Arc<Message>> = figures
             .iter()
             .enumerate()
             .filter(|&(i, _)| topic::matches(filter.pattern(), TOPICS[i]))
