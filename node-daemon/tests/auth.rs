@@ -288,7 +288,8 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
     s.daemon.hangup();
     let log = s
         .daemon
-        .wait_for_log("reloaded the password file and ACL rules", 1);
+        .wait_for_log("reloaded the password file and ACL rules", 1)
+        .await;
     assert!(log.contains("users=2"), "{log}");
 
     let (_, r) = login(port, V5, "carol1", Some("carol"), Some("oak")).await;
@@ -312,13 +313,13 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
     let good = std::fs::read_to_string(config).unwrap();
     std::fs::write(config, "[acl]\ndefault = \"maybe\"\n").unwrap();
     s.daemon.hangup();
-    let log = s.daemon.wait_for_log("reload failed", 1);
+    let log = s.daemon.wait_for_log("reload failed", 1).await;
     assert!(log.contains("line 2"), "{log}");
     std::fs::write(config, &good).unwrap();
     let passwords = std::fs::read_to_string(&file).unwrap();
     std::fs::write(&file, format!("{passwords}not a user line\n")).unwrap();
     s.daemon.hangup();
-    let log = s.daemon.wait_for_log("reload failed", 2);
+    let log = s.daemon.wait_for_log("reload failed", 2).await;
     assert!(log.contains("line 3"), "{log}");
     assert!(
         !log.contains("take effect at the next start"),
@@ -338,5 +339,7 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
         config_text(&file, deny_public).replace("[acl]", "[limits]\nmax_inflight = 7\n\n[acl]");
     std::fs::write(config, moved).unwrap();
     s.daemon.hangup();
-    s.daemon.wait_for_log("take effect at the next start", 1);
+    s.daemon
+        .wait_for_log("take effect at the next start", 1)
+        .await;
 }

@@ -14,25 +14,17 @@ use tokio::io::AsyncReadExt;
 async fn json_logs_are_one_object_per_line() {
     let d = Daemon::start_with_config(Some("[log]\nformat = \"json\"\n"));
     let _c = common::raw::Raw::connect(d.mqtt, V311, "logged").await;
-    // The connect is logged by the broker task; wait (bounded) for the line.
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let log = d.log_text();
-        if log.contains("client connected") {
-            for line in log.lines().filter(|l| !l.trim().is_empty()) {
-                let v: serde_json::Value =
-                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-                assert!(
-                    v.get("level").is_some() && v.get("fields").is_some(),
-                    "{line}"
-                );
-            }
-            assert!(log.contains("\"client_id\":\"logged\""), "{log}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no connect log line:\n{log}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    // The connect is logged by the broker task.
+    let log = d.wait_for_log("client connected", 1).await;
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v.get("level").is_some() && v.get("fields").is_some(),
+            "{line}"
+        );
     }
+    assert!(log.contains("\"client_id\":\"logged\""), "{log}");
 }
 
 #[tokio::test]

@@ -250,8 +250,10 @@ impl Daemon {
         assert!(status.success());
     }
 
-    /// Wait (bounded) until the log holds `needle` `count` times; the log.
-    pub fn wait_for_log(&self, needle: &str, count: usize) -> String {
+    /// Wait (bounded) until the log holds `needle` `count` times; the log. The log is a
+    /// file the daemon appends to: it is read again every 20 ms, without holding up the
+    /// test's other tasks.
+    pub async fn wait_for_log(&self, needle: &str, count: usize) -> String {
         let deadline = Instant::now() + DEADLINE;
         loop {
             let log = self.log_text();
@@ -262,7 +264,7 @@ impl Daemon {
                 Instant::now() < deadline,
                 "{needle:?} not logged {count} times; log:\n{log}"
             );
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
