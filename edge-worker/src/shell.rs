@@ -1,0 +1,320 @@
+//! The drive loop of one broker inside a Durable Object: WebSockets in, the core's outputs
+//! carried out, one timer for the core's next deadline.
+//!
+//! Everything here translates IO; what MQTT does is the core's. Each input is fed with the
+//! shell borrowed, every output is applied before the borrow ends, and nothing awaits in
+//! between, so outputs leave in the order the core gave them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use js_sys::{ArrayBuffer, Uint8Array};
+use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
+use wasm_bindgen::{JsCast, JsValue};
+use worker::{Date, Delay, ScheduledTime, Storage, WebSocket, web_sys};
+
+use crate::store::RecordStore;
+
+/// WebSocket close code for a text frame (MQTT travels in binary frames only).
+pub const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
+/// WebSocket close code when stored state could not be written: the client reconnects to a
+/// broker rebuilt from what was stored.
+const CLOSE_INTERNAL_ERROR: u16 = 1011;
+
+/// The broker and the sockets of its connections.
+#[derive(Debug)]
+struct Shell {
+    broker: Broker,
+    sockets: HashMap<ConnId, WebSocket>,
+    store: RecordStore,
+    /// The latest time fed to the broker; the clock it reads never goes backwards.
+    now: Timestamp,
+    /// The deadline the running timer waits for, if one runs.
+    timer: Option<Timestamp>,
+    /// The deadline the Durable Object alarm is set for, if set by this instance.
+    alarm: Option<Timestamp>,
+}
+
+impl Shell {
+    /// A broker with every stored record restored.
+    fn start(config: Config, store: RecordStore) -> worker::Result<Self> {
+        let now = wall_clock();
+        let mut broker = Broker::new(config, now);
+        let records = store.load()?;
+        let count = records.len();
+        let report = broker.restore(now, records);
+        if count > 0 {
+            worker::console_log!(
+                "meridian: restored {count} records: {} sessions, {} subscriptions, {} queued and {} retained messages",
+                report.sessions,
+                report.subscriptions,
+                report.messages,
+                report.retained
+            );
+        }
+        for (key, error) in &report.unreadable {
+            worker::console_error!("meridian: stored record {key:02x?} unreadable: {error}");
+        }
+        let mut shell = Self {
+            broker,
+            sockets: HashMap::new(),
+            store,
+            now,
+            timer: None,
+            alarm: None,
+        };
+        // Restoring may delete records that belong to nothing.
+        shell.drive()?;
+        Ok(shell)
+    }
+
+    fn clock(&mut self) -> Timestamp {
+        self.now = self.now.max(wall_clock());
+        self.now
+    }
+
+    fn feed(&mut self, input: Input<'_>) -> worker::Result<()> {
+        let now = self.clock();
+        self.broker.handle_input(now, input);
+        self.drive()
+    }
+
+    /// Carries out every pending output, in order. A record that cannot be stored stops it:
+    /// what follows may acknowledge that record.
+    fn drive(&mut self) -> worker::Result<()> {
+        while let Some(output) = self.broker.poll_output() {
+            match output {
+                Output::Send { conn, data } => {
+                    if let Some(ws) = self.sockets.get(&conn)
+                        && ws.send_with_bytes(&data).is_err()
+                    {
+                        // The socket is closing; its close event tells the broker.
+                        continue;
+                    }
+                }
+                Output::Close { conn } => {
+                    // Closed by the broker: its close event must not report it again.
+                    if let Some(ws) = self.sockets.remove(&conn) {
+                        let _ = ws.close(Some(1000), Some("closed by the broker"));
+                    }
+                }
+                Output::Persist { key, value } => self.store.apply(&key, value.as_deref())?,
+                Output::Event(event) => log_event(&event),
+                // Not in cluster mode: the edge runs one broker of its own.
+                Output::ToPeer { .. } | Output::Broadcast { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Connection lifecycle events in the Worker's log; per-message work is not logged.
+fn log_event(event: &Event) {
+    match event {
+        Event::ClientConnected { .. }
+        | Event::ClientDisconnected { .. }
+        | Event::ConnectRefused { .. }
+        | Event::SessionEnded { .. } => worker::console_log!("meridian: {event:?}"),
+        _ => {}
+    }
+}
+
+fn wall_clock() -> Timestamp {
+    Timestamp::from_millis(Date::now().as_millis())
+}
+
+/// One broker and its connections, shared by the Durable Object's handlers and the tasks that
+/// read each socket and wait for deadlines.
+#[derive(Debug, Clone)]
+pub struct Edge {
+    inner: Rc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: Config,
+    sql: worker::SqlStorage,
+    storage: Storage,
+    /// `None` until started, and again after stored state could not be read or written.
+    shell: RefCell<Option<Shell>>,
+}
+
+impl Edge {
+    pub fn new(config: Config, storage: Storage) -> Self {
+        Self {
+            inner: Rc::new(Inner {
+                config,
+                sql: storage.sql(),
+                storage,
+                shell: RefCell::new(None),
+            }),
+        }
+    }
+
+    /// Starts the broker from what is stored, unless it runs.
+    pub fn ensure_started(&self) -> worker::Result<()> {
+        let mut slot = self.inner.shell.borrow_mut();
+        if slot.is_none() {
+            let store = RecordStore::open(self.inner.sql.clone())?;
+            *slot = Some(Shell::start(self.inner.config.clone(), store)?);
+        }
+        drop(slot);
+        self.arm();
+        Ok(())
+    }
+
+    /// A new connection on `ws`: it is accepted, and its messages are read until it closes.
+    pub fn accept(&self, ws: WebSocket, remote_addr: Option<String>) -> worker::Result<()> {
+        // Binary frames as ArrayBuffers, not Blobs (which would need a wait to read).
+        ws.as_ref()
+            .set_binary_type(web_sys::BinaryType::Arraybuffer);
+        ws.accept()?;
+        let conn = self.with_shell(|shell| {
+            let now = shell.clock();
+            let info = ConnInfo {
+                remote_addr,
+                ..ConnInfo::default()
+            };
+            let conn = shell.broker.accept(now, info);
+            shell.sockets.insert(conn, ws.clone());
+            // Arms the connect timeout.
+            shell.drive()?;
+            Ok(conn)
+        })?;
+        let edge = self.clone();
+        wasm_bindgen_futures::spawn_local(async move { edge.read(conn, ws).await });
+        Ok(())
+    }
+
+    async fn read(&self, conn: ConnId, ws: WebSocket) {
+        use futures_util::StreamExt;
+        use worker::WebsocketEvent;
+
+        let mut events = match ws.events() {
+            Ok(events) => events,
+            Err(error) => {
+                worker::console_error!("meridian: cannot read a WebSocket: {error}");
+                let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("cannot read"));
+                self.closed(conn);
+                return;
+            }
+        };
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(WebsocketEvent::Message(message)) => {
+                    let data = message.as_ref().data();
+                    if let Some(buffer) = data.dyn_ref::<ArrayBuffer>() {
+                        let data = Uint8Array::new(buffer).to_vec();
+                        let _ = self.with_shell(|shell| {
+                            if !shell.sockets.contains_key(&conn) {
+                                return Ok(()); // closed by the broker; late frames are ignored
+                            }
+                            shell.feed(Input::Bytes { conn, data: &data })
+                        });
+                    } else {
+                        let _ = ws.close(
+                            Some(CLOSE_UNSUPPORTED_DATA),
+                            Some("MQTT needs binary frames"),
+                        );
+                        self.closed(conn);
+                    }
+                }
+                Ok(WebsocketEvent::Close(_)) | Err(_) => break,
+            }
+        }
+        self.closed(conn);
+    }
+
+    /// The connection ended without the broker closing it.
+    fn closed(&self, conn: ConnId) {
+        let _ = self.with_shell(|shell| {
+            if shell.sockets.remove(&conn).is_some() {
+                shell.feed(Input::Closed { conn })?;
+            }
+            Ok(())
+        });
+    }
+
+    /// The Durable Object alarm rang: deadlines that passed while nothing ran (session expiry,
+    /// delayed wills) are handled.
+    pub fn alarm(&self) -> worker::Result<()> {
+        worker::console_log!("meridian: woken by the alarm");
+        self.ensure_started()?;
+        self.with_shell(|shell| {
+            shell.alarm = None;
+            shell.feed(Input::Timeout)
+        })
+    }
+
+    /// Runs `f` on the started broker, then re-arms the timer. A storage failure closes every
+    /// connection and drops the broker; the next request starts it again from storage.
+    fn with_shell<T>(&self, f: impl FnOnce(&mut Shell) -> worker::Result<T>) -> worker::Result<T> {
+        let mut slot = self.inner.shell.borrow_mut();
+        let Some(shell) = slot.as_mut() else {
+            return Err(worker::Error::RustError("the broker is not running".into()));
+        };
+        let result = f(shell);
+        if let Err(error) = &result {
+            worker::console_error!(
+                "meridian: stored state failed ({error}); closing every connection"
+            );
+            for (_, ws) in shell.sockets.drain() {
+                let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("storage failed"));
+            }
+            *slot = None;
+            return result;
+        }
+        drop(slot);
+        self.arm();
+        result
+    }
+
+    /// Keeps one timer running for the broker's next deadline while connections are open, and
+    /// the Durable Object alarm set for it when none are (the object may then be evicted; the
+    /// alarm starts it again).
+    fn arm(&self) {
+        let mut slot = self.inner.shell.borrow_mut();
+        let Some(shell) = slot.as_mut() else { return };
+        let Some(deadline) = shell.broker.poll_timeout() else {
+            return;
+        };
+        if shell.sockets.is_empty() {
+            // The alarm takes over; a timer still running finds itself replaced.
+            shell.timer = None;
+            if shell.alarm != Some(deadline) {
+                shell.alarm = Some(deadline);
+                let edge = self.clone();
+                wasm_bindgen_futures::spawn_local(async move {
+                    // An absolute time: a bare number would be an offset from now.
+                    let at = js_sys::Date::new(&JsValue::from(deadline.as_millis() as f64));
+                    let set = edge.inner.storage.set_alarm(ScheduledTime::new(at)).await;
+                    if let Err(error) = set {
+                        worker::console_error!("meridian: cannot set the alarm: {error}");
+                    }
+                });
+            }
+            return;
+        }
+        if shell.timer.is_some_and(|armed| armed <= deadline) {
+            return; // the running timer comes first; it re-arms when it fires
+        }
+        shell.timer = Some(deadline);
+        let wait = deadline
+            .as_millis()
+            .saturating_sub(shell.clock().as_millis());
+        let edge = self.clone();
+        wasm_bindgen_futures::spawn_local(async move {
+            Delay::from(Duration::from_millis(wait)).await;
+            let _ = edge.with_shell(|shell| {
+                // A timer replaced by an earlier one, or a broker restarted since, does nothing.
+                if shell.timer != Some(deadline) {
+                    return Ok(());
+                }
+                shell.timer = None;
+                shell.feed(Input::Timeout)
+            });
+        });
+    }
+}

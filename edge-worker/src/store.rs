@@ -1,0 +1,61 @@
+//! The broker's records in the Durable Object's own SQLite database.
+//!
+//! The core names each record with an opaque key and value (sessions, subscriptions, queued and
+//! retained messages); this is one table of them. Writes are synchronous calls whose commit the
+//! runtime confirms before any later outgoing message leaves the object (its output gate), which
+//! is the order the core asks for: a record is durable before the acknowledgement that follows
+//! it is sent.
+
+use bytes::Bytes;
+use js_sys::Uint8Array;
+use wasm_bindgen::JsValue;
+use worker::{SqlStorage, SqlStorageValue};
+
+/// One table, `records(key, value)`, both BLOBs.
+#[derive(Debug)]
+pub struct RecordStore {
+    sql: SqlStorage,
+}
+
+impl RecordStore {
+    /// Opens the table, creating it in a new object.
+    pub fn open(sql: SqlStorage) -> worker::Result<Self> {
+        sql.exec(
+            "CREATE TABLE IF NOT EXISTS records (key BLOB PRIMARY KEY, value BLOB NOT NULL) \
+             WITHOUT ROWID",
+            None,
+        )?;
+        Ok(Self { sql })
+    }
+
+    /// Stores a record, or deletes it when `value` is `None`.
+    pub fn apply(&self, key: &[u8], value: Option<&[u8]>) -> worker::Result<()> {
+        let key = JsValue::from(Uint8Array::from(key));
+        match value {
+            Some(value) => self.sql.exec_raw(
+                "INSERT OR REPLACE INTO records (key, value) VALUES (?, ?)",
+                vec![key, Uint8Array::from(value).into()],
+            )?,
+            None => self
+                .sql
+                .exec_raw("DELETE FROM records WHERE key = ?", vec![key])?,
+        };
+        Ok(())
+    }
+
+    /// Every stored record, for [`meridian_core::Broker::restore`].
+    pub fn load(&self) -> worker::Result<Vec<(Bytes, Bytes)>> {
+        let mut records = Vec::new();
+        for row in self.sql.exec("SELECT key, value FROM records", None)?.raw() {
+            match <[SqlStorageValue; 2]>::try_from(row?) {
+                Ok([SqlStorageValue::Blob(key), SqlStorageValue::Blob(value)]) => {
+                    records.push((Bytes::from(key), Bytes::from(value)));
+                }
+                // Only this module writes the table; a row of another shape is left for the
+                // operator to see rather than fed to the broker.
+                _ => worker::console_error!("meridian: a stored record is not two blobs; skipped"),
+            }
+        }
+        Ok(records)
+    }
+}

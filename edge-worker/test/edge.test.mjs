@@ -1,0 +1,313 @@
+// End-to-end tests of the edge worker: the worker built by `worker-build --release` runs in
+// Miniflare (workerd, the Workers runtime), with its Durable Object on SQLite storage, and
+// MQTT.js clients (MQTT 3.1.1 and 5.0) and raw WebSockets talk to it on loopback.
+// Every wait has a deadline; nothing sleeps.
+import { after, test } from "node:test";
+import assert from "node:assert/strict";
+import { once } from "node:events";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { Miniflare } from "miniflare";
+import mqtt from "mqtt";
+import WebSocket from "ws";
+
+const BUILD = fileURLToPath(new URL("../build", import.meta.url));
+const DEADLINE_MS = 10000;
+
+const running = new Set();
+const clients = new Set();
+
+after(async () => {
+  await Promise.allSettled([...clients].map((c) => within(c.endAsync(true), "a client to end")));
+  await Promise.allSettled([...running].map((edge) => edge.stop()));
+});
+
+/** Resolves with `promise`, or rejects once `ms` have passed. */
+function within(promise, what, ms = DEADLINE_MS) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * The worker in Miniflare on a free loopback port. `persist`: a directory that keeps the
+ * Durable Object's storage across instances, as a restart or redeploy keeps it.
+ */
+async function startEdge({ persist = false } = {}) {
+  let output = "";
+  const watchers = [];
+  const mf = new Miniflare({
+    modules: true,
+    scriptPath: path.join(BUILD, "index.js"),
+    modulesRoot: BUILD,
+    modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
+    compatibilityDate: "2026-04-01",
+    durableObjects: { MQTT_BROKER: { className: "MqttBroker", useSQLite: true } },
+    durableObjectsPersist: persist,
+    host: "127.0.0.1",
+    port: 0,
+    cf: false,
+    handleRuntimeStdio(stdout, stderr) {
+      for (const stream of [stdout, stderr]) {
+        stream.setEncoding("utf8");
+        stream.on("data", (chunk) => {
+          output += chunk;
+          for (const w of [...watchers]) w();
+        });
+      }
+    },
+  });
+  const url = await within(mf.ready, "Miniflare to start", 30000);
+  const edge = {
+    http: url.href,
+    ws: new URL("/mqtt", url).href.replace(/^http/, "ws"),
+    get output() {
+      return output;
+    },
+    /** Waits until the worker's log holds `text`. */
+    waitForLog(text, ms = DEADLINE_MS) {
+      return within(
+        new Promise((resolve) => {
+          const check = () => {
+            if (!output.includes(text)) return;
+            watchers.splice(watchers.indexOf(check), 1);
+            resolve();
+          };
+          watchers.push(check);
+          check();
+        }),
+        `the log line "${text}"`,
+        ms,
+      );
+    },
+    async stop() {
+      if (!running.delete(edge)) return;
+      await mf.dispose();
+    },
+  };
+  running.add(edge);
+  return edge;
+}
+
+/** An MQTT.js client, connected; ended after the tests. */
+async function connect(edge, clientId, protocolVersion, options = {}) {
+  const client = await within(
+    mqtt.connectAsync(edge.ws, {
+      clientId,
+      protocolVersion,
+      reconnectPeriod: 0,
+      connectTimeout: DEADLINE_MS,
+      ...options,
+    }),
+    `${clientId} to connect`,
+  );
+  clients.add(client);
+  return client;
+}
+
+/** Collects a client's messages; `next()` waits for the next one. */
+function inbox(client) {
+  const queue = [];
+  const waiting = [];
+  client.on("message", (topic, payload, packet) => {
+    const m = { topic, payload: payload.toString(), packet };
+    const w = waiting.shift();
+    if (w) w(m);
+    else queue.push(m);
+  });
+  return {
+    next(what = "a message") {
+      if (queue.length) return Promise.resolve(queue.shift());
+      return within(new Promise((resolve) => waiting.push(resolve)), what);
+    },
+  };
+}
+
+/** A raw WebSocket speaking the `mqtt` subprotocol; `closed` resolves with the close code. */
+async function rawConnection(edge) {
+  const ws = new WebSocket(edge.ws, "mqtt");
+  const closed = new Promise((resolve) => ws.once("close", (code) => resolve(code)));
+  const received = [];
+  ws.on("message", (data) => received.push(Buffer.from(data)));
+  await within(once(ws, "open"), "the raw WebSocket to open");
+  assert.equal(ws.protocol, "mqtt");
+  return { ws, closed, received };
+}
+
+/** An MQTT 3.1.1 CONNECT: clean session, this client id and keep-alive. */
+function connectPacket(clientId, keepAliveSecs) {
+  const id = Buffer.from(clientId);
+  const body = Buffer.concat([
+    Buffer.from([0, 4, ...Buffer.from("MQTT"), 4, 0x02, keepAliveSecs >> 8, keepAliveSecs & 0xff]),
+    Buffer.from([id.length >> 8, id.length & 0xff]),
+    id,
+  ]);
+  return Buffer.concat([Buffer.from([0x10, body.length]), body]);
+}
+
+test("plain HTTP gets a description, /mqtt without an upgrade 426, other paths 404", async () => {
+  const edge = await startEdge();
+  const root = await fetch(edge.http);
+  assert.equal(root.status, 200);
+  assert.match(await root.text(), /MQTT over WebSocket at \/mqtt/);
+  assert.equal((await fetch(new URL("/mqtt", edge.http))).status, 426);
+  assert.equal((await fetch(new URL("/nothing", edge.http))).status, 404);
+  await edge.stop();
+});
+
+test("MQTT 5.0 and 3.1.1 clients exchange QoS 0, 1 and 2 messages", async () => {
+  const edge = await startEdge();
+  for (const [subVersion, pubVersion] of [
+    [5, 4],
+    [4, 5],
+  ]) {
+    const sub = await connect(edge, `sub-v${subVersion}`, subVersion);
+    const box = inbox(sub);
+    const granted = await sub.subscribeAsync(`qos/v${subVersion}/#`, { qos: 2 });
+    assert.equal(granted[0].qos, 2);
+    const pub = await connect(edge, `pub-v${pubVersion}`, pubVersion);
+    for (const qos of [0, 1, 2]) {
+      const topic = `qos/v${subVersion}/${qos}`;
+      await within(pub.publishAsync(topic, `m${qos}`, { qos }), `the QoS ${qos} acknowledgement`);
+      const m = await box.next(`the QoS ${qos} message`);
+      assert.equal(m.topic, topic);
+      assert.equal(m.payload, `m${qos}`);
+      assert.equal(m.packet.qos, qos);
+    }
+  }
+  await edge.stop();
+});
+
+test("retained messages and a persistent session's queue outlive a restart", async () => {
+  const dir = mkdtempSync(path.join(tmpdir(), "meridian-edge-"));
+  try {
+    let edge = await startEdge({ persist: dir });
+    const sessionOptions = { clean: false, properties: { sessionExpiryInterval: 3600 } };
+    const away = await connect(edge, "away", 5, sessionOptions);
+    await away.subscribeAsync("queued/#", { qos: 1 });
+    await away.endAsync();
+    const pub = await connect(edge, "publisher", 4);
+    await pub.publishAsync("retained/state", "on", { qos: 1, retain: true });
+    await pub.publishAsync("queued/1", "while you were away", { qos: 1 });
+    await pub.endAsync();
+    await edge.stop();
+
+    // A new runtime on the same storage: the Durable Object starts from what it stored.
+    edge = await startEdge({ persist: dir });
+    const back = mqtt.connect(edge.ws, {
+      clientId: "away",
+      protocolVersion: 5,
+      reconnectPeriod: 0,
+      ...sessionOptions,
+    });
+    clients.add(back);
+    const box = inbox(back);
+    const [connack] = await within(once(back, "connect"), "the session to resume");
+    assert.equal(connack.sessionPresent, true);
+    const queued = await box.next("the queued message");
+    assert.equal(queued.topic, "queued/1");
+    assert.equal(queued.payload, "while you were away");
+
+    const late = await connect(edge, "late", 4);
+    const lateBox = inbox(late);
+    await late.subscribeAsync("retained/#", { qos: 1 });
+    const retained = await lateBox.next("the retained message");
+    assert.equal(retained.topic, "retained/state");
+    assert.equal(retained.payload, "on");
+    assert.equal(retained.packet.retain, true);
+    await edge.stop();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("the will is published when a connection drops without DISCONNECT", async () => {
+  const edge = await startEdge();
+  const watcher = await connect(edge, "watcher", 5);
+  const box = inbox(watcher);
+  await watcher.subscribeAsync("wills/#", { qos: 1 });
+  const will = { topic: "wills/dying", payload: Buffer.from("gone"), qos: 1, retain: false };
+  const dying = await connect(edge, "dying", 4, { will });
+  dying.stream.destroy(); // the connection drops; no DISCONNECT is sent
+  const m = await box.next("the will");
+  assert.equal(m.topic, "wills/dying");
+  assert.equal(m.payload, "gone");
+  await edge.stop();
+});
+
+test("a delayed will goes out on the alarm when no client is connected", async () => {
+  const dir = mkdtempSync(path.join(tmpdir(), "meridian-edge-"));
+  try {
+    const edge = await startEdge({ persist: dir });
+    const sessionOptions = { clean: false, properties: { sessionExpiryInterval: 3600 } };
+    const watcher = await connect(edge, "watcher", 5, sessionOptions);
+    await watcher.subscribeAsync("wills/#", { qos: 1 });
+    await watcher.endAsync();
+    const will = {
+      topic: "wills/late",
+      payload: Buffer.from("gone a second ago"),
+      qos: 1,
+      retain: false,
+      properties: { willDelayInterval: 1 },
+    };
+    const dying = await connect(edge, "dying", 5, {
+      will,
+      properties: { sessionExpiryInterval: 1 },
+    });
+    dying.stream.destroy();
+    // Nobody is connected: only the Durable Object alarm wakes the broker, which then sends
+    // the will and ends the session a second later.
+    await edge.waitForLog("meridian: woken by the alarm");
+    await edge.waitForLog('SessionEnded { client_id: "dying" }');
+    const back = mqtt.connect(edge.ws, {
+      clientId: "watcher",
+      protocolVersion: 5,
+      reconnectPeriod: 0,
+      ...sessionOptions,
+    });
+    clients.add(back);
+    const box = inbox(back);
+    const [connack] = await within(once(back, "connect"), "the watcher to come back");
+    assert.equal(connack.sessionPresent, true);
+    const m = await box.next("the delayed will, queued for the watcher");
+    assert.equal(m.topic, "wills/late");
+    assert.equal(m.payload, "gone a second ago");
+    await edge.stop();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("a client that goes silent is closed after one and a half keep-alives", async () => {
+  const edge = await startEdge();
+  const { ws, closed, received } = await rawConnection(edge);
+  ws.send(connectPacket("silent", 1));
+  await within(closed, "the silent client to be closed", 5000);
+  assert.deepEqual(received[0], Buffer.from([0x20, 2, 0, 0]), "CONNACK, accepted");
+  await edge.stop();
+});
+
+test("bad input closes only the connection that sent it", async () => {
+  const edge = await startEdge();
+  const sub = await connect(edge, "bystander", 5);
+  const box = inbox(sub);
+  await sub.subscribeAsync("still/#", { qos: 1 });
+
+  const garbage = await rawConnection(edge);
+  garbage.ws.send(Buffer.from([0xf0, 0xff, 0xff, 0xff, 0xff, 0x7f]));
+  await within(garbage.closed, "the garbage sender to be closed");
+
+  const text = await rawConnection(edge);
+  text.ws.send("CONNECT, but as text");
+  assert.equal(await within(text.closed, "the text sender to be closed"), 1003);
+
+  const pub = await connect(edge, "publisher", 4);
+  await pub.publishAsync("still/here", "yes", { qos: 1 });
+  const m = await box.next("a message after the bad input");
+  assert.equal(m.payload, "yes");
+  await edge.stop();
+});
