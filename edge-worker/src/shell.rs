@@ -11,11 +11,13 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use js_sys::{ArrayBuffer, Uint8Array};
+use meridian_core::broker::AllowAll;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 use wasm_bindgen::{JsCast, JsValue};
 use worker::{Date, Delay, ScheduledTime, Storage, WebSocket, web_sys};
 
 use crate::store::RecordStore;
+use crate::users::Users;
 
 /// WebSocket close code for a text frame (MQTT travels in binary frames only).
 pub const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
@@ -26,7 +28,7 @@ const CLOSE_INTERNAL_ERROR: u16 = 1011;
 /// The broker and the sockets of its connections.
 #[derive(Debug)]
 struct Shell {
-    broker: Broker,
+    broker: Broker<Users, AllowAll>,
     sockets: HashMap<ConnId, WebSocket>,
     store: RecordStore,
     /// The latest time fed to the broker; the clock it reads never goes backwards.
@@ -39,9 +41,9 @@ struct Shell {
 
 impl Shell {
     /// A broker with every stored record restored.
-    fn start(config: Config, store: RecordStore) -> worker::Result<Self> {
+    fn start(config: Config, users: Users, store: RecordStore) -> worker::Result<Self> {
         let now = wall_clock();
-        let mut broker = Broker::new(config, now);
+        let mut broker = Broker::with_auth(config, now, users, AllowAll);
         let records = store.load()?;
         let count = records.len();
         let report = broker.restore(now, records);
@@ -135,6 +137,8 @@ pub struct Edge {
 #[derive(Debug)]
 struct Inner {
     config: Config,
+    /// The parsed `MQTT_USERS` secret, or why it does not parse.
+    users: Result<Users, String>,
     sql: worker::SqlStorage,
     storage: Storage,
     /// `None` until started, and again after stored state could not be read or written.
@@ -142,10 +146,11 @@ struct Inner {
 }
 
 impl Edge {
-    pub fn new(config: Config, storage: Storage) -> Self {
+    pub fn new(config: Config, users: Result<Users, String>, storage: Storage) -> Self {
         Self {
             inner: Rc::new(Inner {
                 config,
+                users,
                 sql: storage.sql(),
                 storage,
                 shell: RefCell::new(None),
@@ -157,8 +162,12 @@ impl Edge {
     pub fn ensure_started(&self) -> worker::Result<()> {
         let mut slot = self.inner.shell.borrow_mut();
         if slot.is_none() {
+            let users = self.inner.users.clone().map_err(worker::Error::RustError)?;
+            if users.is_empty() {
+                worker::console_warn!("meridian: MQTT_USERS is not set: every client may connect");
+            }
             let store = RecordStore::open(self.inner.sql.clone())?;
-            *slot = Some(Shell::start(self.inner.config.clone(), store)?);
+            *slot = Some(Shell::start(self.inner.config.clone(), users, store)?);
         }
         drop(slot);
         self.arm();

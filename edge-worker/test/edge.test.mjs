@@ -35,9 +35,10 @@ function within(promise, what, ms = DEADLINE_MS) {
 
 /**
  * The worker in Miniflare on a free loopback port. `persist`: a directory that keeps the
- * Durable Object's storage across instances, as a restart or redeploy keeps it.
+ * Durable Object's storage across instances, as a restart or redeploy keeps it. `users`: the
+ * MQTT_USERS secret.
  */
-async function startEdge({ persist = false } = {}) {
+async function startEdge({ persist = false, users } = {}) {
   let output = "";
   const watchers = [];
   const mf = new Miniflare({
@@ -48,6 +49,8 @@ async function startEdge({ persist = false } = {}) {
     compatibilityDate: "2026-04-01",
     durableObjects: { MQTT_BROKER: { className: "MqttBroker", useSQLite: true } },
     durableObjectsPersist: persist,
+    // Secrets reach a worker as string bindings, as `wrangler secret put MQTT_USERS` gives them.
+    bindings: users === undefined ? {} : { MQTT_USERS: users },
     host: "127.0.0.1",
     port: 0,
     cf: false,
@@ -309,5 +312,42 @@ test("bad input closes only the connection that sent it", async () => {
   await pub.publishAsync("still/here", "yes", { qos: 1 });
   const m = await box.next("a message after the bad input");
   assert.equal(m.payload, "yes");
+  await edge.stop();
+});
+
+test("with MQTT_USERS set, only the listed users get in, with their passwords", async () => {
+  const edge = await startEdge({ users: "# devices\nalice:s3cret:token\nbob:builder\n" });
+  const refused = (clientId, protocolVersion, options) =>
+    within(
+      mqtt
+        .connectAsync(edge.ws, { clientId, protocolVersion, reconnectPeriod: 0, ...options })
+        .then(
+          () => assert.fail(`${clientId} got in`),
+          (error) => error.code,
+        ),
+      `${clientId} to be refused`,
+    );
+  // MQTT 5.0: 0x86 bad user name or password, 0x87 not authorized; 3.1.1: 4 and 5.
+  assert.equal(await refused("wrong-v5", 5, { username: "alice", password: "s3cret" }), 0x86);
+  assert.equal(await refused("wrong-v4", 4, { username: "bob", password: "s3cret:token" }), 4);
+  assert.equal(await refused("stranger", 5, { username: "carol", password: "builder" }), 0x86);
+  assert.equal(await refused("anonymous-v5", 5, {}), 0x87);
+  assert.equal(await refused("anonymous-v4", 4, {}), 5);
+
+  const alice = await connect(edge, "alice-1", 5, { username: "alice", password: "s3cret:token" });
+  const box = inbox(alice);
+  await alice.subscribeAsync("for/alice", { qos: 1 });
+  const bob = await connect(edge, "bob-1", 4, { username: "bob", password: "builder" });
+  await bob.publishAsync("for/alice", "hi", { qos: 1 });
+  assert.equal((await box.next("bob's message")).payload, "hi");
+  await edge.stop();
+});
+
+test("an MQTT_USERS line that does not parse keeps the broker closed and is named", async () => {
+  const edge = await startEdge({ users: "alice:s3cret\nbob\n" });
+  const ws = new WebSocket(edge.ws, "mqtt");
+  const [, response] = await within(once(ws, "unexpected-response"), "the refusal");
+  assert.equal(response.statusCode, 503);
+  await edge.waitForLog("MQTT_USERS line 2: expected `user:password`");
   await edge.stop();
 });
