@@ -1,6 +1,7 @@
 //! The Worker's fetch handler and the Durable Object that holds the broker.
 
 use meridian_core::Config;
+use wasm_bindgen::JsValue;
 use worker::{
     Context, DurableObject, Env, Headers, Request, Response, Result, State, WebSocketPair,
     durable_object, event,
@@ -69,6 +70,39 @@ fn subprotocol(req: &Request) -> Result<Option<&'static str>> {
         .find(|name| offered.contains(name)))
 }
 
+/// The users of the `MQTT_USERS` secret; none when it is not bound. Anything else that keeps
+/// it from being read (not a string, a bad line, no user at all) keeps the broker closed:
+/// connections get 503 and the log says why.
+fn users(env: &Env) -> std::result::Result<Users, String> {
+    let binding = js_sys::Reflect::get(env, &JsValue::from(USERS_SECRET))
+        .map_err(|_| format!("{USERS_SECRET} cannot be read"))?;
+    if binding.is_undefined() {
+        return Ok(Users::default());
+    }
+    let text = binding
+        .as_string()
+        .ok_or_else(|| format!("{USERS_SECRET} is not a text secret"))?;
+    let users = Users::parse(&text).map_err(|e| e.to_string())?;
+    if users.is_empty() {
+        return Err(format!("{USERS_SECRET} is set but lists no user"));
+    }
+    Ok(users)
+}
+
+/// Limits for a broker inside one Durable Object, whose isolate has about 128 MB: smaller
+/// packets, queues and counts than the daemon's defaults (`edge-worker/README.md`, "Limits").
+fn edge_config() -> Config {
+    Config {
+        max_packet_size: 64 * 1024,
+        max_inflight_bytes: 512 * 1024,
+        max_queued_messages: 1_000,
+        max_queued_bytes: 512 * 1024,
+        max_sessions: 2_000,
+        max_retained_messages: 1_000,
+        ..Config::default()
+    }
+}
+
 /// One MQTT broker. Its clients connect through the Worker above.
 #[durable_object]
 #[derive(Debug)]
@@ -78,14 +112,8 @@ pub struct MqttBroker {
 
 impl DurableObject for MqttBroker {
     fn new(state: State, env: Env) -> Self {
-        // A secret that does not parse leaves the broker unstarted: connections get 503 and
-        // the log names the line.
-        let users = match env.secret(USERS_SECRET) {
-            Ok(secret) => Users::parse(&secret.to_string()).map_err(|e| e.to_string()),
-            Err(_) => Ok(Users::default()),
-        };
         Self {
-            edge: Edge::new(Config::default(), users, state.storage()),
+            edge: Edge::new(edge_config(), users(&env), state.storage()),
         }
     }
 

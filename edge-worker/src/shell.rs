@@ -24,6 +24,10 @@ pub const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
 /// WebSocket close code when stored state could not be written: the client reconnects to a
 /// broker rebuilt from what was stored.
 const CLOSE_INTERNAL_ERROR: u16 = 1011;
+/// While clients are connected, the Durable Object alarm stands at most this far ahead.
+const ALARM_BACKSTOP_MS: u64 = 60_000;
+/// The longest single wait of the in-memory timer.
+const MAX_TIMER_WAIT_MS: u64 = 3_600_000;
 
 /// The broker and the sockets of its connections.
 #[derive(Debug)]
@@ -206,7 +210,7 @@ impl Edge {
             Err(error) => {
                 worker::console_error!("meridian: cannot read a WebSocket: {error}");
                 let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("cannot read"));
-                self.closed(conn);
+                self.closed(conn, &ws);
                 return;
             }
         };
@@ -217,8 +221,10 @@ impl Edge {
                     if let Some(buffer) = data.dyn_ref::<ArrayBuffer>() {
                         let data = Uint8Array::new(buffer).to_vec();
                         let _ = self.with_shell(|shell| {
-                            if !shell.sockets.contains_key(&conn) {
-                                return Ok(()); // closed by the broker; late frames are ignored
+                            if shell.sockets.get(&conn) != Some(&ws) {
+                                // Closed by the broker (or a broker started again since, whose
+                                // connection of this number is another): ignored.
+                                return Ok(());
                             }
                             shell.feed(Input::Bytes { conn, data: &data })
                         });
@@ -227,19 +233,20 @@ impl Edge {
                             Some(CLOSE_UNSUPPORTED_DATA),
                             Some("MQTT needs binary frames"),
                         );
-                        self.closed(conn);
+                        self.closed(conn, &ws);
                     }
                 }
                 Ok(WebsocketEvent::Close(_)) | Err(_) => break,
             }
         }
-        self.closed(conn);
+        self.closed(conn, &ws);
     }
 
-    /// The connection ended without the broker closing it.
-    fn closed(&self, conn: ConnId) {
+    /// The connection on `ws` ended without the broker closing it.
+    fn closed(&self, conn: ConnId, ws: &WebSocket) {
         let _ = self.with_shell(|shell| {
-            if shell.sockets.remove(&conn).is_some() {
+            if shell.sockets.get(&conn) == Some(ws) {
+                shell.sockets.remove(&conn);
                 shell.feed(Input::Closed { conn })?;
             }
             Ok(())
@@ -280,39 +287,42 @@ impl Edge {
         result
     }
 
-    /// Keeps one timer running for the broker's next deadline while connections are open, and
-    /// the Durable Object alarm set for it when none are (the object may then be evicted; the
-    /// alarm starts it again).
+    /// Keeps the broker's next deadline covered. While connections are open, one timer waits
+    /// for it, and an alarm stands at most [`ALARM_BACKSTOP_MS`] ahead: if the object is reset
+    /// with clients connected, the alarm starts it again for their wills and session expiries.
+    /// With no connection open, the alarm is set to the deadline itself (the object may be
+    /// evicted meanwhile; the alarm starts it again).
     fn arm(&self) {
         let mut slot = self.inner.shell.borrow_mut();
         let Some(shell) = slot.as_mut() else { return };
-        let Some(deadline) = shell.broker.poll_timeout() else {
-            return;
-        };
+        let now = shell.clock();
+        let deadline = shell.broker.poll_timeout();
         if shell.sockets.is_empty() {
             // The alarm takes over; a timer still running finds itself replaced.
             shell.timer = None;
-            if shell.alarm != Some(deadline) {
-                shell.alarm = Some(deadline);
-                let edge = self.clone();
-                wasm_bindgen_futures::spawn_local(async move {
-                    // An absolute time: a bare number would be an offset from now.
-                    let at = js_sys::Date::new(&JsValue::from(deadline.as_millis() as f64));
-                    let set = edge.inner.storage.set_alarm(ScheduledTime::new(at)).await;
-                    if let Err(error) = set {
-                        worker::console_error!("meridian: cannot set the alarm: {error}");
-                    }
-                });
+            if let Some(deadline) = deadline
+                && shell.alarm != Some(deadline)
+            {
+                self.set_alarm(shell, deadline);
             }
             return;
         }
+        let backstop = Timestamp::from_millis(now.as_millis() + ALARM_BACKSTOP_MS);
+        // Set again only when none stands within the backstop: not once per packet.
+        if shell.alarm.is_none_or(|at| at > backstop) {
+            self.set_alarm(shell, backstop);
+        }
+        let Some(deadline) = deadline else { return };
         if shell.timer.is_some_and(|armed| armed <= deadline) {
             return; // the running timer comes first; it re-arms when it fires
         }
         shell.timer = Some(deadline);
+        // At most an hour: a longer wait would overflow the runtime's timer. Waking early is
+        // harmless: nothing is due yet, and the timer is armed again.
         let wait = deadline
             .as_millis()
-            .saturating_sub(shell.clock().as_millis());
+            .saturating_sub(now.as_millis())
+            .min(MAX_TIMER_WAIT_MS);
         let edge = self.clone();
         wasm_bindgen_futures::spawn_local(async move {
             Delay::from(Duration::from_millis(wait)).await;
@@ -324,6 +334,24 @@ impl Edge {
                 shell.timer = None;
                 shell.feed(Input::Timeout)
             });
+        });
+    }
+
+    fn set_alarm(&self, shell: &mut Shell, at: Timestamp) {
+        shell.alarm = Some(at);
+        let edge = self.clone();
+        wasm_bindgen_futures::spawn_local(async move {
+            // An absolute time: a bare number would be an offset from now.
+            let date = js_sys::Date::new(&JsValue::from(at.as_millis() as f64));
+            if let Err(error) = edge.inner.storage.set_alarm(ScheduledTime::new(date)).await {
+                worker::console_error!("meridian: cannot set the alarm: {error}");
+                // Not set: the next turn tries again.
+                if let Some(shell) = edge.inner.shell.borrow_mut().as_mut()
+                    && shell.alarm == Some(at)
+                {
+                    shell.alarm = None;
+                }
+            }
         });
     }
 }

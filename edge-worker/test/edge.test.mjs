@@ -130,16 +130,33 @@ function inbox(client) {
   };
 }
 
-/** A raw WebSocket speaking the `mqtt` subprotocol; `closed` resolves with the close code. */
+/**
+ * A raw WebSocket speaking the `mqtt` subprotocol. `closed` resolves with the close code;
+ * `next()` waits for the next binary message (one MQTT packet from this broker).
+ */
 async function rawConnection(edge) {
   const ws = new WebSocket(edge.ws, "mqtt");
   const closed = new Promise((resolve) => ws.once("close", (code) => resolve(code)));
-  const received = [];
-  ws.on("message", (data) => received.push(Buffer.from(data)));
+  const queue = [];
+  const waiting = [];
+  ws.on("message", (data) => {
+    const packet = Buffer.from(data);
+    const w = waiting.shift();
+    if (w) w(packet);
+    else queue.push(packet);
+  });
   await within(once(ws, "open"), "the raw WebSocket to open");
   assert.equal(ws.protocol, "mqtt");
-  return { ws, closed, received };
+  const next = (what) =>
+    queue.length
+      ? Promise.resolve(queue.shift())
+      : within(new Promise((resolve) => waiting.push(resolve)), what);
+  return { ws, closed, next };
 }
+
+const CONNACK_ACCEPTED = Buffer.from([0x20, 2, 0, 0]);
+const PINGREQ = Buffer.from([0xc0, 0]);
+const PINGRESP = Buffer.from([0xd0, 0]);
 
 /** An MQTT 3.1.1 CONNECT: clean session, this client id and keep-alive. */
 function connectPacket(clientId, keepAliveSecs) {
@@ -182,6 +199,15 @@ test("MQTT 5.0 and 3.1.1 clients exchange QoS 0, 1 and 2 messages", async () => 
       assert.equal(m.packet.qos, qos);
     }
   }
+  await edge.stop();
+});
+
+test("the broker announces the edge's limits: 64 KiB packets", async () => {
+  const edge = await startEdge();
+  const client = mqtt.connect(edge.ws, { clientId: "limits", protocolVersion: 5, reconnectPeriod: 0 });
+  clients.add(client);
+  const [connack] = await within(once(client, "connect"), "CONNACK");
+  assert.equal(connack.properties.maximumPacketSize, 64 * 1024);
   await edge.stop();
 });
 
@@ -285,12 +311,16 @@ test("a delayed will goes out on the alarm when no client is connected", async (
   }
 });
 
-test("a client that goes silent is closed after one and a half keep-alives", async () => {
+test("a client that goes silent is closed when its keep-alive runs out", async () => {
   const edge = await startEdge();
-  const { ws, closed, received } = await rawConnection(edge);
+  const { ws, closed, next } = await rawConnection(edge);
   ws.send(connectPacket("silent", 1));
-  await within(closed, "the silent client to be closed", 5000);
-  assert.deepEqual(received[0], Buffer.from([0x20, 2, 0, 0]), "CONNACK, accepted");
+  assert.deepEqual(await next("CONNACK"), CONNACK_ACCEPTED);
+  // Alive while it speaks: a ping is answered.
+  ws.send(PINGREQ);
+  assert.deepEqual(await next("PINGRESP"), PINGRESP);
+  // Then silence; the broker closes it (1.5 x 1 s after the ping).
+  await within(closed, "the silent client to be closed");
   await edge.stop();
 });
 
@@ -300,7 +330,10 @@ test("bad input closes only the connection that sent it", async () => {
   const box = inbox(sub);
   await sub.subscribeAsync("still/#", { qos: 1 });
 
+  // Connected first (keep-alive 60 s), so that only the garbage can end the connection.
   const garbage = await rawConnection(edge);
+  garbage.ws.send(connectPacket("garbage", 60));
+  assert.deepEqual(await garbage.next("CONNACK"), CONNACK_ACCEPTED);
   garbage.ws.send(Buffer.from([0xf0, 0xff, 0xff, 0xff, 0xff, 0x7f]));
   await within(garbage.closed, "the garbage sender to be closed");
 
@@ -343,11 +376,16 @@ test("with MQTT_USERS set, only the listed users get in, with their passwords", 
   await edge.stop();
 });
 
-test("an MQTT_USERS line that does not parse keeps the broker closed and is named", async () => {
-  const edge = await startEdge({ users: "alice:s3cret\nbob\n" });
-  const ws = new WebSocket(edge.ws, "mqtt");
-  const [, response] = await within(once(ws, "unexpected-response"), "the refusal");
-  assert.equal(response.statusCode, 503);
-  await edge.waitForLog("MQTT_USERS line 2: expected `user:password`");
-  await edge.stop();
-});
+for (const [users, logged] of [
+  ["alice:s3cret\nbob\n", "MQTT_USERS line 2: expected `user:password`"],
+  ["# nobody yet\n", "MQTT_USERS is set but lists no user"],
+]) {
+  test(`MQTT_USERS "${users.trim()}" keeps the broker closed and the log says why`, async () => {
+    const edge = await startEdge({ users });
+    const ws = new WebSocket(edge.ws, "mqtt");
+    const [, response] = await within(once(ws, "unexpected-response"), "the refusal");
+    assert.equal(response.statusCode, 503);
+    await edge.waitForLog(logged);
+    await edge.stop();
+  });
+}
