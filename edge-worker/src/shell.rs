@@ -20,7 +20,7 @@ use crate::store::RecordStore;
 use crate::users::Users;
 
 /// WebSocket close code for a text frame (MQTT travels in binary frames only).
-pub const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
+const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
 /// WebSocket close code when stored state could not be written: the client reconnects to a
 /// broker rebuilt from what was stored.
 const CLOSE_INTERNAL_ERROR: u16 = 1011;
@@ -93,11 +93,9 @@ impl Shell {
         while let Some(output) = self.broker.poll_output() {
             match output {
                 Output::Send { conn, data } => {
-                    if let Some(ws) = self.sockets.get(&conn)
-                        && ws.send_with_bytes(&data).is_err()
-                    {
-                        // The socket is closing; its close event tells the broker.
-                        continue;
+                    if let Some(ws) = self.sockets.get(&conn) {
+                        // A socket that is closing refuses; its close event tells the broker.
+                        let _ = ws.send_with_bytes(&data);
                     }
                 }
                 Output::Close { conn } => {
