@@ -112,6 +112,24 @@ async function connect(edge, clientId, protocolVersion, options = {}) {
   return client;
 }
 
+/**
+ * A client connecting with the CONNACK in hand (session present, properties), its messages
+ * collected from the start: a resumed session's queue arrives right after CONNACK.
+ */
+async function connectWithConnack(edge, clientId, protocolVersion, options = {}) {
+  const client = mqtt.connect(edge.ws, {
+    clientId,
+    protocolVersion,
+    reconnectPeriod: 0,
+    connectTimeout: DEADLINE_MS,
+    ...options,
+  });
+  clients.add(client);
+  const box = inbox(client);
+  const [connack] = await within(once(client, "connect"), `${clientId} to connect`);
+  return { client, box, connack };
+}
+
 /** Collects a client's messages; `next()` waits for the next one. */
 function inbox(client) {
   const queue = [];
@@ -204,9 +222,7 @@ test("MQTT 5.0 and 3.1.1 clients exchange QoS 0, 1 and 2 messages", async () => 
 
 test("the broker announces the edge's limits: 64 KiB packets", async () => {
   const edge = await startEdge();
-  const client = mqtt.connect(edge.ws, { clientId: "limits", protocolVersion: 5, reconnectPeriod: 0 });
-  clients.add(client);
-  const [connack] = await within(once(client, "connect"), "CONNACK");
+  const { connack } = await connectWithConnack(edge, "limits", 5);
   assert.equal(connack.properties.maximumPacketSize, 64 * 1024);
   await edge.stop();
 });
@@ -227,15 +243,7 @@ test("retained messages and a persistent session's queue outlive a restart", asy
 
     // A new runtime on the same storage: the Durable Object starts from what it stored.
     edge = await startEdge({ persist: dir });
-    const back = mqtt.connect(edge.ws, {
-      clientId: "away",
-      protocolVersion: 5,
-      reconnectPeriod: 0,
-      ...sessionOptions,
-    });
-    clients.add(back);
-    const box = inbox(back);
-    const [connack] = await within(once(back, "connect"), "the session to resume");
+    const { box, connack } = await connectWithConnack(edge, "away", 5, sessionOptions);
     assert.equal(connack.sessionPresent, true);
     const queued = await box.next("the queued message");
     assert.equal(queued.topic, "queued/1");
@@ -292,15 +300,7 @@ test("a delayed will goes out on the alarm when no client is connected", async (
     // the will and ends the session a second later.
     await edge.waitForLog("meridian: woken by the alarm");
     await edge.waitForLog('SessionEnded { client_id: "dying" }');
-    const back = mqtt.connect(edge.ws, {
-      clientId: "watcher",
-      protocolVersion: 5,
-      reconnectPeriod: 0,
-      ...sessionOptions,
-    });
-    clients.add(back);
-    const box = inbox(back);
-    const [connack] = await within(once(back, "connect"), "the watcher to come back");
+    const { box, connack } = await connectWithConnack(edge, "watcher", 5, sessionOptions);
     assert.equal(connack.sessionPresent, true);
     const m = await box.next("the delayed will, queued for the watcher");
     assert.equal(m.topic, "wills/late");
