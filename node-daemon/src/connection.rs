@@ -1,4 +1,4 @@
-//! One client connection's task, whatever its transport.
+//! One TLS or WebSocket connection's task (plain TCP connections have none: [`crate::tcp`]).
 //!
 //! The task registers the connection with the broker task, then hands what it reads to the
 //! broker task (waiting, without reading more, while the broker's queue is full) and writes
@@ -38,9 +38,6 @@ type Registering = Pin<Box<dyn Future<Output = Option<ConnId>> + Send>>;
 type Room = Pin<Box<dyn Future<Output = Result<OwnedPermit<ToEngine>, SendError<()>>> + Send>>;
 
 /// A connection's task: serves `wire` until the broker or the client ends the connection.
-///
-/// A plain TCP connection's task is spawned as it is, without a span: its task then takes 256
-/// bytes (see the test `a_plain_tcp_connection_task_stays_within_its_budget`).
 pub struct ConnectionTask<W> {
     wire: W,
     outbox: Arc<Outbox>,
@@ -85,7 +82,7 @@ impl<W: Wire> ConnectionTask<W> {
         engine: &EngineHandle,
         permit: OwnedSemaphorePermit,
     ) -> Self {
-        let outbox = wire.outbox();
+        let outbox = Outbox::new();
         Self {
             wire,
             phase: Phase::Registering(Box::pin(engine.accept(info, outbox.clone()))),
@@ -120,9 +117,6 @@ impl<W: Wire> ConnectionTask<W> {
                     Poll::Ready(Ok(0)) => self.unflushed = false,
                     Poll::Ready(Ok(n)) => {
                         self.outbox.written(n);
-                        if self.out.is_empty() {
-                            self.outbox.written_all();
-                        }
                         self.unflushed = true;
                         busy = true;
                     }
@@ -255,7 +249,7 @@ mod tests {
     use tokio::sync::{Semaphore, mpsc, oneshot};
 
     use super::*;
-    use crate::wire::TcpWire;
+    use crate::wire::StreamWire;
 
     const DEADLINE: Duration = Duration::from_secs(10);
     const CONN: ConnId = ConnId(7);
@@ -268,7 +262,7 @@ mod tests {
         broker: mpsc::Receiver<ToEngine>,
     }
 
-    async fn harness(capacity: usize) -> (Harness, ConnectionTask<TcpWire>) {
+    async fn harness(capacity: usize) -> (Harness, ConnectionTask<StreamWire<TcpStream>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -281,7 +275,12 @@ mod tests {
             mesh: None,
         };
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let task = ConnectionTask::new(TcpWire::new(socket), ConnInfo::default(), &engine, permit);
+        let task = ConnectionTask::new(
+            StreamWire::new(socket),
+            ConnInfo::default(),
+            &engine,
+            permit,
+        );
         let h = Harness {
             client,
             to_broker,
@@ -293,7 +292,7 @@ mod tests {
     /// Run the task and answer its registration; the connection's outbox.
     async fn spawn_registered(
         h: &mut Harness,
-        task: ConnectionTask<TcpWire>,
+        task: ConnectionTask<StreamWire<TcpStream>>,
     ) -> (Arc<Outbox>, tokio::task::JoinHandle<()>) {
         let task = tokio::spawn(task);
         let outbox = match next(&mut h.broker).await {
@@ -328,7 +327,7 @@ mod tests {
     }
 
     /// Poll the task once.
-    async fn poll_once(task: &mut ConnectionTask<TcpWire>) -> Poll<()> {
+    async fn poll_once(task: &mut ConnectionTask<StreamWire<TcpStream>>) -> Poll<()> {
         std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *task).poll(cx))).await
     }
 
@@ -380,66 +379,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_broker_task_writes_to_an_idle_socket_itself() {
-        let (mut h, task) = harness(8).await;
-        let (outbox, task) = spawn_registered(&mut h, task).await;
-        outbox.write_or_push(Bytes::from_static(b"at once"));
-        // The test's runtime has one thread, and the task has not run since: nothing queued
-        // means the bytes went straight to the socket.
-        assert_eq!(outbox.queued(), 0);
-        let mut got = [0; 7];
-        tokio::time::timeout(DEADLINE, h.client.read_exact(&mut got))
-            .await
-            .expect("the bytes arrive")
-            .unwrap();
-        assert_eq!(&got, b"at once");
-        drop(outbox);
-        drop(h.client);
-        expect_closed(&mut h.broker, task).await;
-    }
-
-    #[tokio::test]
-    async fn bytes_written_directly_never_overtake_queued_ones() {
-        let (mut h, task) = harness(8).await;
-        let (outbox, task) = spawn_registered(&mut h, task).await;
-        // Queued and not yet taken by the task.
-        outbox.push(Bytes::from_static(b"first "));
-        outbox.write_or_push(Bytes::from_static(b"second "));
-        assert_eq!(outbox.queued(), 13, "queued behind the first");
-        // Taken by the task and not all written: the client reads nothing yet, so a large
-        // push fills the socket's buffers and the task holds the rest.
-        let big: Vec<u8> = (0..8_000_000u32).map(|i| (i % 251) as u8).collect();
-        outbox.push(Bytes::from(big.clone()));
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        while outbox.queued() == 13 + big.len() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the task never wrote"
-            );
-            tokio::task::yield_now().await;
-        }
-        outbox.write_or_push(Bytes::from_static(b"last"));
-        assert!(outbox.queued() >= 4, "queued behind what the task holds");
-        outbox.close();
-        drop(outbox);
-        let mut got = Vec::new();
-        tokio::time::timeout(DEADLINE, h.client.read_to_end(&mut got))
-            .await
-            .expect("the connection ends")
-            .unwrap();
-        let expected = [&b"first second "[..], &big, b"last"].concat();
-        assert!(got == expected, "{} bytes in order", expected.len());
-        expect_closed(&mut h.broker, task).await;
-    }
-
-    #[tokio::test]
     async fn a_kill_ends_the_connection_without_writing() {
         let (mut h, task) = harness(8).await;
         let (outbox, task) = spawn_registered(&mut h, task).await;
         outbox.push(Bytes::from_static(b"dropped"));
         outbox.kill();
-        // The broker task lets go of the outbox it kills, and the socket in it closes with the
-        // task.
+        // The broker task lets go of the outbox it kills; the socket closes with the task.
         drop(outbox);
         let mut got = Vec::new();
         let _ = tokio::time::timeout(DEADLINE, h.client.read_to_end(&mut got))
@@ -473,19 +418,5 @@ mod tests {
             next(&mut h.broker).await,
             ToEngine::Closed { conn: CONN }
         ));
-    }
-
-    /// Bytes a plain TCP connection's task may take. tokio adds about 104 bytes of its own to
-    /// a task's future and rounds a task up to a multiple of 128 bytes on x86-64: within this
-    /// budget, the task of a connection takes 256 bytes.
-    const TCP_TASK_BUDGET: usize = 152;
-
-    #[test]
-    fn a_plain_tcp_connection_task_stays_within_its_budget() {
-        let size = std::mem::size_of::<ConnectionTask<TcpWire>>();
-        assert!(
-            size <= TCP_TASK_BUDGET,
-            "a TCP connection's task takes {size} bytes"
-        );
     }
 }

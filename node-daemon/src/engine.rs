@@ -1,19 +1,19 @@
 //! The broker task: the one place that owns the [`Broker`] and the [`Store`].
 //!
-//! Connection tasks send it [`ToEngine`] messages over a bounded channel (a full channel makes
-//! readers wait: back-pressure). It runs the core's drive loop: take one message and up to
-//! [`MAX_BATCH`] more that are ready, feed each, drain every output, commit all `Persist`
-//! records of the batch in one transaction, and only then hand bytes to the connections'
-//! [`Outbox`]es. Then it waits for the next message or the broker's deadline.
+//! It serves plain TCP connections itself ([`TcpConns`]): it reads their sockets when they are
+//! readable and feeds the bytes to the core. Everything else reaches it as [`ToEngine`]
+//! messages over a bounded channel (a full channel makes senders wait: back-pressure): the
+//! bytes of TLS and WebSocket connections, which have a task each, frames from peer nodes,
+//! requests from admin HTTP. It runs the core's drive loop: in each turn, take up to
+//! [`MAX_BATCH`] messages and [`READS_PER_TURN`] reads, feed each, drain every output,
+//! commit all `Persist` records of the turn in one transaction, and only then hand out the
+//! bytes: to TCP sockets, written at the end of the turn, and to the other connections'
+//! [`Outbox`]es. Then it waits for a socket, a message or the broker's deadline.
 //!
-//! It is a task on the same runtime as the connections, not a thread of its own: a message
-//! read by a connection's task wakes the broker task on that same worker thread. At a low rate
-//! (a turn of one input that writes to at most [`DIRECT_WRITES_MAX`] connections) the broker
-//! task writes to plain TCP sockets itself when nothing is waiting to be written to them
-//! ([`Outbox::write_or_push`]), so one message wakes no other task; otherwise the bytes it
-//! queues wake the receiving connections' tasks, which the runtime spreads over the workers.
-//! Commits that wait for the disk, and route snapshots and large route deltas from peers,
-//! leave the worker to the other tasks while they run ([`off_worker`]).
+//! A message between plain TCP clients is read, routed and written within one turn of one
+//! task, without a hand-off. Commits that wait for the disk, and route snapshots and large
+//! route deltas from peers, leave the worker to the other tasks while they run
+//! ([`off_worker`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -29,13 +29,15 @@ use meridian_core::link::{self, Frame};
 use meridian_core::routes::NodeId;
 use meridian_core::topic::TopicError;
 use meridian_core::{Broker, ConnId, ConnInfo, Event, Input, Output, Timestamp};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use crate::mesh::MeshCmd;
 use crate::mesh::session::{PeerWriter, SendError};
 use crate::outbox::Outbox;
 use crate::storage::{StorageError, Store};
+use crate::tcp::{Poller, Read, TcpConns};
 
 /// Inputs taken per turn of the loop before outputs are committed and sent.
 pub const MAX_BATCH: usize = 256;
@@ -44,10 +46,8 @@ pub const MAX_BATCH: usize = 256;
 /// microseconds.
 const LARGE_ROUTE_DELTA: usize = 256;
 
-/// The most connections a turn of the broker task writes to itself. A turn that writes to more
-/// leaves the writing to the connections' tasks, which run in parallel on the other workers
-/// while the broker task goes on with the next input.
-pub const DIRECT_WRITES_MAX: usize = 2;
+/// Reads from plain TCP sockets per turn of the loop, each at most [`tcp::READ_BYTES`].
+pub const READS_PER_TURN: usize = 256;
 
 /// Capacity of the channel into the broker task (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
@@ -98,6 +98,13 @@ impl std::fmt::Debug for Hooks {
 /// A message for the broker task.
 #[derive(Debug)]
 pub enum ToEngine {
+    /// A plain TCP connection, for the broker task to serve itself.
+    AcceptTcp {
+        info: ConnInfo,
+        socket: std::net::TcpStream,
+        permit: OwnedSemaphorePermit,
+    },
+    /// A connection served by a task of its own, which writes what the outbox gets.
     Accept {
         info: ConnInfo,
         outbox: Arc<Outbox>,
@@ -269,6 +276,9 @@ pub struct Engine {
     broker: DaemonBroker,
     store: Store,
     clock: Clock,
+    /// Plain TCP connections.
+    tcp: TcpConns,
+    /// Connections served by tasks.
     outboxes: HashMap<ConnId, Arc<Outbox>>,
     write_limits: WriteLimits,
     /// Connections the broker was told are congested ([`WriteLimits::qos0_max_bytes`]).
@@ -307,23 +317,26 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("broker", &self.broker)
-            .field("connections", &self.outboxes.len())
+            .field("connections", &(self.tcp.count() + self.outboxes.len()))
             .finish_non_exhaustive()
     }
 }
 
 impl Engine {
-    /// Build the engine and restore every stored record into the broker.
+    /// Build the engine and restore every stored record into the broker. It serves plain TCP
+    /// connections with `tcp`, from the epoll set [`Engine::run`] is given.
     pub fn new(
         broker: DaemonBroker,
         store: Store,
         write_limits: WriteLimits,
         counters: Arc<DaemonCounters>,
+        tcp: TcpConns,
     ) -> Result<Self, StorageError> {
         let mut engine = Self {
             broker,
             store,
             clock: Clock::default(),
+            tcp,
             outboxes: HashMap::new(),
             write_limits,
             congested: HashSet::new(),
@@ -355,7 +368,7 @@ impl Engine {
             "restored state"
         );
         engine.drain();
-        engine.flush(false)?;
+        engine.flush()?;
         Ok(engine)
     }
 
@@ -365,35 +378,61 @@ impl Engine {
         self
     }
 
-    /// The drive loop. Returns when told to shut down or when every handle is gone.
-    pub async fn run(mut self, mut rx: mpsc::Receiver<ToEngine>) -> Result<(), StorageError> {
+    /// The drive loop, with `poller` watching the epoll set of the engine's [`TcpConns`].
+    /// Returns when told to shut down or when every handle is gone.
+    pub async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<ToEngine>,
+        mut poller: Poller,
+    ) -> Result<(), StorageError> {
         loop {
             let wake = self.next_wake();
+            // Sockets left to read from the last turn: no waiting.
+            let busy = self.tcp.has_readable();
             let first = tokio::select! {
+                biased;
+                events = poller.wait() => {
+                    match events {
+                        Ok(events) => self.tcp.on_events(events),
+                        Err(e) => {
+                            error!(error = %e, "cannot wait on the TCP connections: stopping");
+                            self.stopping = true;
+                        }
+                    }
+                    None
+                }
                 msg = rx.recv() => match msg {
                     Some(m) => Some(m),
                     None => { self.stopping = true; None }
                 },
-                () = sleep_until(wake) => None,
+                () = sleep_until(wake), if !busy => None,
+                () = std::future::ready(()), if busy => None,
             };
-            let mut inputs = 0;
             if !self.congested.is_empty() {
                 self.release_drained();
             }
             if !self.congested_links.is_empty() {
                 self.release_drained_links();
             }
+            let mut inputs = 0;
             if let Some(msg) = first {
                 self.handle(msg);
                 inputs = 1;
-                while inputs < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(msg) => self.handle(msg),
-                        Err(_) => break,
-                    }
-                    inputs += 1;
-                }
             }
+            // Whatever woke the turn, messages waiting get their share of it.
+            while inputs < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(msg) => self.handle(msg),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.stopping = true;
+                        break;
+                    }
+                }
+                inputs += 1;
+            }
+            self.read_sockets();
+            self.tcp.expire(std::time::Instant::now());
             let now = self.clock.now();
             if self.broker.poll_timeout().is_some_and(|at| at <= now) {
                 self.broker.handle_input(now, Input::Timeout);
@@ -403,13 +442,12 @@ impl Engine {
                 let now = self.clock.now();
                 self.broker.shutdown(now);
                 self.drain();
-                self.flush(false)?;
+                self.flush()?;
                 off_worker(|| self.store.sync())?;
                 info!("broker stopped; storage flushed");
                 return Ok(());
             }
-            // Alone, and with nothing else waiting: a low rate.
-            self.flush(inputs == 1 && rx.is_empty())?;
+            self.flush()?;
             if self
                 .store
                 .sync_due()
@@ -417,10 +455,46 @@ impl Engine {
             {
                 off_worker(|| self.store.sync())?;
             }
-            if !rx.is_empty() {
-                // More is waiting: let the tasks this turn woke on this worker write first.
+            if !rx.is_empty() || self.tcp.has_readable() {
+                // More is waiting: let the tasks this turn woke on this worker run first.
                 tokio::task::yield_now().await;
             }
+        }
+    }
+
+    /// Read from the readable plain TCP sockets, up to [`READS_PER_TURN`] reads, and feed what
+    /// they give to the broker. A client gone is noted to be closed at the end of the turn.
+    fn read_sockets(&mut self) {
+        if !self.tcp.has_readable() {
+            return;
+        }
+        let now = self.clock.now();
+        for _ in 0..READS_PER_TURN {
+            let Some((conn, read)) = self.tcp.read_next() else {
+                break;
+            };
+            match read {
+                Read::Data(n) => {
+                    let data = self.tcp.read_buf(n);
+                    self.broker.handle_input(now, Input::Bytes { conn, data });
+                    self.drain();
+                }
+                Read::Gone => self.slow.push(conn),
+            }
+        }
+    }
+
+    /// Close `conn` at once, dropping what is queued for it; whether it was open.
+    fn kill(&mut self, conn: ConnId) -> bool {
+        if self.tcp.remove(conn) {
+            return true;
+        }
+        match self.outboxes.remove(&conn) {
+            Some(outbox) => {
+                outbox.kill();
+                true
+            }
+            None => false,
         }
     }
 
@@ -429,19 +503,20 @@ impl Engine {
     fn release_drained(&mut self) {
         let now = self.clock.now();
         let low = self.write_limits.qos0_max_bytes / 2;
-        let (broker, outboxes) = (&mut self.broker, &self.outboxes);
-        self.congested.retain(|&conn| match outboxes.get(&conn) {
-            Some(outbox) if outbox.queued() > low => true,
-            Some(_) => {
-                debug!(
-                    conn = conn.0,
-                    "write backlog drained: QoS 0 messages resume"
-                );
-                broker.handle_input(now, Input::Drained { conn });
-                false
-            }
-            None => false,
-        });
+        let (broker, tcp, outboxes) = (&mut self.broker, &self.tcp, &self.outboxes);
+        self.congested
+            .retain(|&conn| match queued(tcp, outboxes, conn) {
+                Some(queued) if queued > low => true,
+                Some(_) => {
+                    debug!(
+                        conn = conn.0,
+                        "write backlog drained: QoS 0 messages resume"
+                    );
+                    broker.handle_input(now, Input::Drained { conn });
+                    false
+                }
+                None => false,
+            });
     }
 
     /// Tell the broker which congested links have written enough of their queue to take QoS 0
@@ -471,15 +546,31 @@ impl Engine {
             .poll_timeout()
             .map(|at| tokio::time::Instant::now() + Duration::from_millis(at.millis_since(now)));
         let sync = self.store.sync_due().map(tokio::time::Instant::from_std);
-        match (broker, sync) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let close = self.tcp.next_deadline().map(tokio::time::Instant::from_std);
+        [broker, sync, close].into_iter().flatten().min()
     }
 
     fn handle(&mut self, msg: ToEngine) {
         let now = self.clock.now();
         match msg {
+            ToEngine::AcceptTcp {
+                info,
+                socket,
+                permit,
+            } => {
+                let peer = tracing::enabled!(tracing::Level::DEBUG)
+                    .then(|| info.remote_addr.clone())
+                    .flatten();
+                let conn = self.broker.accept(now, info);
+                match self.tcp.add(conn, socket, permit) {
+                    Ok(()) => debug!(conn = conn.0, peer, "connection accepted"),
+                    Err(e) => {
+                        warn!(conn = conn.0, peer, error = %e, "cannot watch a TCP connection");
+                        self.broker.handle_input(now, Input::Closed { conn });
+                    }
+                }
+                self.drain();
+            }
             ToEngine::Accept {
                 info,
                 outbox,
@@ -678,10 +769,10 @@ impl Engine {
         let pending = self.batch_bytes.entry(conn).or_default();
         *pending += len;
         let pending = *pending;
-        let Some(outbox) = self.outboxes.get(&conn) else {
+        let Some(queued) = queued(&self.tcp, &self.outboxes, conn) else {
             return;
         };
-        let backlog = outbox.queued() + pending;
+        let backlog = queued + pending;
         if backlog > self.write_limits.qos0_max_bytes && self.congested.insert(conn) {
             debug!(
                 conn = conn.0,
@@ -718,23 +809,19 @@ impl Engine {
             .handle_input(now, Input::PeerCongested { peer: peer.clone() });
     }
 
-    /// Commit the batch's records, then write and close. With `lone`, the batch was a single
-    /// input with no other waiting, and if it writes to few connections the broker task
-    /// writes to them itself.
-    fn flush(&mut self, mut lone: bool) -> Result<(), StorageError> {
+    /// Commit the batch's records, then hand out bytes and closes, and write to the TCP
+    /// sockets.
+    fn flush(&mut self) -> Result<(), StorageError> {
         loop {
             if self.outputs.is_empty() && self.slow.is_empty() && self.cut.is_empty() {
-                self.end_batch();
-                return Ok(());
+                // What the turn queued, and what waited for room in a socket that has some now.
+                self.tcp.write(&mut self.slow);
+                if self.slow.is_empty() {
+                    self.end_batch();
+                    return Ok(());
+                }
             }
             let mut outputs = std::mem::take(&mut self.outputs);
-            // Only the batch's own outputs: what closing connections add later goes to tasks.
-            let direct = std::mem::take(&mut lone)
-                && outputs
-                    .iter()
-                    .filter(|o| matches!(o, Output::Send { .. }))
-                    .count()
-                    <= DIRECT_WRITES_MAX;
             self.records.clear();
             for out in &outputs {
                 if let Output::Persist { key, value } = out {
@@ -756,10 +843,12 @@ impl Engine {
             }
             for out in outputs.drain(..) {
                 match out {
-                    Output::Send { conn, data } => self.send(conn, data, direct),
+                    Output::Send { conn, data } => self.send(conn, data),
                     Output::Close { conn } => {
                         if let Some(outbox) = self.outboxes.remove(&conn) {
                             outbox.close();
+                        } else {
+                            self.tcp.close(conn, std::time::Instant::now());
                         }
                     }
                     Output::Persist { .. } => {}
@@ -786,8 +875,7 @@ impl Engine {
             // Connections that went away (or were cut off as slow consumers) during the batch.
             let now = self.clock.now();
             for conn in std::mem::take(&mut self.slow) {
-                if let Some(outbox) = self.outboxes.remove(&conn) {
-                    outbox.kill();
+                if self.kill(conn) {
                     self.broker.handle_input(now, Input::Closed { conn });
                     self.drain();
                 }
@@ -810,17 +898,17 @@ impl Engine {
         }
     }
 
-    /// Hand bytes to a connection: written at once when `direct` allows and nothing is queued
-    /// before them, else queued for its task.
-    fn send(&mut self, conn: ConnId, data: Bytes, direct: bool) {
+    /// Hand bytes to a connection: queued for its socket, written at the end of the turn, or
+    /// for its task.
+    fn send(&mut self, conn: ConnId, data: Bytes) {
         // Already cut off in this batch: drop the rest, and count the connection once.
         if self.slow.contains(&conn) {
             return;
         }
-        let Some(outbox) = self.outboxes.get(&conn) else {
+        let Some(queued) = queued(&self.tcp, &self.outboxes, conn) else {
             return;
         };
-        let queued = outbox.queued() + data.len();
+        let queued = queued + data.len();
         if queued > self.write_limits.max_bytes {
             warn!(
                 conn = conn.0,
@@ -830,10 +918,10 @@ impl Engine {
                 .slow_consumer_disconnects
                 .fetch_add(1, Ordering::Relaxed);
             self.slow.push(conn);
-        } else if direct {
-            outbox.write_or_push(data);
-        } else {
+        } else if let Some(outbox) = self.outboxes.get(&conn) {
             outbox.push(data);
+        } else {
+            self.tcp.push(conn, data);
         }
     }
 }
@@ -846,6 +934,12 @@ impl Drop for Engine {
             outbox.kill();
         }
     }
+}
+
+/// Bytes handed to `conn` and not yet written to its socket; `None` if it is not open.
+fn queued(tcp: &TcpConns, outboxes: &HashMap<ConnId, Arc<Outbox>>, conn: ConnId) -> Option<usize> {
+    tcp.queued(conn)
+        .or_else(|| outboxes.get(&conn).map(|o| o.queued()))
 }
 
 /// Run `f`, which waits for the disk or computes for long, without holding up the other tasks
@@ -932,6 +1026,10 @@ mod tests {
         .unwrap()
     }
 
+    fn tcp_conns() -> TcpConns {
+        crate::tcp::new().unwrap().1
+    }
+
     fn allow_all() -> DaemonBroker {
         let config = meridian_core::Config::default();
         Broker::with_auth(config, Timestamp(0), Box::new(AllowAll), Box::new(AllowAll))
@@ -941,7 +1039,8 @@ mod tests {
     fn connections_still_open_are_closed_when_the_broker_task_ends() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
-        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
+        let mut engine =
+            Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
         let outbox = Outbox::new();
         let (reply, _conn) = oneshot::channel();
         engine.handle(ToEngine::Accept {
@@ -966,7 +1065,8 @@ mod tests {
             let store = store(dir.path());
             let mut broker = allow_all();
             broker.enable_cluster(ClusterConfig::new(NodeId::new("here").unwrap(), 1, "r1"));
-            let mut engine = Engine::new(broker, store, TEST_LIMITS, Arc::default()).unwrap();
+            let mut engine =
+                Engine::new(broker, store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
             let there = NodeId::new("there").unwrap();
             let filters: Vec<String> = (0..LARGE_ROUTE_DELTA + 10)
                 .map(|i| format!("t/{i}/#"))
@@ -1012,7 +1112,8 @@ mod tests {
     async fn a_link_session_that_cannot_keep_up_is_cut() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
-        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
+        let mut engine =
+            Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
         let (writer, mut frames, _) = PeerWriter::channel(crate::mesh::session::LinkLimits {
             queue_frames: 2,
@@ -1032,7 +1133,7 @@ mod tests {
             std::slice::from_ref(&peer),
             "cut once, however many frames overflow"
         );
-        engine.flush(false).unwrap();
+        engine.flush().unwrap();
         assert!(!engine.links.contains_key(&peer), "the session is gone");
         tokio::time::timeout(Duration::from_secs(5), kill.notified())
             .await
@@ -1049,7 +1150,8 @@ mod tests {
     async fn a_link_is_congested_past_its_mark_and_drained_below_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
-        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
+        let mut engine =
+            Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
         let peer = NodeId::new("thin").unwrap();
         let (writer, mut frames, written) = PeerWriter::channel(crate::mesh::session::LinkLimits {
             queue_frames: 8,
@@ -1131,7 +1233,7 @@ mod tests {
             conn,
             data: wire(Packet::Connect(connect)),
         });
-        engine.flush(false).unwrap();
+        engine.flush().unwrap();
         let mut taken = std::collections::VecDeque::new();
         outbox.take(&mut taken);
         outbox.written(taken.iter().map(Bytes::len).sum());
@@ -1145,7 +1247,8 @@ mod tests {
         use meridian_core::codec::{Packet, Publish, QoS, Subscribe, SubscribeFilter};
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
-        let mut engine = Engine::new(allow_all(), store, TEST_LIMITS, Arc::default()).unwrap();
+        let mut engine =
+            Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
         let (sub, sub_box) = client(&mut engine, "sub");
         engine.handle(ToEngine::Bytes {
             conn: sub,
@@ -1158,7 +1261,7 @@ mod tests {
                 properties: Default::default(),
             })),
         });
-        engine.flush(false).unwrap();
+        engine.flush().unwrap();
         let acked = sub_box.queued();
         let (publisher, _) = client(&mut engine, "pub");
         const COUNT: usize = 40;
@@ -1178,7 +1281,7 @@ mod tests {
                 data: wire(Packet::Publish(publish)),
             });
         }
-        engine.flush(false).unwrap();
+        engine.flush().unwrap();
         let stats = engine.broker.stats();
         let delivered = usize::try_from(stats.messages_sent[0]).unwrap();
         let dropped = usize::try_from(stats.dropped_qos0_congested).unwrap();

@@ -8,11 +8,12 @@
 //! # Architecture
 //!
 //! One task, the broker task, owns the `Broker` and the store and runs the core's drive loop
-//! ([`engine`]). Connection tasks on the same tokio runtime read sockets and send the bytes to
-//! it over a bounded channel; it commits what must be persisted, then queues outgoing bytes in
-//! each connection's [`outbox::Outbox`], bounded in bytes, which the connection's task writes.
-//! Because all of them are tasks of one runtime, a message at a low rate is read, routed and
-//! written on one worker thread without waking another.
+//! ([`engine`]). It serves plain TCP connections itself, from an epoll set of its own
+//! ([`tcp`]): it reads the sockets, commits what must be persisted, and writes each turn's
+//! bytes to each socket in one vectored write. TLS and WebSocket connections have a task each
+//! on the same tokio runtime, which reads and sends the bytes to the broker task over a
+//! bounded channel and writes what the broker task queues in its [`outbox::Outbox`]. Every
+//! queue of outgoing bytes is bounded.
 
 pub mod admin;
 pub mod auth;
@@ -29,6 +30,7 @@ pub mod passwd;
 pub mod server;
 pub mod sim;
 pub mod storage;
+pub mod tcp;
 pub mod timeline_svg;
 pub mod tls;
 pub mod topology;

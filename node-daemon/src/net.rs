@@ -1,5 +1,5 @@
-//! Listeners: accepting sockets, the TLS and WebSocket handshakes, and starting each
-//! connection's task ([`ConnectionTask`]).
+//! Listeners: accepting sockets, handing plain TCP ones to the broker task, and the TLS and
+//! WebSocket handshakes before each such connection's task ([`ConnectionTask`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,8 +14,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::connection::ConnectionTask;
-use crate::engine::EngineHandle;
-use crate::wire::{StreamWire, TcpWire, WsWire};
+use crate::engine::{EngineHandle, ToEngine};
+use crate::wire::{StreamWire, WsWire};
 
 /// How a listener speaks MQTT.
 #[derive(Debug, Clone)]
@@ -108,18 +108,26 @@ pub async fn accept_loop(
             tls_identity: None,
             max_packet_size: spec.max_packet_size,
         };
-        let engine = engine.clone();
-        // Plain MQTT over TCP starts serving at once, with nothing of the handshakes in its
-        // task, and no span: a task keeps its whole state for as long as the connection
-        // lives, and nothing in it logs. The broker task's logs name the connection.
+        // Plain MQTT over TCP: the broker task serves the socket itself.
         if spec.tls.is_none() && matches!(spec.transport, Transport::Tcp) {
-            tokio::spawn(ConnectionTask::new(
-                TcpWire::new(socket),
+            let socket = match socket.into_std() {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(listener = spec.name, %peer, error = %e, "cannot take the socket over");
+                    continue;
+                }
+            };
+            let accept = ToEngine::AcceptTcp {
                 info,
-                &engine,
+                socket,
                 permit,
-            ));
+            };
+            // A full queue holds back accepting too.
+            if engine.tx.send(accept).await.is_err() {
+                return; // The broker task has stopped.
+            }
         } else {
+            let engine = engine.clone();
             let span = info_span!("conn", listener = spec.name, %peer);
             let spec = spec.clone();
             tokio::spawn(

@@ -1,14 +1,10 @@
-//! What the broker task hands one connection to write.
+//! What the broker task hands one TLS or WebSocket connection, or an in-process client, to
+//! write.
 //!
 //! The broker task pushes chunks of bytes and may ask for the connection to be closed; the
 //! connection's task takes everything queued at once and writes it. The queue is bounded in
 //! bytes by the broker task (`max_write_buffer_bytes`), which reads [`Outbox::queued`] before
 //! it pushes. An idle outbox holds no buffer of its own.
-//!
-//! A plain TCP connection's outbox also holds its socket, so that the broker task can write to
-//! it itself ([`Outbox::write_or_push`]) when nothing is waiting to be written before: at a low
-//! message rate that spares a wake-up of the connection's task, often on another worker
-//! thread, per message.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,7 +13,6 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
-use tokio::net::TcpStream;
 
 /// How the broker task ends a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +27,6 @@ pub enum End {
 struct State {
     chunks: VecDeque<Bytes>,
     end: Option<End>,
-    /// The connection's task took bytes it has not all written yet.
-    taken: bool,
 }
 
 /// One connection's outgoing queue, shared by the broker task and the connection's task.
@@ -46,26 +39,11 @@ pub struct Outbox {
     waker: AtomicWaker,
     /// Bytes pushed and not yet written to the socket.
     queued: AtomicUsize,
-    /// A plain TCP connection's socket, shared with its task.
-    socket: Option<TcpStream>,
 }
 
 impl Outbox {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
-    }
-
-    /// The outbox of a plain TCP connection, holding its socket.
-    pub fn with_socket(socket: TcpStream) -> Arc<Self> {
-        Arc::new(Self {
-            socket: Some(socket),
-            ..Self::default()
-        })
-    }
-
-    /// The socket, for a plain TCP connection.
-    pub fn socket(&self) -> Option<&TcpStream> {
-        self.socket.as_ref()
     }
 
     /// Bytes pushed and not yet written.
@@ -90,39 +68,6 @@ impl Outbox {
         self.notify();
     }
 
-    /// Write `data` to the socket now if nothing is waiting to be written before it and the
-    /// socket takes it without waiting; queue what it does not take, as [`Outbox::push`] does.
-    /// The write happens under the lock the connection's task takes to take what is queued, so
-    /// bytes never overtake each other.
-    pub fn write_or_push(&self, mut data: Bytes) {
-        if data.is_empty() {
-            return;
-        }
-        {
-            let mut state = self.lock();
-            if state.end.is_some() {
-                return;
-            }
-            if state.chunks.is_empty()
-                && !state.taken
-                && let Some(socket) = &self.socket
-            {
-                match socket.try_write(&data) {
-                    Ok(n) if n == data.len() => return,
-                    Ok(n) => {
-                        let _ = data.split_to(n);
-                    }
-                    // Would block: the task writes once the socket is writable. Failed: the
-                    // task's own write fails the same way and ends the connection.
-                    Err(_) => {}
-                }
-            }
-            self.queued.fetch_add(data.len(), Ordering::AcqRel);
-            state.chunks.push_back(data);
-        }
-        self.notify();
-    }
-
     /// Close once everything queued is written.
     pub fn close(&self) {
         self.lock().end.get_or_insert(End::Close);
@@ -140,7 +85,6 @@ impl Outbox {
     }
 
     /// Move everything queued to the back of `into`; how the connection is to end, if it is.
-    /// Until [`Outbox::written_all`], the broker task writes nothing itself.
     pub fn take(&self, into: &mut VecDeque<Bytes>) -> Option<End> {
         let mut state = self.lock();
         if into.is_empty() {
@@ -148,18 +92,12 @@ impl Outbox {
         } else {
             into.append(&mut state.chunks);
         }
-        state.taken |= !into.is_empty();
         state.end
     }
 
     /// Account for bytes written to the socket.
     pub fn written(&self, n: usize) {
         self.queued.fetch_sub(n, Ordering::AcqRel);
-    }
-
-    /// The connection's task wrote everything it took.
-    pub fn written_all(&self) {
-        self.lock().taken = false;
     }
 
     /// Wait until something was pushed or an end was asked for since the last wait (a push
@@ -246,51 +184,6 @@ mod tests {
     fn an_outbox_stays_within_its_budget() {
         let size = size_of::<Outbox>();
         assert!(size <= OUTBOX_BUDGET, "an outbox takes {size} bytes");
-    }
-
-    #[test]
-    fn without_a_socket_write_or_push_queues() {
-        let o = Outbox::new();
-        o.write_or_push(Bytes::from_static(b"ab"));
-        assert_eq!(o.queued(), 2);
-        let mut out = VecDeque::new();
-        assert_eq!(o.take(&mut out), None);
-        assert_eq!(out, [Bytes::from_static(b"ab")]);
-        o.close();
-        o.write_or_push(Bytes::from_static(b"ignored after close"));
-        assert_eq!(o.queued(), 2);
-    }
-
-    #[tokio::test]
-    async fn nothing_is_written_directly_while_the_task_holds_bytes() {
-        use tokio::io::AsyncReadExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (socket, _) = listener.accept().await.unwrap();
-        socket.writable().await.unwrap();
-        let o = Outbox::with_socket(socket);
-        // The task takes "a" and has not written it yet: "b" must wait behind it.
-        o.push(Bytes::from_static(b"a"));
-        let mut out = VecDeque::new();
-        o.take(&mut out);
-        o.write_or_push(Bytes::from_static(b"b"));
-        assert_eq!(o.queued(), 2, "queued behind what the task took");
-        // The task wrote what it took, and then what was queued: the socket is free again.
-        o.written(1);
-        o.written_all();
-        o.take(&mut out);
-        o.written(1);
-        o.written_all();
-        o.write_or_push(Bytes::from_static(b"c"));
-        assert_eq!(o.queued(), 0, "written at once");
-        let mut got = [0; 1];
-        client.read_exact(&mut got).await.unwrap();
-        assert_eq!(
-            &got, b"c",
-            "only what the broker task wrote reached the socket"
-        );
     }
 
     #[tokio::test]

@@ -219,6 +219,8 @@ impl Server {
         let write_limits = crate::engine::WriteLimits::from_config(&config.limits);
         let engine_tx = handle.tx.clone();
         let hook_limits = verify_limits.clone();
+        let (poll, tcp) = crate::tcp::new().context("cannot create an epoll set")?;
+        let poller = crate::tcp::Poller::new(poll).context("cannot watch the epoll set")?;
         let engine = tokio::task::spawn_blocking(move || {
             let mut store = Store::open(
                 &storage.data_dir,
@@ -245,7 +247,7 @@ impl Server {
                 broker.enable_cluster(cluster);
                 mesh_tx = Some(cmd_tx);
             }
-            let mut engine = Engine::new(broker, store, write_limits, counters)?;
+            let mut engine = Engine::new(broker, store, write_limits, counters, tcp)?;
             if let Some(tx) = mesh_tx {
                 engine = engine.with_mesh(tx);
             }
@@ -254,7 +256,7 @@ impl Server {
         .await
         .context("broker start-up panicked")??;
         tokio::spawn(async move {
-            let r = engine.run(rx).await;
+            let r = engine.run(rx, poller).await;
             if let Err(e) = &r {
                 crate::engine::log_storage_failure(e);
             }

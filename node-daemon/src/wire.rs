@@ -3,25 +3,20 @@
 //!
 //! Each transport is one object polled by hand, not split into halves: a connection's task
 //! keeps its whole state for as long as the connection lives, and halves cost a shared
-//! allocation (and, for WebSocket, a lock) per connection. A plain TCP socket lives in the
-//! connection's outbox, the allocation its task already shares with the broker task, so that
-//! the broker task can write to it too.
+//! allocation (and, for WebSocket, a lock) per connection. Plain TCP sockets have no task:
+//! the broker task serves them itself ([`crate::tcp`]).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{Sink, Stream};
-use tokio::io::{AsyncRead, AsyncWrite, Interest};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tracing::debug;
-
-use crate::outbox::Outbox;
 
 /// Read buffer sizes. A connection whose reads fill the buffer doubles it, up to the largest,
 /// and halves it again when reads get small.
@@ -46,102 +41,9 @@ pub trait Wire: Unpin + Send {
 
     /// End the writing side once everything was written.
     fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
-
-    /// The outbox the broker task writes to for this connection.
-    fn outbox(&self) -> Arc<Outbox> {
-        Outbox::new()
-    }
 }
 
-/// Plain MQTT over TCP. A buffer is taken only once the socket is readable, so a quiet
-/// connection holds none. The socket lives in the connection's outbox, which the broker task
-/// may write to directly (see [`Outbox::write_or_push`]).
-pub struct TcpWire {
-    outbox: Arc<Outbox>,
-    want: usize,
-}
-
-impl TcpWire {
-    pub fn new(socket: TcpStream) -> Self {
-        Self {
-            outbox: Outbox::with_socket(socket),
-            want: READ_MIN,
-        }
-    }
-
-    fn socket(&self) -> &TcpStream {
-        self.outbox
-            .socket()
-            .expect("a TCP wire's outbox is made with its socket")
-    }
-}
-
-impl Wire for TcpWire {
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        let socket = self.socket();
-        loop {
-            if ready!(socket.poll_read_ready(cx)).is_err() {
-                return Poll::Ready(None);
-            }
-            let mut buf = BytesMut::with_capacity(self.want);
-            let room = buf.capacity();
-            let mut read = None;
-            let r = socket.try_io(Interest::READABLE, || {
-                let n = socket.try_read_buf(&mut buf)?;
-                read = Some(n);
-                if n > 0 && n < room {
-                    // A read that did not fill the buffer emptied the socket: "would block"
-                    // clears the readiness, as tokio's own reads do, so that the next wait
-                    // does not start with a read that finds nothing.
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                Ok(())
-            });
-            return match (read, r) {
-                (Some(0), _) => Poll::Ready(None),
-                (Some(n), _) => {
-                    self.want = next_read_size(self.want, n);
-                    Poll::Ready(Some(buf.freeze()))
-                }
-                // The readiness was stale: wait again.
-                (None, Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                (None, _) => Poll::Ready(None),
-            };
-        }
-    }
-
-    fn poll_write_some(
-        &mut self,
-        cx: &mut Context<'_>,
-        out: &mut VecDeque<Bytes>,
-    ) -> Poll<io::Result<usize>> {
-        let socket = self.socket();
-        if out.is_empty() {
-            // A socket has nothing to flush.
-            return Poll::Ready(Ok(0));
-        }
-        loop {
-            ready!(socket.poll_write_ready(cx))?;
-            match with_slices(out, |slices| socket.try_write_vectored(slices)) {
-                Ok(n) => return Poll::Ready(consume(out, n)),
-                // The readiness was stale: wait again.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    }
-
-    fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = rustix::net::shutdown(self.socket(), rustix::net::Shutdown::Write);
-        Poll::Ready(r.map_err(io::Error::from))
-    }
-
-    fn outbox(&self) -> Arc<Outbox> {
-        self.outbox.clone()
-    }
-}
-
-/// MQTT straight over a byte stream other than a bare socket (TLS), read into a buffer that
+/// MQTT straight over a byte stream (TLS), read into a buffer that
 /// grows for busy connections and shrinks for quiet ones.
 pub struct StreamWire<S> {
     stream: S,
@@ -266,7 +168,7 @@ fn poll_write_vectored<W: AsyncWrite + Unpin>(
 
 /// Call `write` with the front of `out` as slices. They are built on each call, so a task
 /// waiting to write does not hold them.
-fn with_slices<T>(out: &VecDeque<Bytes>, write: impl FnOnce(&[IoSlice<'_>]) -> T) -> T {
+pub fn with_slices<T>(out: &VecDeque<Bytes>, write: impl FnOnce(&[IoSlice<'_>]) -> T) -> T {
     let mut slices = [IoSlice::new(&[]); MAX_IOV];
     let mut used = 0;
     for (slice, chunk) in slices.iter_mut().zip(out.iter()) {
@@ -277,7 +179,7 @@ fn with_slices<T>(out: &VecDeque<Bytes>, write: impl FnOnce(&[IoSlice<'_>]) -> T
 }
 
 /// Remove `n` written bytes from the front of `out`; `n` itself.
-fn consume(out: &mut VecDeque<Bytes>, n: usize) -> io::Result<usize> {
+pub fn consume(out: &mut VecDeque<Bytes>, n: usize) -> io::Result<usize> {
     if n == 0 {
         return Err(io::ErrorKind::WriteZero.into());
     }

@@ -1,0 +1,404 @@
+//! Plain MQTT-over-TCP connections, served by the broker task itself.
+//!
+//! Every plain TCP socket is registered with one epoll set of the broker task's own
+//! ([`mio::Poll`]), which tokio watches as a single file descriptor ([`Poller`]). When it is
+//! ready, the broker task reads each readable socket into one shared buffer and hands the
+//! bytes straight to the core; at the end of its turn it writes what the turn queued for each
+//! connection with one vectored write, and waits for a socket to become writable only when the
+//! kernel's buffer is full. That is Mosquitto's shape inside tokio: a quiet connection costs
+//! its socket, its entry here and its state in the core, and no task, no tokio registration,
+//! no buffer. A message is read, routed and written on one thread without a hand-off.
+//!
+//! TLS and WebSocket connections keep a task each ([`crate::connection`]).
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read as _, Write as _};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use meridian_core::ConnId;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Token};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::wire::{consume, with_slices};
+
+/// The shared read buffer. A read takes at most this much from one socket before the next
+/// readable socket gets its turn.
+pub const READ_BYTES: usize = 16 * 1024;
+
+/// Readiness events taken from the epoll set at once.
+const EVENTS: usize = 1024;
+
+/// How long a connection the broker closes may take to write what is left.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The epoll set of the plain TCP connections, as the broker task waits on it.
+pub struct Poller {
+    poll: AsyncFd<mio::Poll>,
+    events: Events,
+}
+
+impl std::fmt::Debug for Poller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Poller").finish_non_exhaustive()
+    }
+}
+
+impl Poller {
+    /// Watch `poll` from the current tokio runtime.
+    pub fn new(poll: mio::Poll) -> io::Result<Self> {
+        // Deprecated in favour of an `unsafe` function, which this crate does not use: the
+        // caller must vouch that the descriptor stays open and the same while watched. A
+        // `mio::Poll` owns its epoll descriptor from creation to drop, and the `AsyncFd`
+        // owns the `Poll`.
+        #[allow(deprecated)]
+        let poll = AsyncFd::with_interest(poll, tokio::io::Interest::READABLE)?;
+        Ok(Self {
+            poll,
+            events: Events::with_capacity(EVENTS),
+        })
+    }
+
+    /// Wait until some socket is ready; the readiness events gathered since the last wait.
+    pub async fn wait(&mut self) -> io::Result<&Events> {
+        loop {
+            let mut guard = self.poll.readable_mut().await?;
+            match guard
+                .get_inner_mut()
+                .poll(&mut self.events, Some(Duration::ZERO))
+            {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            // Fewer events than room for them: the set has no more. Readiness tokio saw after
+            // this wait began is kept, so an event arriving meanwhile is not missed.
+            if self.events.iter().count() < EVENTS {
+                guard.clear_ready();
+            }
+            if !self.events.is_empty() {
+                return Ok(&self.events);
+            }
+        }
+    }
+}
+
+/// An epoll set for plain TCP connections, and the connections it will serve.
+pub fn new() -> io::Result<(mio::Poll, TcpConns)> {
+    let poll = mio::Poll::new()?;
+    let conns = TcpConns {
+        registry: poll.registry().try_clone()?,
+        conns: HashMap::new(),
+        backlogs: HashMap::new(),
+        readable: VecDeque::new(),
+        dirty: Vec::new(),
+        closing: Vec::new(),
+        buf: vec![0; READ_BYTES].into_boxed_slice(),
+    };
+    Ok((poll, conns))
+}
+
+/// The plain TCP connections the broker task serves.
+pub struct TcpConns {
+    registry: mio::Registry,
+    conns: HashMap<ConnId, TcpConn>,
+    /// What connections have queued and the kernel has not taken yet. A connection with
+    /// nothing waiting has no entry.
+    backlogs: HashMap<ConnId, Backlog>,
+    /// Connections with bytes to read, in the order they are to be read.
+    readable: VecDeque<ConnId>,
+    /// Connections to write to (or to close) at the end of the turn.
+    dirty: Vec<ConnId>,
+    /// Connections the broker closed that still have bytes to write, and until when.
+    closing: Vec<(ConnId, Instant)>,
+    buf: Box<[u8]>,
+}
+
+impl std::fmt::Debug for TcpConns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConns")
+            .field("connections", &self.conns.len())
+            .field("with_backlog", &self.backlogs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+struct TcpConn {
+    socket: TcpStream,
+    flags: u8,
+    /// The listener's connection permit, given back when the socket closes.
+    _permit: OwnedSemaphorePermit,
+}
+
+/// In [`TcpConns::readable`].
+const READ_QUEUED: u8 = 1;
+/// In [`TcpConns::dirty`].
+const DIRTY: u8 = 2;
+/// The kernel's send buffer was full: nothing is written until the socket is writable again.
+const WRITE_BLOCKED: u8 = 4;
+/// The broker closed it: nothing more is read, and it closes once its backlog is written.
+const CLOSING: u8 = 8;
+
+#[derive(Default)]
+struct Backlog {
+    chunks: VecDeque<Bytes>,
+    bytes: usize,
+}
+
+/// What a read from a connection gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// This many bytes, at the start of [`TcpConns::read_buf`].
+    Data(usize),
+    /// The client went away, or the socket failed.
+    Gone,
+}
+
+impl TcpConns {
+    /// Serve `socket` as connection `conn` until it closes.
+    pub fn add(
+        &mut self,
+        conn: ConnId,
+        socket: std::net::TcpStream,
+        permit: OwnedSemaphorePermit,
+    ) -> io::Result<()> {
+        let token = usize::try_from(conn.0)
+            .map(Token)
+            .map_err(|_| io::Error::other("connection id out of range"))?;
+        let mut socket = TcpStream::from_std(socket);
+        // Edge-triggered: an event for every arrival of bytes and every freeing of room. Bytes
+        // that arrived before the registration are reported at once.
+        self.registry
+            .register(&mut socket, token, Interest::READABLE | Interest::WRITABLE)?;
+        self.conns.insert(
+            conn,
+            TcpConn {
+                socket,
+                flags: 0,
+                _permit: permit,
+            },
+        );
+        Ok(())
+    }
+
+    /// Connections served.
+    pub fn count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Bytes queued for `conn` and not yet taken by the kernel; `None` if it is not served
+    /// here.
+    pub fn queued(&self, conn: ConnId) -> Option<usize> {
+        self.conns
+            .contains_key(&conn)
+            .then(|| self.backlogs.get(&conn).map_or(0, |b| b.bytes))
+    }
+
+    /// Note what the epoll set reported.
+    pub fn on_events(&mut self, events: &Events) {
+        for event in events {
+            let Ok(id) = u64::try_from(event.token().0) else {
+                continue;
+            };
+            let conn = ConnId(id);
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue; // Closed since.
+            };
+            // An error or a hang-up is found by the next read or write.
+            let failed = event.is_error();
+            if (event.is_readable() || event.is_read_closed() || failed)
+                && c.flags & (READ_QUEUED | CLOSING) == 0
+            {
+                c.flags |= READ_QUEUED;
+                self.readable.push_back(conn);
+            }
+            if event.is_writable() || event.is_write_closed() || failed {
+                c.flags &= !WRITE_BLOCKED;
+                if self.backlogs.contains_key(&conn) || c.flags & CLOSING != 0 {
+                    mark_dirty(&mut self.dirty, conn, c);
+                }
+            }
+        }
+    }
+
+    /// Some connection has bytes waiting to be read.
+    pub fn has_readable(&self) -> bool {
+        !self.readable.is_empty()
+    }
+
+    /// Read from the next readable connection. A connection whose read filled the buffer may
+    /// have more: it goes to the back of the line.
+    pub fn read_next(&mut self) -> Option<(ConnId, Read)> {
+        while let Some(conn) = self.readable.pop_front() {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue;
+            };
+            c.flags &= !READ_QUEUED;
+            if c.flags & CLOSING != 0 {
+                continue;
+            }
+            match (&c.socket).read(&mut self.buf) {
+                Ok(0) => return Some((conn, Read::Gone)),
+                Ok(n) => {
+                    // A read that did not fill the buffer emptied the socket: bytes arriving
+                    // later raise a new event.
+                    if n == self.buf.len() {
+                        c.flags |= READ_QUEUED;
+                        self.readable.push_back(conn);
+                    }
+                    return Some((conn, Read::Data(n)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    c.flags |= READ_QUEUED;
+                    self.readable.push_back(conn);
+                }
+                Err(_) => return Some((conn, Read::Gone)),
+            }
+        }
+        None
+    }
+
+    /// The bytes of the last [`Read::Data`].
+    pub fn read_buf(&self, n: usize) -> &[u8] {
+        &self.buf[..n]
+    }
+
+    /// Queue `data` for `conn`, to be written at the end of the turn ([`TcpConns::write`]).
+    pub fn push(&mut self, conn: ConnId, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.flags & CLOSING != 0 {
+            return;
+        }
+        let backlog = self.backlogs.entry(conn).or_default();
+        backlog.bytes += data.len();
+        backlog.chunks.push_back(data);
+        mark_dirty(&mut self.dirty, conn, c);
+    }
+
+    /// Close `conn` once what is queued for it is written, within [`CLOSE_TIMEOUT`] of `now`.
+    pub fn close(&mut self, conn: ConnId, now: Instant) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.flags & CLOSING != 0 {
+            return;
+        }
+        c.flags |= CLOSING;
+        if self.backlogs.contains_key(&conn) {
+            self.closing.push((conn, now + CLOSE_TIMEOUT));
+        }
+        mark_dirty(&mut self.dirty, conn, c);
+    }
+
+    /// Close `conn` now, dropping what is queued; whether it was served here.
+    pub fn remove(&mut self, conn: ConnId) -> bool {
+        self.backlogs.remove(&conn);
+        match self.conns.remove(&conn) {
+            Some(mut c) => {
+                let _ = self.registry.deregister(&mut c.socket);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Write what was queued to every connection that has something to write and room for
+    /// it, and finish the closes whose bytes are all written. Connections whose socket failed
+    /// are added to `gone`.
+    pub fn write(&mut self, gone: &mut Vec<ConnId>) {
+        for i in 0..self.dirty.len() {
+            let conn = self.dirty[i];
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue;
+            };
+            c.flags &= !DIRTY;
+            if c.flags & WRITE_BLOCKED != 0 {
+                continue;
+            }
+            let written = match self.backlogs.entry(conn) {
+                Entry::Vacant(_) => Ok(true),
+                Entry::Occupied(mut backlog) => {
+                    let r = write_some(&c.socket, backlog.get_mut());
+                    if matches!(r, Ok(true)) {
+                        backlog.remove();
+                    }
+                    r
+                }
+            };
+            match written {
+                Ok(true) if c.flags & CLOSING != 0 => {
+                    let _ = c.socket.shutdown(std::net::Shutdown::Write);
+                    self.remove(conn);
+                }
+                Ok(true) => {}
+                Ok(false) => c.flags |= WRITE_BLOCKED,
+                Err(_) => gone.push(conn),
+            }
+        }
+        self.dirty.clear();
+    }
+
+    /// The earliest deadline of a close under way.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.closing.iter().map(|&(_, at)| at).min()
+    }
+
+    /// Drop the connections whose close took longer than [`CLOSE_TIMEOUT`].
+    pub fn expire(&mut self, now: Instant) {
+        if self.closing.is_empty() {
+            return;
+        }
+        let mut expired = Vec::new();
+        self.closing.retain(|&(conn, at)| {
+            if at <= now {
+                expired.push(conn);
+            }
+            at > now
+        });
+        for conn in expired {
+            if self
+                .conns
+                .get(&conn)
+                .is_some_and(|c| c.flags & CLOSING != 0)
+            {
+                self.remove(conn);
+            }
+        }
+        let conns = &self.conns;
+        self.closing.retain(|(conn, _)| conns.contains_key(conn));
+    }
+}
+
+fn mark_dirty(dirty: &mut Vec<ConnId>, conn: ConnId, c: &mut TcpConn) {
+    if c.flags & DIRTY == 0 {
+        c.flags |= DIRTY;
+        dirty.push(conn);
+    }
+}
+
+/// Write from the front of `backlog` until it is empty (`Ok(true)`) or the kernel takes no
+/// more (`Ok(false)`).
+fn write_some(socket: &TcpStream, backlog: &mut Backlog) -> io::Result<bool> {
+    while !backlog.chunks.is_empty() {
+        let mut w = socket;
+        match with_slices(&backlog.chunks, |slices| w.write_vectored(slices)) {
+            Ok(n) => {
+                consume(&mut backlog.chunks, n)?;
+                backlog.bytes -= n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
