@@ -402,3 +402,189 @@ fn write_some(socket: &TcpStream, backlog: &mut Backlog) -> io::Result<bool> {
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::net::{TcpListener, TcpStream as StdStream};
+    use std::sync::Arc;
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_secs(10);
+    const CONN: ConnId = ConnId(3);
+
+    /// An epoll set with one connection served, its client end, and the listener's permits.
+    struct Harness {
+        poll: mio::Poll,
+        events: Events,
+        conns: TcpConns,
+        client: StdStream,
+        permits: Arc<Semaphore>,
+    }
+
+    fn harness() -> Harness {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let (poll, mut conns) = new().unwrap();
+        let permits = Arc::new(Semaphore::new(1));
+        let permit = permits.clone().try_acquire_owned().unwrap();
+        conns.add(CONN, server, permit).unwrap();
+        Harness {
+            poll,
+            events: Events::with_capacity(64),
+            conns,
+            client,
+            permits,
+        }
+    }
+
+    impl Harness {
+        /// Wait for readiness events (at most briefly) and note them.
+        fn poll(&mut self) {
+            self.poll
+                .poll(&mut self.events, Some(Duration::from_millis(50)))
+                .unwrap();
+            self.conns.on_events(&self.events);
+        }
+
+        /// Poll until `done` holds, within the deadline.
+        fn until(&mut self, what: &str, mut done: impl FnMut(&mut Self) -> bool) {
+            let deadline = Instant::now() + DEADLINE;
+            while !done(self) {
+                assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+                self.poll();
+            }
+        }
+
+        /// Everything readable now, appended to `into`; whether the client went away.
+        fn read_all(&mut self, into: &mut Vec<u8>) -> bool {
+            while let Some((conn, read)) = self.conns.read_next() {
+                assert_eq!(conn, CONN);
+                match read {
+                    Read::Data(n) => into.extend_from_slice(self.conns.read_buf(n)),
+                    Read::Gone => return true,
+                }
+            }
+            false
+        }
+
+        fn served(&self) -> bool {
+            self.conns.count() == 1
+        }
+    }
+
+    /// Bytes a client sends that no single read can take, then its hang-up.
+    #[test]
+    fn what_a_client_sends_is_read_in_order_and_its_hang_up_is_seen() {
+        let mut h = harness();
+        let sent: Vec<u8> = (0..3 * READ_BYTES + 10).map(|i| (i % 251) as u8).collect();
+        h.client.write_all(&sent).unwrap();
+        let mut got = Vec::new();
+        h.until("all bytes read", |h| {
+            assert!(!h.read_all(&mut got), "no hang-up yet");
+            got.len() == sent.len()
+        });
+        assert!(got == sent, "the bytes arrive whole and in order");
+        h.client.shutdown(std::net::Shutdown::Both).unwrap();
+        let mut rest = Vec::new();
+        h.until("the hang-up", |h| h.read_all(&mut rest));
+        assert!(rest.is_empty());
+    }
+
+    /// A client that does not read: what the kernel does not take waits, counted, and goes
+    /// out in order once the client reads.
+    #[test]
+    fn a_backlog_waits_for_room_and_goes_out_in_order() {
+        let mut h = harness();
+        let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i % 253) as u8).collect();
+        const CHUNKS: usize = 512;
+        for _ in 0..CHUNKS {
+            h.conns.push(CONN, Bytes::from(chunk.clone()));
+        }
+        let mut gone = Vec::new();
+        h.conns.write(&mut gone);
+        assert!(gone.is_empty());
+        let left = h.conns.queued(CONN).unwrap();
+        assert!(left > 0, "32 MiB fit in the kernel's buffers at once");
+        let mut client = h.client.try_clone().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0; CHUNKS * chunk.len()];
+            client.read_exact(&mut got).unwrap();
+            got.chunks(chunk.len()).all(|c| c == chunk)
+        });
+        h.until("the backlog written", |h| {
+            h.conns.write(&mut gone);
+            h.conns.queued(CONN) == Some(0)
+        });
+        assert!(gone.is_empty());
+        assert!(reader.join().unwrap(), "every byte, in order");
+    }
+
+    #[test]
+    fn a_close_writes_what_is_queued_then_closes_and_frees_the_permit() {
+        let mut h = harness();
+        h.conns.push(CONN, Bytes::from_static(b"last "));
+        h.conns.push(CONN, Bytes::from_static(b"words"));
+        h.conns.close(CONN, Instant::now());
+        h.conns
+            .push(CONN, Bytes::from_static(b" ignored after the close"));
+        let mut gone = Vec::new();
+        h.conns.write(&mut gone);
+        assert!(gone.is_empty());
+        assert!(!h.served(), "closed once written");
+        assert_eq!(h.permits.available_permits(), 1);
+        let mut got = Vec::new();
+        h.client.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"last words");
+    }
+
+    #[test]
+    fn a_close_that_cannot_write_its_backlog_ends_at_its_deadline() {
+        let mut h = harness();
+        for _ in 0..512 {
+            h.conns.push(CONN, Bytes::from(vec![7u8; 64 * 1024]));
+        }
+        let start = Instant::now();
+        h.conns.close(CONN, start);
+        let mut gone = Vec::new();
+        h.conns.write(&mut gone);
+        assert!(h.served(), "still writing");
+        assert_eq!(h.conns.next_deadline(), Some(start + CLOSE_TIMEOUT));
+        h.conns
+            .expire(start + CLOSE_TIMEOUT - Duration::from_millis(1));
+        assert!(h.served(), "not before its deadline");
+        h.conns.expire(start + CLOSE_TIMEOUT);
+        assert!(!h.served());
+        assert_eq!(h.conns.next_deadline(), None);
+        assert_eq!(h.permits.available_permits(), 1);
+    }
+
+    #[test]
+    fn nothing_is_read_from_a_connection_being_closed() {
+        let mut h = harness();
+        h.client.write_all(b"too late").unwrap();
+        h.until("readable", |h| h.conns.has_readable());
+        h.conns.close(CONN, Instant::now());
+        assert_eq!(h.conns.read_next(), None);
+    }
+
+    #[test]
+    fn a_removed_connection_is_forgotten_with_its_backlog() {
+        let mut h = harness();
+        h.conns.push(CONN, Bytes::from_static(b"dropped"));
+        assert!(h.conns.remove(CONN));
+        assert!(!h.conns.remove(CONN));
+        assert_eq!(h.conns.queued(CONN), None);
+        let mut gone = Vec::new();
+        h.conns.write(&mut gone);
+        let mut got = Vec::new();
+        h.client.read_to_end(&mut got).unwrap();
+        assert!(got.is_empty(), "nothing was written: {got:?}");
+        assert_eq!(h.permits.available_permits(), 1);
+    }
+}
