@@ -14,11 +14,13 @@
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read as _, Write as _};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use meridian_core::ConnId;
-use mio::net::TcpStream;
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Token};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
@@ -127,6 +129,7 @@ impl std::fmt::Debug for TcpConns {
 }
 
 struct TcpConn {
+    /// In non-blocking mode.
     socket: TcpStream,
     flags: u8,
     /// The listener's connection permit, given back when the socket closes.
@@ -158,21 +161,23 @@ pub enum Read {
 }
 
 impl TcpConns {
-    /// Serve `socket` as connection `conn` until it closes.
+    /// Serve `socket`, in non-blocking mode, as connection `conn` until it closes.
     pub fn add(
         &mut self,
         conn: ConnId,
-        socket: std::net::TcpStream,
+        socket: TcpStream,
         permit: OwnedSemaphorePermit,
     ) -> io::Result<()> {
         let token = usize::try_from(conn.0)
             .map(Token)
             .map_err(|_| io::Error::other("connection id out of range"))?;
-        let mut socket = TcpStream::from_std(socket);
         // Edge-triggered: an event for every arrival of bytes and every freeing of room. Bytes
         // that arrived before the registration are reported at once.
-        self.registry
-            .register(&mut socket, token, Interest::READABLE | Interest::WRITABLE)?;
+        self.registry.register(
+            &mut SourceFd(&socket.as_raw_fd()),
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
         self.conns.insert(
             conn,
             TcpConn {
@@ -303,8 +308,10 @@ impl TcpConns {
     pub fn remove(&mut self, conn: ConnId) -> bool {
         self.backlogs.remove(&conn);
         match self.conns.remove(&conn) {
-            Some(mut c) => {
-                let _ = self.registry.deregister(&mut c.socket);
+            Some(c) => {
+                let _ = self
+                    .registry
+                    .deregister(&mut SourceFd(&c.socket.as_raw_fd()));
                 true
             }
             None => false,
@@ -571,6 +578,19 @@ mod tests {
         h.until("readable", |h| h.conns.has_readable());
         h.conns.close(CONN, Instant::now());
         assert_eq!(h.conns.read_next(), None);
+    }
+
+    /// Bytes the record of a quiet connection may take, beside its key in the map: its socket,
+    /// its flags and its listener permit.
+    const CONN_BUDGET: usize = 24;
+
+    #[test]
+    fn a_connection_record_stays_within_its_budget() {
+        let size = size_of::<TcpConn>();
+        assert!(
+            size <= CONN_BUDGET,
+            "a TCP connection's record takes {size} bytes"
+        );
     }
 
     #[test]
