@@ -49,6 +49,10 @@ const LARGE_ROUTE_DELTA: usize = 256;
 /// Reads from plain TCP sockets per turn of the loop, each at most [`tcp::READ_BYTES`].
 pub const READS_PER_TURN: usize = 256;
 
+/// Bytes for connections after which a turn reads no more: what it routed is written before
+/// more is read, so that subscribers are fed while publishers are read.
+pub const TURN_OUTPUT_BYTES: usize = 1 << 20;
+
 /// Capacity of the channel into the broker task (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
 
@@ -285,6 +289,8 @@ pub struct Engine {
     congested: HashSet<ConnId>,
     /// Bytes for each connection in this batch, not yet handed to its outbox.
     batch_bytes: HashMap<ConnId, usize>,
+    /// The sum of `batch_bytes`.
+    turn_bytes: usize,
     counters: Arc<DaemonCounters>,
     outputs: Vec<Output>,
     records: Vec<(Bytes, Option<Bytes>)>,
@@ -341,6 +347,7 @@ impl Engine {
             write_limits,
             congested: HashSet::new(),
             batch_bytes: HashMap::new(),
+            turn_bytes: 0,
             counters,
             outputs: Vec::new(),
             records: Vec::new(),
@@ -462,14 +469,17 @@ impl Engine {
         }
     }
 
-    /// Read from the readable plain TCP sockets, up to [`READS_PER_TURN`] reads, and feed what
-    /// they give to the broker. A client gone is noted to be closed at the end of the turn.
+    /// Read from the readable plain TCP sockets, up to [`READS_PER_TURN`] reads or until the
+    /// turn has [`TURN_OUTPUT_BYTES`] to write, and feed what they give to the broker. A client gone is noted to be closed at the end of the turn.
     fn read_sockets(&mut self) {
         if !self.tcp.has_readable() {
             return;
         }
         let now = self.clock.now();
         for _ in 0..READS_PER_TURN {
+            if self.turn_bytes >= TURN_OUTPUT_BYTES {
+                break;
+            }
             let Some((conn, read)) = self.tcp.read_next() else {
                 break;
             };
@@ -766,6 +776,7 @@ impl Engine {
     /// `len` more bytes for `conn` in this batch: past [`WriteLimits::qos0_max_bytes`] with
     /// what it has queued, the broker drops QoS 0 messages for it ([`Input::Congested`]).
     fn note_send(&mut self, conn: ConnId, len: usize) {
+        self.turn_bytes += len;
         let pending = self.batch_bytes.entry(conn).or_default();
         *pending += len;
         let pending = *pending;
@@ -892,6 +903,7 @@ impl Engine {
         if !self.batch_bytes.is_empty() {
             self.batch_bytes.clear();
         }
+        self.turn_bytes = 0;
         for link in self.links.values_mut() {
             link.batch_frames = 0;
             link.batch_bytes = 0;
