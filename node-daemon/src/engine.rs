@@ -470,7 +470,8 @@ impl Engine {
     }
 
     /// Read from the readable plain TCP sockets, up to [`READS_PER_TURN`] reads or until the
-    /// turn has [`TURN_OUTPUT_BYTES`] to write, and feed what they give to the broker. A client gone is noted to be closed at the end of the turn.
+    /// turn has [`TURN_OUTPUT_BYTES`] to write, and feed what they give to the broker. A client
+    /// gone is noted, to be closed at the end of the turn.
     fn read_sockets(&mut self) {
         if !self.tcp.has_readable() {
             return;
