@@ -561,6 +561,16 @@ impl Engine {
         [broker, sync, close].into_iter().flatten().min()
     }
 
+    /// A new connection for the broker.
+    fn accept(&mut self, now: Timestamp, info: ConnInfo) -> ConnId {
+        let peer = tracing::enabled!(tracing::Level::DEBUG)
+            .then(|| info.remote_addr.clone())
+            .flatten();
+        let conn = self.broker.accept(now, info);
+        debug!(conn = conn.0, peer, "connection accepted");
+        conn
+    }
+
     fn handle(&mut self, msg: ToEngine) {
         let now = self.clock.now();
         match msg {
@@ -569,16 +579,10 @@ impl Engine {
                 socket,
                 permit,
             } => {
-                let peer = tracing::enabled!(tracing::Level::DEBUG)
-                    .then(|| info.remote_addr.clone())
-                    .flatten();
-                let conn = self.broker.accept(now, info);
-                match self.tcp.add(conn, socket, permit) {
-                    Ok(()) => debug!(conn = conn.0, peer, "connection accepted"),
-                    Err(e) => {
-                        warn!(conn = conn.0, peer, error = %e, "cannot watch a TCP connection");
-                        self.broker.handle_input(now, Input::Closed { conn });
-                    }
+                let conn = self.accept(now, info);
+                if let Err(e) = self.tcp.add(conn, socket, permit) {
+                    warn!(conn = conn.0, error = %e, "cannot watch a TCP connection");
+                    self.broker.handle_input(now, Input::Closed { conn });
                 }
                 self.drain();
             }
@@ -587,11 +591,7 @@ impl Engine {
                 outbox,
                 reply,
             } => {
-                let peer = tracing::enabled!(tracing::Level::DEBUG)
-                    .then(|| info.remote_addr.clone())
-                    .flatten();
-                let conn = self.broker.accept(now, info);
-                debug!(conn = conn.0, peer, "connection accepted");
+                let conn = self.accept(now, info);
                 if reply.send(conn).is_ok() {
                     self.outboxes.insert(conn, outbox);
                 } else {

@@ -365,11 +365,14 @@ impl TcpConns {
             return;
         }
         let mut expired = Vec::new();
+        let conns = &self.conns;
+        // Closes that finished since are dropped from the list too.
         self.closing.retain(|&(conn, at)| {
             if at <= now {
                 expired.push(conn);
+                return false;
             }
-            at > now
+            conns.contains_key(&conn)
         });
         for conn in expired {
             if self
@@ -380,8 +383,6 @@ impl TcpConns {
                 self.remove(conn);
             }
         }
-        let conns = &self.conns;
-        self.closing.retain(|(conn, _)| conns.contains_key(conn));
     }
 }
 
