@@ -15,12 +15,13 @@
 //! route deltas from peers, leave the worker to the other tasks while they run
 //! ([`off_worker`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
+use foldhash::{HashMap as ConnMap, HashSet as ConnSet};
 use meridian_core::broker::{
     AuthOutcome, Authenticator, Authorizer, ClientSummary, Message, PeerSummary, Stats,
 };
@@ -55,6 +56,11 @@ pub const TURN_OUTPUT_BYTES: usize = 1 << 20;
 
 /// Capacity of the channel into the broker task (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
+
+/// How far the task's timer may be from the next deadline before it is moved. Deadlines are
+/// recomputed from the clock every turn and drift by microseconds; broker timers count in
+/// milliseconds.
+const WAKE_SLACK: Duration = Duration::from_millis(1);
 
 /// Bounds on the bytes waiting to be written to one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,12 +289,12 @@ pub struct Engine {
     /// Plain TCP connections.
     tcp: TcpConns,
     /// Connections served by tasks.
-    outboxes: HashMap<ConnId, Arc<Outbox>>,
+    outboxes: ConnMap<ConnId, Arc<Outbox>>,
     write_limits: WriteLimits,
     /// Connections the broker was told are congested ([`WriteLimits::qos0_max_bytes`]).
-    congested: HashSet<ConnId>,
+    congested: ConnSet<ConnId>,
     /// Bytes for each connection in this batch, not yet handed to its outbox.
-    batch_bytes: HashMap<ConnId, usize>,
+    batch_bytes: ConnMap<ConnId, usize>,
     /// The sum of `batch_bytes`.
     turn_bytes: usize,
     counters: Arc<DaemonCounters>,
@@ -343,10 +349,10 @@ impl Engine {
             store,
             clock: Clock::default(),
             tcp,
-            outboxes: HashMap::new(),
+            outboxes: ConnMap::default(),
             write_limits,
-            congested: HashSet::new(),
-            batch_bytes: HashMap::new(),
+            congested: ConnSet::default(),
+            batch_bytes: ConnMap::default(),
             turn_bytes: 0,
             counters,
             outputs: Vec::new(),
@@ -392,8 +398,18 @@ impl Engine {
         mut rx: mpsc::Receiver<ToEngine>,
         mut poller: Poller,
     ) -> Result<(), StorageError> {
+        // One timer for the task's life, moved when the next deadline moves: a new one per turn
+        // would enter and leave tokio's timer wheel every turn.
+        let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(timer);
         loop {
             let wake = self.next_wake();
+            if let Some(at) = wake
+                && (timer.is_elapsed()
+                    || at.max(timer.deadline()) - at.min(timer.deadline()) > WAKE_SLACK)
+            {
+                timer.as_mut().reset(at);
+            }
             // Sockets left to read from the last turn: no waiting.
             let busy = self.tcp.has_readable();
             let first = tokio::select! {
@@ -412,7 +428,7 @@ impl Engine {
                     Some(m) => Some(m),
                     None => { self.stopping = true; None }
                 },
-                () = sleep_until(wake), if !busy => None,
+                () = &mut timer, if !busy && wake.is_some() => None,
                 () = std::future::ready(()), if busy => None,
             };
             if !self.congested.is_empty() {
@@ -950,7 +966,7 @@ impl Drop for Engine {
 }
 
 /// Bytes handed to `conn` and not yet written to its socket; `None` if it is not open.
-fn queued(tcp: &TcpConns, outboxes: &HashMap<ConnId, Arc<Outbox>>, conn: ConnId) -> Option<usize> {
+fn queued(tcp: &TcpConns, outboxes: &ConnMap<ConnId, Arc<Outbox>>, conn: ConnId) -> Option<usize> {
     tcp.queued(conn)
         .or_else(|| outboxes.get(&conn).map(|o| o.queued()))
 }
@@ -961,13 +977,6 @@ fn off_worker<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
-    }
-}
-
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -11,8 +11,10 @@
 //!
 //! TLS and WebSocket connections keep a task each ([`crate::connection`]).
 
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+
+use foldhash::HashMap;
 use std::io::{self, Read as _, Write as _};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -93,8 +95,8 @@ pub fn new() -> io::Result<(mio::Poll, TcpConns)> {
     let poll = mio::Poll::new()?;
     let conns = TcpConns {
         registry: poll.registry().try_clone()?,
-        conns: HashMap::new(),
-        backlogs: HashMap::new(),
+        conns: HashMap::default(),
+        backlogs: HashMap::default(),
         readable: VecDeque::new(),
         dirty: Vec::new(),
         closing: Vec::new(),

@@ -70,7 +70,7 @@ impl Default for Limits {
 /// Prefix of a shared subscription filter.
 const SHARE_PREFIX: &str = "$share/";
 
-fn check_common(s: &str, limits: &Limits) -> Result<(), TopicError> {
+fn check_len(s: &str, limits: &Limits) -> Result<(), TopicError> {
     if s.is_empty() {
         return Err(TopicError::Empty);
     }
@@ -78,6 +78,11 @@ fn check_common(s: &str, limits: &Limits) -> Result<(), TopicError> {
     if s.len() > max {
         return Err(TopicError::TooLong { len: s.len(), max });
     }
+    Ok(())
+}
+
+fn check_common(s: &str, limits: &Limits) -> Result<(), TopicError> {
+    check_len(s, limits)?;
     if s.contains('\0') {
         return Err(TopicError::NullChar);
     }
@@ -86,7 +91,10 @@ fn check_common(s: &str, limits: &Limits) -> Result<(), TopicError> {
 
 fn check_levels(s: &str, limits: &Limits) -> Result<(), TopicError> {
     // Counting separators is enough: levels = separators + 1.
-    let levels = s.bytes().filter(|&b| b == b'/').count() + 1;
+    levels_within(s.bytes().filter(|&b| b == b'/').count() + 1, limits)
+}
+
+fn levels_within(levels: usize, limits: &Limits) -> Result<(), TopicError> {
     if levels > limits.max_levels {
         return Err(TopicError::TooManyLevels {
             levels,
@@ -134,11 +142,25 @@ impl TopicName {
 
     /// Whether `s` would make a valid topic name under `limits`, without making one.
     pub fn check(s: &str, limits: &Limits) -> Result<(), TopicError> {
-        check_common(s, limits)?;
-        if s.contains(['+', '#']) {
+        check_len(s, limits)?;
+        // One pass over the bytes, as this runs for every PUBLISH. No byte of a multi-byte
+        // UTF-8 sequence is ASCII, so bytes are enough.
+        let (mut separators, mut wildcard, mut null) = (0, false, false);
+        for &b in s.as_bytes() {
+            match b {
+                b'/' => separators += 1,
+                b'+' | b'#' => wildcard = true,
+                0 => null = true,
+                _ => {}
+            }
+        }
+        if null {
+            return Err(TopicError::NullChar);
+        }
+        if wildcard {
             return Err(TopicError::WildcardInName);
         }
-        check_levels(s, limits)
+        levels_within(separators + 1, limits)
     }
 
     /// The topic as text.
@@ -596,5 +618,31 @@ mod tests {
     fn debug_is_the_text() {
         assert_eq!(format!("{:?}", TopicName::new("a/b").unwrap()), "\"a/b\"");
         assert_eq!(format!("{:?}", TopicFilter::new("a/#").unwrap()), "\"a/#\"");
+    }
+
+    proptest::proptest! {
+        /// The one-pass check of a topic name gives what each rule, checked in turn, gives.
+        #[test]
+        fn name_check_applies_the_rules_in_order(
+            s in "[a/+#\0é]{0,10}",
+            max_len in 1usize..12,
+            max_levels in 1usize..6,
+        ) {
+            let limits = Limits { max_len, max_levels };
+            let expected = if s.is_empty() {
+                Err(TopicError::Empty)
+            } else if s.len() > max_len {
+                Err(TopicError::TooLong { len: s.len(), max: max_len })
+            } else if s.contains('\0') {
+                Err(TopicError::NullChar)
+            } else if s.contains(['+', '#']) {
+                Err(TopicError::WildcardInName)
+            } else if s.split('/').count() > max_levels {
+                Err(TopicError::TooManyLevels { levels: s.split('/').count(), max: max_levels })
+            } else {
+                Ok(())
+            };
+            proptest::prop_assert_eq!(TopicName::check(&s, &limits), expected);
+        }
     }
 }
