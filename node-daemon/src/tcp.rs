@@ -13,14 +13,13 @@
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-
-use foldhash::HashMap;
 use std::io::{self, Read as _, Write as _};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use foldhash::HashMap;
 use meridian_core::ConnId;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Token};
