@@ -48,6 +48,19 @@ def get(report, *path):
     return x
 
 
+def kernel_share(report):
+    """The part of the broker's CPU time spent in the kernel (reports from before it was
+    recorded have none)."""
+    cpu, system = get(report, "broker", "cpu_secs"), get(report, "broker", "cpu_system_secs")
+    if not cpu or system is None:
+        return None
+    return system / cpu
+
+
+def kernel(m):
+    return "" if m["kernel"] is None else f" ({m['kernel']:.0%} kernel)"
+
+
 def main():
     runs = OrderedDict()
     for line in open(sys.argv[1]):
@@ -67,6 +80,7 @@ def main():
                 m[b] = {
                     "rate": med([get(x, "messages", "received_per_sec") for x in ok]),
                     "cpu": med([get(x, "broker", "cpu_us_per_message") for x in ok]),
+                    "kernel": med([kernel_share(x) for x in ok]),
                     "p50": med([get(x, "messages", "latency", "p50_us") for x in ok]),
                     "p99": med([get(x, "messages", "latency", "p99_us") for x in ok]),
                     "lost": sum(get(x, "messages", "lost") or 0 for x in ok),
@@ -74,7 +88,7 @@ def main():
                     "runs": f"{len(ok)}/{len(reps)}",
                 }
                 print(
-                    f"| {s} | {NAMES.get(b, b)} | {fmt(m[b]['rate'])} | {fmt(m[b]['cpu'], 2)} | "
+                    f"| {s} | {NAMES.get(b, b)} | {fmt(m[b]['rate'])} | {fmt(m[b]['cpu'], 2)}{kernel(m[b])} | "
                     f"{fmt(m[b]['p50'])} / {fmt(m[b]['p99'])} | {m[b]['lost']} | {m[b]['dup']} | {m[b]['runs']} |"
                 )
             pairs = [(o, p) for o in OURS for p in PEERS + ["relay-floor"]] + [("relay-floor", "mosquitto")]

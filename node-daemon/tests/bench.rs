@@ -61,7 +61,9 @@ fn assert_exact(r: &Value, sent: u64, expected: u64, qos1: bool) {
         assert!(m["latency"]["p99_us"].as_f64().unwrap() > 0.0, "{r}");
         assert!(m["received_per_sec"].as_f64().unwrap() > 0.0, "{r}");
     }
-    assert!(r["broker"]["cpu_secs"].as_f64().unwrap() >= 0.0, "{r}");
+    let cpu = r["broker"]["cpu_secs"].as_f64().unwrap();
+    let in_kernel = r["broker"]["cpu_system_secs"].as_f64().unwrap();
+    assert!(cpu >= 0.0 && (0.0..=cpu).contains(&in_kernel), "{r}");
     assert!(r["errors"].as_array().unwrap().is_empty(), "{r}");
 }
 

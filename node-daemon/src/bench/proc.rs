@@ -8,6 +8,9 @@ use serde::Serialize;
 pub struct ProcSample {
     /// User + system CPU time of all its threads, in seconds.
     pub cpu_secs: f64,
+    /// The part of `cpu_secs` spent in the kernel on its behalf (system calls, the network
+    /// stack, page faults), in seconds.
+    pub system_secs: f64,
     /// Resident set size, bytes.
     pub rss_bytes: u64,
 }
@@ -31,8 +34,9 @@ pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
             .parse::<u64>()
             .context("bad /proc/PID/stat field")
     };
-    let cpu_ticks = ticks(11)? + ticks(12)?;
-    let hz = rustix::param::clock_ticks_per_second();
+    let (user_ticks, system_ticks) = (ticks(11)?, ticks(12)?);
+    #[allow(clippy::cast_precision_loss)]
+    let secs = |t: u64| t as f64 / rustix::param::clock_ticks_per_second() as f64;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("cannot read /proc/{pid}/status"))?;
     let rss_kib = status
@@ -41,9 +45,9 @@ pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    #[allow(clippy::cast_precision_loss)]
     Ok(ProcSample {
-        cpu_secs: cpu_ticks as f64 / hz as f64,
+        cpu_secs: secs(user_ticks + system_ticks),
+        system_secs: secs(system_ticks),
         rss_bytes: rss_kib * 1024,
     })
 }

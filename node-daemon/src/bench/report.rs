@@ -167,6 +167,8 @@ pub struct Broker {
     pub pid: u32,
     /// CPU time (user + system) during the measured phase.
     pub cpu_secs: f64,
+    /// The part of `cpu_secs` spent in the kernel.
+    pub cpu_system_secs: f64,
     /// CPU time per delivered message, microseconds.
     pub cpu_us_per_message: Option<f64>,
     pub rss_before_bytes: u64,
@@ -189,6 +191,7 @@ impl Broker {
         Some(Self {
             pid,
             cpu_secs: cpu,
+            cpu_system_secs: (after.system_secs - before.system_secs).clamp(0.0, cpu),
             cpu_us_per_message: (delivered > 0).then(|| cpu * 1e6 / delivered as f64),
             rss_before_bytes: before.rss_bytes,
             rss_after_bytes: after.rss_bytes,
@@ -279,7 +282,11 @@ impl Report {
             }
         }
         if let Some(b) = &self.broker {
-            write!(out, "  broker pid {}    CPU {:.3} s", b.pid, b.cpu_secs)?;
+            write!(
+                out,
+                "  broker pid {}    CPU {:.3} s ({:.3} s in the kernel)",
+                b.pid, b.cpu_secs, b.cpu_system_secs
+            )?;
             if let Some(us) = b.cpu_us_per_message {
                 write!(out, " = {us:.2} µs per delivered message")?;
             }
