@@ -81,6 +81,7 @@ impl JsBroker {
                 Box::new(JsAuthorizer {
                     may_publish: hooks.may_publish,
                     may_subscribe: hooks.may_subscribe,
+                    may_receive: hooks.may_receive,
                     errors: Rc::clone(&hook_errors),
                 })
             };

@@ -9,7 +9,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use js_sys::Function;
-use meridian_core::broker::{AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
+use meridian_core::broker::{
+    AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess,
+};
 use meridian_core::codec::ReasonCode;
 use meridian_core::topic::TopicFilter;
 use wasm_bindgen::{JsCast, JsValue};
@@ -24,6 +26,7 @@ pub(crate) struct Hooks {
     pub authenticate: Option<Function>,
     pub may_publish: Option<Function>,
     pub may_subscribe: Option<Function>,
+    pub may_receive: Option<Function>,
 }
 
 impl Hooks {
@@ -44,6 +47,7 @@ impl Hooks {
             authenticate: function("authenticate")?,
             may_publish: function("mayPublish")?,
             may_subscribe: function("maySubscribe")?,
+            may_receive: function("mayReceive")?,
         };
         f.finish()?;
         Ok(hooks)
@@ -119,10 +123,13 @@ pub(crate) fn auth_outcome(v: &JsValue, pending_ok: bool) -> Result<AuthOutcome,
     }
 }
 
-/// Calls `mayPublish(client, topic)` and `maySubscribe(client, filter)`; a missing hook allows.
+/// Calls `mayPublish(client, topic)`, `maySubscribe(client, filter)` and, for subscriptions
+/// `maySubscribe` answered `"filtered"`, `mayReceive(client, topic)` per message; a missing
+/// hook allows.
 pub(crate) struct JsAuthorizer {
     pub may_publish: Option<Function>,
     pub may_subscribe: Option<Function>,
+    pub may_receive: Option<Function>,
     pub errors: HookErrors,
 }
 
@@ -137,20 +144,34 @@ fn client_obj(c: &ClientRef<'_>) -> JsValue {
 
 impl JsAuthorizer {
     fn ask(&self, hook: &'static str, f: &Function, client: &ClientRef<'_>, what: &str) -> bool {
+        self.call(hook, f, client, what, |v| v.as_bool(), "a boolean")
+            .unwrap_or(false)
+    }
+
+    /// Call a hook and read its answer; a throw or an answer `read` refuses is queued as a
+    /// hook error, and gives `None`.
+    fn call<T>(
+        &self,
+        hook: &'static str,
+        f: &Function,
+        client: &ClientRef<'_>,
+        what: &str,
+        read: impl FnOnce(&JsValue) -> Option<T>,
+        expected: &str,
+    ) -> Option<T> {
         let answer = f
             .call2(&JsValue::UNDEFINED, &client_obj(client), &what.into())
             .and_then(|v| {
-                v.as_bool().ok_or_else(|| {
+                read(&v).ok_or_else(|| {
                     js::type_error(&format!(
-                        "{hook} must return a boolean, got {}",
+                        "{hook} must return {expected}, got {}",
                         js::describe(&v)
                     ))
                 })
             });
-        answer.unwrap_or_else(|error| {
-            self.errors.borrow_mut().push((hook, error));
-            false
-        })
+        answer
+            .map_err(|error| self.errors.borrow_mut().push((hook, error)))
+            .ok()
     }
 }
 
@@ -161,9 +182,29 @@ impl Authorizer for JsAuthorizer {
             .is_none_or(|f| self.ask("mayPublish", f, client, topic))
     }
 
-    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> bool {
-        self.may_subscribe
+    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> FilterAccess {
+        let Some(f) = &self.may_subscribe else {
+            return FilterAccess::Allowed;
+        };
+        let filtered_ok = self.may_receive.is_some();
+        let read = |v: &JsValue| match (v.as_bool(), v.as_string().as_deref()) {
+            (Some(true), _) => Some(FilterAccess::Allowed),
+            (Some(false), _) => Some(FilterAccess::Denied),
+            (_, Some("filtered")) if filtered_ok => Some(FilterAccess::Filtered),
+            _ => None,
+        };
+        let expected = if filtered_ok {
+            "a boolean or \"filtered\""
+        } else {
+            "a boolean (\"filtered\" needs a mayReceive hook)"
+        };
+        self.call("maySubscribe", f, client, filter.as_str(), read, expected)
+            .unwrap_or(FilterAccess::Denied)
+    }
+
+    fn may_receive(&self, client: &ClientRef<'_>, topic: &str) -> bool {
+        self.may_receive
             .as_ref()
-            .is_none_or(|f| self.ask("maySubscribe", f, client, filter.as_str()))
+            .is_none_or(|f| self.ask("mayReceive", f, client, topic))
     }
 }

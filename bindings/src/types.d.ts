@@ -86,7 +86,10 @@ export interface ClientRef {
 export interface BrokerHooks {
   authenticate?: (request: AuthRequest) => AuthResult | "pending";
   mayPublish?: (client: ClientRef, topic: string) => boolean;
-  maySubscribe?: (client: ClientRef, filter: string) => boolean;
+  /** `"filtered"`: accept a subscription that reaches some topics the client may not
+   *  receive; each message for it is then checked with `mayReceive` (which must be given). */
+  maySubscribe?: (client: ClientRef, filter: string) => boolean | "filtered";
+  mayReceive?: (client: ClientRef, topic: string) => boolean;
 }
 
 export type BrokerEvent =
@@ -122,7 +125,7 @@ export type Output =
   | { type: "close"; conn: number }
   | { type: "persist"; key: Uint8Array; value: Uint8Array | null }
   | { type: "event"; event: BrokerEvent }
-  | { type: "hookError"; hook: "authenticate" | "mayPublish" | "maySubscribe"; error: unknown }
+  | { type: "hookError"; hook: "authenticate" | "mayPublish" | "maySubscribe" | "mayReceive"; error: unknown }
   /** Cluster mode: write `frame` to the link of node `peer`. */
   | { type: "toPeer"; peer: string; frame: Uint8Array }
   /** Cluster mode: write `frame` to every peer's link. */

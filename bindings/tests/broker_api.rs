@@ -494,6 +494,69 @@ fn pending_authentication_is_decided_later() {
 }
 
 #[wasm_bindgen_test]
+fn a_filtered_subscription_gets_each_message_checked() {
+    let may_subscribe = function(
+        "client, filter",
+        "return filter === 'secret/+' ? false : filter === '#' ? 'filtered' : true;",
+    );
+    let may_receive = function("client, topic", "return !topic.startsWith('secret/');");
+    let broker = JsBroker::new(
+        None,
+        Some(T0),
+        Some(hooks(&[
+            ("maySubscribe", may_subscribe),
+            ("mayReceive", may_receive),
+        ])),
+    )
+    .unwrap();
+    let mut h = Harness::with_broker(broker);
+    let c = h.connect("c", 5);
+    h.send(
+        c,
+        r##"{"type":"subscribe","packetId":1,"filters":["#","secret/+"]}"##,
+        5,
+    );
+    let codes: Vec<f64> = array(&get(&h.take(c)[0], "reasonCodes"))
+        .iter()
+        .map(|c| c.as_f64().unwrap())
+        .collect();
+    assert_eq!(codes, [0.0, 0x87 as f64]);
+    for topic in ["secret/x", "open/x"] {
+        h.send(
+            c,
+            &format!(r#"{{"type":"publish","topic":"{topic}","payload":"p"}}"#),
+            5,
+        );
+    }
+    let got = h.take(c);
+    assert_eq!(got.len(), 1);
+    assert_eq!(get_str(&got[0], "topic"), "open/x");
+}
+
+#[wasm_bindgen_test]
+fn filtered_without_may_receive_is_a_hook_error() {
+    let may_subscribe = function("client, filter", "return 'filtered';");
+    let broker = JsBroker::new(
+        None,
+        Some(T0),
+        Some(hooks(&[("maySubscribe", may_subscribe)])),
+    )
+    .unwrap();
+    let mut h = Harness::with_broker(broker);
+    let c = h.connect("c", 5);
+    h.send(
+        c,
+        r##"{"type":"subscribe","packetId":1,"filters":["#"]}"##,
+        5,
+    );
+    let codes: Vec<f64> = array(&get(&h.take(c)[0], "reasonCodes"))
+        .iter()
+        .map(|c| c.as_f64().unwrap())
+        .collect();
+    assert_eq!(codes, [0x87 as f64]);
+}
+
+#[wasm_bindgen_test]
 fn authorization_hooks_filter_publish_and_subscribe() {
     let may_publish = function("client, topic", "return !topic.startsWith('secret/');");
     let may_subscribe = function("client, filter", "return filter !== '#';");

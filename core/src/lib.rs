@@ -51,6 +51,7 @@
 //! acknowledge it); never let time go backwards; after a restart, feed every stored record to
 //! [`Broker::restore`] before accepting connections.
 
+pub mod acl;
 pub mod broker;
 pub mod codec;
 pub mod link;

@@ -5,12 +5,12 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use meridian_core::broker::{AllowAll, AuthOutcome, Authorizer, ClientRef, DisconnectCause};
+use meridian_core::acl::{Acl, Action, Permission, Rule};
+use meridian_core::broker::{AllowAll, AuthOutcome, DisconnectCause};
 use meridian_core::codec::{
     Auth, AuthProperties, Disconnect, DisconnectProperties, LastWill, Packet, QoS, ReasonCode,
     WillProperties,
 };
-use meridian_core::topic::TopicFilter;
 use meridian_core::{Config, Event};
 
 #[test]
@@ -595,35 +595,24 @@ fn unknown_auth_method_is_refused_with_0x8c() {
     assert!(w.is_closed(conn));
 }
 
-struct DenyTopic(&'static str);
-
-impl Authorizer for DenyTopic {
-    fn may_publish(&self, _: &ClientRef<'_>, topic: &str) -> bool {
-        !topic.starts_with(self.0)
-    }
-    fn may_subscribe(&self, _: &ClientRef<'_>, filter: &TopicFilter) -> bool {
-        !filter.pattern().starts_with(self.0)
-    }
+/// Access rules that keep everyone away from `secret/#`.
+fn deny_secret() -> Acl {
+    Acl::new(
+        Permission::Allow,
+        vec![Rule::new(Permission::Deny, Action::All, "secret/#").unwrap()],
+    )
 }
 
 #[test]
 fn will_on_a_denied_topic_refuses_the_connect() {
-    let mut w = World::with_auth(
-        Config::default(),
-        Box::new(AllowAll),
-        Box::new(DenyTopic("secret")),
-    );
+    let mut w = World::with_acl(Config::default(), deny_secret());
     let (_, ack) = w.connect_with(V5, "a", |c| c.will = Some(will("secret/x", None)));
     assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED);
 }
 
 #[test]
 fn denied_publish_gets_0x87_on_v5_and_is_dropped_on_v311() {
-    let mut w = World::with_auth(
-        Config::default(),
-        Box::new(AllowAll),
-        Box::new(DenyTopic("secret")),
-    );
+    let mut w = World::with_acl(Config::default(), deny_secret());
     let watcher = w.connect(V5, "w");
     w.subscribe(watcher, "#", QoS::AtLeastOnce);
     let v5 = w.connect(V5, "p5");
@@ -641,30 +630,43 @@ fn denied_publish_gets_0x87_on_v5_and_is_dropped_on_v311() {
 
 #[test]
 fn new_hooks_decide_what_comes_next_and_leave_what_was_decided() {
-    let mut w = World::with_auth(
-        Config::default(),
-        Box::new(AllowAll),
-        Box::new(DenyTopic("secret")),
-    );
+    let mut w = World::with_acl(Config::default(), deny_secret());
     let a = w.connect(V5, "a");
     w.subscribe(a, "public/#", QoS::AtMostOnce);
     let deny_password = |r: &meridian_core::broker::AuthRequest<'_>| match r.password {
         Some(b"new") => AuthOutcome::Allow { username: None },
         _ => AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
     };
-    w.broker.set_hooks(
-        Box::new(FnAuth(deny_password)),
-        Box::new(DenyTopic("public")),
+    let deny_public = Acl::new(
+        Permission::Allow,
+        vec![
+            Rule::new(Permission::Deny, Action::Subscribe, "public/#").unwrap(),
+            Rule::new(Permission::Deny, Action::Publish, "public/closed").unwrap(),
+        ],
     );
+    w.broker
+        .set_hooks(Box::new(FnAuth(deny_password)), Box::new(deny_public));
 
-    // a stays connected and subscribed, though the rules now deny that subscription...
+    // a stays connected and subscribed, though the rules now deny that subscription: it
+    // receives nothing more through it...
     let p = w
         .connect_with(V5, "p", |c| c.password = Some(Bytes::from_static(b"new")))
         .0;
-    w.publish(p, "public/x", b"now denied", QoS::AtLeastOnce, false, 1);
+    w.publish(
+        p,
+        "public/closed",
+        b"now denied",
+        QoS::AtLeastOnce,
+        false,
+        1,
+    );
     assert!(
         matches!(&w.recv(p)[..], [Packet::PubAck(ack)] if ack.reason == ReasonCode::NOT_AUTHORIZED)
     );
+    w.publish(p, "public/x", b"not for a", QoS::AtLeastOnce, false, 2);
+    assert!(matches!(&w.recv(p)[..], [Packet::PubAck(ack)] if ack.reason == ReasonCode::SUCCESS));
+    assert!(w.received_publishes(a).is_empty());
+    assert_eq!(w.broker.stats().withheld_not_authorized, 1);
     assert!(!w.is_closed(a));
     assert_eq!(w.broker.stats().subscriptions, 1);
     // ...and new connections and subscriptions follow the new hooks.
@@ -682,11 +684,7 @@ fn new_hooks_decide_what_comes_next_and_leave_what_was_decided() {
 
 #[test]
 fn denied_subscribe_gets_0x87_on_v5_and_0x80_on_v311() {
-    let mut w = World::with_auth(
-        Config::default(),
-        Box::new(AllowAll),
-        Box::new(DenyTopic("secret")),
-    );
+    let mut w = World::with_acl(Config::default(), deny_secret());
     let a = w.connect(V5, "a");
     assert_eq!(
         w.subscribe(a, "secret/#", QoS::AtLeastOnce),

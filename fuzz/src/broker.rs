@@ -37,7 +37,7 @@ use std::sync::Arc;
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::{Bytes, BytesMut};
 use meridian_core::broker::{
-    AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, Message,
+    AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess, Message,
 };
 use meridian_core::codec::{
     self, Ack, Auth, AuthProperties, Connect, ConnectProperties, Disconnect, DisconnectProperties,
@@ -426,14 +426,30 @@ impl Authenticator for TestAuth {
     }
 }
 
+/// Publishing to `deny...` is refused. Receiving a topic whose last level is `b` is refused:
+/// a filter ending in `b` is denied, one ending in a wildcard is filtered (its messages
+/// checked one by one), and none of these may ever reach a client.
 impl Authorizer for TestAuth {
     fn may_publish(&self, _: &ClientRef<'_>, topic: &str) -> bool {
         !topic.starts_with("deny")
     }
 
-    fn may_subscribe(&self, _: &ClientRef<'_>, filter: &TopicFilter) -> bool {
-        !filter.pattern().starts_with("deny")
+    fn may_subscribe(&self, _: &ClientRef<'_>, filter: &TopicFilter) -> FilterAccess {
+        match filter.pattern().rsplit('/').next() {
+            Some("b") => FilterAccess::Denied,
+            Some("+" | "#") => FilterAccess::Filtered,
+            _ => FilterAccess::Allowed,
+        }
     }
+
+    fn may_receive(&self, _: &ClientRef<'_>, topic: &str) -> bool {
+        !withheld(topic)
+    }
+}
+
+/// A topic [`TestAuth`] keeps from every subscriber.
+fn withheld(topic: &str) -> bool {
+    topic.rsplit('/').next() == Some("b")
 }
 
 fn new_broker(config: &Config, now: u64) -> Broker {
@@ -886,6 +902,10 @@ impl Shell {
                     assert!(
                         TopicName::new(topic.as_str()).is_ok(),
                         "PUBLISH with invalid topic {topic:?} to {conn:?}"
+                    );
+                    assert!(
+                        !withheld(&topic),
+                        "PUBLISH on {topic:?}, which the authorizer withholds, to {conn:?}"
                     );
                     assert!(
                         p.properties.subscription_identifiers.iter().all(|&i| i > 0),

@@ -424,6 +424,56 @@ pub fn render_metrics(
     );
     counter(
         &mut r,
+        "subscriptions_refused",
+        "Subscriptions refused by the access rules",
+        s.subscriptions_not_authorized,
+    );
+    counter(
+        &mut r,
+        "deliveries_withheld",
+        "Messages withheld from subscriptions that reach topics the access rules deny",
+        s.withheld_not_authorized,
+    );
+    let family = |r: &mut Registry, name: &str, help: &str, values: &[(&str, u64)]| {
+        let f = Family::<Vec<(String, String)>, Counter>::default();
+        for (reason, v) in values {
+            f.get_or_create(&vec![("reason".to_owned(), (*reason).to_owned())])
+                .inc_by(*v);
+        }
+        r.register(name, help, f);
+    };
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    family(
+        &mut r,
+        "logins_refused",
+        "CONNECTs refused before a password check: the check queue was full (busy) or held the \
+         client address's share (busy_address); a certificate named another user \
+         (certificate_mismatch)",
+        &[
+            ("busy", load(&d.logins_busy)),
+            ("busy_address", load(&d.logins_busy_address)),
+            ("certificate_mismatch", load(&d.logins_certificate_mismatch)),
+        ],
+    );
+    family(
+        &mut r,
+        "websocket_refused",
+        "WebSocket upgrades refused: a browser Origin not in allowed_origins",
+        &[("origin", load(&d.websocket_origin_refused))],
+    );
+    family(
+        &mut r,
+        "admin_refused",
+        "Admin requests refused: no or a wrong token (token), a Host not allowed (host), \
+         headers not sent in time (header_timeout)",
+        &[
+            ("token", load(&d.admin_refused_token)),
+            ("host", load(&d.admin_refused_host)),
+            ("header_timeout", load(&d.admin_header_timeouts)),
+        ],
+    );
+    counter(
+        &mut r,
         "protocol_errors",
         "Connections closed for protocol errors",
         s.protocol_errors,

@@ -1,24 +1,32 @@
-//! Authentication (password file) and authorization (ACL rules) for the broker.
+//! Authentication (password file, client certificates) and authorization (the core's rule
+//! engine, [`meridian_core::acl`], with the rules of `[acl]`).
 //!
 //! Password hashes are verified off the broker task: the authenticator answers
-//! [`AuthOutcome::Pending`], a blocking task runs Argon2 (at most [`MAX_CONCURRENT_VERIFY`] at
-//! once), and the decision comes back as [`ToEngine::AuthDecision`].
+//! [`AuthOutcome::Pending`], the verification waits in a [`VerifyLimits`] queue and runs on
+//! the blocking pool, and the decision comes back as [`ToEngine::AuthDecision`]. The queue is
+//! shared fairly between source addresses: each has a bounded number of checks waiting, and
+//! the workers take one address's check after another's, so one host sending bogus logins
+//! neither fills the queue nor delays a login from elsewhere by more than a turn.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use meridian_core::broker::{AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
+use meridian_core::ConnId;
+use meridian_core::acl::Acl;
+use meridian_core::broker::{AuthOutcome, AuthRequest, Authenticator};
 use meridian_core::codec::ReasonCode;
-use meridian_core::topic::{self, TopicFilter};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
-use crate::config::{AclAction, AclRule, DaemonConfig, Permission};
-use crate::engine::{SendAuthenticator, SendAuthorizer, ToEngine};
+use crate::config::DaemonConfig;
+use crate::engine::{DaemonCounters, SendAuthenticator, SendAuthorizer, ToEngine};
 use crate::passwd::{self, PasswordDb};
 
 /// Argon2 verifications running at once (each takes ~19 MiB and tens of milliseconds).
 pub const MAX_CONCURRENT_VERIFY: usize = 4;
-/// Verifications waiting at once; beyond it CONNECT is refused with 0x89 Server busy.
+/// Verifications waiting or running at once; beyond it CONNECT is refused with 0x89 Server
+/// busy.
 pub const MAX_PENDING_VERIFY: usize = 1024;
 
 /// Everything needed to build the broker's authenticator and authorizer once the broker task's
@@ -30,6 +38,8 @@ pub struct AuthSetup {
     /// wrong password.
     dummy_hash: Arc<str>,
     anonymous: bool,
+    /// Password checks one source address may have waiting or running.
+    pending_per_address: usize,
     acl: Acl,
 }
 
@@ -76,11 +86,15 @@ impl AuthSetup {
             users,
             dummy_hash,
             anonymous,
-            acl: Acl {
-                default: config.acl.default,
-                rules: config.acl.rules.clone(),
-            },
+            pending_per_address: config.auth.max_pending_per_address,
+            acl: config.acl.acl(),
         })
+    }
+
+    /// Whether clients without credentials are let in (a listener serving them is open to
+    /// anyone who reaches it).
+    pub fn anonymous(&self) -> bool {
+        self.anonymous
     }
 
     /// What these hooks let in, for a log line.
@@ -88,7 +102,7 @@ impl AuthSetup {
         AuthSummary {
             users: self.users.as_ref().map(|u| u.len()),
             anonymous: self.anonymous,
-            acl_rules: self.acl.rules.len(),
+            acl_rules: self.acl.rules().len(),
         }
     }
 
@@ -105,6 +119,7 @@ impl AuthSetup {
             users: self.users,
             dummy_hash: self.dummy_hash,
             anonymous: self.anonymous,
+            pending_per_address: self.pending_per_address,
             engine,
             limits: limits.clone(),
             generation,
@@ -113,24 +128,176 @@ impl AuthSetup {
     }
 }
 
-/// What bounds password verifications across reloads: the verifications running and waiting,
-/// and which set of hooks is current. A verification that ends after its hooks were replaced
-/// (a reload) does not let the client in, whatever the old password file said: it is refused
-/// with 0x89 Server busy, and the client's next attempt meets the new file.
-#[derive(Debug, Clone)]
+/// What bounds password verifications across reloads: the checks running and waiting, by
+/// source, and which set of hooks is current. A verification that ends after its hooks were
+/// replaced (a reload) does not let the client in, whatever the old password file said: it is
+/// refused with 0x89 Server busy, and the client's next attempt meets the new file.
+#[derive(Debug, Clone, Default)]
 pub struct VerifyLimits {
-    permits: Arc<Semaphore>,
-    pending: Arc<AtomicUsize>,
+    queue: Arc<Mutex<VerifyQueue>>,
     generation: Arc<AtomicU64>,
+    /// Where refused logins are counted.
+    counters: Arc<DaemonCounters>,
 }
 
-impl Default for VerifyLimits {
-    fn default() -> Self {
+impl VerifyLimits {
+    /// Limits that count refused logins in `counters`.
+    pub fn new(counters: Arc<DaemonCounters>) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFY)),
-            pending: Arc::new(AtomicUsize::new(0)),
-            generation: Arc::new(AtomicU64::new(0)),
+            counters,
+            ..Self::default()
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VerifyQueue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queue a check, unless the queue or the source's share of it is full; start a worker
+    /// if one may start.
+    fn submit(&self, job: Job, per_source: usize) -> Result<(), ReasonCode> {
+        let source = job.source;
+        let start_worker = {
+            let mut q = self.lock();
+            if q.pending >= MAX_PENDING_VERIFY {
+                self.counters.logins_busy.fetch_add(1, Ordering::Relaxed);
+                return Err(ReasonCode::SERVER_BUSY);
+            }
+            let waiting = q.by_source.entry(source).or_default();
+            if waiting.pending >= per_source {
+                self.counters
+                    .logins_busy_address
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(ReasonCode::SERVER_BUSY);
+            }
+            waiting.pending += 1;
+            waiting.jobs.push_back(job);
+            if waiting.jobs.len() == 1 {
+                q.turns.push_back(source);
+            }
+            q.pending += 1;
+            let start = q.workers < MAX_CONCURRENT_VERIFY;
+            q.workers += usize::from(start);
+            start
+        };
+        if start_worker {
+            let limits = self.clone();
+            tokio::task::spawn_blocking(move || limits.work());
+        }
+        Ok(())
+    }
+
+    /// A worker: take the next source's oldest check, run it, answer; until none waits.
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut q = self.lock();
+                match q.next_job() {
+                    Some(job) => job,
+                    None => {
+                        q.workers -= 1;
+                        return;
+                    }
+                }
+            };
+            let ok = passwd::verify(&job.password, &job.hash) && job.known;
+            let current = self.generation.load(Ordering::Acquire) == job.generation;
+            let outcome = match (ok, current) {
+                (true, true) => AuthOutcome::Allow { username: None },
+                // Checked against a password file that has been replaced since.
+                (true, false) => AuthOutcome::Deny(ReasonCode::SERVER_BUSY),
+                (false, _) => AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
+            };
+            {
+                let mut q = self.lock();
+                q.pending -= 1;
+                q.finished(job.source);
+            }
+            // The blocking pool is outside the runtime's workers: waiting for room is fine.
+            let _ = job.engine.blocking_send(ToEngine::AuthDecision {
+                conn: job.conn,
+                outcome,
+            });
+        }
+    }
+}
+
+/// Where a login comes from, for sharing the queue: the IPv4 address, or the IPv6 /64 (one
+/// host's usual allocation). Connections without an address (in-process) share one source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Source(Option<IpAddr>);
+
+impl Source {
+    fn of(remote_addr: Option<&str>) -> Self {
+        let ip = remote_addr
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+            .map(|a| match a.ip() {
+                IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                    Some(v4) => IpAddr::V4(v4),
+                    None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+                },
+                v4 => v4,
+            });
+        Self(ip)
+    }
+}
+
+/// Password checks waiting, by source, taken in turn.
+#[derive(Debug, Default)]
+struct VerifyQueue {
+    by_source: HashMap<Source, SourceQueue>,
+    /// Sources with checks waiting, in the order they get their next turn.
+    turns: VecDeque<Source>,
+    /// Checks waiting or running.
+    pending: usize,
+    workers: usize,
+}
+
+#[derive(Debug, Default)]
+struct SourceQueue {
+    jobs: VecDeque<Job>,
+    /// Waiting or running.
+    pending: usize,
+}
+
+impl VerifyQueue {
+    fn next_job(&mut self) -> Option<Job> {
+        let source = self.turns.pop_front()?;
+        let queue = self.by_source.get_mut(&source)?;
+        let job = queue.jobs.pop_front()?;
+        if !queue.jobs.is_empty() {
+            self.turns.push_back(source);
+        }
+        Some(job)
+    }
+
+    fn finished(&mut self, source: Source) {
+        if let Some(queue) = self.by_source.get_mut(&source) {
+            queue.pending -= 1;
+            if queue.pending == 0 {
+                self.by_source.remove(&source);
+            }
+        }
+    }
+}
+
+/// One password check.
+struct Job {
+    source: Source,
+    conn: ConnId,
+    password: Vec<u8>,
+    hash: String,
+    known: bool,
+    generation: u64,
+    engine: mpsc::Sender<ToEngine>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("source", &self.source)
+            .field("conn", &self.conn)
+            .finish_non_exhaustive()
     }
 }
 
@@ -148,6 +315,7 @@ struct PasswordAuth {
     users: Option<Arc<PasswordDb>>,
     dummy_hash: Arc<str>,
     anonymous: bool,
+    pending_per_address: usize,
     engine: mpsc::Sender<ToEngine>,
     limits: VerifyLimits,
     /// The value of `limits.generation` while these hooks are current.
@@ -159,14 +327,21 @@ impl Authenticator for PasswordAuth {
         if request.method.is_some() {
             return AuthOutcome::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD);
         }
-        // A verified client certificate logs the client in as its Common Name (unless the
-        // client names another user, who must then give that user's password).
-        if let Some(identity) = request.tls_identity
-            && request.username.is_none_or(|u| u == identity)
-        {
-            return AuthOutcome::Allow {
-                username: Some(identity.to_owned()),
-            };
+        // A verified client certificate logs the client in as its name. A client that names
+        // another user must give that user's password, which needs a password file.
+        if let Some(identity) = request.tls_identity {
+            if request.username.is_none_or(|u| u == identity) {
+                return AuthOutcome::Allow {
+                    username: Some(identity.to_owned()),
+                };
+            }
+            if self.users.is_none() {
+                self.limits
+                    .counters
+                    .logins_certificate_mismatch
+                    .fetch_add(1, Ordering::Relaxed);
+                return AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+            }
         }
         let Some(users) = &self.users else {
             return AuthOutcome::Allow { username: None };
@@ -181,145 +356,22 @@ impl Authenticator for PasswordAuth {
         let Some(password) = request.password else {
             return AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         };
-        if self.limits.pending.load(Ordering::Relaxed) >= MAX_PENDING_VERIFY {
-            return AuthOutcome::Deny(ReasonCode::SERVER_BUSY);
-        }
         let (hash, known) = match users.get(username) {
             Some(h) => (h.clone(), true),
             None => (self.dummy_hash.to_string(), false),
         };
-        let password = password.to_vec();
-        let conn = request.conn;
-        let engine = self.engine.clone();
-        let limits = self.limits.clone();
-        let generation = self.generation;
-        limits.pending.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(async move {
-            let ok = match limits.permits.clone().acquire_owned().await {
-                Ok(_permit) => {
-                    tokio::task::spawn_blocking(move || passwd::verify(&password, &hash) && known)
-                        .await
-                        .unwrap_or(false)
-                }
-                Err(_) => false,
-            };
-            limits.pending.fetch_sub(1, Ordering::Relaxed);
-            let current = limits.generation.load(Ordering::Acquire) == generation;
-            let outcome = match (ok, current) {
-                (true, true) => AuthOutcome::Allow { username: None },
-                // Checked against a password file that has been replaced since.
-                (true, false) => AuthOutcome::Deny(ReasonCode::SERVER_BUSY),
-                (false, _) => AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
-            };
-            let _ = engine.send(ToEngine::AuthDecision { conn, outcome }).await;
-        });
-        AuthOutcome::Pending
-    }
-}
-
-/// ACL rules from the config: the first rule that applies decides, else `default`.
-#[derive(Debug, Clone)]
-pub struct Acl {
-    pub default: Permission,
-    pub rules: Vec<AclRule>,
-}
-
-impl Acl {
-    fn decide(&self, client: &ClientRef<'_>, action: AclAction, target: &str) -> bool {
-        for rule in &self.rules {
-            if rule.action != AclAction::All && rule.action != action {
-                continue;
-            }
-            if rule
-                .user
-                .as_deref()
-                .is_some_and(|u| Some(u) != client.username)
-            {
-                continue;
-            }
-            if rule
-                .client_id
-                .as_deref()
-                .is_some_and(|c| c != client.client_id)
-            {
-                continue;
-            }
-            let Some(filter) = substitute(&rule.topic, client) else {
-                continue;
-            };
-            let applies = match (action, rule.permission) {
-                (AclAction::Subscribe, Permission::Allow) => covers(&filter, target),
-                // A deny rule catches any subscription that could receive a denied topic.
-                (AclAction::Subscribe, Permission::Deny) => overlaps(&filter, target),
-                _ => topic::matches(&filter, target),
-            };
-            if applies {
-                return rule.permission == Permission::Allow;
-            }
-        }
-        self.default == Permission::Allow
-    }
-}
-
-impl Authorizer for Acl {
-    fn may_publish(&self, client: &ClientRef<'_>, topic: &str) -> bool {
-        self.decide(client, AclAction::Publish, topic)
-    }
-
-    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> bool {
-        self.decide(client, AclAction::Subscribe, filter.pattern())
-    }
-}
-
-/// `%u` and `%c` replaced by the username and client id. `None` (the rule does not apply) when
-/// a needed value is missing or contains characters that would change the filter's shape.
-fn substitute(template: &str, client: &ClientRef<'_>) -> Option<String> {
-    let unsafe_part = |s: &str| s.is_empty() || s.contains(['/', '+', '#']);
-    let mut out = template.to_owned();
-    if out.contains("%u") {
-        let u = client.username?;
-        if unsafe_part(u) {
-            return None;
-        }
-        out = out.replace("%u", u);
-    }
-    if out.contains("%c") {
-        if unsafe_part(client.client_id) {
-            return None;
-        }
-        out = out.replace("%c", client.client_id);
-    }
-    Some(out)
-}
-
-/// Whether every topic `inner` matches is also matched by `outer`.
-fn covers(outer: &str, inner: &str) -> bool {
-    let mut o = outer.split('/');
-    let mut i = inner.split('/');
-    loop {
-        match (o.next(), i.next()) {
-            (Some("#"), _) => return true,
-            (Some(_), Some("#")) => return false,
-            (Some("+"), Some(_)) => {}
-            (Some(_), Some("+")) => return false,
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
-/// Whether some topic is matched by both filters.
-fn overlaps(a: &str, b: &str) -> bool {
-    let mut x = a.split('/');
-    let mut y = b.split('/');
-    loop {
-        match (x.next(), y.next()) {
-            (Some("#"), _) | (_, Some("#")) => return true,
-            (Some("+"), Some(_)) | (Some(_), Some("+")) => {}
-            (Some(p), Some(q)) if p == q => {}
-            (None, None) => return true,
-            _ => return false,
+        let job = Job {
+            source: Source::of(request.remote_addr),
+            conn: request.conn,
+            password: password.to_vec(),
+            hash,
+            known,
+            generation: self.generation,
+            engine: self.engine.clone(),
+        };
+        match self.limits.submit(job, self.pending_per_address) {
+            Ok(()) => AuthOutcome::Pending,
+            Err(reason) => AuthOutcome::Deny(reason),
         }
     }
 }
@@ -327,74 +379,6 @@ fn overlaps(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rule(permission: Permission, action: AclAction, topic: &str) -> AclRule {
-        AclRule {
-            permission,
-            action,
-            topic: topic.to_owned(),
-            user: None,
-            client_id: None,
-        }
-    }
-
-    #[test]
-    fn cover_and_overlap() {
-        assert!(covers("a/#", "a/b/c"));
-        assert!(covers("a/+", "a/b"));
-        assert!(covers("a/+", "a/+"));
-        assert!(!covers("a/+", "a/#"));
-        assert!(!covers("a/b", "a/+"));
-        assert!(covers("#", "x/#"));
-        assert!(overlaps("secret/#", "#"));
-        assert!(overlaps("a/+/c", "a/b/+"));
-        assert!(!overlaps("a/b", "a/c"));
-        assert!(!overlaps("a/b", "a/b/c"));
-    }
-
-    #[test]
-    fn first_match_wins_with_substitution() {
-        let acl = Acl {
-            default: Permission::Deny,
-            rules: vec![
-                rule(Permission::Deny, AclAction::Subscribe, "secret/#"),
-                rule(Permission::Allow, AclAction::All, "users/%u/#"),
-                rule(Permission::Allow, AclAction::Subscribe, "#"),
-                rule(Permission::Allow, AclAction::Publish, "clients/%c"),
-            ],
-        };
-        let alice = ClientRef {
-            client_id: "c1",
-            username: Some("alice"),
-        };
-        let anon = ClientRef {
-            client_id: "c2",
-            username: None,
-        };
-        assert!(acl.may_publish(&alice, "users/alice/x"));
-        assert!(!acl.may_publish(&alice, "users/bob/x"));
-        assert!(!acl.may_publish(&anon, "users/x"));
-        assert!(acl.may_publish(&anon, "clients/c2"));
-        assert!(!acl.may_publish(&anon, "clients/c1"));
-        let f = |s: &str| TopicFilter::new(s).unwrap();
-        assert!(acl.may_subscribe(&alice, &f("news/#")));
-        assert!(
-            !acl.may_subscribe(&alice, &f("#")),
-            "overlaps a denied filter"
-        );
-        assert!(!acl.may_subscribe(&alice, &f("secret/x")));
-    }
-
-    #[test]
-    fn substitution_refuses_wildcards_in_names() {
-        let evil = ClientRef {
-            client_id: "#",
-            username: Some("a/b"),
-        };
-        assert_eq!(substitute("users/%u", &evil), None);
-        assert_eq!(substitute("c/%c", &evil), None);
-        assert_eq!(substitute("plain", &evil).as_deref(), Some("plain"));
-    }
 
     fn cheap_hash(password: &str) -> String {
         use argon2::password_hash::PasswordHasher;
@@ -413,44 +397,54 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_verification_that_ends_after_a_reload_does_not_let_the_client_in() {
-        let hash = cheap_hash("old");
-        let setup = AuthSetup {
-            users: Some(Arc::new([("alice".to_owned(), hash.clone())].into())),
-            dummy_hash: Arc::from(hash.as_str()),
+    fn setup(hash: &str) -> AuthSetup {
+        AuthSetup {
+            users: Some(Arc::new([("alice".to_owned(), hash.to_owned())].into())),
+            dummy_hash: Arc::from(hash),
             anonymous: false,
-            acl: Acl {
-                default: Permission::Allow,
-                rules: Vec::new(),
-            },
-        };
-        let request = AuthRequest {
-            conn: meridian_core::ConnId(1),
+            pending_per_address: 2,
+            acl: Acl::default(),
+        }
+    }
+
+    fn request<'a>(remote_addr: &'a str, password: &'a [u8]) -> AuthRequest<'a> {
+        AuthRequest {
+            conn: ConnId(1),
             client_id: "c",
             username: Some("alice"),
-            password: Some(b"old"),
+            password: Some(password),
             method: None,
             data: None,
             tls_identity: None,
-            remote_addr: None,
+            remote_addr: Some(remote_addr),
             continuation: false,
             reauthentication: false,
-        };
+        }
+    }
+
+    /// Keep workers from starting, as if every one were busy; give one back with `release`.
+    fn hold_workers(limits: &VerifyLimits) {
+        limits.lock().workers = MAX_CONCURRENT_VERIFY;
+    }
+
+    fn release_worker(limits: &VerifyLimits) {
+        limits.lock().workers -= 1;
+        let limits = limits.clone();
+        tokio::task::spawn_blocking(move || limits.work());
+    }
+
+    #[tokio::test]
+    async fn a_verification_that_ends_after_a_reload_does_not_let_the_client_in() {
+        let setup = setup(&cheap_hash("old"));
+        let request = request("10.0.0.1:5000", b"old");
         let limits = VerifyLimits::default();
         let (tx, mut rx) = mpsc::channel(4);
-        // Every verification slot taken: the check waits until after the reload.
-        let slots = u32::try_from(MAX_CONCURRENT_VERIFY).unwrap();
-        let held = limits
-            .permits
-            .clone()
-            .acquire_many_owned(slots)
-            .await
-            .unwrap();
+        // Every worker busy: the check waits until after the reload.
+        hold_workers(&limits);
         let (mut old, _) = setup.clone().build(tx.clone(), &limits);
         assert!(matches!(old.authenticate(&request), AuthOutcome::Pending));
         let (mut new, _) = setup.build(tx, &limits);
-        drop(held);
+        release_worker(&limits);
         assert_eq!(
             decision(&mut rx).await,
             AuthOutcome::Deny(ReasonCode::SERVER_BUSY)
@@ -461,6 +455,94 @@ mod tests {
             decision(&mut rx).await,
             AuthOutcome::Allow { username: None }
         );
-        assert_eq!(limits.pending.load(Ordering::Relaxed), 0);
+        let q = limits.lock();
+        assert_eq!((q.pending, q.by_source.len()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn one_address_gets_its_share_of_the_queue_and_no_more() {
+        let limits = VerifyLimits::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        hold_workers(&limits);
+        let (mut hooks, _) = setup(&cheap_hash("pw")).build(tx, &limits);
+        let flood = request("192.0.2.7:1000", b"wrong");
+        assert!(matches!(hooks.authenticate(&flood), AuthOutcome::Pending));
+        assert!(matches!(hooks.authenticate(&flood), AuthOutcome::Pending));
+        assert_eq!(
+            hooks.authenticate(&flood),
+            AuthOutcome::Deny(ReasonCode::SERVER_BUSY)
+        );
+        // Another port of the same host is the same source; another host is not.
+        assert_eq!(
+            hooks.authenticate(&request("192.0.2.7:2000", b"wrong")),
+            AuthOutcome::Deny(ReasonCode::SERVER_BUSY)
+        );
+        let mut good = request("198.51.100.1:1000", b"pw");
+        good.conn = ConnId(2);
+        assert!(matches!(hooks.authenticate(&good), AuthOutcome::Pending));
+        assert_eq!(
+            limits.counters.logins_busy_address.load(Ordering::Relaxed),
+            2
+        );
+        // One worker: the good login is checked second, not after the whole flood.
+        release_worker(&limits);
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            match rx.recv().await {
+                Some(ToEngine::AuthDecision { conn, .. }) => order.push(conn.0),
+                other => panic!("expected a decision, got {other:?}"),
+            }
+        }
+        assert_eq!(order, [1, 2, 1]);
+    }
+
+    #[test]
+    fn sources_are_addresses_and_ipv6_prefixes() {
+        let s = |a| Source::of(Some(a));
+        assert_eq!(s("10.0.0.1:1"), s("10.0.0.1:2"));
+        assert_ne!(s("10.0.0.1:1"), s("10.0.0.2:1"));
+        assert_eq!(s("[2001:db8:1:2::5]:1"), s("[2001:db8:1:2:ffff::9]:1"));
+        assert_ne!(s("[2001:db8:1:2::5]:1"), s("[2001:db8:1:3::5]:1"));
+        assert_eq!(s("[::ffff:10.0.0.1]:1"), s("10.0.0.1:9"));
+        assert_eq!(Source::of(None), Source::of(Some("not an address")));
+    }
+
+    #[test]
+    fn a_certificate_does_not_lend_its_holder_another_name() {
+        let (tx, _rx) = mpsc::channel(1);
+        let limits = VerifyLimits::default();
+        let mut open = setup("");
+        open.users = None;
+        open.anonymous = true;
+        let (mut hooks, _) = open.build(tx, &limits);
+        let mut r = request("10.0.0.1:1", b"");
+        r.tls_identity = Some("device-7");
+        r.username = Some("admin");
+        r.password = None;
+        assert_eq!(
+            hooks.authenticate(&r),
+            AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+        );
+        assert_eq!(
+            limits
+                .counters
+                .logins_certificate_mismatch
+                .load(Ordering::Relaxed),
+            1
+        );
+        r.username = Some("device-7");
+        assert_eq!(
+            hooks.authenticate(&r),
+            AuthOutcome::Allow {
+                username: Some("device-7".into())
+            }
+        );
+        r.username = None;
+        assert_eq!(
+            hooks.authenticate(&r),
+            AuthOutcome::Allow {
+                username: Some("device-7".into())
+            }
+        );
     }
 }

@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use meridian_core::acl;
 use meridian_core::codec::QoS;
 use serde::Deserialize;
 
@@ -246,41 +247,70 @@ pub struct MqttFeatures {
 pub struct AuthConfig {
     pub password_file: String,
     pub allow_anonymous: bool,
+    pub max_pending_per_address: usize,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Permission {
-    Allow,
-    Deny,
+/// `allow` or `deny`, in `[acl]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct AclPermission(pub acl::Permission);
+
+impl TryFrom<String> for AclPermission {
+    type Error = acl::RuleError;
+
+    fn try_from(s: String) -> Result<Self, acl::RuleError> {
+        s.parse().map(Self)
+    }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum AclAction {
-    Publish,
-    Subscribe,
-    All,
-}
+/// One `[[acl.rules]]` table, checked as it is read (a bad topic is named with its line).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "AclRuleTable")]
+pub struct AclRule(pub acl::Rule);
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AclRule {
-    pub permission: Permission,
-    pub action: AclAction,
-    pub topic: String,
+struct AclRuleTable {
+    permission: String,
+    action: String,
+    topic: String,
     #[serde(default)]
-    pub user: Option<String>,
+    user: Option<String>,
     #[serde(default)]
-    pub client_id: Option<String>,
+    client_id: Option<String>,
+}
+
+impl TryFrom<AclRuleTable> for AclRule {
+    type Error = acl::RuleError;
+
+    fn try_from(t: AclRuleTable) -> Result<Self, acl::RuleError> {
+        let mut rule = acl::Rule::new(t.permission.parse()?, t.action.parse()?, &t.topic)?;
+        if let Some(user) = t.user {
+            rule = rule.for_user(user);
+        }
+        if let Some(client_id) = t.client_id {
+            rule = rule.for_client_id(client_id);
+        }
+        Ok(Self(rule))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AclConfig {
-    pub default: Permission,
+    pub default: AclPermission,
     #[serde(default)]
     pub rules: Vec<AclRule>,
+}
+
+impl AclConfig {
+    /// The rule engine these rules make.
+    pub fn acl(&self) -> acl::Acl {
+        acl::Acl::new(
+            self.default.0,
+            self.rules.iter().map(|r| r.0.clone()).collect(),
+        )
+    }
 }
 
 impl Default for DaemonConfig {
@@ -380,6 +410,11 @@ impl DaemonConfig {
                     "listeners.{name}.backlog: must be at least 1"
                 )));
             }
+        }
+        if self.auth.max_pending_per_address == 0 {
+            return Err(invalid(
+                "auth.max_pending_per_address: must be at least 1".to_owned(),
+            ));
         }
         if self.limits.max_write_buffer_bytes < 1024 {
             return Err(invalid(
@@ -693,9 +728,10 @@ partial!(PMqtt {
 });
 partial!(PAuth {
     password_file: String,
-    allow_anonymous: bool
+    allow_anonymous: bool,
+    max_pending_per_address: usize,
 });
-partial!(PAcl { default: Permission, rules: Vec<AclRule> });
+partial!(PAcl { default: AclPermission, rules: Vec<AclRule> });
 partial!(PCluster {
     enabled: bool,
     region: String,
@@ -805,6 +841,38 @@ mod tests {
                 .unwrap();
             assert_eq!(c.core_config().sys_interval_ms, ok);
         }
+    }
+
+    #[test]
+    fn acl_rules_are_checked_as_they_are_read() {
+        let c = DaemonConfig::parse(
+            "[acl]\ndefault = \"deny\"\n[[acl.rules]]\npermission = \"allow\"\n\
+             action = \"subscribe\"\ntopic = \"users/%u/#\"\nuser = \"alice\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        let acl = c.acl.acl();
+        assert_eq!(acl.default_permission(), acl::Permission::Deny);
+        assert_eq!(acl.rules()[0].topic(), "users/%u/#");
+        assert_eq!(acl.rules()[0].user(), Some("alice"));
+        for (bad, what) in [
+            ("topic = \"a/#/b\"", "misplaced wildcard"),
+            ("topic = \"$share/g/a\"", "shared subscriptions"),
+        ] {
+            let e = DaemonConfig::parse(
+                &format!(
+                    "[acl]\n\n[[acl.rules]]\npermission = \"deny\"\naction = \"all\"\n{bad}\n"
+                ),
+                "x.toml",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(what) && e.contains("line"), "{bad}: {e}");
+        }
+        let e = DaemonConfig::parse("[acl]\ndefault = \"maybe\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && e.contains("allow or deny"), "{e}");
     }
 
     #[test]

@@ -184,6 +184,20 @@ pub struct DaemonCounters {
     /// Pages the store's cache let go of because it was full ([`Store::cache_evictions`]).
     pub storage_cache_evictions: AtomicU64,
     pub connections_accepted: AtomicU64,
+    /// CONNECTs refused with 0x89 because the password-check queue was full.
+    pub logins_busy: AtomicU64,
+    /// ... because the client's address had its share of the queue.
+    pub logins_busy_address: AtomicU64,
+    /// CONNECTs refused because a client certificate's name was not the username given.
+    pub logins_certificate_mismatch: AtomicU64,
+    /// WebSocket upgrades refused for their Origin (HTTP 403).
+    pub websocket_origin_refused: AtomicU64,
+    /// Admin requests refused: no or a wrong bearer token (HTTP 401).
+    pub admin_refused_token: AtomicU64,
+    /// ... a Host header that names no allowed host (HTTP 421).
+    pub admin_refused_host: AtomicU64,
+    /// Admin connections closed because their request headers took too long.
+    pub admin_header_timeouts: AtomicU64,
 }
 
 /// A cheap handle to the broker task.

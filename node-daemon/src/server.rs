@@ -172,12 +172,12 @@ impl Server {
         custom_auth: Option<AuthFactory>,
     ) -> anyhow::Result<Self> {
         let has_custom_auth = custom_auth.is_some();
-        let verify_limits = auth::VerifyLimits::default();
+        let counters = Arc::new(DaemonCounters::default());
+        let verify_limits = auth::VerifyLimits::new(counters.clone());
         let auth_setup = match custom_auth {
             Some(f) => Err(f),
             None => Ok(auth::AuthSetup::from_config(&config)?),
         };
-        let counters = Arc::new(DaemonCounters::default());
         let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
         // Cluster mode: the secrets first, so that a missing key stops the start early.
         let cluster = &config.cluster;

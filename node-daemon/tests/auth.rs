@@ -142,13 +142,17 @@ async fn logins_are_checked() {
 }
 
 #[tokio::test]
-async fn denied_subscriptions_get_0x87_on_v5_and_0x80_on_v311() {
+async fn subscriptions_wholly_in_denied_topics_get_0x87_on_v5_and_0x80_on_v311() {
     let s = start();
     let port = s.daemon.mqtt;
     let (mut c5, _) = login(port, V5, "s5", Some("alice"), Some("looking-glass")).await;
     for (i, (filter, ok)) in [
         ("secret/x", false),
-        ("#", false),
+        ("secret/#", false),
+        ("ops/#", false),
+        // Reaches allowed and denied topics: accepted, and filtered as messages come.
+        ("#", true),
+        ("users/+/#", true),
         ("users/bob/#", false),
         ("users/alice/#", true),
         ("public/+", true),
@@ -342,4 +346,80 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
     s.daemon
         .wait_for_log("take effect at the next start", 1)
         .await;
+}
+
+/// A monitoring client subscribed to `#` under a deny rule: everything but the denied topics
+/// reaches it, retained messages included; counted in `/metrics`.
+#[tokio::test]
+async fn a_wildcard_subscriber_gets_everything_but_the_denied_topics() {
+    use common::{v3, v5};
+    use rumqttc::v5::mqttbytes::QoS as Qos5;
+
+    let daemon = Daemon::start_with_config(Some(
+        r#"
+[acl]
+default = "allow"
+
+[[acl.rules]]
+permission = "deny"
+action = "subscribe"
+topic = "secret/#"
+"#,
+    ));
+    let port = daemon.mqtt;
+    let mut publisher = v3::connect(v3::options("pub", port)).await;
+    for (topic, retain) in [("secret/r", true), ("public/r", true)] {
+        publisher
+            .client
+            .publish(topic, rumqttc::QoS::AtLeastOnce, retain, "retained")
+            .await
+            .unwrap();
+        publisher
+            .expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+
+    let mut monitor = v5::connect(v5::options("monitor", port)).await;
+    monitor.subscribe("#", Qos5::AtLeastOnce).await;
+    let mut status = v3::connect(v3::options("status", port)).await;
+    let granted = status
+        .subscribe("+/status", rumqttc::QoS::AtLeastOnce)
+        .await;
+    assert_eq!(
+        granted,
+        [rumqttc::SubscribeReasonCode::Success(
+            rumqttc::QoS::AtLeastOnce
+        )]
+    );
+    let refused = status
+        .subscribe("secret/+", rumqttc::QoS::AtLeastOnce)
+        .await;
+    assert_eq!(refused, [rumqttc::SubscribeReasonCode::Failure]);
+
+    for topic in ["secret/status", "public/status", "secret/a/b", "public/end"] {
+        publisher
+            .client
+            .publish(topic, rumqttc::QoS::AtLeastOnce, false, "live")
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("public/end") {
+        let p = monitor.publish_msg().await;
+        seen.push(String::from_utf8_lossy(&p.topic).into_owned());
+    }
+    assert_eq!(seen, ["public/r", "public/status", "public/end"]);
+    let p = status.publish_msg().await;
+    assert_eq!(p.topic, "public/status");
+
+    // secret/r kept from the monitor; secret/status from both; secret/a/b from the monitor.
+    let (_, metrics) = common::http(daemon.admin, "GET", "/metrics").await;
+    assert!(
+        metrics.contains("meridian_deliveries_withheld_total 4"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("meridian_subscriptions_refused_total 1"),
+        "{metrics}"
+    );
 }

@@ -105,7 +105,9 @@ async fn state_persists_across_restarts() {
 /// through `AuthDecisions`; its authorizer refuses one topic.
 #[tokio::test]
 async fn custom_authenticator_decides_asynchronously() {
-    use meridian_core::broker::{AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
+    use meridian_core::broker::{
+        AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess,
+    };
     use meridian_core::codec::ReasonCode;
     use meridian_core::topic::TopicFilter;
     use meridian_daemon::AuthDecisions;
@@ -134,8 +136,15 @@ async fn custom_authenticator_decides_asynchronously() {
         fn may_publish(&self, _: &ClientRef<'_>, topic: &str) -> bool {
             topic != "secret"
         }
-        fn may_subscribe(&self, _: &ClientRef<'_>, f: &TopicFilter) -> bool {
-            f.pattern() != "secret"
+        fn may_subscribe(&self, _: &ClientRef<'_>, f: &TopicFilter) -> FilterAccess {
+            match f.pattern() {
+                "secret" => FilterAccess::Denied,
+                "#" => FilterAccess::Filtered,
+                _ => FilterAccess::Allowed,
+            }
+        }
+        fn may_receive(&self, _: &ClientRef<'_>, topic: &str) -> bool {
+            topic != "secret"
         }
     }
 

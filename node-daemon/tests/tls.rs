@@ -260,4 +260,36 @@ require_client_cert = true
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["username"], "device-42");
+
+    // The certificate does not lend its holder another name (no password file could vouch
+    // for one): rumqttc presenting it with the username "admin" is refused.
+    let client_config = builder()
+        .with_client_auth_cert(
+            vec![CertificateDer::from(client_cert.der().to_vec())],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(client_key.serialize_der())),
+        )
+        .unwrap();
+    let mut options = rumqttc::MqttOptions::new("impostor", "localhost", tls_port);
+    options.set_credentials("admin", "anything");
+    options.set_transport(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Rustls(Arc::new(client_config)),
+    ));
+    let (_client, mut eventloop) = rumqttc::AsyncClient::new(options, 10);
+    let refused = tokio::time::timeout(DEADLINE, eventloop.poll())
+        .await
+        .expect("an answer in time");
+    assert!(
+        matches!(
+            refused,
+            Err(rumqttc::ConnectionError::ConnectionRefused(
+                rumqttc::ConnectReturnCode::BadUserNamePassword
+            ))
+        ),
+        "{refused:?}"
+    );
+    let (_, metrics) = common::http(d.admin, "GET", "/metrics").await;
+    assert!(
+        metrics.contains(r#"meridian_logins_refused_total{reason="certificate_mismatch"} 1"#),
+        "{metrics}"
+    );
 }

@@ -3,6 +3,8 @@
 use bytes::Bytes;
 
 use super::io::ConnId;
+use crate::acl::Acl;
+pub use crate::acl::{ClientRef, FilterAccess};
 use crate::codec::ReasonCode;
 use crate::topic::TopicFilter;
 
@@ -51,17 +53,21 @@ impl<T: Authenticator + ?Sized> Authenticator for Box<T> {
     }
 }
 
-/// The identity that authorization rules are evaluated against.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientRef<'a> {
-    pub client_id: &'a str,
-    pub username: Option<&'a str>,
-}
-
 /// Decides what a connected client may do.
+///
+/// The broker asks [`Authorizer::may_subscribe`] once per subscription, when it is made (and
+/// again when the hooks are replaced, the session changes user or is restored). Messages for
+/// a subscription answered [`FilterAccess::Filtered`] are each checked with
+/// [`Authorizer::may_receive`] before delivery — live, retained and forwarded alike; the
+/// others are never checked per message. [`Acl`] is the rule engine the shells use.
 pub trait Authorizer {
+    /// Whether `client` may publish to `topic` (its will included).
     fn may_publish(&self, client: &ClientRef<'_>, topic: &str) -> bool;
-    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> bool;
+    /// What a subscription to `filter` may receive: `Denied` refuses it in SUBACK.
+    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> FilterAccess;
+    /// Whether a message on `topic` may go to `client` through a subscription that
+    /// [`Authorizer::may_subscribe`] answered `Filtered` for.
+    fn may_receive(&self, client: &ClientRef<'_>, topic: &str) -> bool;
 }
 
 impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
@@ -69,8 +75,27 @@ impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
         (**self).may_publish(client, topic)
     }
 
-    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> bool {
+    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> FilterAccess {
         (**self).may_subscribe(client, filter)
+    }
+
+    fn may_receive(&self, client: &ClientRef<'_>, topic: &str) -> bool {
+        (**self).may_receive(client, topic)
+    }
+}
+
+impl Authorizer for Acl {
+    fn may_publish(&self, client: &ClientRef<'_>, topic: &str) -> bool {
+        Acl::may_publish(self, client, topic)
+    }
+
+    /// Shared subscriptions are judged on their filter without `$share/group/`.
+    fn may_subscribe(&self, client: &ClientRef<'_>, filter: &TopicFilter) -> FilterAccess {
+        self.filter_access(client, filter.pattern())
+    }
+
+    fn may_receive(&self, client: &ClientRef<'_>, topic: &str) -> bool {
+        Acl::may_receive(self, client, topic)
     }
 }
 
@@ -94,7 +119,11 @@ impl Authorizer for AllowAll {
         true
     }
 
-    fn may_subscribe(&self, _: &ClientRef<'_>, _: &TopicFilter) -> bool {
+    fn may_subscribe(&self, _: &ClientRef<'_>, _: &TopicFilter) -> FilterAccess {
+        FilterAccess::Allowed
+    }
+
+    fn may_receive(&self, _: &ClientRef<'_>, _: &str) -> bool {
         true
     }
 }

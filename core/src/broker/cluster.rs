@@ -15,6 +15,7 @@ use super::io::{ConnId, Event, Output, Timestamp};
 use super::message::Message;
 use super::persist::Key;
 use super::session::SessionId;
+use super::subscribe::RetainedFor;
 use super::{Authenticator, Authorizer, Broker, Timer};
 use crate::codec::{Publish, PublishProperties, QoS, SubAck};
 use crate::link::{
@@ -23,7 +24,6 @@ use crate::link::{
 };
 use crate::retained::{Hlc, LwwMap, Stamp};
 use crate::routes::{DeltaOutcome, NodeId, Owner, RouteLog, RouteTable, SnapshotOutcome};
-use crate::topic::TopicFilter;
 
 /// This node's identity in the deployment and the bounds of its links.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +134,7 @@ struct Fence {
     conn: ConnId,
     sid: SessionId,
     suback: SubAck,
-    retained: Vec<(TopicFilter, QoS, Option<u32>)>,
+    retained: Vec<RetainedFor>,
     /// The route-set version every waited-for peer must have applied; `None` until the batch
     /// holding the new filters is flushed.
     target: Option<u64>,
@@ -312,8 +312,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         sid: SessionId,
         granted: bool,
         suback: SubAck,
-        retained: Vec<(TopicFilter, QoS, Option<u32>)>,
-    ) -> Option<(SubAck, Vec<(TopicFilter, QoS, Option<u32>)>)> {
+        retained: Vec<RetainedFor>,
+    ) -> Option<(SubAck, Vec<RetainedFor>)> {
         let now = self.now;
         let Some(c) = &mut self.cluster else {
             return Some((suback, retained));

@@ -190,8 +190,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         if let Some(name) = username
                             && let Some(s) = self.session_mut(session)
                         {
+                            let changed = s.username.as_deref() != Some(name.as_str());
                             s.username = Some(name.into());
                             self.persist_session_meta(session);
+                            if changed {
+                                self.reclassify_subscriptions(session);
+                            }
                         }
                         self.send(conn_id, &auth_packet(ReasonCode::SUCCESS, method, None));
                     }
@@ -310,11 +314,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.cancel_session_timers(sid);
         let generation = self.next_generation();
         let had_records;
+        let user_changed;
         {
             let will = connect.will.as_ref().map(|w| Box::new(will_from(w)));
             // new_session / existing ids are live slots.
             let session = self.session_mut(sid).expect("session slot just looked up");
             had_records = session.persisted;
+            user_changed = session.username.as_deref() != username.as_deref();
             session.conn = Some(conn_id);
             session.protocol = connect.protocol;
             session.username = username.as_deref().map(Box::from);
@@ -326,6 +332,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         if had_records && expiry == 0 {
             self.unpersist_session(sid);
+        }
+        if session_present && user_changed {
+            self.reclassify_subscriptions(sid);
         }
         self.persist_session_meta(sid);
 

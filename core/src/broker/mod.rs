@@ -26,7 +26,9 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use foldhash::fast::FixedState;
 
-pub use auth::{AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef};
+pub use auth::{
+    AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess,
+};
 pub use cluster::{ClusterConfig, PeerSummary};
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
@@ -186,13 +188,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// Replace the authentication and authorization hooks, say after the application reloaded
-    /// its passwords or rules. What is already decided stays: connected clients stay connected
-    /// and their subscriptions stay in place. Every later decision asks the new hooks,
-    /// including a re-authentication; a decision the old authenticator left pending is still
-    /// taken when it comes ([`Input::AuthDecision`]).
+    /// its passwords or rules. Connected clients stay connected and their subscriptions stay
+    /// in place, judged again: from now on every message delivered to them passes the new
+    /// rules (a subscription they now refuse delivers nothing). Every later decision asks the
+    /// new hooks, including a re-authentication; a decision the old authenticator left
+    /// pending is still taken when it comes ([`Input::AuthDecision`]).
     pub fn set_hooks(&mut self, authenticator: A, authorizer: Z) {
         self.authenticator = authenticator;
         self.authorizer = authorizer;
+        let sessions: Vec<SessionId> = self.by_client_id.values().copied().collect();
+        for sid in sessions {
+            self.reclassify_subscriptions(sid);
+        }
     }
 
     /// A new network connection. The client must send CONNECT within the connect timeout.

@@ -279,12 +279,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         ready_only: bool,
     ) -> usize {
         let mut recipients = std::mem::take(&mut self.scratch);
+        let withheld = std::cell::Cell::new(0);
         self.subs.recipients(
             &message.topic,
             message.origin,
             |sid| self.readiness(sid),
+            |sid| {
+                let ok = self.may_receive(sid, &message.topic);
+                withheld.set(withheld.get() + u64::from(!ok));
+                ok
+            },
             &mut recipients,
         );
+        self.stats.withheld_not_authorized += withheld.get();
         if ready_only {
             recipients.retain(|r| self.readiness(r.session) == Readiness::Ready);
         }
@@ -301,6 +308,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.scratch = recipients;
         n
+    }
+
+    /// Whether the authorizer lets a message on `topic` go to the session (asked for its
+    /// filtered subscriptions only).
+    pub(super) fn may_receive(&self, sid: SessionId, topic: &str) -> bool {
+        self.session(sid).is_some_and(|s| {
+            let client = ClientRef {
+                client_id: &s.client_id,
+                username: s.username.as_deref(),
+            };
+            self.authorizer.may_receive(&client, topic)
+        })
     }
 
     /// Whether a session can take a message now.
@@ -721,29 +740,29 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         // A QoS 2 message once sent must be completed with the same client (MQTT-4.8.2-5):
         // only QoS 1 in flight and messages never sent may move.
-        let candidates: Vec<(u64, Arc<str>)> = session
+        let candidates: Vec<(u64, Arc<str>, Arc<str>)> = session
             .inflight
             .iter()
             .filter(|m| m.state == InflightState::AwaitAck && m.delivery.qos == QoS::AtLeastOnce)
             .map(|m| (m.seq, &m.delivery))
             .chain(session.queue.iter().map(|m| (m.seq, &m.delivery)))
-            .filter_map(|(seq, d)| Some((seq, d.shared()?.clone())))
+            .filter_map(|(seq, d)| Some((seq, d.shared()?.clone(), d.message.topic.clone())))
             .collect();
-        for (seq, filter) in candidates {
+        for (seq, filter, topic) in candidates {
             let Ok(filter) = TopicFilter::new(&*filter) else {
                 continue;
             };
-            let target = {
-                let sessions = &self.sessions;
-                // While the session lives on, only a connected member is worth moving to; when
-                // it ends, any member (an offline one queues the message) beats losing it.
-                self.subs.other_shared_member(&filter, sid, |s| {
-                    sessions
-                        .get(s as usize)
-                        .and_then(Option::as_ref)
+            // While the session lives on, only a connected member is worth moving to; when
+            // it ends, any member (an offline one queues the message) beats losing it.
+            let target = self.subs.other_shared_member(
+                &filter,
+                sid,
+                |s| {
+                    self.session(s)
                         .is_some_and(|x| session_ends || x.conn.is_some())
-                })
-            };
+                },
+                |s| self.may_receive(s, &topic),
+            );
             let Some((other, sub)) = target else { continue };
             let Some(session) = self.session_mut(sid) else {
                 return;

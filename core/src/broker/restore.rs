@@ -137,12 +137,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.persist(key.encode(), None);
                 continue;
             };
+            let filtered = self.access_filtered(sid, &filter);
             let change = self.subs.insert(
                 &filter,
                 sid,
                 Subscriber {
                     options: entry.options,
                     subscription_id: entry.subscription_id,
+                    filtered,
                 },
             );
             if change.route_changed {

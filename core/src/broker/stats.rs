@@ -25,7 +25,13 @@ pub struct Stats {
     pub dropped_qos0_offline: u64,
     /// QoS 0 deliveries dropped because the connection was congested ([`crate::Input::Congested`]).
     pub dropped_qos0_congested: u64,
+    /// PUBLISH packets (and wills) refused by the authorizer.
     pub dropped_not_authorized: u64,
+    /// Deliveries withheld from filtered subscriptions by the authorizer
+    /// ([`crate::acl::FilterAccess::Filtered`]).
+    pub withheld_not_authorized: u64,
+    /// Subscriptions refused by the authorizer (SUBACK 0x87, or 0x80 to 3.1.1 clients).
+    pub subscriptions_not_authorized: u64,
     pub dropped_retained_full: u64,
     /// QoS 0 forwards for a peer whose link was down.
     pub dropped_peer_down: u64,

@@ -8,7 +8,7 @@ use super::message::{Delivery, Message};
 use super::persist::{self, Key};
 use super::session::{SessionId, SubscriptionEntry};
 use super::subscriptions::Subscriber;
-use super::{Authenticator, Authorizer, Broker, ClientRef};
+use super::{Authenticator, Authorizer, Broker, ClientRef, FilterAccess};
 use crate::codec::{
     Packet, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck,
     Unsubscribe,
@@ -30,7 +30,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             );
         }
         let mut reasons = Vec::with_capacity(s.filters.len());
-        let mut retained_for: Vec<(TopicFilter, QoS, Option<u32>)> = Vec::new();
+        let mut retained_for: Vec<RetainedFor> = Vec::new();
         for f in s.filters {
             let filter = match TopicFilter::with_limits(f.filter.as_str(), &self.topic_limits) {
                 Ok(filter) => filter,
@@ -66,10 +66,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 client_id: &session.client_id,
                 username: session.username.as_deref(),
             };
-            if !self.authorizer.may_subscribe(&client, &filter) {
-                reasons.push(failure(v5, ReasonCode::NOT_AUTHORIZED));
-                continue;
-            }
+            let filtered = match self.authorizer.may_subscribe(&client, &filter) {
+                FilterAccess::Allowed => false,
+                FilterAccess::Filtered => true,
+                FilterAccess::Denied => {
+                    self.stats.subscriptions_not_authorized += 1;
+                    reasons.push(failure(v5, ReasonCode::NOT_AUTHORIZED));
+                    continue;
+                }
+            };
             let exists = session.subscriptions.contains_key(filter.as_str());
             if !exists && session.subscriptions.len() >= self.config.max_subscriptions_per_client {
                 reasons.push(failure(v5, ReasonCode::QUOTA_EXCEEDED));
@@ -93,6 +98,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 Subscriber {
                     options,
                     subscription_id,
+                    filtered,
                 },
             );
             if change.route_changed {
@@ -119,7 +125,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     RetainHandling::Never => false,
                 };
             if send_retained {
-                retained_for.push((filter, options.qos, subscription_id));
+                retained_for.push(RetainedFor {
+                    filter,
+                    qos: options.qos,
+                    subscription_id,
+                    filtered,
+                });
             }
             reasons.push(ReasonCode(options.qos as u8));
         }
@@ -149,34 +160,33 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         conn_id: ConnId,
         sid: SessionId,
         suback: SubAck,
-        retained_for: Vec<(TopicFilter, QoS, Option<u32>)>,
+        retained_for: Vec<RetainedFor>,
     ) {
         self.send(conn_id, &Packet::SubAck(suback));
-        for (filter, qos, subscription_id) in retained_for {
-            self.send_retained(sid, &filter, qos, subscription_id);
-            self.send_sys(sid, &filter, qos, subscription_id);
+        for r in retained_for {
+            self.send_retained(sid, &r);
+            self.send_sys(sid, &r);
         }
     }
 
     /// Retained messages matching a new subscription, with the retain flag set.
-    fn send_retained(
-        &mut self,
-        sid: SessionId,
-        filter: &TopicFilter,
-        granted: QoS,
-        subscription_id: Option<u32>,
-    ) {
+    fn send_retained(&mut self, sid: SessionId, r: &RetainedFor) {
         let now = self.now;
         let mut matches: Vec<Arc<Message>> = Vec::new();
-        self.retained.for_each_match(filter.pattern(), |m| {
+        self.retained.for_each_match(r.filter.pattern(), |m| {
             // Under `$SYS` the broker's own figures take the place of anything stored there.
             if !m.is_expired(now) && !self.sys_reserved(&m.topic) {
                 matches.push(m.clone());
             }
         });
+        if r.filtered {
+            let before = matches.len();
+            matches.retain(|m| self.may_receive(sid, &m.topic));
+            self.stats.withheld_not_authorized += (before - matches.len()) as u64;
+        }
         for message in matches {
-            let qos = message.qos.min(granted);
-            let ids = subscription_id.into_iter().collect();
+            let qos = message.qos.min(r.qos);
+            let ids = r.subscription_id.into_iter().collect();
             let delivery = Delivery::new(message.clone(), qos, true, ids, None);
             // A retained message holds its own bytes already.
             self.deliver(sid, delivery, &mut Some(message));
@@ -235,6 +245,48 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         true
     }
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Whether a subscription of the session to `filter`, made earlier, needs its messages
+    /// checked under the current hooks. One the hooks would now refuse stays in place, and
+    /// every message for it is checked (so none the session may not receive gets through).
+    pub(super) fn access_filtered(&self, sid: SessionId, filter: &TopicFilter) -> bool {
+        self.session(sid).is_some_and(|s| {
+            let client = ClientRef {
+                client_id: &s.client_id,
+                username: s.username.as_deref(),
+            };
+            self.authorizer.may_subscribe(&client, filter) != FilterAccess::Allowed
+        })
+    }
+
+    /// Judge a session's subscriptions again: the hooks or its user changed.
+    pub(super) fn reclassify_subscriptions(&mut self, sid: SessionId) {
+        let Some(session) = self.session(sid) else {
+            return;
+        };
+        let filters: Vec<TopicFilter> = session
+            .subscriptions
+            .iter()
+            .filter_map(|(text, _)| TopicFilter::new(text.as_str()).ok())
+            .collect();
+        for filter in filters {
+            let filtered = self.access_filtered(sid, &filter);
+            self.subs.set_filtered(&filter, sid, filtered);
+        }
+    }
+}
+
+/// A subscription granted by a SUBACK, whose retained messages follow it.
+#[derive(Debug)]
+pub(super) struct RetainedFor {
+    pub filter: TopicFilter,
+    /// The QoS granted.
+    pub qos: QoS,
+    pub subscription_id: Option<u32>,
+    /// Each message is checked before it is sent ([`Subscriber::filtered`]).
+    pub filtered: bool,
 }
 
 /// A refusal code as the protocol version can say it (3.1.1 knows only 0x80).

@@ -13,6 +13,9 @@ use crate::topic::{FilterTrie, TopicFilter};
 pub(crate) struct Subscriber {
     pub options: SubscriptionOptions,
     pub subscription_id: Option<u32>,
+    /// The subscription reaches topics its session may not receive
+    /// ([`crate::acl::FilterAccess::Filtered`]): each message is checked before delivery.
+    pub filtered: bool,
 }
 
 #[derive(Debug)]
@@ -64,6 +67,14 @@ impl Direct {
                 None
             }
             Direct::Many(m) => m.insert(session, sub),
+        }
+    }
+
+    fn get_mut(&mut self, session: SessionId) -> Option<&mut Subscriber> {
+        match self {
+            Direct::One(s, sub) if *s == session => Some(sub),
+            Direct::Many(m) => m.get_mut(&session),
+            _ => None,
         }
     }
 
@@ -220,12 +231,14 @@ impl SubscriptionIndex {
     /// Everyone who should receive a message on `topic`: one entry per session for its direct
     /// subscriptions (overlaps merged: highest QoS, every subscription identifier), plus one per
     /// matching shared group (a member chosen round-robin, the most [`Readiness`] first).
-    /// `origin` is the publishing session, skipped by No Local subscriptions.
+    /// `origin` is the publishing session, skipped by No Local subscriptions. A filtered
+    /// subscription counts only if `may_receive` lets its session have the message.
     pub fn recipients(
         &self,
         topic: &str,
         origin: Option<SessionId>,
         readiness: impl Fn(SessionId) -> Readiness,
+        may_receive: impl Fn(SessionId) -> bool,
         out: &mut Vec<Recipient>,
     ) {
         out.clear();
@@ -233,6 +246,9 @@ impl SubscriptionIndex {
         self.trie.for_each_match(topic, |entry| {
             for (session, sub) in entry.direct.iter() {
                 if sub.options.no_local && origin == Some(session) {
+                    continue;
+                }
+                if sub.filtered && !may_receive(session) {
                     continue;
                 }
                 out.push(Recipient {
@@ -244,7 +260,7 @@ impl SubscriptionIndex {
                 });
             }
             for group in &entry.shared {
-                if let Some((session, sub)) = pick_member(group, &readiness) {
+                if let Some((session, sub)) = pick_member(group, &readiness, &may_receive) {
                     shared.push(Recipient {
                         session,
                         qos: sub.options.qos,
@@ -271,24 +287,57 @@ impl SubscriptionIndex {
     }
 
     /// Another member of the shared group `filter` than `except`, among those `eligible`
-    /// accepts, for re-sending a message `except` did not acknowledge.
+    /// accepts (and `may_receive` too, for filtered members), for re-sending a message
+    /// `except` did not acknowledge.
     pub fn other_shared_member(
         &self,
         filter: &TopicFilter,
         except: SessionId,
         eligible: impl Fn(SessionId) -> bool,
+        may_receive: impl Fn(SessionId) -> bool,
     ) -> Option<(SessionId, Subscriber)> {
         let name = filter.shared_group()?;
         let entry = self.trie.get(filter.pattern())?;
         let group = entry.shared.iter().find(|g| &*g.name == name)?;
-        let (session, sub) = pick_member(group, &|s| {
-            if s != except && eligible(s) {
-                Readiness::Ready
-            } else {
-                Readiness::Offline
-            }
-        })?;
+        let (session, sub) = pick_member(
+            group,
+            &|s| {
+                if s != except && eligible(s) {
+                    Readiness::Ready
+                } else {
+                    Readiness::Offline
+                }
+            },
+            &may_receive,
+        )?;
         (session != except && eligible(session)).then_some((session, sub))
+    }
+
+    /// Mark a session's subscription to `filter` filtered or not; whether it exists.
+    pub fn set_filtered(
+        &mut self,
+        filter: &TopicFilter,
+        session: SessionId,
+        filtered: bool,
+    ) -> bool {
+        let Some(entry) = self.trie.get_mut(filter.pattern()) else {
+            return false;
+        };
+        let sub = match filter.shared_group() {
+            None => entry.direct.get_mut(session),
+            Some(name) => entry
+                .shared
+                .iter_mut()
+                .find(|g| &*g.name == name)
+                .and_then(|g| g.members.get_mut(&session)),
+        };
+        match sub {
+            Some(sub) => {
+                sub.filtered = filtered;
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -304,15 +353,19 @@ pub enum Readiness {
 
 /// Round-robin over the group: the next member in turn that is [`Readiness::Ready`]; if there
 /// is none, the next of the readiest there are (a message for an offline member is queued in
-/// its session).
+/// its session). A filtered member that `may_receive` refuses is passed over.
 fn pick_member(
     group: &SharedGroup,
     readiness: &impl Fn(SessionId) -> Readiness,
+    may_receive: &impl Fn(SessionId) -> bool,
 ) -> Option<(SessionId, Subscriber)> {
     let n = group.members.len();
     let start = group.cursor.get() % n.max(1);
     let mut fallback: Option<(Readiness, usize, SessionId, Subscriber)> = None;
     for (k, (&session, sub)) in group.members.iter().enumerate().cycle().skip(start).take(n) {
+        if sub.filtered && !may_receive(session) {
+            continue;
+        }
         let ready = readiness(session);
         if ready == Readiness::Ready {
             group.cursor.set(k + 1);
@@ -338,6 +391,7 @@ mod tests {
                 ..Default::default()
             },
             subscription_id: None,
+            filtered: false,
         }
     }
 

@@ -21,10 +21,11 @@ use bytes::Bytes;
 use super::MessageProperties;
 use super::message::Delivery;
 use super::session::SessionId;
+use super::subscribe::RetainedFor;
 use super::{Authenticator, Authorizer, Broker, Message, Timer};
 use crate::Timestamp;
 use crate::codec::QoS;
-use crate::topic::{self, TopicFilter};
+use crate::topic;
 
 /// The topics, in the order [`Broker::sys_figures`] gives their values.
 const TOPICS: [&str; 16] = [
@@ -114,15 +115,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// The figures matching a new subscription, with the retain flag set: those last worked
     /// out, or new ones if those are an interval old (so that a flood of subscriptions works
     /// them out at most once an interval).
-    pub(super) fn send_sys(
-        &mut self,
-        sid: SessionId,
-        filter: &TopicFilter,
-        granted: QoS,
-        subscription_id: Option<u32>,
-    ) {
+    pub(super) fn send_sys(&mut self, sid: SessionId, r: &RetainedFor) {
         let Some(sys) = &self.sys else { return };
-        if !filter.pattern().starts_with("$SYS") {
+        if !r.filter.pattern().starts_with("$SYS") {
             return;
         }
         let interval = self.config.sys_interval_ms;
@@ -142,13 +137,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let matching: Vec<Arc<Message>> = figures
             .iter()
             .enumerate()
-            .filter(|&(i, _)| topic::matches(filter.pattern(), TOPICS[i]))
+            .filter(|&(i, _)| topic::matches(r.filter.pattern(), TOPICS[i]))
+            .filter(|&(i, _)| !r.filtered || self.may_receive(sid, TOPICS[i]))
             .map(|(i, value)| Arc::new(sys_message(TOPICS[i], value)))
             .collect();
         for message in matching {
-            let ids = subscription_id.into_iter().collect();
-            let delivery =
-                Delivery::new(message.clone(), granted.min(message.qos), true, ids, None);
+            let ids = r.subscription_id.into_iter().collect();
+            let delivery = Delivery::new(message.clone(), r.qos.min(message.qos), true, ids, None);
             self.deliver(sid, delivery, &mut Some(message));
         }
     }

@@ -8,8 +8,9 @@ pub mod mesh;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::{Bytes, BytesMut};
+use meridian_core::acl::Acl;
 use meridian_core::broker::ClusterConfig;
-use meridian_core::broker::{AuthOutcome, Authenticator, Authorizer};
+use meridian_core::broker::{AllowAll, AuthOutcome, Authenticator, Authorizer};
 use meridian_core::codec::{
     self, Ack, ConnAck, Connect, ConnectProperties, Packet, ProtocolVersion, Publish,
     PublishProperties, QoS, ReasonCode, Subscribe, SubscribeFilter, SubscribeProperties,
@@ -40,6 +41,8 @@ pub struct World {
     pub peer_out: Vec<(Option<NodeId>, Frame)>,
     /// Set for a node of a deployment; a restart bumps the incarnation.
     pub cluster: Option<ClusterConfig>,
+    /// Access rules the broker enforces, again after a restart.
+    pub acl: Option<Acl>,
 }
 
 impl World {
@@ -61,6 +64,13 @@ impl World {
         Self::from_broker(broker, config, 1_000_000)
     }
 
+    /// A broker that enforces `acl` and lets everyone log in.
+    pub fn with_acl(config: Config, acl: Acl) -> Self {
+        let mut w = Self::with_auth(config, Box::new(AllowAll), Box::new(acl.clone()));
+        w.acl = Some(acl);
+        w
+    }
+
     fn from_broker(broker: Broker, config: Config, now: u64) -> Self {
         Self {
             broker,
@@ -75,6 +85,7 @@ impl World {
             log: Vec::new(),
             peer_out: Vec::new(),
             cluster: None,
+            acl: None,
         }
     }
 
@@ -88,7 +99,15 @@ impl World {
 
     /// Simulate a crash and restart: a new broker restored from what was persisted.
     pub fn restart(&mut self) {
-        let mut broker = Broker::new(self.config.clone(), Timestamp(self.now));
+        let mut broker = match &self.acl {
+            Some(acl) => Broker::with_auth(
+                self.config.clone(),
+                Timestamp(self.now),
+                Box::new(AllowAll) as Box<dyn Authenticator>,
+                Box::new(acl.clone()) as Box<dyn Authorizer>,
+            ),
+            None => Broker::new(self.config.clone(), Timestamp(self.now)),
+        };
         if let Some(c) = &mut self.cluster {
             c.incarnation += 1;
             broker.enable_cluster(c.clone());
