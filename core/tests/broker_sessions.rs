@@ -731,6 +731,65 @@ fn pipelined_packets_wait_for_a_pending_authentication() {
 }
 
 #[test]
+fn a_client_streaming_before_its_login_is_decided_is_asked_to_wait() {
+    let authn = FnAuth(|r: &meridian_core::broker::AuthRequest<'_>| {
+        if r.client_id == "eager" {
+            AuthOutcome::Pending
+        } else {
+            AuthOutcome::Allow { username: None }
+        }
+    });
+    let config = Config {
+        max_packet_size: 1024,
+        ..Config::default()
+    };
+    let mut w = World::with_auth(config, Box::new(authn), Box::new(AllowAll));
+    let conn = w.accept();
+    w.versions.insert(conn, V5);
+    assert!(w.broker.wants_input(conn), "before CONNECT");
+    w.send(conn, Packet::Connect(connect_packet(V5, "eager")));
+    assert!(w.broker.wants_input(conn), "nothing held yet");
+    // 100-byte PUBLISHes, pipelined: held until one packet's worth is held.
+    let mut sent = 0;
+    let mut one = bytes::BytesMut::new();
+    let publish = Packet::Publish(publish_packet("t", &[7; 90], QoS::AtMostOnce, false, 0));
+    meridian_core::codec::encode(&publish, V5, &mut one).unwrap();
+    while w.broker.wants_input(conn) {
+        w.send_bytes(conn, &one);
+        sent += 1;
+        assert!(sent <= 11, "still reading after {sent} packets");
+    }
+    assert_eq!(
+        sent * one.len() / 1024,
+        1,
+        "{sent} packets of {} bytes",
+        one.len()
+    );
+    assert!(!w.is_closed(conn), "pipelining is not a protocol error");
+    let s = w.connect(V5, "s");
+    w.subscribe(s, "t", QoS::AtMostOnce);
+    let now = meridian_core::Timestamp(w.now);
+    w.broker.handle_input(
+        now,
+        meridian_core::Input::AuthDecision {
+            conn,
+            outcome: AuthOutcome::Allow { username: None },
+        },
+    );
+    w.drain();
+    assert!(
+        w.broker.wants_input(conn),
+        "reading again after the decision"
+    );
+    assert!(matches!(w.recv(conn).first(), Some(Packet::ConnAck(_))));
+    assert_eq!(
+        w.received_publishes(s).len(),
+        sent,
+        "every held packet handled"
+    );
+}
+
+#[test]
 fn reauthentication_denial_with_a_connack_only_code_sends_a_valid_disconnect() {
     let authn =
         FnAuth(

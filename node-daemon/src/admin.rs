@@ -1,5 +1,12 @@
 //! Admin HTTP: `/health`, Prometheus `/metrics`, and the client API.
 //!
+//! Who may ask ([`AdminAccess`]): with `admin.token_file`, every request but `GET /health`
+//! carries `Authorization: Bearer TOKEN` (else 401); a token is required to bind off
+//! loopback. On loopback, the `Host` must name loopback too (else 421), so that a web page
+//! cannot reach the API by pointing its own name at 127.0.0.1. A client that does not send a
+//! request's headers within `admin.header_timeout_ms` is cut off, and at most
+//! [`MAX_CONNECTIONS`] connections are served at once.
+//!
 //! | method and path | answer |
 //! |---|---|
 //! | `GET /health` | 200 `{"status":"ok"}` while the broker task answers, else 503 |
@@ -51,13 +58,120 @@ pub struct NodeInfo {
 
 type Body = Full<Bytes>;
 
+/// Admin connections served at once; more are closed as they are accepted.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Who may use the admin API, from `[admin]`.
+#[derive(Clone)]
+pub struct AdminAccess {
+    token: Option<String>,
+    /// The listener is on a loopback address: requests must name a loopback host.
+    loopback: bool,
+    header_timeout: std::time::Duration,
+}
+
+impl std::fmt::Debug for AdminAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminAccess")
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("loopback", &self.loopback)
+            .field("header_timeout", &self.header_timeout)
+            .finish()
+    }
+}
+
+impl AdminAccess {
+    /// Read the token file, if any; refuse a listener off loopback without one.
+    pub fn from_config(config: &crate::config::AdminConfig) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let token = if config.token_file.as_os_str().is_empty() {
+            None
+        } else {
+            let text = std::fs::read_to_string(&config.token_file).with_context(|| {
+                format!(
+                    "admin.token_file: cannot read {}",
+                    config.token_file.display()
+                )
+            })?;
+            let token = text.lines().next().unwrap_or("").trim().to_owned();
+            anyhow::ensure!(
+                token.len() >= 16,
+                "admin.token_file: {} holds no token of 16 characters or more on its first line",
+                config.token_file.display()
+            );
+            Some(token)
+        };
+        let loopback = config.bind.ip().is_loopback();
+        anyhow::ensure!(
+            loopback || token.is_some(),
+            "admin.bind is {} (not loopback) but admin.token_file is not set: anyone who \
+             reaches it could list and disconnect clients. Set admin.token_file (or \
+             --admin-token-file), or bind the admin API to 127.0.0.1",
+            config.bind
+        );
+        Ok(Self {
+            token,
+            loopback,
+            header_timeout: std::time::Duration::from_millis(config.header_timeout_ms),
+        })
+    }
+
+    /// Why a request may not be answered, as the response to give instead.
+    fn refuse(&self, req: &Request<Incoming>, counters: &DaemonCounters) -> Option<Response<Body>> {
+        if self.loopback {
+            let host = req
+                .headers()
+                .get(hyper::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("");
+            if !crate::net::is_loopback_host(host) {
+                counters.admin_refused_host.fetch_add(1, Ordering::Relaxed);
+                return Some(plain(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "the admin API answers requests for 127.0.0.1, [::1] or localhost only\n",
+                ));
+            }
+        }
+        let token = self.token.as_deref()?;
+        if req.method() == Method::GET && req.uri().path() == "/health" {
+            return None;
+        }
+        let given = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            return None;
+        }
+        counters.admin_refused_token.fetch_add(1, Ordering::Relaxed);
+        let mut r = plain(
+            StatusCode::UNAUTHORIZED,
+            "a bearer token is required (Authorization: Bearer TOKEN)\n",
+        );
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Bearer realm=\"meridian\""),
+        );
+        Some(r)
+    }
+}
+
+/// Equal bytes, compared in a time that depends on their lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Serve admin HTTP until `stop` changes.
 pub async fn serve(
     listener: TcpListener,
     engine: EngineHandle,
     node: std::sync::Arc<NodeInfo>,
+    access: AdminAccess,
     mut stop: watch::Receiver<bool>,
 ) {
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -70,20 +184,43 @@ pub async fn serve(
             },
             _ = stop.changed() => return,
         };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            debug!(%peer, "admin connections at their maximum, closing");
+            continue;
+        };
         let engine = engine.clone();
         let node = node.clone();
+        let access = access.clone();
         tokio::spawn(async move {
+            let counters = engine.counters.clone();
+            let header_timeout = access.header_timeout;
             let service = service_fn(move |req| {
                 let engine = engine.clone();
                 let node = node.clone();
-                async move { Ok::<_, Infallible>(route(req, &engine, &node).await) }
+                let access = access.clone();
+                async move {
+                    let response = match access.refuse(&req, &engine.counters) {
+                        Some(refusal) => refusal,
+                        None => route(req, &engine, &node).await,
+                    };
+                    Ok::<_, Infallible>(response)
+                }
             });
-            if let Err(e) = http1::Builder::new()
+            let served = http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .max_buf_size(64 * 1024)
                 .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+                .await;
+            if let Err(e) = served {
+                if e.is_timeout() {
+                    counters
+                        .admin_header_timeouts
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 debug!(%peer, error = %e, "admin connection error");
             }
+            drop(permit);
         });
     }
 }
@@ -443,6 +580,12 @@ pub fn render_metrics(
         r.register(name, help, f);
     };
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    counter(
+        &mut r,
+        "password_checks",
+        "Password checks done (Argon2 verifications, right or wrong)",
+        load(&d.password_checks),
+    );
     family(
         &mut r,
         "logins_refused",

@@ -201,6 +201,9 @@ impl VerifyLimits {
                 }
             };
             let ok = passwd::verify(&job.password, &job.hash) && job.known;
+            self.counters
+                .password_checks
+                .fetch_add(1, Ordering::Relaxed);
             let current = self.generation.load(Ordering::Acquire) == job.generation;
             let outcome = match (ok, current) {
                 (true, true) => AuthOutcome::Allow { username: None },

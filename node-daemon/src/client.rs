@@ -283,6 +283,7 @@ impl InProcessClient {
     async fn send(&mut self, packet: &Packet) -> Result<(), ClientError> {
         let mut out = BytesMut::new();
         codec::encode(packet, V5, &mut out).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.outbox.handed(out.len());
         self.engine
             .tx
             .send(ToEngine::Bytes {

@@ -135,6 +135,11 @@ pub struct ListenerConfig {
     /// TLS listeners: refuse clients without a valid certificate (needs `client_ca`).
     #[serde(default)]
     pub require_client_cert: bool,
+    /// WebSocket listeners: the browser origins (`Origin` header) allowed to connect; `"*"`
+    /// allows every one. Unset: none on a listener anyone may use without logging in, every
+    /// one otherwise. Clients that send no `Origin` (not browsers) are never refused for it.
+    #[serde(default)]
+    pub allowed_origins: Option<Vec<String>>,
     pub max_connections: usize,
     pub max_packet_size: u32,
     /// Connections the kernel holds until the broker accepts them (the listen backlog).
@@ -146,6 +151,11 @@ pub struct ListenerConfig {
 pub struct AdminConfig {
     pub enabled: bool,
     pub bind: SocketAddr,
+    /// A file whose first line is the bearer token every request but `GET /health` must
+    /// carry; required when `bind` is not a loopback address.
+    pub token_file: PathBuf,
+    /// How long a client may take to send a request's headers before it is cut off.
+    pub header_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -391,6 +401,20 @@ impl DaemonConfig {
                     }
                 }
             }
+            if let Some(origins) = &l.allowed_origins {
+                if !matches!(name, "ws" | "wss") {
+                    return Err(invalid(format!(
+                        "listeners.{name}.allowed_origins: only WebSocket listeners (ws, wss) \
+                         have origins"
+                    )));
+                }
+                if let Some(bad) = origins.iter().find(|o| !valid_origin(o)) {
+                    return Err(invalid(format!(
+                        "listeners.{name}.allowed_origins: {bad:?} is not an origin \
+                         (scheme://host or scheme://host:port, \"null\", or \"*\")"
+                    )));
+                }
+            }
             if l.require_client_cert
                 && l.client_ca
                     .as_ref()
@@ -410,6 +434,11 @@ impl DaemonConfig {
                     "listeners.{name}.backlog: must be at least 1"
                 )));
             }
+        }
+        if self.admin.header_timeout_ms == 0 {
+            return Err(invalid(
+                "admin.header_timeout_ms: must be at least 1".to_owned(),
+            ));
         }
         if self.auth.max_pending_per_address == 0 {
             return Err(invalid(
@@ -605,6 +634,22 @@ impl Listeners {
     }
 }
 
+/// `*`, `null`, or `scheme://host[:port]` with nothing after: what browsers send as `Origin`.
+fn valid_origin(o: &str) -> bool {
+    if o == "*" || o == "null" {
+        return true;
+    }
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return false;
+    };
+    !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        && !rest.is_empty()
+        && !rest.contains(['/', '?', '#', ' ', '@'])
+}
+
 /// Deep-merge `over` into `base` (tables merge key by key; everything else replaces).
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (key, value) in over {
@@ -672,13 +717,16 @@ partial!(PListener {
     key: PathBuf,
     client_ca: PathBuf,
     require_client_cert: bool,
+    allowed_origins: Vec<String>,
     max_connections: usize,
     max_packet_size: u32,
     backlog: u32,
 });
 partial!(PAdmin {
     enabled: bool,
-    bind: SocketAddr
+    bind: SocketAddr,
+    token_file: PathBuf,
+    header_timeout_ms: u64,
 });
 partial!(PStorage {
     data_dir: PathBuf,
@@ -873,6 +921,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 2") && e.contains("allow or deny"), "{e}");
+    }
+
+    #[test]
+    fn allowed_origins_are_origins_on_websocket_listeners() {
+        let c = DaemonConfig::parse(
+            "[listeners.ws]\nallowed_origins = [\"https://app.example.com\", \"http://localhost:3000\"]\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.listeners.ws.allowed_origins.as_ref().map(Vec::len),
+            Some(2)
+        );
+        for (bad, key) in [
+            (
+                "[listeners.ws]\nallowed_origins = [\"https://a.example/path\"]",
+                "listeners.ws.allowed_origins",
+            ),
+            (
+                "[listeners.ws]\nallowed_origins = [\"example.com\"]",
+                "listeners.ws.allowed_origins",
+            ),
+            (
+                "[listeners.tcp]\nallowed_origins = [\"*\"]",
+                "listeners.tcp.allowed_origins",
+            ),
+        ] {
+            let e = DaemonConfig::parse(&format!("{bad}\n"), "x.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -135,9 +135,11 @@ impl<W: Wire> ConnectionTask<W> {
                     Poll::Pending => {}
                 }
             }
-            if held.is_none() {
+            // Otherwise the outbox wakes the task when reading may go on.
+            if held.is_none() && self.outbox.may_read() {
                 match self.wire.poll_next(cx) {
                     Poll::Ready(Some(data)) => {
+                        self.outbox.handed(data.len());
                         match self.to_broker.try_send(ToEngine::Bytes { conn, data }) {
                             Ok(()) => {}
                             Err(TrySendError::Full(ToEngine::Bytes { data, .. })) => {
@@ -334,7 +336,7 @@ mod tests {
     #[tokio::test]
     async fn what_is_read_while_the_broker_queue_is_full_waits_and_arrives_in_order() {
         let (mut h, task) = harness(1).await;
-        let (_outbox, task) = spawn_registered(&mut h, task).await;
+        let (outbox, task) = spawn_registered(&mut h, task).await;
         // Far more than one read: the queue of one fills at once, and the task must hold
         // what it read and stop reading until there is room.
         let sent: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
@@ -352,9 +354,64 @@ mod tests {
                 ToEngine::Bytes { conn, data } => {
                     assert_eq!(conn, CONN);
                     received.extend_from_slice(&data);
+                    // As the broker task does once the broker has the bytes.
+                    outbox.fed(data.len());
                 }
                 other => panic!("expected bytes, got {other:?}"),
             }
+        }
+        assert!(received == sent, "the bytes arrive whole and in order");
+        drop(writer.await.unwrap());
+        expect_closed(&mut h.broker, task).await;
+    }
+
+    /// With room in the broker's queue but the broker task behind, the task stops reading
+    /// once it is `UNFED_MAX` ahead, and goes on as the bytes are fed; a pause stops it
+    /// until the resume.
+    #[tokio::test]
+    async fn a_task_reads_no_further_ahead_of_the_broker_than_its_bound() {
+        use crate::outbox::UNFED_MAX;
+        let (mut h, task) = harness(1024).await;
+        let (outbox, task) = spawn_registered(&mut h, task).await;
+        let sent: Vec<u8> = (0..4 * UNFED_MAX as u32).map(|i| (i % 251) as u8).collect();
+        let mut client = h.client;
+        let writer = tokio::spawn({
+            let sent = sent.clone();
+            async move {
+                client.write_all(&sent).await.unwrap();
+                client
+            }
+        });
+        let mut received = Vec::new();
+        let mut unfed = Vec::new();
+        // Take what the task hands over without feeding it, until it stops.
+        while received.len() < UNFED_MAX {
+            let ToEngine::Bytes { data, .. } = next(&mut h.broker).await else {
+                panic!("expected bytes");
+            };
+            received.extend_from_slice(&data);
+            unfed.push(data.len());
+        }
+        for _ in 0..ROUNDS_PER_POLL {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            h.broker.is_empty(),
+            "nothing more while the broker is behind"
+        );
+        assert!(!outbox.may_read());
+        // Fed: it reads on, to the end.
+        for n in unfed {
+            outbox.fed(n);
+        }
+        outbox.pause_reading();
+        outbox.resume_reading();
+        while received.len() < sent.len() {
+            let ToEngine::Bytes { data, .. } = next(&mut h.broker).await else {
+                panic!("expected bytes");
+            };
+            received.extend_from_slice(&data);
+            outbox.fed(data.len());
         }
         assert!(received == sent, "the bytes arrive whole and in order");
         drop(writer.await.unwrap());

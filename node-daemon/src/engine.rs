@@ -184,6 +184,8 @@ pub struct DaemonCounters {
     /// Pages the store's cache let go of because it was full ([`Store::cache_evictions`]).
     pub storage_cache_evictions: AtomicU64,
     pub connections_accepted: AtomicU64,
+    /// Password checks done (Argon2 verifications, right or wrong).
+    pub password_checks: AtomicU64,
     /// CONNECTs refused with 0x89 because the password-check queue was full.
     pub logins_busy: AtomicU64,
     /// ... because the client's address had its share of the queue.
@@ -519,8 +521,20 @@ impl Engine {
                     let data = self.tcp.read_buf(n);
                     self.broker.handle_input(now, Input::Bytes { conn, data });
                     self.drain();
+                    self.pause_if_full(conn);
                 }
                 Read::Gone => self.slow.push(conn),
+            }
+        }
+    }
+
+    /// Stop reading from `conn` while the broker holds as much of its input as it will before
+    /// a pending login is decided ([`Broker::wants_input`]); the decision resumes it.
+    fn pause_if_full(&mut self, conn: ConnId) {
+        if !self.broker.wants_input(conn) {
+            self.tcp.pause(conn);
+            if let Some(outbox) = self.outboxes.get(&conn) {
+                outbox.pause_reading();
             }
         }
     }
@@ -634,6 +648,10 @@ impl Engine {
                 self.broker
                     .handle_input(now, Input::Bytes { conn, data: &data });
                 self.drain();
+                if let Some(outbox) = self.outboxes.get(&conn) {
+                    outbox.fed(data.len());
+                }
+                self.pause_if_full(conn);
             }
             ToEngine::Closed { conn } => {
                 self.broker.handle_input(now, Input::Closed { conn });
@@ -645,6 +663,12 @@ impl Engine {
                 self.broker
                     .handle_input(now, Input::AuthDecision { conn, outcome });
                 self.drain();
+                if self.broker.wants_input(conn) {
+                    self.tcp.resume(conn);
+                    if let Some(outbox) = self.outboxes.get(&conn) {
+                        outbox.resume_reading();
+                    }
+                }
             }
             ToEngine::Stats(reply) => {
                 let _ = reply.send(self.broker.stats());

@@ -74,6 +74,9 @@ struct RunArgs {
     /// Admin HTTP address (ip:port).
     #[arg(long, value_name = "ADDR")]
     admin: Option<SocketAddr>,
+    /// A file whose first line is the admin API's bearer token (admin.token_file).
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Data directory.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -203,6 +206,9 @@ fn load_config(args: &RunArgs) -> anyhow::Result<DaemonConfig> {
     if let Some(a) = args.ws {
         config.listeners.ws.enabled = true;
         config.listeners.ws.bind = a;
+    }
+    if let Some(f) = &args.admin_token_file {
+        config.admin.token_file.clone_from(f);
     }
     if let Some(a) = args.admin {
         config.admin.enabled = true;

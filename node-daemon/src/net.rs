@@ -26,7 +26,74 @@ pub enum Transport {
     WebSocket {
         path: String,
         max_message_bytes: usize,
+        origins: Origins,
     },
+}
+
+/// Which web pages may open a WebSocket connection, by the `Origin` header their browser
+/// sends. A request without one (a client that is not a browser) is never refused for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origins {
+    /// Every page.
+    Any,
+    /// These origins (`scheme://host[:port]`, compared without regard to case) and no others.
+    Only(Vec<String>),
+}
+
+impl Origins {
+    /// The policy of a listener from its `allowed_origins`: unset, no page may use a listener
+    /// that lets clients in without logging in, and any page may use one that does not.
+    pub fn from_config(allowed: Option<&[String]>, anonymous: bool) -> Self {
+        match allowed {
+            Some(list) if list.iter().any(|o| o == "*") => Self::Any,
+            Some(list) => Self::Only(list.to_vec()),
+            None if anonymous => Self::Only(Vec::new()),
+            None => Self::Any,
+        }
+    }
+
+    /// Whether a request with this `Origin` (if any) and `Host` may upgrade. An origin that
+    /// is the listener itself reached on a loopback name (`http://127.0.0.1:8083`, as
+    /// paho-mqtt sends) is the broker's own, not another page's; a page whose name was merely
+    /// pointed at a loopback address (DNS rebinding) names its own host, and is refused.
+    pub fn allow(&self, origin: Option<&[u8]>, host: Option<&[u8]>) -> bool {
+        let Some(origin) = origin else {
+            return true;
+        };
+        match self {
+            Self::Any => true,
+            Self::Only(list) => {
+                list.iter()
+                    .any(|allowed| allowed.as_bytes().eq_ignore_ascii_case(origin))
+                    || host.is_some_and(|host| same_loopback_origin(origin, host))
+            }
+        }
+    }
+}
+
+/// Whether `origin` is `http://HOST` or `https://HOST` for this request's `Host`, and that
+/// host is a loopback name.
+fn same_loopback_origin(origin: &[u8], host: &[u8]) -> bool {
+    let (Ok(origin), Ok(host)) = (std::str::from_utf8(origin), std::str::from_utf8(host)) else {
+        return false;
+    };
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    authority.is_some_and(|a| a.eq_ignore_ascii_case(host)) && is_loopback_host(host)
+}
+
+/// Whether an HTTP `Host` value (`name[:port]`) names this machine's loopback interface:
+/// `localhost`, an address in 127.0.0.0/8, or `[::1]`.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(ip, _)| ip),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Bind a listening socket at `addr` whose kernel queue holds `backlog` connections not yet
@@ -187,13 +254,17 @@ async fn serve_transport<S>(
         Transport::WebSocket {
             path,
             max_message_bytes,
+            origins,
         } => {
             // Boxed: the WebSocket state is large, and plain MQTT connections need none of it.
             Box::pin(serve_websocket(
                 stream,
                 info,
-                path,
-                *max_message_bytes,
+                WsSettings {
+                    path,
+                    max_message_bytes: *max_message_bytes,
+                    origins,
+                },
                 engine,
                 permit,
             ))
@@ -202,25 +273,52 @@ async fn serve_transport<S>(
     }
 }
 
+/// What a WebSocket listener checks and bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct WsSettings<'a> {
+    pub path: &'a str,
+    pub max_message_bytes: usize,
+    pub origins: &'a Origins,
+}
+
 /// MQTT over WebSocket (binary frames, subprotocol `mqtt`).
 pub async fn serve_websocket<S>(
     stream: S,
     info: ConnInfo,
-    path: &str,
-    max_message_bytes: usize,
+    settings: WsSettings<'_>,
     engine: EngineHandle,
     permit: OwnedSemaphorePermit,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let expected = path.to_owned();
+    let WsSettings {
+        path,
+        max_message_bytes,
+        origins,
+    } = settings;
+    let refused = |status: StatusCode, text: &str| {
+        let mut err = ErrorResponse::new(Some(text.to_owned()));
+        *err.status_mut() = status;
+        err
+    };
     // The signature is tungstenite's; its error type is what it is.
     #[allow(clippy::result_large_err)]
-    let callback = move |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
-        if req.uri().path() != expected {
-            let mut err = ErrorResponse::new(Some("not found".to_owned()));
-            *err.status_mut() = StatusCode::NOT_FOUND;
-            return Err(err);
+    let callback = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
+        if req.uri().path() != path {
+            return Err(refused(StatusCode::NOT_FOUND, "not found"));
+        }
+        let origin = req.headers().get("origin").map(HeaderValue::as_bytes);
+        let host = req.headers().get("host").map(HeaderValue::as_bytes);
+        if !origins.allow(origin, host) {
+            engine
+                .counters
+                .websocket_origin_refused
+                .fetch_add(1, Ordering::Relaxed);
+            debug!(origin = ?origin.map(String::from_utf8_lossy), "WebSocket origin refused");
+            return Err(refused(
+                StatusCode::FORBIDDEN,
+                "this page's origin may not use the broker (listeners.*.allowed_origins)",
+            ));
         }
         let offered = req
             .headers()
@@ -262,4 +360,53 @@ pub async fn serve_websocket<S>(
         }
     };
     ConnectionTask::new(WsWire(ws), info, &engine, permit).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for yes in [
+            "localhost",
+            "LOCALHOST:8083",
+            "127.0.0.1",
+            "127.0.0.1:8083",
+            "127.9.9.9:1",
+            "[::1]",
+            "[::1]:8081",
+        ] {
+            assert!(is_loopback_host(yes), "{yes}");
+        }
+        for no in [
+            "example.com",
+            "localhost.example.com:80",
+            "10.0.0.1:8083",
+            "[::2]:1",
+            "",
+        ] {
+            assert!(!is_loopback_host(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn origins() {
+        let none = Origins::from_config(None, true);
+        let h = |s: &'static str| Some(s.as_bytes());
+        assert!(none.allow(None, h("127.0.0.1:8083")), "not a browser");
+        assert!(!none.allow(h("https://evil.example"), h("127.0.0.1:8083")));
+        assert!(none.allow(h("http://127.0.0.1:8083"), h("127.0.0.1:8083")));
+        assert!(none.allow(h("https://LOCALHOST:8083"), h("localhost:8083")));
+        // DNS rebinding: the page's own name, pointed at loopback.
+        assert!(!none.allow(h("http://evil.example:8083"), h("evil.example:8083")));
+        assert!(!none.allow(h("http://127.0.0.1:9999"), h("127.0.0.1:8083")));
+        assert_eq!(Origins::from_config(None, false), Origins::Any);
+        let star = ["*".to_owned()];
+        assert_eq!(Origins::from_config(Some(&star), true), Origins::Any);
+        let listed = ["https://app.example.com".to_owned()];
+        let only = Origins::from_config(Some(&listed), false);
+        assert!(only.allow(h("https://APP.example.com"), h("broker.example.com")));
+        assert!(!only.allow(h("https://other.example.com"), h("broker.example.com")));
+    }
 }

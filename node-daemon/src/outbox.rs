@@ -39,7 +39,18 @@ pub struct Outbox {
     waker: AtomicWaker,
     /// Bytes pushed and not yet written to the socket.
     queued: AtomicUsize,
+    /// The broker holds enough of this connection's input for now: read no more until it says
+    /// otherwise ([`meridian_core::Broker::wants_input`]).
+    reading_paused: AtomicBool,
+    /// Bytes the connection handed the broker task that it has not fed to the broker yet.
+    unfed: AtomicUsize,
 }
+
+/// The most a connection may have handed the broker task and not seen fed to the broker: its
+/// task reads no more until the broker task has caught up. It bounds what one connection
+/// holds in the broker task's queue (one message may be larger: it is read whole), and so how
+/// far its input runs ahead of a pause.
+pub const UNFED_MAX: usize = 64 * 1024;
 
 impl Outbox {
     pub fn new() -> Arc<Self> {
@@ -93,6 +104,40 @@ impl Outbox {
             into.append(&mut state.chunks);
         }
         state.end
+    }
+
+    /// Ask the connection's task to read no more for now.
+    pub fn pause_reading(&self) {
+        self.reading_paused.store(true, Ordering::Release);
+    }
+
+    /// Let the connection's task read again (and wake it to do so).
+    pub fn resume_reading(&self) {
+        if self.reading_paused.swap(false, Ordering::AcqRel) {
+            self.notify();
+        }
+    }
+
+    /// Whether the task may read more of the connection's input now: reading is not paused
+    /// and the broker task has caught up with what it was handed. Otherwise the task is woken
+    /// when that changes.
+    pub fn may_read(&self) -> bool {
+        !self.reading_paused.load(Ordering::Acquire)
+            && self.unfed.load(Ordering::Acquire) < UNFED_MAX
+    }
+
+    /// The connection's task hands `n` bytes to the broker task.
+    pub fn handed(&self, n: usize) {
+        self.unfed.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// The broker task fed `n` handed bytes to the broker; the task is woken if that lets it
+    /// read again.
+    pub fn fed(&self, n: usize) {
+        let before = self.unfed.fetch_sub(n, Ordering::AcqRel);
+        if before >= UNFED_MAX && before - n < UNFED_MAX {
+            self.notify();
+        }
     }
 
     /// Account for bytes written to the socket.
@@ -184,6 +229,40 @@ mod tests {
     fn an_outbox_stays_within_its_budget() {
         let size = size_of::<Outbox>();
         assert!(size <= OUTBOX_BUDGET, "an outbox takes {size} bytes");
+    }
+
+    #[tokio::test]
+    async fn resuming_a_paused_reader_wakes_its_task() {
+        let o = Outbox::new();
+        o.resume_reading();
+        assert!(!o.changed.load(Ordering::Acquire), "nothing to resume");
+        o.pause_reading();
+        assert!(!o.may_read());
+        o.resume_reading();
+        assert!(o.may_read());
+        tokio::time::timeout(std::time::Duration::from_secs(5), o.changed())
+            .await
+            .expect("the resume wakes the task");
+    }
+
+    #[tokio::test]
+    async fn a_task_ahead_of_the_broker_waits_until_it_catches_up() {
+        let o = Outbox::new();
+        o.handed(UNFED_MAX - 1);
+        assert!(o.may_read());
+        o.handed(10);
+        assert!(!o.may_read());
+        o.fed(5);
+        assert!(!o.may_read());
+        assert!(
+            !o.changed.load(Ordering::Acquire),
+            "still too far ahead: no wake"
+        );
+        o.fed(UNFED_MAX);
+        assert!(o.may_read());
+        tokio::time::timeout(std::time::Duration::from_secs(5), o.changed())
+            .await
+            .expect("catching up wakes the task");
     }
 
     #[tokio::test]

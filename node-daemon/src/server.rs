@@ -178,6 +178,10 @@ impl Server {
             Some(f) => Err(f),
             None => Ok(auth::AuthSetup::from_config(&config)?),
         };
+        let admin_access = crate::admin::AdminAccess::from_config(&config.admin)?;
+        // Whether clients get in without logging in, for the WebSocket listeners' origin
+        // policy. The application's own hooks are taken to decide who gets in.
+        let anonymous = auth_setup.as_ref().is_ok_and(auth::AuthSetup::anonymous);
         let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
         // Cluster mode: the secrets first, so that a missing key stops the start early.
         let cluster = &config.cluster;
@@ -314,6 +318,7 @@ impl Server {
                     listener,
                     handle.clone(),
                     Arc::new(node),
+                    admin_access.clone(),
                     stop_rx.clone(),
                 ));
             }
@@ -330,6 +335,10 @@ impl Server {
                 let local = listener.local_addr()?;
                 let transport = match name {
                     "ws" | "wss" => Transport::WebSocket {
+                        origins: net::Origins::from_config(
+                            l.allowed_origins.as_deref(),
+                            anonymous && !l.require_client_cert,
+                        ),
                         path: l.path.clone().unwrap_or_else(|| "/mqtt".to_owned()),
                         max_message_bytes: usize::try_from(if l.max_packet_size > 0 {
                             l.max_packet_size.min(config.limits.max_packet_size)

@@ -145,6 +145,9 @@ const DIRTY: u8 = 2;
 const WRITE_BLOCKED: u8 = 4;
 /// The broker closed it: nothing more is read, and it closes once its backlog is written.
 const CLOSING: u8 = 8;
+/// The broker holds enough of its input for now ([`TcpConns::pause`]): nothing is read until
+/// [`TcpConns::resume`].
+const PAUSED: u8 = 16;
 
 #[derive(Default)]
 struct Backlog {
@@ -216,7 +219,7 @@ impl TcpConns {
             // An error or a hang-up is found by the next read or write.
             let failed = event.is_error();
             if (event.is_readable() || event.is_read_closed() || failed)
-                && c.flags & (READ_QUEUED | CLOSING) == 0
+                && c.flags & (READ_QUEUED | CLOSING | PAUSED) == 0
             {
                 c.flags |= READ_QUEUED;
                 self.readable.push_back(conn);
@@ -243,7 +246,7 @@ impl TcpConns {
                 continue;
             };
             c.flags &= !READ_QUEUED;
-            if c.flags & CLOSING != 0 {
+            if c.flags & (CLOSING | PAUSED) != 0 {
                 continue;
             }
             match (&c.socket).read(&mut self.buf) {
@@ -266,6 +269,30 @@ impl TcpConns {
             }
         }
         None
+    }
+
+    /// Read nothing more from `conn` until [`TcpConns::resume`]: what the client sends waits in
+    /// the kernel's buffers, and then in the client's.
+    pub fn pause(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.flags |= PAUSED;
+        }
+    }
+
+    /// Read from `conn` again, starting with what arrived while it was paused (an
+    /// edge-triggered set reports no event for that).
+    pub fn resume(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.flags & PAUSED == 0 {
+            return;
+        }
+        c.flags &= !PAUSED;
+        if c.flags & (READ_QUEUED | CLOSING) == 0 {
+            c.flags |= READ_QUEUED;
+            self.readable.push_back(conn);
+        }
     }
 
     /// The bytes of the last [`Read::Data`].
@@ -580,6 +607,26 @@ mod tests {
         h.until("readable", |h| h.conns.has_readable());
         h.conns.close(CONN, Instant::now());
         assert_eq!(h.conns.read_next(), None);
+    }
+
+    #[test]
+    fn a_paused_connection_is_not_read_until_resumed_and_loses_nothing() {
+        let mut h = harness();
+        h.client.write_all(b"before ").unwrap();
+        h.until("readable", |h| h.conns.has_readable());
+        h.conns.pause(CONN);
+        assert_eq!(h.conns.read_next(), None, "nothing read while paused");
+        h.client.write_all(b"and during").unwrap();
+        // More bytes raise an event; the paused connection stays off the list.
+        h.poll();
+        assert!(!h.conns.has_readable());
+        h.conns.resume(CONN);
+        let mut got = Vec::new();
+        h.until("all bytes read", |h| {
+            h.read_all(&mut got);
+            got.len() == b"before and during".len()
+        });
+        assert_eq!(got, b"before and during");
     }
 
     /// Bytes the record of a quiet connection may take, beside its key in the map: its socket,

@@ -3,7 +3,7 @@
 mod common;
 
 use common::raw::Raw;
-use common::{Daemon, http, v3};
+use common::{Daemon, http, http_with, v3};
 use meridian_core::codec::{Packet, ProtocolVersion::V5, ReasonCode};
 use rumqttc::QoS;
 
@@ -102,4 +102,110 @@ async fn the_store_cache_is_bounded_by_the_config() {
     assert!(evictions_after_retaining_2_mib(&small).await > 0);
     let default = Daemon::start_with_config(Some("[storage]\nsync = \"none\"\n"));
     assert_eq!(evictions_after_retaining_2_mib(&default).await, 0);
+}
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+fn with_token() -> (Daemon, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("admin.token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let d = Daemon::start_with_config(Some(&format!(
+        "[admin]\ntoken_file = \"{}\"\n",
+        file.display()
+    )));
+    (d, dir)
+}
+
+/// With a token configured, every call but the health check needs it.
+#[tokio::test]
+async fn calls_without_the_token_are_refused_when_one_is_configured() {
+    let (d, _dir) = with_token();
+    let bearer = format!("Bearer {TOKEN}");
+    let host = ("host", "127.0.0.1");
+    for path in ["/api/clients", "/metrics", "/api/subscriptions"] {
+        let (status, _) = http_with(d.admin, "GET", path, &[host]).await;
+        assert_eq!(status, 401, "{path} without a token");
+        let wrong = format!("Bearer {}", TOKEN.replace('0', "1"));
+        let (status, _) = http_with(d.admin, "GET", path, &[host, ("authorization", &wrong)]).await;
+        assert_eq!(status, 401, "{path} with a wrong token");
+        let (status, _) =
+            http_with(d.admin, "GET", path, &[host, ("authorization", &bearer)]).await;
+        assert_eq!(status, 200, "{path} with the token");
+    }
+    let (status, _) = http_with(d.admin, "DELETE", "/api/clients/x", &[host]).await;
+    assert_eq!(status, 401, "no kick without the token");
+    let (status, _) = http_with(d.admin, "GET", "/health", &[host]).await;
+    assert_eq!(status, 200, "the health check is open");
+    let (_, metrics) = http_with(
+        d.admin,
+        "GET",
+        "/metrics",
+        &[host, ("authorization", &bearer)],
+    )
+    .await;
+    assert!(
+        metrics.contains(r#"meridian_admin_refused_total{reason="token"} 7"#),
+        "{metrics}"
+    );
+}
+
+/// A web page whose name points at 127.0.0.1 (DNS rebinding) sends its own name as Host.
+#[tokio::test]
+async fn requests_for_another_host_are_refused_on_loopback() {
+    let d = Daemon::start();
+    for host in ["evil.example:8081", "10.0.0.1"] {
+        let (status, _) = http_with(d.admin, "GET", "/api/clients", &[("host", host)]).await;
+        assert_eq!(status, 421, "{host}");
+    }
+    let (status, _) = http_with(d.admin, "GET", "/api/clients", &[]).await;
+    assert_eq!(status, 421, "no Host at all");
+    for host in ["localhost:8081", "127.0.0.1", "[::1]:8081"] {
+        let (status, _) = http_with(d.admin, "GET", "/api/clients", &[("host", host)]).await;
+        assert_eq!(status, 200, "{host}");
+    }
+    let (_, metrics) = http(d.admin, "GET", "/metrics").await;
+    assert!(
+        metrics.contains(r#"meridian_admin_refused_total{reason="host"} 3"#),
+        "{metrics}"
+    );
+}
+
+/// A client that opens a connection and sends its headers slowly, or never, is cut off.
+#[tokio::test]
+async fn a_client_that_does_not_finish_its_headers_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start_with_config(Some("[admin]\nheader_timeout_ms = 300\n"));
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", d.admin))
+        .await
+        .unwrap();
+    s.write_all(b"GET /api/clients HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    // The daemon closes the connection (a read ends, cleanly or with a reset).
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(common::DEADLINE, s.read_to_end(&mut rest))
+        .await
+        .expect("the daemon closes the connection");
+    let (_, metrics) = http(d.admin, "GET", "/metrics").await;
+    assert!(
+        metrics.contains(r#"meridian_admin_refused_total{reason="header_timeout"} 1"#),
+        "{metrics}"
+    );
+}
+
+/// Off loopback, the admin API needs a token: no token, no start.
+#[test]
+fn an_admin_api_off_loopback_without_a_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(["run", "--mqtt", "127.0.0.1:0", "--ws", "127.0.0.1:0"])
+        .args(["--admin", "0.0.0.0:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("admin.token_file"), "{err}");
 }

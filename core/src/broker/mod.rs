@@ -241,6 +241,32 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
+    /// Whether the shell should go on reading from `conn`. A client may send packets right
+    /// after CONNECT, before its CONNACK; while an authentication decision is pending
+    /// ([`AuthOutcome::Pending`]) the broker holds them. Once it holds the connection's maximum
+    /// packet size, this answers `false` until the decision comes ([`Input::AuthDecision`]):
+    /// a shell that stops reading then (and reads again after the decision) keeps what one
+    /// client can make the broker hold before it has logged in to that, plus one read.
+    pub fn wants_input(&self, conn: ConnId) -> bool {
+        let Some(c) = self.conns.get(&conn) else {
+            return false;
+        };
+        match &c.state {
+            ConnState::Authenticating { connect, .. }
+                if connect.properties.authentication_method.is_none() =>
+            {
+                let limit = c
+                    .info
+                    .max_packet_size
+                    .map_or(self.config.max_packet_size, |m| {
+                        m.min(self.config.max_packet_size)
+                    });
+                c.read_buf.len() < limit as usize
+            }
+            _ => true,
+        }
+    }
+
     /// The next thing for the shell to do, in order; `None` when there is nothing left.
     pub fn poll_output(&mut self) -> Option<Output> {
         if self.outputs.is_empty() {
@@ -493,7 +519,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 && connect.properties.authentication_method.is_none()
             {
                 // A decision is pending: packets pipelined after CONNECT wait in the read
-                // buffer (bounded by the packet size limit per packet) until it comes.
+                // buffer until it comes; past one packet's worth, the shell is asked to stop
+                // reading ([`Broker::wants_input`]).
                 return;
             }
             let limit = conn.info.max_packet_size.map_or(max, |m| m.min(max));

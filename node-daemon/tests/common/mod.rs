@@ -522,6 +522,11 @@ pub mod raw {
             let stream = TcpStream::connect(("127.0.0.1", port))
                 .await
                 .expect("connect");
+            Self::from_stream(stream, version)
+        }
+
+        /// Speak MQTT over a stream connected by the caller.
+        pub fn from_stream(stream: TcpStream, version: ProtocolVersion) -> Self {
             Self {
                 stream,
                 version,
@@ -589,14 +594,26 @@ pub mod raw {
 
 /// A minimal HTTP/1.1 client for the admin API: (status, body).
 pub async fn http(port: u16, method: &str, path: &str) -> (u16, String) {
+    http_with(port, method, path, &[("host", "127.0.0.1")]).await
+}
+
+/// [`http`] with these headers (give `host` yourself).
+pub async fn http_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     tokio::time::timeout(DEADLINE, async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .expect("admin connect");
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
-        );
+        let mut req = format!("{method} {path} HTTP/1.1\r\n");
+        for (name, value) in headers {
+            req.push_str(&format!("{name}: {value}\r\n"));
+        }
+        req.push_str("connection: close\r\ncontent-length: 0\r\n\r\n");
         s.write_all(req.as_bytes()).await.expect("write request");
         let mut resp = Vec::new();
         s.read_to_end(&mut resp).await.expect("read response");
