@@ -129,6 +129,42 @@ fn fan_out<const QOS: u8>(bencher: Bencher, fanout: usize) {
     black_box(subs);
 }
 
+/// The cost of access rules per message: 20 QoS 0 subscribers on `bench/+/t` with no rules
+/// (`RULES` 0); with a rule denying `secret/#`, which their filter does not reach, so they are
+/// never checked (1); subscribed to `#` instead, which reaches `secret/#`, so every message is
+/// checked for each of them (2).
+#[divan::bench(consts = [0, 1, 2])]
+fn fan_out_under_access_rules<const RULES: u8>(bencher: Bencher) {
+    use meridian_core::acl::{Acl, Action, Permission, Rule};
+    use meridian_core::broker::{AllowAll, Authorizer};
+    let authorizer: Box<dyn Authorizer> = match RULES {
+        0 => Box::new(AllowAll),
+        _ => Box::new(Acl::new(
+            Permission::Allow,
+            vec![Rule::new(Permission::Deny, Action::Subscribe, "secret/#").expect("a filter")],
+        )),
+    };
+    let mut broker: Broker =
+        Broker::with_auth(Config::default(), NOW, Box::new(AllowAll), authorizer);
+    let filter = if RULES == 2 { "#" } else { "bench/+/t" };
+    let subs: Vec<ConnId> = (0..20)
+        .map(|i| client(&mut broker, &format!("s{i}"), Some((filter, QoS::AtMostOnce))))
+        .collect();
+    let publisher = client(&mut broker, "p", None);
+    let data = publish_bytes("bench/42/t", QoS::AtMostOnce, 0);
+    bencher.bench_local(|| {
+        broker.handle_input(
+            NOW,
+            Input::Bytes {
+                conn: publisher,
+                data: &data,
+            },
+        );
+        black_box(drain(&mut broker));
+    });
+    black_box(subs);
+}
+
 /// Matching cost with many unrelated subscribers: 100k clients each on a unique wildcard filter
 /// `bench/{i}/#`, one publisher hitting one of them.
 #[divan::bench(sample_count = 50)]
