@@ -148,7 +148,13 @@ fn fan_out_under_access_rules<const RULES: u8>(bencher: Bencher) {
         Broker::with_auth(Config::default(), NOW, Box::new(AllowAll), authorizer);
     let filter = if RULES == 2 { "#" } else { "bench/+/t" };
     let subs: Vec<ConnId> = (0..20)
-        .map(|i| client(&mut broker, &format!("s{i}"), Some((filter, QoS::AtMostOnce))))
+        .map(|i| {
+            client(
+                &mut broker,
+                &format!("s{i}"),
+                Some((filter, QoS::AtMostOnce)),
+            )
+        })
         .collect();
     let publisher = client(&mut broker, "p", None);
     let data = publish_bytes("bench/42/t", QoS::AtMostOnce, 0);
