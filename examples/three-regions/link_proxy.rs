@@ -4,7 +4,7 @@
 //! `run.sh --latency MS --bandwidth BYTES_PER_SEC` puts one between every two regions.
 
 use anyhow::Context;
-use meridian_daemon::link_proxy::LinkProxy;
+use meridian_tools::link_proxy::LinkProxy;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {

@@ -44,7 +44,7 @@ use tokio::runtime::RuntimeMetrics;
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::engine::{DaemonCounters, EngineHandle};
+use crate::mailbox::{DaemonCounters, EngineHandle};
 use crate::mesh::MeshStats;
 
 /// What the admin API says about this node itself.
@@ -124,7 +124,7 @@ impl AdminAccess {
                 .get(hyper::header::HOST)
                 .and_then(|h| h.to_str().ok())
                 .unwrap_or("");
-            if !crate::net::is_loopback_host(host) {
+            if !crate::transport::listen::is_loopback_host(host) {
                 counters.admin_refused_host.fetch_add(1, Ordering::Relaxed);
                 return Some(plain(
                     StatusCode::MISDIRECTED_REQUEST,
@@ -163,12 +163,20 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// What the admin API answers from.
+#[derive(Debug)]
+pub struct AdminState {
+    pub engine: EngineHandle,
+    pub node: NodeInfo,
+    /// The region mesh's counters, in cluster mode.
+    pub mesh: Option<std::sync::Arc<MeshStats>>,
+    pub access: AdminAccess,
+}
+
 /// Serve admin HTTP until `stop` changes.
 pub async fn serve(
     listener: TcpListener,
-    engine: EngineHandle,
-    node: std::sync::Arc<NodeInfo>,
-    access: AdminAccess,
+    state: std::sync::Arc<AdminState>,
     mut stop: watch::Receiver<bool>,
 ) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -188,20 +196,16 @@ pub async fn serve(
             debug!(%peer, "admin connections at their maximum, closing");
             continue;
         };
-        let engine = engine.clone();
-        let node = node.clone();
-        let access = access.clone();
+        let state = state.clone();
         tokio::spawn(async move {
-            let counters = engine.counters.clone();
-            let header_timeout = access.header_timeout;
+            let counters = state.engine.counters.clone();
+            let header_timeout = state.access.header_timeout;
             let service = service_fn(move |req| {
-                let engine = engine.clone();
-                let node = node.clone();
-                let access = access.clone();
+                let state = state.clone();
                 async move {
-                    let response = match access.refuse(&req, &engine.counters) {
+                    let response = match state.access.refuse(&req, &state.engine.counters) {
                         Some(refusal) => refusal,
-                        None => route(req, &engine, &node).await,
+                        None => route(req, &state).await,
                     };
                     Ok::<_, Infallible>(response)
                 }
@@ -225,7 +229,8 @@ pub async fn serve(
     }
 }
 
-async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -> Response<Body> {
+async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
+    let (engine, node) = (&state.engine, &state.node);
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     match (method, path.as_str()) {
@@ -246,7 +251,7 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -
                     &stats,
                     &engine.counters,
                     &peers,
-                    engine.mesh.as_deref(),
+                    state.mesh.as_deref(),
                     &tokio::runtime::Handle::current().metrics(),
                 ))))
                 .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
@@ -263,7 +268,7 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -
         ),
         (Method::GET, "/api/peers") => match engine.peers().await {
             Some(peers) => {
-                let rtt = rtt_map(engine.mesh.as_deref());
+                let rtt = rtt_map(state.mesh.as_deref());
                 json(
                     StatusCode::OK,
                     serde_json::Value::Array(
@@ -277,7 +282,7 @@ async fn route(req: Request<Incoming>, engine: &EngineHandle, node: &NodeInfo) -
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
         (Method::GET, "/api/discovery") => {
-            let known = engine
+            let known = state
                 .mesh
                 .as_deref()
                 .and_then(|m| m.discovered.lock().ok().map(|d| d.clone()))

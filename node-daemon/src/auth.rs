@@ -20,7 +20,7 @@ use meridian_core::codec::ReasonCode;
 use tokio::sync::mpsc;
 
 use crate::config::DaemonConfig;
-use crate::engine::{DaemonCounters, SendAuthenticator, SendAuthorizer, ToEngine};
+use crate::mailbox::{DaemonCounters, SendAuthenticator, SendAuthorizer, ToEngine};
 use crate::passwd::{self, PasswordDb};
 
 /// Argon2 verifications running at once (each takes ~19 MiB and tens of milliseconds).

@@ -25,8 +25,8 @@ use meridian_core::codec::{
     SubscriptionOptions, Unsubscribe,
 };
 
-use crate::engine::{EngineHandle, ToEngine};
-use crate::outbox::Outbox;
+use crate::mailbox::{EngineHandle, ToEngine};
+use crate::transport::outbox::Outbox;
 
 const V5: ProtocolVersion = ProtocolVersion::V5;
 

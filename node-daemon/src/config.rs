@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use crate::storage::SyncPolicy;
 use meridian_core::acl;
 use meridian_core::codec::QoS;
 use serde::Deserialize;
@@ -156,14 +157,6 @@ pub struct AdminConfig {
     pub token_file: PathBuf,
     /// How long a client may take to send a request's headers before it is cut off.
     pub header_timeout_ms: u64,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum SyncPolicy {
-    Always,
-    Periodic,
-    None,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -614,8 +607,8 @@ impl ClusterSection {
     }
 
     /// The bounds of each link session's queue.
-    pub fn link_limits(&self) -> crate::mesh::session::LinkLimits {
-        crate::mesh::session::LinkLimits {
+    pub fn link_limits(&self) -> crate::mesh::queue::LinkLimits {
+        crate::mesh::queue::LinkLimits {
             queue_frames: self.link_queue_frames,
             congested_bytes: self.link_congested_bytes,
             drained_bytes: self.link_drained_bytes,
@@ -978,7 +971,7 @@ mod tests {
 
     #[test]
     fn the_link_marks_are_checked_and_given_to_the_sessions() {
-        use crate::mesh::session::LinkLimits;
+        use crate::mesh::queue::LinkLimits;
         let base = "[cluster]\nenabled = true\nkey_file = \"k\"\n";
         let c = DaemonConfig::parse(base, "x.toml").unwrap();
         assert_eq!(c.cluster.link_limits(), LinkLimits::default());

@@ -17,28 +17,24 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use foldhash::{HashMap as ConnMap, HashSet as ConnSet};
-use meridian_core::broker::{
-    AuthOutcome, Authenticator, Authorizer, ClientSummary, Message, PeerSummary, Stats,
-};
 use meridian_core::codec::ReasonCode;
 use meridian_core::link::{self, Frame};
 use meridian_core::routes::NodeId;
-use meridian_core::topic::TopicError;
 use meridian_core::{Broker, ConnId, ConnInfo, Event, Input, Output, Timestamp};
+use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use crate::mesh::MeshCmd;
-use crate::mesh::session::{PeerWriter, SendError};
-use crate::outbox::Outbox;
+use crate::mailbox::{DaemonCounters, MeshCmd, SendAuthenticator, SendAuthorizer, ToEngine};
+use crate::mesh::queue::{PeerWriter, SendError};
 use crate::storage::{StorageError, Store};
-use crate::tcp::{Poller, Read, TcpConns};
+use crate::transport::Outbox;
+use crate::transport::tcp::{Poller, Read, TcpConns};
 
 /// Inputs taken per turn of the loop before outputs are committed and sent.
 pub const MAX_BATCH: usize = 256;
@@ -53,9 +49,6 @@ pub const READS_PER_TURN: usize = 256;
 /// Bytes for connections after which a turn reads no more: what it routed is written before
 /// more is read, so that subscribers are fed while publishers are read.
 pub const TURN_OUTPUT_BYTES: usize = 1 << 20;
-
-/// Capacity of the channel into the broker task (each message at most one 16 KiB read).
-pub const ENGINE_QUEUE: usize = 1024;
 
 /// How far the task's timer may be from the next deadline before it is moved. Deadlines are
 /// recomputed from the clock every turn and drift by microseconds; broker timers count in
@@ -88,198 +81,6 @@ impl WriteLimits {
 /// The broker as the daemon runs it: with hooks that are `Send`, so that the broker task may
 /// run on any worker thread of the runtime.
 pub type DaemonBroker = Broker<SendAuthenticator, SendAuthorizer>;
-/// An authenticator the broker task can hold.
-pub type SendAuthenticator = Box<dyn Authenticator + Send>;
-/// An authorizer the broker task can hold.
-pub type SendAuthorizer = Box<dyn Authorizer + Send>;
-
-/// Authentication and authorization hooks that replace the broker's (a reload).
-pub struct Hooks {
-    pub authenticator: SendAuthenticator,
-    pub authorizer: SendAuthorizer,
-}
-
-impl std::fmt::Debug for Hooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Hooks")
-    }
-}
-
-/// A message for the broker task.
-#[derive(Debug)]
-pub enum ToEngine {
-    /// A plain TCP connection, for the broker task to serve itself.
-    AcceptTcp {
-        info: ConnInfo,
-        socket: std::net::TcpStream,
-        permit: OwnedSemaphorePermit,
-    },
-    /// A connection served by a task of its own, which writes what the outbox gets.
-    Accept {
-        info: ConnInfo,
-        outbox: Arc<Outbox>,
-        reply: oneshot::Sender<ConnId>,
-    },
-    Bytes {
-        conn: ConnId,
-        data: Bytes,
-    },
-    Closed {
-        conn: ConnId,
-    },
-    AuthDecision {
-        conn: ConnId,
-        outcome: AuthOutcome,
-    },
-    Stats(oneshot::Sender<Stats>),
-    Clients(oneshot::Sender<Vec<ClientSummary>>),
-    Kick {
-        client_id: String,
-        reply: oneshot::Sender<bool>,
-    },
-    Publish {
-        message: Message,
-        reply: oneshot::Sender<Result<usize, TopicError>>,
-    },
-    /// A link session to a peer node started (it replaces any earlier one).
-    PeerUp {
-        peer: NodeId,
-        session: u64,
-        writer: PeerWriter,
-    },
-    /// A frame from a peer node (from its session or from gossip).
-    PeerFrame {
-        peer: NodeId,
-        frame: Box<Frame>,
-    },
-    /// A link session ended.
-    PeerDown {
-        peer: NodeId,
-        session: u64,
-    },
-    /// An encoded broadcast frame that gossip could not take: send it on every session.
-    BroadcastDirect(Bytes),
-    Peers(oneshot::Sender<Vec<PeerSummary>>),
-    /// A peer's route set as replicated here (`None`: this node's own).
-    Routes {
-        peer: Option<NodeId>,
-        reply: oneshot::Sender<Vec<String>>,
-    },
-    /// Replace the broker's hooks; answered once they are in place.
-    SetHooks {
-        hooks: Hooks,
-        reply: oneshot::Sender<()>,
-    },
-    Shutdown,
-}
-
-/// Counters kept by the daemon itself (the broker's are in [`Stats`]).
-#[derive(Debug, Default)]
-pub struct DaemonCounters {
-    pub slow_consumer_disconnects: AtomicU64,
-    /// Link sessions cut because their frame queue was full.
-    pub link_sessions_cut: AtomicU64,
-    pub connections_rejected: AtomicU64,
-    pub storage_commits: AtomicU64,
-    /// Pages the store's cache let go of because it was full ([`Store::cache_evictions`]).
-    pub storage_cache_evictions: AtomicU64,
-    pub connections_accepted: AtomicU64,
-    /// Password checks done (Argon2 verifications, right or wrong).
-    pub password_checks: AtomicU64,
-    /// CONNECTs refused with 0x89 because the password-check queue was full.
-    pub logins_busy: AtomicU64,
-    /// ... because the client's address had its share of the queue.
-    pub logins_busy_address: AtomicU64,
-    /// CONNECTs refused because a client certificate's name was not the username given.
-    pub logins_certificate_mismatch: AtomicU64,
-    /// WebSocket upgrades refused for their Origin (HTTP 403).
-    pub websocket_origin_refused: AtomicU64,
-    /// Admin requests refused: no or a wrong bearer token (HTTP 401).
-    pub admin_refused_token: AtomicU64,
-    /// ... a Host header that names no allowed host (HTTP 421).
-    pub admin_refused_host: AtomicU64,
-    /// Admin connections closed because their request headers took too long.
-    pub admin_header_timeouts: AtomicU64,
-}
-
-/// A cheap handle to the broker task.
-#[derive(Debug, Clone)]
-pub struct EngineHandle {
-    pub tx: mpsc::Sender<ToEngine>,
-    pub counters: Arc<DaemonCounters>,
-    /// The region mesh's counters, in cluster mode.
-    pub mesh: Option<Arc<crate::mesh::MeshStats>>,
-}
-
-impl EngineHandle {
-    /// Register a connection; `None` if the broker is stopping. The wait does not borrow the
-    /// handle.
-    pub fn accept(
-        &self,
-        info: ConnInfo,
-        outbox: Arc<Outbox>,
-    ) -> impl Future<Output = Option<ConnId>> + Send + 'static {
-        let tx = self.tx.clone();
-        async move {
-            let (reply, rx) = oneshot::channel();
-            tx.send(ToEngine::Accept {
-                info,
-                outbox,
-                reply,
-            })
-            .await
-            .ok()?;
-            rx.await.ok()
-        }
-    }
-
-    pub async fn stats(&self) -> Option<Stats> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Stats(reply)).await.ok()?;
-        rx.await.ok()
-    }
-
-    /// Peer nodes this node knows (cluster mode; empty otherwise).
-    pub async fn peers(&self) -> Option<Vec<PeerSummary>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Peers(reply)).await.ok()?;
-        rx.await.ok()
-    }
-
-    /// A peer's route set as replicated here, or this node's own with `None`.
-    pub async fn routes(&self, peer: Option<NodeId>) -> Option<Vec<String>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Routes { peer, reply }).await.ok()?;
-        rx.await.ok()
-    }
-
-    pub async fn clients(&self) -> Option<Vec<ClientSummary>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Clients(reply)).await.ok()?;
-        rx.await.ok()
-    }
-
-    /// Disconnect a client (0x98 Administrative action); whether it was connected.
-    pub async fn kick(&self, client_id: String) -> Option<bool> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::Kick { client_id, reply })
-            .await
-            .ok()?;
-        rx.await.ok()
-    }
-
-    /// Publish from the application; the number of sessions it reached.
-    pub async fn publish(&self, message: Message) -> Option<Result<usize, TopicError>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::Publish { message, reply })
-            .await
-            .ok()?;
-        rx.await.ok()
-    }
-}
-
 /// Wall-clock milliseconds since the Unix epoch (stable across restarts, as the core needs
 /// for persisted deadlines), never going backwards within a process.
 #[derive(Debug, Default)]
@@ -1066,10 +867,12 @@ pub fn log_storage_failure(e: &StorageError) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::config::SyncPolicy;
-    use crate::outbox::End;
     use meridian_core::broker::AllowAll;
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::storage::SyncPolicy;
+    use crate::transport::outbox::End;
 
     const TEST_LIMITS: WriteLimits = WriteLimits {
         max_bytes: 1 << 20,
@@ -1087,7 +890,7 @@ mod tests {
     }
 
     fn tcp_conns() -> TcpConns {
-        crate::tcp::new().unwrap().1
+        crate::transport::tcp::new().unwrap().1
     }
 
     fn allow_all() -> DaemonBroker {
@@ -1175,9 +978,9 @@ mod tests {
         let mut engine =
             Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
         let peer = NodeId::new("far-away").unwrap();
-        let (writer, mut frames, _) = PeerWriter::channel(crate::mesh::session::LinkLimits {
+        let (writer, mut frames, _) = PeerWriter::channel(crate::mesh::queue::LinkLimits {
             queue_frames: 2,
-            ..crate::mesh::session::LinkLimits::default()
+            ..crate::mesh::queue::LinkLimits::default()
         });
         let kill = writer.kill.clone();
         engine.handle(ToEngine::PeerUp {
@@ -1213,9 +1016,9 @@ mod tests {
         let mut engine =
             Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
         let peer = NodeId::new("thin").unwrap();
-        let (writer, mut frames, written) = PeerWriter::channel(crate::mesh::session::LinkLimits {
+        let (writer, mut frames, written) = PeerWriter::channel(crate::mesh::queue::LinkLimits {
             queue_frames: 8,
-            ..crate::mesh::session::LinkLimits::default()
+            ..crate::mesh::queue::LinkLimits::default()
         });
         engine.handle(ToEngine::PeerUp {
             peer: peer.clone(),

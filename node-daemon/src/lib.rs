@@ -12,29 +12,26 @@
 //! ([`tcp`]): it reads the sockets, commits what must be persisted, and writes each turn's
 //! bytes to each socket in one vectored write. TLS and WebSocket connections have a task each
 //! on the same tokio runtime, which reads and sends the bytes to the broker task over a
-//! bounded channel and writes what the broker task queues in its [`outbox::Outbox`]. Every
+//! bounded channel and writes what the broker task queues in its outbox. Every
 //! queue of outgoing bytes is bounded.
 
-pub mod admin;
-pub mod auth;
-pub mod bench;
+mod admin;
+mod auth;
 pub mod client;
 pub mod config;
-mod connection;
-pub mod engine;
-pub mod link_proxy;
-pub mod mesh;
-pub mod net;
-pub mod outbox;
+mod engine;
+mod mailbox;
+mod mesh;
 pub mod passwd;
-pub mod server;
-pub mod sim;
-pub mod storage;
-pub mod tcp;
-pub mod timeline_svg;
-pub mod tls;
-pub mod topology;
-mod wire;
+mod server;
+mod storage;
+mod transport;
 
 pub use config::{DEFAULT_CONFIG, DaemonConfig};
-pub use server::{AuthDecisions, AuthFactory, BrokerBuilder, Server};
+pub use server::{AuthDecisions, AuthFactory, AuthReload, BrokerBuilder, Server};
+
+/// What the `meridian` binary's own subcommands run, besides the broker.
+pub mod cli {
+    pub use crate::mesh::keys::{keygen_command, peer_id_command};
+    pub use crate::passwd::passwd_command;
+}

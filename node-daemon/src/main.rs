@@ -57,7 +57,7 @@ enum Command {
         svg: Option<PathBuf>,
     },
     /// Load-test any MQTT broker: connect, subscribe, publish, and the classic presets.
-    Bench(Box<meridian_daemon::bench::BenchArgs>),
+    Bench(Box<meridian_tools::bench::BenchArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -116,12 +116,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(*args),
-        Command::Passwd { file, user } => meridian_daemon::passwd::passwd_command(&file, &user),
+        Command::Passwd { file, user } => meridian_daemon::cli::passwd_command(&file, &user),
         Command::Keygen { cluster_key } => {
-            meridian_daemon::mesh::keys::keygen_command(&cluster_key, &mut std::io::stdout().lock())
+            meridian_daemon::cli::keygen_command(&cluster_key, &mut std::io::stdout().lock())
         }
         Command::PeerId { data_dir } => {
-            meridian_daemon::mesh::keys::peer_id_command(&data_dir, &mut std::io::stdout().lock())
+            meridian_daemon::cli::peer_id_command(&data_dir, &mut std::io::stdout().lock())
         }
         Command::Sim {
             topology,
@@ -130,16 +130,16 @@ fn main() -> ExitCode {
             json,
             svg,
         } => {
-            let args = meridian_daemon::sim::SimArgs {
+            let args = meridian_tools::sim::SimArgs {
                 topology,
                 scenario,
                 seed,
                 json,
                 svg,
             };
-            meridian_daemon::sim::sim_command(&args, &mut std::io::stdout().lock())
+            meridian_tools::sim::sim_command(&args, &mut std::io::stdout().lock())
         }
-        Command::Bench(args) => meridian_daemon::bench::bench_command(*args),
+        Command::Bench(args) => meridian_tools::bench::bench_command(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,12 +16,14 @@ use tracing::{info, warn};
 
 use crate::auth;
 use crate::config::DaemonConfig;
-use crate::engine::{
-    DaemonCounters, ENGINE_QUEUE, Engine, EngineHandle, SendAuthenticator, SendAuthorizer, ToEngine,
+use crate::engine::Engine;
+use crate::mailbox::{
+    DaemonCounters, ENGINE_QUEUE, EngineHandle, MeshCmd, SendAuthenticator, SendAuthorizer,
+    ToEngine,
 };
-use crate::mesh::{self, Mesh, MeshCmd, MeshSettings, MeshStats};
-use crate::net::{self, ListenerSpec, Transport};
+use crate::mesh::{self, Mesh, MeshSettings, MeshStats};
 use crate::storage::Store;
+use crate::transport::listen::{self, ListenerSpec, Transport};
 
 /// Builds and starts a broker inside the caller's tokio runtime.
 ///
@@ -206,7 +208,6 @@ impl Server {
         let handle = EngineHandle {
             tx,
             counters: counters.clone(),
-            mesh: p2p.as_ref().map(|p| p.5.clone()),
         };
         let core_cluster = p2p.as_ref().map(|(_, _, node, cmd_tx, _, _)| {
             (core_cluster_config(cluster, node.clone()), cmd_tx.clone())
@@ -223,8 +224,9 @@ impl Server {
         let write_limits = crate::engine::WriteLimits::from_config(&config.limits);
         let engine_tx = handle.tx.clone();
         let hook_limits = verify_limits.clone();
-        let (poll, tcp) = crate::tcp::new().context("cannot create an epoll set")?;
-        let poller = crate::tcp::Poller::new(poll).context("cannot watch the epoll set")?;
+        let (poll, tcp) = crate::transport::tcp::new().context("cannot create an epoll set")?;
+        let poller =
+            crate::transport::tcp::Poller::new(poll).context("cannot watch the epoll set")?;
         let engine = tokio::task::spawn_blocking(move || {
             let mut store = Store::open(
                 &storage.data_dir,
@@ -314,11 +316,15 @@ impl Server {
                         m.listen_addrs.iter().map(ToString::to_string).collect()
                     }),
                 };
+                let state = crate::admin::AdminState {
+                    engine: handle.clone(),
+                    node,
+                    mesh: mesh.as_ref().map(|m: &Mesh| m.stats.clone()),
+                    access: admin_access.clone(),
+                };
                 tokio::spawn(crate::admin::serve(
                     listener,
-                    handle.clone(),
-                    Arc::new(node),
-                    admin_access.clone(),
+                    Arc::new(state),
                     stop_rx.clone(),
                 ));
             }
@@ -330,12 +336,12 @@ impl Server {
                 if !l.enabled {
                     continue;
                 }
-                let listener = net::bind(l.bind, l.backlog)
+                let listener = listen::bind(l.bind, l.backlog)
                     .with_context(|| format!("listeners.{name}: cannot bind {}", l.bind))?;
                 let local = listener.local_addr()?;
                 let transport = match name {
                     "ws" | "wss" => Transport::WebSocket {
-                        origins: net::Origins::from_config(
+                        origins: listen::Origins::from_config(
                             l.allowed_origins.as_deref(),
                             anonymous && !l.require_client_cert,
                         ),
@@ -351,23 +357,24 @@ impl Server {
                     _ => Transport::Tcp,
                 };
                 let tls = match name {
-                    "tls" | "wss" => Some(crate::tls::acceptor(l).with_context(|| {
-                        format!("listeners.{name}: cannot load the TLS certificate or key")
-                    })?),
+                    "tls" | "wss" => {
+                        Some(crate::transport::tls::acceptor(l).with_context(|| {
+                            format!("listeners.{name}: cannot load the TLS certificate or key")
+                        })?)
+                    }
                     _ => None,
                 };
                 let spec = ListenerSpec {
                     name,
                     transport,
                     tls,
-                    max_connections: l.max_connections,
                     max_packet_size: (l.max_packet_size > 0).then_some(l.max_packet_size),
                 };
                 let sem = Arc::new(Semaphore::new(l.max_connections));
                 permits.push((sem.clone(), l.max_connections));
                 info!(listener = name, addr = %local, "listening");
                 addrs.push((name, local));
-                tokio::spawn(net::accept_loop(
+                tokio::spawn(listen::accept_loop(
                     listener,
                     spec,
                     handle.clone(),
@@ -479,7 +486,7 @@ impl Server {
         let summary = setup.summary();
         let (authenticator, authorizer) = setup.build(self.handle.tx.clone(), &self.verify_limits);
         let (reply, applied) = oneshot::channel();
-        let hooks = crate::engine::Hooks {
+        let hooks = crate::mailbox::Hooks {
             authenticator,
             authorizer,
         };

@@ -10,8 +10,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use redb::{Database, Durability, ReadableTable, TableDefinition};
+use serde::Deserialize;
 
-use crate::config::SyncPolicy;
+/// When a commit reaches the disk (`storage.sync`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncPolicy {
+    /// Every commit, before what depends on it is acknowledged.
+    Always,
+    /// At most `storage.sync_interval_ms` after a commit.
+    Periodic,
+    /// When the operating system writes its cache out.
+    None,
+}
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 /// The daemon's own bookkeeping (not the core's records).

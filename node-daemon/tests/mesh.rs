@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{DEADLINE, Daemon, free_port, http, v3};
-use meridian_daemon::link_proxy::LinkProxy as Proxy;
+use meridian_tools::link_proxy::LinkProxy as Proxy;
 use rumqttc::{Packet, QoS};
 
 /// How long a mesh condition may take before a test fails (loaded CI machines are slow).

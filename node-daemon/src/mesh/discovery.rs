@@ -188,15 +188,6 @@ impl Directory {
         }
     }
 
-    /// Peers known by discovery.
-    pub fn len(&self) -> usize {
-        self.known.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.known.is_empty()
-    }
-
     fn allowed(&self, peer: &PeerId) -> bool {
         self.allow.is_empty() || self.allow.contains(peer)
     }
@@ -532,7 +523,7 @@ mod tests {
         d.disconnected(a, later);
         assert!(d.expire(later + EVERY * 3).is_empty());
         assert_eq!(d.expire(later + EVERY * 4), vec![a]);
-        assert!(d.is_empty());
+        assert!(d.known.is_empty());
         d.learn(a, vec![(b, vec![addr(2)])], later, |_| false);
         assert_eq!(d.due(later).len(), 1, "announced again, known again");
     }
@@ -546,7 +537,7 @@ mod tests {
             let junk = (0..MAX_PEERS).map(|i| (PeerId::random(), vec![addr(i as u16)]));
             d.learn(a, junk.collect(), now, |_| false);
         }
-        assert_eq!(d.len(), MAX_PEERS);
+        assert_eq!(d.known.len(), MAX_PEERS);
     }
 
     #[test]
@@ -566,7 +557,7 @@ mod tests {
         let mut d = directory(me, &[a]);
         let now = Instant::now();
         d.learn(b, vec![(a, vec![addr(1)])], now, |_| false);
-        assert!(d.is_empty(), "b may not speak here");
+        assert!(d.known.is_empty(), "b may not speak here");
         d.learn(a, vec![(a, vec![addr(1)]), (b, vec![addr(2)])], now, |_| {
             false
         });
@@ -584,7 +575,7 @@ mod tests {
         assert_eq!(open.due(now), vec![(b, vec![addr(2)])]);
         let mut listed = directory(me, &[a, b]);
         listed.learn(a, entries(), now, |_| false);
-        assert_eq!(listed.len(), 2);
+        assert_eq!(listed.known.len(), 2);
     }
 
     #[test]

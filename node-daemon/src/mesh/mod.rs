@@ -16,6 +16,7 @@
 
 pub mod discovery;
 pub mod keys;
+pub mod queue;
 pub mod session;
 
 use std::collections::{HashMap, HashSet};
@@ -44,7 +45,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::engine::ToEngine;
+use crate::mailbox::{MeshCmd, ToEngine};
 
 /// The stream protocol of link sessions.
 pub const LINK_PROTOCOL: StreamProtocol = StreamProtocol::new("/meridian/link/1");
@@ -74,7 +75,7 @@ pub struct MeshSettings {
     /// How often this node announces itself and its peers.
     pub announce_every: Duration,
     /// The bounds of each link session's queue.
-    pub link_limits: session::LinkLimits,
+    pub link_limits: queue::LinkLimits,
 }
 
 /// Counters and gauges of the mesh, read by the metrics page.
@@ -93,13 +94,6 @@ pub struct MeshStats {
     pub discovered: Mutex<Vec<discovery::KnownPeer>>,
     /// Broadcast frames that gossip could not take, sent over the sessions instead.
     pub gossip_fallbacks: AtomicU64,
-}
-
-/// Orders for the mesh task.
-#[derive(Debug)]
-pub enum MeshCmd {
-    /// Publish an encoded link frame to every peer.
-    Gossip(Bytes),
 }
 
 /// A running mesh.
@@ -382,7 +376,7 @@ struct Driver {
     next_periodic_announce: tokio::time::Instant,
     /// A peer joined since the last announcement, which went out too recently to send another.
     announce_pending: bool,
-    link_limits: session::LinkLimits,
+    link_limits: queue::LinkLimits,
     engine: mpsc::Sender<ToEngine>,
     stats: Arc<MeshStats>,
     bootstrap: Vec<Bootstrap>,

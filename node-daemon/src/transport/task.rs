@@ -1,4 +1,4 @@
-//! One TLS or WebSocket connection's task (plain TCP connections have none: [`crate::tcp`]).
+//! One TLS or WebSocket connection's task (plain TCP connections have none: [`crate::transport::tcp`]).
 //!
 //! The task registers the connection with the broker task, then hands what it reads to the
 //! broker task (waiting, without reading more, while the broker's queue is full) and writes
@@ -22,9 +22,9 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::error::{SendError, TrySendError};
 use tokio::sync::mpsc::{OwnedPermit, Sender};
 
-use crate::engine::{EngineHandle, ToEngine};
-use crate::outbox::{End, Outbox};
-use crate::wire::Wire;
+use crate::mailbox::{EngineHandle, ToEngine};
+use crate::transport::outbox::{End, Outbox};
+use crate::transport::wire::Wire;
 
 /// How long a connection the broker closes may take to write what is left and shut down.
 const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -251,7 +251,7 @@ mod tests {
     use tokio::sync::{Semaphore, mpsc, oneshot};
 
     use super::*;
-    use crate::wire::StreamWire;
+    use crate::transport::wire::StreamWire;
 
     const DEADLINE: Duration = Duration::from_secs(10);
     const CONN: ConnId = ConnId(7);
@@ -274,7 +274,6 @@ mod tests {
         let engine = EngineHandle {
             tx: to_broker.clone(),
             counters: Default::default(),
-            mesh: None,
         };
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
         let task = ConnectionTask::new(
@@ -370,7 +369,7 @@ mod tests {
     /// until the resume.
     #[tokio::test]
     async fn a_task_reads_no_further_ahead_of_the_broker_than_its_bound() {
-        use crate::outbox::UNFED_MAX;
+        use crate::transport::outbox::UNFED_MAX;
         let (mut h, task) = harness(1024).await;
         let (outbox, task) = spawn_registered(&mut h, task).await;
         let sent: Vec<u8> = (0..4 * UNFED_MAX as u32).map(|i| (i % 251) as u8).collect();

@@ -13,9 +13,9 @@ use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{Instrument, debug, info_span, warn};
 
-use crate::connection::ConnectionTask;
-use crate::engine::{EngineHandle, ToEngine};
-use crate::wire::{StreamWire, WsWire};
+use crate::mailbox::{EngineHandle, ToEngine};
+use crate::transport::task::ConnectionTask;
+use crate::transport::wire::{StreamWire, WsWire};
 
 /// How a listener speaks MQTT.
 #[derive(Debug, Clone)]
@@ -119,7 +119,6 @@ pub struct ListenerSpec {
     pub name: &'static str,
     pub transport: Transport,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
-    pub max_connections: usize,
     pub max_packet_size: Option<u32>,
 }
 
@@ -232,7 +231,7 @@ async fn serve_tls(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .and_then(|cert| crate::tls::common_name(cert));
+                .and_then(|cert| crate::transport::tls::common_name(cert));
             serve_transport(tls, info, transport, engine, permit).await
         }
         Ok(Err(e)) => debug!(error = %e, "TLS handshake failed"),

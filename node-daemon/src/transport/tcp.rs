@@ -9,7 +9,7 @@
 //! its socket, its entry here and its state in the core, and no task, no tokio registration,
 //! no buffer. A message is read, routed and written on one thread without a hand-off.
 //!
-//! TLS and WebSocket connections keep a task each ([`crate::connection`]).
+//! TLS and WebSocket connections keep a task each ([`crate::transport::task`]).
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
@@ -26,7 +26,7 @@ use mio::{Events, Interest, Token};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::wire::{consume, with_slices};
+use crate::transport::wire::{consume, with_slices};
 
 /// The shared read buffer. A read takes at most this much from one socket before the next
 /// readable socket gets its turn.

@@ -4,7 +4,7 @@
 //! Each transport is one object polled by hand, not split into halves: a connection's task
 //! keeps its whole state for as long as the connection lives, and halves cost a shared
 //! allocation (and, for WebSocket, a lock) per connection. Plain TCP sockets have no task:
-//! the broker task serves them itself ([`crate::tcp`]).
+//! the broker task serves them itself ([`crate::transport::tcp`]).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};

@@ -553,7 +553,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_delivery_before_the_subscriber_sees_the_start_is_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let server = crate::BrokerBuilder::new()
+        let server = meridian_daemon::BrokerBuilder::new()
             .mqtt_addr("127.0.0.1:0".parse().unwrap())
             .ws_addr(None)
             .admin_addr(None)
@@ -603,7 +603,7 @@ mod tests {
             .publish(
                 "early/0",
                 payload.freeze(),
-                crate::client::QoS::AtLeastOnce,
+                meridian_daemon::client::QoS::AtLeastOnce,
                 false,
             )
             .await
