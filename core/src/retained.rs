@@ -64,6 +64,16 @@ pub struct LwwEntry<V> {
     pub value: Option<V>,
 }
 
+/// A summary of what a node holds of the retained writes ([`LwwMap::digest`]): equal on nodes
+/// that hold the same writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RetainedDigest {
+    /// A hash over every topic's stamp and whether it is a tombstone.
+    pub hash: u64,
+    /// Topics held, tombstones included.
+    pub entries: u64,
+}
+
 /// A last-writer-wins register per topic, with tombstones (bounded by the caller through
 /// [`LwwMap::prune_tombstones`]).
 #[derive(Clone, Debug)]
@@ -182,9 +192,12 @@ impl<V> LwwMap<V> {
         self.tombstones.len()
     }
 
-    /// A summary of the state, equal on nodes that hold the same writes: (hash, entries).
-    pub fn digest(&self) -> (u64, u64) {
-        (self.hash, self.entries.len() as u64)
+    /// A summary of the state, equal on nodes that hold the same writes.
+    pub fn digest(&self) -> RetainedDigest {
+        RetainedDigest {
+            hash: self.hash,
+            entries: self.entries.len() as u64,
+        }
     }
 }
 
@@ -245,6 +258,6 @@ mod tests {
         assert_eq!(m.tombstones(), 1);
         assert_eq!(m.prune_tombstones(0), vec![Arc::<str>::from("t")]);
         assert!(m.is_empty());
-        assert_eq!(m.digest(), (0, 0));
+        assert_eq!(m.digest(), RetainedDigest::default());
     }
 }

@@ -569,7 +569,7 @@ fn retained_messages_and_deletes_reach_every_node() {
         .map(|n| mesh.node(n).broker.retained_digest().unwrap())
         .collect();
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
-    assert_eq!(digests[0].1, 2, "one message and one tombstone");
+    assert_eq!(digests[0].entries, 2, "one message and one tombstone");
 }
 
 #[test]

@@ -193,15 +193,15 @@ impl Server {
             let identity = mesh::keys::load_or_create_identity(&config.storage.data_dir)?;
             let node = NodeId::new(&identity.public().to_peer_id().to_string())
                 .context("peer id as node id")?;
-            let (cmd_tx, cmd_rx) = mpsc::channel::<MeshCmd>(MESH_QUEUE);
-            Some((
+            let (commands, orders) = mpsc::channel::<MeshCmd>(MESH_QUEUE);
+            Some(MeshStart {
                 key,
                 identity,
                 node,
-                cmd_tx,
-                cmd_rx,
-                Arc::new(MeshStats::default()),
-            ))
+                commands,
+                orders,
+                stats: Arc::new(MeshStats::default()),
+            })
         } else {
             None
         };
@@ -209,8 +209,11 @@ impl Server {
             tx,
             counters: counters.clone(),
         };
-        let core_cluster = p2p.as_ref().map(|(_, _, node, cmd_tx, _, _)| {
-            (core_cluster_config(cluster, node.clone()), cmd_tx.clone())
+        let core_cluster = p2p.as_ref().map(|p| {
+            (
+                core_cluster_config(cluster, p.node.clone()),
+                p.commands.clone(),
+            )
         });
 
         // The broker task. Opening the store and restoring from it may take a while: that
@@ -275,7 +278,14 @@ impl Server {
         let mut permits = Vec::new();
         let mut mesh = None;
         let bound = async {
-            if let Some((key, identity, _, _, cmd_rx, stats)) = p2p {
+            if let Some(MeshStart {
+                key,
+                identity,
+                orders,
+                stats,
+                ..
+            }) = p2p
+            {
                 let settings = MeshSettings {
                     listen: cluster.listen.iter().map(|a| a.0.clone()).collect(),
                     bootstrap: cluster.peers.iter().map(|a| a.0.clone()).collect(),
@@ -294,7 +304,7 @@ impl Server {
                         settings,
                         identity,
                         handle.tx.clone(),
-                        cmd_rx,
+                        orders,
                         stats,
                         &cluster.region,
                     )
@@ -523,6 +533,19 @@ pub struct AuthReload {
 /// Capacity of the broker task's broadcast channel to the mesh (a full one sends the
 /// broadcast over the link sessions instead).
 const MESH_QUEUE: usize = 1024;
+
+/// What cluster mode needs before the broker starts: the secrets, and the channel by which
+/// the broker task orders the mesh task about.
+struct MeshStart {
+    key: libp2p::pnet::PreSharedKey,
+    identity: libp2p::identity::Keypair,
+    node: NodeId,
+    /// The broker task's end.
+    commands: mpsc::Sender<MeshCmd>,
+    /// The mesh task's end.
+    orders: mpsc::Receiver<MeshCmd>,
+    stats: Arc<MeshStats>,
+}
 
 /// The core's cluster configuration from `[cluster]` (the incarnation is set at start).
 fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> ClusterConfig {

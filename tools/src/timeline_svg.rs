@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use meridian_core::link::FrameKind;
+use meridian_core::routes::NodeId;
 use meridian_core::sim::{Report, TimelineKind};
 
 const LEFT: f64 = 190.0;
@@ -25,12 +27,61 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn color(frame: &str) -> &'static str {
-    match frame {
-        "forward" => "#1f77b4",
-        "route-delta" => "#2ca02c",
-        "retained" | "retained-snapshot" => "#8c564b",
-        _ => "#ff7f0e",
+/// What the drawing marks, each in its colour (the legend lists them in this order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    Forward,
+    RouteDelta,
+    RouteSnapshot,
+    Retained,
+    Suback,
+    LinkDown,
+    NodeDown,
+}
+
+impl Mark {
+    const ALL: [Mark; 7] = [
+        Mark::Forward,
+        Mark::RouteDelta,
+        Mark::RouteSnapshot,
+        Mark::Retained,
+        Mark::Suback,
+        Mark::LinkDown,
+        Mark::NodeDown,
+    ];
+
+    /// The mark of a frame the timeline records.
+    fn of(frame: FrameKind) -> Self {
+        match frame {
+            FrameKind::Forward => Mark::Forward,
+            FrameKind::RouteDelta => Mark::RouteDelta,
+            FrameKind::Retained | FrameKind::RetainedSnapshot => Mark::Retained,
+            _ => Mark::RouteSnapshot,
+        }
+    }
+
+    fn color(self) -> &'static str {
+        match self {
+            Mark::Forward => "#1f77b4",
+            Mark::RouteDelta => "#2ca02c",
+            Mark::RouteSnapshot => "#ff7f0e",
+            Mark::Retained => "#8c564b",
+            Mark::Suback => "#9467bd",
+            Mark::LinkDown => "#d62728",
+            Mark::NodeDown => "#7f7f7f",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Mark::Forward => "message forward",
+            Mark::RouteDelta => "route delta",
+            Mark::RouteSnapshot => "route snapshot",
+            Mark::Retained => "retained message",
+            Mark::Suback => "SUBACK",
+            Mark::LinkDown => "link down",
+            Mark::NodeDown => "node down",
+        }
     }
 }
 
@@ -81,21 +132,14 @@ pub fn render(report: &Report) -> String {
         report.seed
     );
     // Legend.
-    let legend = [
-        ("#1f77b4", "message forward"),
-        ("#2ca02c", "route delta"),
-        ("#ff7f0e", "route snapshot"),
-        ("#8c564b", "retained message"),
-        ("#9467bd", "SUBACK"),
-        ("#d62728", "link down"),
-        ("#7f7f7f", "node down"),
-    ];
-    for (i, (c, label)) in legend.iter().enumerate() {
+    for (i, mark) in Mark::ALL.iter().enumerate() {
         let lx = 10.0 + i as f64 * 145.0;
         let _ = writeln!(
             svg,
-            r#"<rect x="{lx}" y="34" width="12" height="12" fill="{c}"/><text x="{}" y="44">{label}</text>"#,
-            lx + 16.0
+            r#"<rect x="{lx}" y="34" width="12" height="12" fill="{}"/><text x="{}" y="44">{}</text>"#,
+            mark.color(),
+            lx + 16.0,
+            mark.label()
         );
     }
     // Lanes.
@@ -111,9 +155,9 @@ pub fn render(report: &Report) -> String {
         );
     }
     // Links and nodes down.
-    let mut down: BTreeMap<(String, String), u64> = BTreeMap::new();
-    let mut crashed: BTreeMap<String, u64> = BTreeMap::new();
-    let mut bands: Vec<(String, u64, u64, &'static str, String)> = Vec::new();
+    let mut down: BTreeMap<(NodeId, NodeId), u64> = BTreeMap::new();
+    let mut crashed: BTreeMap<NodeId, u64> = BTreeMap::new();
+    let mut bands: Vec<(NodeId, u64, u64, Mark, String)> = Vec::new();
     for e in &t.events {
         match &e.kind {
             TimelineKind::LinkDown { a, b } => {
@@ -126,7 +170,7 @@ pub fn render(report: &Report) -> String {
                             n.clone(),
                             from,
                             e.at_ms,
-                            "#d62728",
+                            Mark::LinkDown,
                             format!("link {a}-{b} down"),
                         ));
                     }
@@ -141,7 +185,7 @@ pub fn render(report: &Report) -> String {
                         node.clone(),
                         from,
                         e.at_ms,
-                        "#7f7f7f",
+                        Mark::NodeDown,
                         format!("{node} down"),
                     ));
                 }
@@ -156,7 +200,7 @@ pub fn render(report: &Report) -> String {
                 n.clone(),
                 from,
                 end_ms,
-                "#d62728",
+                Mark::LinkDown,
                 format!("link {a}-{b} down"),
             ));
         }
@@ -166,17 +210,18 @@ pub fn render(report: &Report) -> String {
             node.clone(),
             from,
             end_ms,
-            "#7f7f7f",
+            Mark::NodeDown,
             format!("{node} down"),
         ));
     }
-    for (node, from, to, c, what) in &bands {
-        let y = lane_y(node) - LANE_H / 2.0;
+    for (node, from, to, mark, what) in &bands {
+        let y = lane_y(node.as_str()) - LANE_H / 2.0;
         let _ = writeln!(
             svg,
-            r#"<rect x="{:.1}" y="{y}" width="{:.1}" height="{LANE_H}" fill="{c}" fill-opacity="0.15"><title>{} from {} to {}</title></rect>"#,
+            r#"<rect x="{:.1}" y="{y}" width="{:.1}" height="{LANE_H}" fill="{}" fill-opacity="0.15"><title>{} from {} to {}</title></rect>"#,
             x(*from),
             (x(*to) - x(*from)).max(1.0),
+            mark.color(),
             esc(what),
             fmt_time(*from as f64, end),
             fmt_time(*to as f64, end)
@@ -201,10 +246,10 @@ pub fn render(report: &Report) -> String {
                 svg,
                 r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{}" stroke-opacity="0.5"/>"#,
                 x(*sent_ms),
-                lane_y(from),
+                lane_y(from.as_str()),
                 x(e.at_ms),
-                lane_y(to),
-                color(frame)
+                lane_y(to.as_str()),
+                Mark::of(*frame).color()
             );
         }
     }
@@ -218,9 +263,10 @@ pub fn render(report: &Report) -> String {
         if let TimelineKind::Suback { node, .. } = &e.kind {
             let _ = writeln!(
                 svg,
-                r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="#9467bd"/>"##,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{}"/>"#,
                 x(e.at_ms),
-                lane_y(node) - LANE_H / 4.0
+                lane_y(node.as_str()) - LANE_H / 4.0,
+                Mark::Suback.color()
             );
         }
     }

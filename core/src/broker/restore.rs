@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::io::Timestamp;
 use super::persist::{self, Key, QueuedRecord, RecordError, SessionRecord};
-use super::session::{Inflight, Queued};
+use super::session::{Inflight, Queued, SessionId, SubscriptionEntry};
 use super::subscriptions::Subscriber;
 use super::{Authenticator, Authorizer, Broker, Timer};
 use crate::topic::TopicFilter;
@@ -22,6 +22,25 @@ pub struct RestoreReport {
     pub unreadable: Vec<(Bytes, RecordError)>,
 }
 
+/// The broker's records, read and sorted by kind (retained messages and cluster records are
+/// put back as they are read).
+#[derive(Debug, Default)]
+struct Records {
+    sessions: BTreeMap<String, SessionRecord>,
+    subscriptions: Vec<(String, TopicFilter, SubscriptionEntry)>,
+    queued: BTreeMap<(String, u64), QueuedRecord>,
+    incoming: Vec<(String, u16)>,
+}
+
+/// What is left to do once every session is back.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Wills waiting for their delay: (due, session, generation).
+    wills: Vec<(Timestamp, SessionId, u64)>,
+    /// Sessions connected at the crash, whose disconnection is to be recorded.
+    crashed: Vec<SessionId>,
+}
+
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Feed back every record the shell stored, in any order, before accepting connections.
     /// Sessions come back disconnected: their expiry runs from `now` (or from the recorded
@@ -35,12 +54,23 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     ) -> RestoreReport {
         self.advance(now);
         let mut report = RestoreReport::default();
-        let mut sessions = BTreeMap::new();
-        let mut subscriptions = Vec::new();
-        let mut queued: BTreeMap<(String, u64), QueuedRecord> = BTreeMap::new();
-        let mut incoming = Vec::new();
-        // Sorted, so that the rebuilt state (and so the order of later outputs) does not depend
-        // on the order in which the shell's store hands the records back.
+        let records = self.read_records(records, &mut report);
+        let pending = self.restore_sessions(records.sessions, &mut report);
+        self.restore_subscriptions(records.subscriptions, &mut report);
+        self.restore_messages(records.queued, &mut report);
+        self.restore_incoming(records.incoming);
+        self.finish_restore(pending);
+        report
+    }
+
+    /// Decode every record. Sorted first, so that the rebuilt state (and so the order of later
+    /// outputs) does not depend on the order in which the shell's store hands them back.
+    fn read_records(
+        &mut self,
+        records: impl IntoIterator<Item = (Bytes, Bytes)>,
+        report: &mut RestoreReport,
+    ) -> Records {
+        let mut out = Records::default();
         let mut records: Vec<(Bytes, Bytes)> = records.into_iter().collect();
         records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (key, value) in records {
@@ -54,7 +84,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         self.restore_cluster_record(&k, &value)?;
                     }
                     Key::Session { client_id } => {
-                        sessions.insert(client_id, SessionRecord::decode(&value)?);
+                        out.sessions
+                            .insert(client_id, SessionRecord::decode(&value)?);
                     }
                     Key::Subscription { client_id, filter } => {
                         let entry = persist::decode_subscription(&value)?;
@@ -63,15 +94,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                                 kind: "subscription",
                                 detail: "invalid filter",
                             })?;
-                        subscriptions.push((client_id, filter, entry));
+                        out.subscriptions.push((client_id, filter, entry));
                     }
                     Key::Queued { client_id, seq } => {
-                        queued.insert((client_id, seq), persist::decode_queued(&value)?);
+                        out.queued
+                            .insert((client_id, seq), persist::decode_queued(&value)?);
                     }
                     Key::Incoming {
                         client_id,
                         packet_id,
-                    } => incoming.push((client_id, packet_id)),
+                    } => out.incoming.push((client_id, packet_id)),
                     Key::Retained { topic } => {
                         let message = persist::decode_retained(&value)?;
                         if message.is_expired(self.now) {
@@ -90,16 +122,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 report.unreadable.push((key, e));
             }
         }
+        out
+    }
 
-        let mut due_wills = Vec::new();
-        let mut crashed = Vec::new();
+    /// Every session, disconnected, with its expiry timer; wills are collected, not armed.
+    fn restore_sessions(
+        &mut self,
+        sessions: BTreeMap<String, SessionRecord>,
+        report: &mut RestoreReport,
+    ) -> Pending {
+        let now = self.now;
+        let mut pending = Pending::default();
         for (client_id, record) in sessions {
             let sid = self.new_session(&client_id, record.protocol);
             let generation = self.next_generation();
             // A session connected at the crash lost its connection now.
             let disconnected_at = record.disconnected_at.unwrap_or(now);
             if record.disconnected_at.is_none() {
-                crashed.push(sid);
+                pending.crashed.push(sid);
             }
             let pending_will = record.will.map(|(will, due)| {
                 let due = due.unwrap_or_else(|| now.plus_secs(will.delay_secs));
@@ -114,7 +154,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session.persisted = true;
             if let Some((will, due)) = pending_will {
                 session.pending_will = Some((Box::new(will), due));
-                due_wills.push((due, sid, generation));
+                pending.wills.push((due, sid, generation));
             }
             if let Some(at) = session.expires_at() {
                 self.timers.insert((
@@ -127,7 +167,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             report.sessions += 1;
         }
+        pending
+    }
 
+    /// Each session's subscriptions, judged by the current authorizer; those of no session are
+    /// deleted.
+    fn restore_subscriptions(
+        &mut self,
+        subscriptions: Vec<(String, TopicFilter, SubscriptionEntry)>,
+        report: &mut RestoreReport,
+    ) {
         for (client_id, filter, entry) in subscriptions {
             let Some(&sid) = self.by_client_id.get(client_id.as_str()) else {
                 let key = Key::Subscription {
@@ -157,7 +206,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             report.subscriptions += 1;
         }
+    }
 
+    /// Messages queued and in flight, in their order; those of no session are deleted.
+    fn restore_messages(
+        &mut self,
+        queued: BTreeMap<(String, u64), QueuedRecord>,
+        report: &mut RestoreReport,
+    ) {
         for ((client_id, seq), record) in queued {
             let Some(&sid) = self.by_client_id.get(client_id.as_str()) else {
                 self.persist(Key::Queued { client_id, seq }.encode(), None);
@@ -186,7 +242,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             report.messages += 1;
         }
+    }
 
+    /// The QoS 2 packet ids each session had received and not released.
+    fn restore_incoming(&mut self, incoming: Vec<(String, u16)>) {
         for (client_id, packet_id) in incoming {
             match self.by_client_id.get(client_id.as_str()).copied() {
                 Some(sid) => {
@@ -204,13 +263,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 ),
             }
         }
+    }
 
-        // Record the disconnection of sessions that were connected at the crash, so that another
-        // restart does not start their expiry (or will delay) over again.
-        for sid in crashed {
+    /// Record the disconnection of sessions that were connected at the crash, so that another
+    /// restart does not start their expiry (or will delay) over again; arm the wills; fire
+    /// what is already due.
+    fn finish_restore(&mut self, pending: Pending) {
+        for sid in pending.crashed {
             self.persist_session_meta(sid);
         }
-        for (due, sid, generation) in due_wills {
+        for (due, sid, generation) in pending.wills {
             self.timers.insert((
                 due,
                 Timer::Will {
@@ -219,8 +281,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 },
             ));
         }
-        // Wills and expiries already due fire now.
         self.on_timeout();
-        report
     }
 }

@@ -4,24 +4,11 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::{DigestEntry, Forward, Frame, RetainedUpdate};
+use super::{DigestEntry, Forward, Frame, FrameKind, RetainedUpdate};
 use crate::codec::{self as mqtt, Packet, ProtocolVersion};
 use crate::retained::{Hlc, Stamp};
 use crate::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use crate::topic::{Limits, TopicFilter, TopicName};
-
-const HELLO: u8 = 1;
-const ROUTE_DELTA: u8 = 2;
-const ROUTE_ACK: u8 = 3;
-const DIGEST: u8 = 4;
-const SNAPSHOT_REQUEST: u8 = 5;
-const SNAPSHOT_CHUNK: u8 = 6;
-const FORWARD: u8 = 7;
-const FORWARD_ACK: u8 = 8;
-const KEEP_ALIVE: u8 = 9;
-const RETAINED: u8 = 10;
-const RETAINED_DIGEST: u8 = 11;
-const RETAINED_SNAPSHOT: u8 = 12;
 
 /// Why a frame was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,24 +48,25 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             detail: "empty frame",
         });
     }
-    let kind = frame.get_u8();
+    let byte = frame.get_u8();
+    let kind = FrameKind::from_byte(byte).ok_or(LinkError::UnknownType(byte))?;
     let mut r = Reader {
         buf: frame,
-        frame: name_of(kind),
+        frame: kind.name(),
     };
     let out = match kind {
-        HELLO => Frame::Hello {
+        FrameKind::Hello => Frame::Hello {
             node: r.node()?,
             incarnation: r.u64()?,
             protocol: r.u16()?,
             region: r.string()?,
         },
-        ROUTE_DELTA => Frame::RouteDelta(r.delta()?),
-        ROUTE_ACK => Frame::RouteAck {
+        FrameKind::RouteDelta => Frame::RouteDelta(r.delta()?),
+        FrameKind::RouteAck => Frame::RouteAck {
             owner: r.owner()?,
             version: r.u64()?,
         },
-        DIGEST => {
+        FrameKind::Digest => {
             let n = r.count(8 + 8 + 8)?;
             let mut entries = Vec::with_capacity(n);
             for _ in 0..n {
@@ -90,8 +78,8 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             }
             Frame::Digest(entries)
         }
-        SNAPSHOT_REQUEST => Frame::SnapshotRequest,
-        SNAPSHOT_CHUNK => {
+        FrameKind::SnapshotRequest => Frame::SnapshotRequest,
+        FrameKind::SnapshotChunk => {
             let owner = r.owner()?;
             let version = r.u64()?;
             let hash = r.u64()?;
@@ -114,7 +102,7 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
                 filters,
             })
         }
-        FORWARD => {
+        FrameKind::Forward => {
             let origin = r.owner()?;
             let seq = r.u64()?;
             let mut rest = BytesMut::from(&r.buf[..]);
@@ -132,17 +120,17 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
                 message,
             })
         }
-        FORWARD_ACK => Frame::ForwardAck {
+        FrameKind::ForwardAck => Frame::ForwardAck {
             origin: r.owner()?,
             seq: r.u64()?,
         },
-        KEEP_ALIVE => Frame::KeepAlive,
-        RETAINED => Frame::Retained(r.retained()?),
-        RETAINED_DIGEST => Frame::RetainedDigest {
+        FrameKind::KeepAlive => Frame::KeepAlive,
+        FrameKind::Retained => Frame::Retained(r.retained()?),
+        FrameKind::RetainedDigest => Frame::RetainedDigest {
             hash: r.u64()?,
             entries: r.u64()?,
         },
-        RETAINED_SNAPSHOT => {
+        FrameKind::RetainedSnapshot => {
             let n = r.count(2 + 8 + 4 + 2 + 1)?;
             let mut updates = Vec::with_capacity(n);
             for _ in 0..n {
@@ -150,7 +138,6 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             }
             Frame::RetainedSnapshot(updates)
         }
-        other => return Err(LinkError::UnknownType(other)),
     };
     if !r.buf.is_empty() {
         return Err(r.bad("bytes after the frame's content"));
@@ -161,7 +148,7 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
 /// Append one frame to `out`.
 pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
     let mut body = BytesMut::new();
-    let kind = match frame {
+    match frame {
         Frame::Hello {
             node,
             incarnation,
@@ -172,7 +159,6 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             body.put_u64(*incarnation);
             body.put_u16(*protocol);
             put_str(&mut body, region)?;
-            HELLO
         }
         Frame::RouteDelta(d) => {
             put_owner(&mut body, &d.owner)?;
@@ -189,12 +175,10 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
                 });
                 put_str(&mut body, &c.filter)?;
             }
-            ROUTE_DELTA
         }
         Frame::RouteAck { owner, version } => {
             put_owner(&mut body, owner)?;
             body.put_u64(*version);
-            ROUTE_ACK
         }
         Frame::Digest(entries) => {
             put_count(&mut body, entries.len())?;
@@ -203,9 +187,8 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
                 body.put_u64(e.version);
                 body.put_u64(e.hash);
             }
-            DIGEST
         }
-        Frame::SnapshotRequest => SNAPSHOT_REQUEST,
+        Frame::SnapshotRequest | Frame::KeepAlive => {}
         Frame::SnapshotChunk(c) => {
             put_owner(&mut body, &c.owner)?;
             body.put_u64(c.version);
@@ -216,7 +199,6 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             for f in &c.filters {
                 put_str(&mut body, f)?;
             }
-            SNAPSHOT_CHUNK
         }
         Frame::Forward(f) => {
             put_owner(&mut body, &f.origin)?;
@@ -227,35 +209,29 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
                 &mut body,
             )
             .map_err(|_| LinkError::Encode("forwarded PUBLISH"))?;
-            FORWARD
         }
         Frame::ForwardAck { origin, seq } => {
             put_owner(&mut body, origin)?;
             body.put_u64(*seq);
-            FORWARD_ACK
         }
-        Frame::KeepAlive => KEEP_ALIVE,
         Frame::Retained(u) => {
             put_retained(&mut body, u)?;
-            RETAINED
         }
         Frame::RetainedDigest { hash, entries } => {
             body.put_u64(*hash);
             body.put_u64(*entries);
-            RETAINED_DIGEST
         }
         Frame::RetainedSnapshot(updates) => {
             put_count(&mut body, updates.len())?;
             for u in updates {
                 put_retained(&mut body, u)?;
             }
-            RETAINED_SNAPSHOT
         }
-    };
+    }
     let len = u32::try_from(body.len() + 1).map_err(|_| LinkError::Encode("frame over 4 GiB"))?;
     out.reserve(4 + len as usize);
     out.put_u32(len);
-    out.put_u8(kind);
+    out.put_u8(frame.kind().byte());
     out.put_slice(&body);
     Ok(())
 }
@@ -265,24 +241,6 @@ pub fn encoded_len(frame: &Frame) -> Result<usize, LinkError> {
     let mut buf = BytesMut::new();
     encode(frame, &mut buf)?;
     Ok(buf.len())
-}
-
-fn name_of(kind: u8) -> &'static str {
-    match kind {
-        HELLO => "hello",
-        ROUTE_DELTA => "route-delta",
-        ROUTE_ACK => "route-ack",
-        DIGEST => "digest",
-        SNAPSHOT_REQUEST => "snapshot-request",
-        SNAPSHOT_CHUNK => "snapshot-chunk",
-        FORWARD => "forward",
-        FORWARD_ACK => "forward-ack",
-        KEEP_ALIVE => "keep-alive",
-        RETAINED => "retained",
-        RETAINED_DIGEST => "retained-digest",
-        RETAINED_SNAPSHOT => "retained-snapshot",
-        _ => "unknown",
-    }
 }
 
 fn put_str(out: &mut BytesMut, s: &str) -> Result<(), LinkError> {

@@ -95,20 +95,90 @@ pub enum Frame {
 }
 
 impl Frame {
-    pub fn name(&self) -> &'static str {
+    /// What kind of frame this is.
+    pub fn kind(&self) -> FrameKind {
         match self {
-            Frame::Hello { .. } => "hello",
-            Frame::RouteDelta(_) => "route-delta",
-            Frame::RouteAck { .. } => "route-ack",
-            Frame::Digest(_) => "digest",
-            Frame::SnapshotRequest => "snapshot-request",
-            Frame::SnapshotChunk(_) => "snapshot-chunk",
-            Frame::Forward(_) => "forward",
-            Frame::ForwardAck { .. } => "forward-ack",
-            Frame::KeepAlive => "keep-alive",
-            Frame::Retained(_) => "retained",
-            Frame::RetainedDigest { .. } => "retained-digest",
-            Frame::RetainedSnapshot(_) => "retained-snapshot",
+            Frame::Hello { .. } => FrameKind::Hello,
+            Frame::RouteDelta(_) => FrameKind::RouteDelta,
+            Frame::RouteAck { .. } => FrameKind::RouteAck,
+            Frame::Digest(_) => FrameKind::Digest,
+            Frame::SnapshotRequest => FrameKind::SnapshotRequest,
+            Frame::SnapshotChunk(_) => FrameKind::SnapshotChunk,
+            Frame::Forward(_) => FrameKind::Forward,
+            Frame::ForwardAck { .. } => FrameKind::ForwardAck,
+            Frame::KeepAlive => FrameKind::KeepAlive,
+            Frame::Retained(_) => FrameKind::Retained,
+            Frame::RetainedDigest { .. } => FrameKind::RetainedDigest,
+            Frame::RetainedSnapshot(_) => FrameKind::RetainedSnapshot,
+        }
+    }
+
+    /// The kind's name (`route-delta`), for logs.
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+/// The kinds of [`Frame`], with the type byte each has on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    Hello = 1,
+    RouteDelta = 2,
+    RouteAck = 3,
+    Digest = 4,
+    SnapshotRequest = 5,
+    SnapshotChunk = 6,
+    Forward = 7,
+    ForwardAck = 8,
+    KeepAlive = 9,
+    Retained = 10,
+    RetainedDigest = 11,
+    RetainedSnapshot = 12,
+}
+
+impl FrameKind {
+    /// Every kind, in the order of their type bytes.
+    pub const ALL: [FrameKind; 12] = [
+        FrameKind::Hello,
+        FrameKind::RouteDelta,
+        FrameKind::RouteAck,
+        FrameKind::Digest,
+        FrameKind::SnapshotRequest,
+        FrameKind::SnapshotChunk,
+        FrameKind::Forward,
+        FrameKind::ForwardAck,
+        FrameKind::KeepAlive,
+        FrameKind::Retained,
+        FrameKind::RetainedDigest,
+        FrameKind::RetainedSnapshot,
+    ];
+
+    /// The kind whose type byte this is.
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(byte).checked_sub(1)?).copied()
+    }
+
+    /// The type byte on the wire.
+    pub fn byte(self) -> u8 {
+        self as u8
+    }
+
+    /// Its name in logs and drawings: `hello`, `route-delta`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameKind::Hello => "hello",
+            FrameKind::RouteDelta => "route-delta",
+            FrameKind::RouteAck => "route-ack",
+            FrameKind::Digest => "digest",
+            FrameKind::SnapshotRequest => "snapshot-request",
+            FrameKind::SnapshotChunk => "snapshot-chunk",
+            FrameKind::Forward => "forward",
+            FrameKind::ForwardAck => "forward-ack",
+            FrameKind::KeepAlive => "keep-alive",
+            FrameKind::Retained => "retained",
+            FrameKind::RetainedDigest => "retained-digest",
+            FrameKind::RetainedSnapshot => "retained-snapshot",
         }
     }
 }

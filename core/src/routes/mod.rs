@@ -70,6 +70,44 @@ impl fmt::Display for NodeId {
     }
 }
 
+/// Where a copy of a route set stands: its owner's incarnation, the version it has reached
+/// and the hash of the live set there. Copies at equal positions hold equal sets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RoutePosition {
+    pub incarnation: u64,
+    pub version: u64,
+    pub hash: u64,
+}
+
+impl RoutePosition {
+    /// Bytes of [`RoutePosition::to_bytes`].
+    pub const LEN: usize = 24;
+
+    /// Three big-endian words, as stored.
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut out = [0; Self::LEN];
+        out[..8].copy_from_slice(&self.incarnation.to_be_bytes());
+        out[8..16].copy_from_slice(&self.version.to_be_bytes());
+        out[16..].copy_from_slice(&self.hash.to_be_bytes());
+        out
+    }
+
+    /// What [`RoutePosition::to_bytes`] wrote; `None` for anything else.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; Self::LEN] = bytes.try_into().ok()?;
+        let word = |i: usize| {
+            let mut w = [0; 8];
+            w.copy_from_slice(&bytes[i..i + 8]);
+            u64::from_be_bytes(w)
+        };
+        Some(Self {
+            incarnation: word(0),
+            version: word(8),
+            hash: word(16),
+        })
+    }
+}
+
 /// Who writes a route set: a node, in one incarnation (bumped on every restart that lost
 /// its in-memory route state).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

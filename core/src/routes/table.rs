@@ -7,7 +7,7 @@ use foldhash::fast::FixedState;
 use std::sync::Arc;
 
 use super::hash::filter_hash;
-use super::{NodeId, RouteDelta, RouteOp, SnapshotChunk};
+use super::{NodeId, RouteDelta, RouteOp, RoutePosition, SnapshotChunk};
 use crate::topic::FilterTrie;
 
 /// Deltas kept while an earlier one is missing.
@@ -58,6 +58,17 @@ pub struct Replica {
     early: BTreeMap<u64, RouteDelta>,
     /// A snapshot being received.
     assembling: Option<Assembly>,
+}
+
+impl Replica {
+    /// Where this copy stands.
+    pub fn position(&self) -> RoutePosition {
+        RoutePosition {
+            incarnation: self.incarnation,
+            version: self.version,
+            hash: self.hash,
+        }
+    }
 }
 
 /// The chunks of one snapshot received so far.
@@ -126,12 +137,12 @@ impl RouteTable {
         }
     }
 
-    /// Put back where `node`'s replica stood (incarnation, version, hash) from storage.
-    pub fn restore_position(&mut self, node: &NodeId, incarnation: u64, version: u64, hash: u64) {
+    /// Put back where `node`'s replica stood, from storage.
+    pub fn restore_position(&mut self, node: &NodeId, position: RoutePosition) {
         let replica = self.replicas.entry(node.clone()).or_default();
-        replica.incarnation = incarnation;
-        replica.version = version;
-        replica.hash = hash;
+        replica.incarnation = position.incarnation;
+        replica.version = position.version;
+        replica.hash = position.hash;
     }
 
     pub fn replica(&self, node: &NodeId) -> Option<&Replica> {

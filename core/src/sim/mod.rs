@@ -350,10 +350,10 @@ impl Sim {
                     self.mix(&[self.now, 1, crate::routes::filter_hash(frame.name())]);
                     if self.timeline.is_some() && drawn(&frame) {
                         self.note(TimelineKind::Frame {
-                            from: from.to_string(),
-                            to: to.to_string(),
+                            from: from.clone(),
+                            to: to.clone(),
                             sent_ms: sent - EPOCH_MS,
-                            frame: frame.name(),
+                            frame: frame.kind(),
                         });
                     }
                     self.feed(&to, Input::PeerFrame { peer: from, frame });
@@ -493,8 +493,8 @@ impl Sim {
         link.up = false;
         link.epoch += 1;
         self.note(TimelineKind::LinkDown {
-            a: a.to_string(),
-            b: b.to_string(),
+            a: a.clone(),
+            b: b.clone(),
         });
         for (x, y) in [(a, b), (b, a)] {
             self.feed(x, Input::PeerDown { peer: y.clone() });
@@ -516,8 +516,8 @@ impl Sim {
         link.stream_tail = [self.now; 2];
         if self.now > EPOCH_MS {
             self.note(TimelineKind::LinkUp {
-                a: a.to_string(),
-                b: b.to_string(),
+                a: a.clone(),
+                b: b.clone(),
             });
         }
         for (x, y) in [(a, b), (b, a)] {
@@ -534,9 +534,7 @@ impl Sim {
         if self.nodes.get(node).is_none_or(|n| n.broker.is_none()) {
             return;
         }
-        self.note(TimelineKind::Crash {
-            node: node.to_string(),
-        });
+        self.note(TimelineKind::Crash { node: node.clone() });
         let Some(n) = self.nodes.get_mut(node) else {
             return;
         };
@@ -557,9 +555,7 @@ impl Sim {
         }
         n.cluster.incarnation += 1;
         let (cluster, store) = (n.cluster.clone(), n.store.clone());
-        self.note(TimelineKind::Restart {
-            node: node.to_string(),
-        });
+        self.note(TimelineKind::Restart { node: node.clone() });
         let broker = self.boot(&cluster, &store);
         if let Some(n) = self.nodes.get_mut(node) {
             n.broker = Some(broker);
@@ -708,7 +704,7 @@ impl Sim {
                     // No replica yet is as good as one of an empty set never changed.
                     m.broker.as_ref().is_none_or(|mb| {
                         mb.replica_position(owner)
-                            .map_or(position.1 == 0, |p| p == position)
+                            .map_or(position.version == 0, |p| p == position)
                     })
                 })
         })

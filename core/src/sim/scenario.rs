@@ -448,7 +448,7 @@ impl Scenario {
                     timeline.push(
                         *at,
                         TimelineKind::Suback {
-                            node: c.node.to_string(),
+                            node: c.node.clone(),
                             client: c.name.clone(),
                         },
                     );

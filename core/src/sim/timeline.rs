@@ -1,6 +1,9 @@
 //! What happened in a simulated run, in virtual time, for drawing: frames between nodes, links
 //! going down and up, nodes crashing and restarting, SUBACKs, route convergence.
 
+use crate::link::FrameKind;
+use crate::routes::NodeId;
+
 /// One thing on the timeline; times are milliseconds since the start of the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimelineEvent {
@@ -10,32 +13,32 @@ pub struct TimelineEvent {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TimelineKind {
-    /// A link frame sent at `sent_ms` from one node arrived at another (`frame` is
-    /// [`crate::link::Frame::name`]). Only frames that carry routes, messages or retained
-    /// messages are recorded; keep-alives, acks and digests are not.
+    /// A link frame sent at `sent_ms` from one node arrived at another. Only frames that
+    /// carry routes, messages or retained messages are recorded; keep-alives, acks and digests
+    /// are not.
     Frame {
-        from: String,
-        to: String,
+        from: NodeId,
+        to: NodeId,
         sent_ms: u64,
-        frame: &'static str,
+        frame: FrameKind,
     },
     LinkDown {
-        a: String,
-        b: String,
+        a: NodeId,
+        b: NodeId,
     },
     LinkUp {
-        a: String,
-        b: String,
+        a: NodeId,
+        b: NodeId,
     },
     Crash {
-        node: String,
+        node: NodeId,
     },
     Restart {
-        node: String,
+        node: NodeId,
     },
     /// A client of `node` got a SUBACK.
     Suback {
-        node: String,
+        node: NodeId,
         client: String,
     },
     /// Every node's replica of every route set equals its owner's (again).

@@ -1,0 +1,151 @@
+//! PUBLISH forwarded once to each node with a matching filter, QoS 1/2 through the durable
+//! per-peer outbox, deduplicated on arrival.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::broker::io::Timestamp;
+use crate::broker::message::Message;
+use crate::broker::persist::Key;
+use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::codec::{Publish, PublishProperties, QoS};
+use crate::link::{self, Arrival, Forward, Frame};
+use crate::routes::NodeId;
+
+/// A message as it travels on the link: every property, the expiry interval set to what
+/// remains.
+pub(super) fn link_publish(message: &Message, now: Timestamp) -> Publish {
+    let mut properties = PublishProperties::clone(&message.properties);
+    properties.message_expiry_interval = message.remaining_expiry_secs(now).map(|s| s.max(1));
+    Publish {
+        dup: false,
+        qos: message.qos,
+        retain: message.retain,
+        topic: message.topic.to_string(),
+        packet_id: (message.qos != QoS::AtMostOnce).then_some(1),
+        payload: message.payload.clone(),
+        properties,
+    }
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Whether a QoS 1/2 message on `topic` would overflow the outbox of a node that wants it.
+    pub(in crate::broker) fn outbox_full_for(&self, topic: &str, weight: usize) -> bool {
+        let Some(c) = &self.cluster else { return false };
+        let mut nodes = Vec::new();
+        c.table.nodes_for(topic, &mut nodes);
+        nodes
+            .iter()
+            .any(|n| c.peers.get(n).is_some_and(|p| !p.outbox.has_room(weight)))
+    }
+
+    /// Send a locally published message to every node that has a matching subscriber, once.
+    pub(in crate::broker) fn forward(&mut self, message: &Arc<Message>) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        let mut nodes = std::mem::take(&mut c.scratch);
+        c.table.nodes_for(&message.topic, &mut nodes);
+        if nodes.is_empty() {
+            c.scratch = nodes;
+            return;
+        }
+        let publish = if message.qos == QoS::AtMostOnce {
+            link_publish(message, now)
+        } else {
+            // It may wait in the peers' outboxes.
+            link_publish(&message.detached(), now)
+        };
+        let forward = Forward {
+            origin: c.owner.clone(),
+            seq: 0,
+            message: publish,
+        };
+        for node in nodes.drain(..) {
+            let Some(c) = &mut self.cluster else { break };
+            let peer = c.peer(&node);
+            if message.qos == QoS::AtMostOnce {
+                if !peer.connected {
+                    self.stats.dropped_peer_down += 1;
+                } else if peer.congested {
+                    self.stats.dropped_peer_congested += 1;
+                } else {
+                    peer.forwarded_to += 1;
+                    self.send_to_peer(node, Frame::Forward(forward.clone()));
+                }
+                continue;
+            }
+            match peer.outbox.push(forward.clone()) {
+                Ok(queued) => {
+                    peer.forwarded_to += 1;
+                    let mut value = BytesMut::new();
+                    if link::encode(&Frame::Forward(queued.clone()), &mut value).is_ok() {
+                        let key = Key::Outbox {
+                            peer: node.to_string(),
+                            seq: queued.seq,
+                        };
+                        self.persist(key.encode(), Some(value.freeze()));
+                    }
+                    self.pump_outbox(&node);
+                }
+                Err(_) => self.stats.dropped_outbox_full += 1,
+            }
+        }
+        if let Some(c) = &mut self.cluster {
+            c.scratch = nodes;
+        }
+    }
+
+    /// Send what the window allows from a peer's outbox, if the link is up.
+    pub(super) fn pump_outbox(&mut self, node: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        let Some(peer) = c.peers.get_mut(node) else {
+            return;
+        };
+        if !peer.connected {
+            return;
+        }
+        for forward in peer.outbox.take_sendable() {
+            self.send_to_peer(node.clone(), Frame::Forward(forward));
+        }
+    }
+
+    /// A message forwarded by a peer: delivered to local subscribers only (never forwarded
+    /// again, so nothing loops), once.
+    pub(super) fn on_forward(&mut self, peer: NodeId, forward: Forward) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        c.peer(&peer).forwarded_from += 1;
+        let p = forward.message;
+        let message = Message {
+            topic: p.topic.as_str().into(),
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            expires_at: p
+                .properties
+                .message_expiry_interval
+                .map(|s| now.plus_secs(s)),
+            properties: p.properties.into(),
+            origin: None,
+        };
+        if p.qos == QoS::AtMostOnce {
+            self.deliver_local(message);
+            return;
+        }
+        let origin = forward.origin;
+        let seq = forward.seq;
+        if c.inbox.arrive(&origin, seq) == Arrival::Deliver {
+            self.deliver_local(message);
+            let key = Key::InboxMark {
+                origin: origin.node.to_string(),
+                incarnation: origin.incarnation,
+            };
+            self.persist(
+                key.encode(),
+                Some(Bytes::copy_from_slice(&seq.to_be_bytes())),
+            );
+        }
+        self.send_to_peer(peer, Frame::ForwardAck { origin, seq });
+    }
+}

@@ -1,0 +1,205 @@
+//! The link to each peer: sessions up and down, and every frame a peer sends.
+
+use crate::broker::persist::Key;
+use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::link::{DigestEntry, Frame, LINK_PROTOCOL_VERSION};
+use crate::retained::RetainedDigest;
+use crate::routes::{DeltaOutcome, NodeId, RoutePosition, SnapshotOutcome};
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    pub(in crate::broker) fn on_peer_up(&mut self, peer: NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        if peer == c.owner.node {
+            return;
+        }
+        let p = c.peer(&peer);
+        p.connected = true;
+        p.congested = false;
+        c.routes.add_peer(peer.clone());
+        let hello = Frame::Hello {
+            node: c.owner.node.clone(),
+            incarnation: c.owner.incarnation,
+            protocol: LINK_PROTOCOL_VERSION,
+            region: c.config.region.clone(),
+        };
+        let digest = c.own_digest();
+        let RetainedDigest { hash, entries } = c.retained.digest();
+        self.send_to_peer(peer.clone(), hello);
+        self.send_to_peer(peer.clone(), digest);
+        self.send_to_peer(peer.clone(), Frame::RetainedDigest { hash, entries });
+        self.pump_outbox(&peer);
+    }
+
+    pub(in crate::broker) fn set_peer_congested(&mut self, peer: &NodeId, congested: bool) {
+        let Some(c) = &mut self.cluster else { return };
+        if let Some(p) = c.peers.get_mut(peer)
+            && p.connected
+        {
+            p.congested = congested;
+        }
+    }
+
+    pub(in crate::broker) fn on_peer_down(&mut self, peer: NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        if let Some(p) = c.peers.get_mut(&peer) {
+            p.connected = false;
+            p.congested = false;
+            p.outbox.link_down();
+        }
+        if !c.fences.is_empty() {
+            self.release_fences();
+        }
+    }
+
+    pub(in crate::broker) fn on_peer_frame(&mut self, peer: NodeId, frame: Frame) {
+        let Some(c) = &mut self.cluster else { return };
+        match frame {
+            Frame::Hello {
+                region, protocol, ..
+            } => {
+                if protocol != LINK_PROTOCOL_VERSION {
+                    self.stats.protocol_errors += 1;
+                }
+                c.peer(&peer).region = Some(region);
+            }
+            Frame::RouteDelta(delta) => {
+                if delta.owner.node == c.owner.node {
+                    return;
+                }
+                let owner = delta.owner.clone();
+                let outcome = c.table.apply_delta(&delta);
+                self.persist_replica(&owner.node, matches!(outcome, DeltaOutcome::Applied { .. }));
+                let Some(c) = &mut self.cluster else { return };
+                match outcome {
+                    DeltaOutcome::Applied { version } => {
+                        self.send_to_peer(owner.node.clone(), Frame::RouteAck { owner, version })
+                    }
+                    DeltaOutcome::Gap { after } => {
+                        let hash = c.table.replica(&owner.node).map_or(0, |r| r.hash);
+                        let entry = DigestEntry {
+                            owner: owner.clone(),
+                            version: after,
+                            hash,
+                        };
+                        self.send_to_peer(owner.node, Frame::Digest(vec![entry]));
+                    }
+                    DeltaOutcome::NeedSnapshot => {
+                        self.send_to_peer(owner.node, Frame::SnapshotRequest)
+                    }
+                    DeltaOutcome::Duplicate | DeltaOutcome::Stale => {}
+                }
+            }
+            Frame::RouteAck { owner, version } => {
+                if owner == c.owner {
+                    c.routes.ack(&peer, version);
+                    if !c.fences.is_empty() {
+                        self.release_fences();
+                    }
+                }
+            }
+            Frame::Digest(entries) => {
+                for entry in entries {
+                    self.on_digest_entry(&peer, entry);
+                }
+            }
+            Frame::SnapshotRequest => self.send_snapshot(&peer),
+            Frame::SnapshotChunk(chunk) => {
+                if chunk.owner.node == c.owner.node {
+                    return;
+                }
+                let owner = chunk.owner.clone();
+                let outcome = c.table.apply_snapshot_chunk(&chunk);
+                let installed = matches!(outcome, SnapshotOutcome::Installed { .. });
+                self.persist_replica(&owner.node, installed);
+                match outcome {
+                    SnapshotOutcome::Installed { version } => {
+                        self.send_to_peer(owner.node.clone(), Frame::RouteAck { owner, version })
+                    }
+                    SnapshotOutcome::Corrupt => {
+                        self.send_to_peer(owner.node, Frame::SnapshotRequest)
+                    }
+                    SnapshotOutcome::InProgress | SnapshotOutcome::Stale => {}
+                }
+            }
+            Frame::Forward(forward) => self.on_forward(peer, forward),
+            Frame::ForwardAck { seq, .. } => {
+                let done = c.peer(&peer).outbox.ack(seq);
+                for seq in done {
+                    self.persist(
+                        Key::Outbox {
+                            peer: peer.to_string(),
+                            seq,
+                        }
+                        .encode(),
+                        None,
+                    );
+                }
+                self.pump_outbox(&peer);
+            }
+            Frame::KeepAlive => {}
+            Frame::Retained(update) => self.apply_retained_update(update),
+            Frame::RetainedDigest { hash, entries } => {
+                if c.retained.digest() != (RetainedDigest { hash, entries }) {
+                    self.send_retained_snapshot(&peer);
+                }
+            }
+            Frame::RetainedSnapshot(updates) => {
+                for update in updates {
+                    self.apply_retained_update(update);
+                }
+            }
+        }
+    }
+
+    /// A peer says where it stands for one owner's route set.
+    pub(super) fn on_digest_entry(&mut self, peer: &NodeId, entry: DigestEntry) {
+        let Some(c) = &mut self.cluster else { return };
+        if entry.owner.node == c.owner.node {
+            // About our own routes: help the peer catch up.
+            let same = entry.owner.incarnation == c.owner.incarnation;
+            if same && entry.version == c.routes.version() && entry.hash == c.routes.hash() {
+                return;
+            }
+            let delta = (same && entry.version <= c.routes.version())
+                .then(|| c.routes.delta_since(entry.version))
+                .flatten()
+                .filter(|_| entry.version < c.routes.version());
+            match delta {
+                Some(delta) => self.send_to_peer(peer.clone(), Frame::RouteDelta(delta)),
+                None => self.send_snapshot(peer),
+            }
+            return;
+        }
+        // About someone else's routes (usually the peer's own): are we behind?
+        if entry.owner.node == *peer {
+            c.peer(peer).announced_version = entry.version;
+        }
+        let replica = c.table.replica(&entry.owner.node);
+        let RoutePosition {
+            incarnation,
+            version,
+            hash,
+        } = replica.map(|r| r.position()).unwrap_or_default();
+        let behind = (incarnation, version) < (entry.owner.incarnation, entry.version);
+        let diverged = (incarnation, version) == (entry.owner.incarnation, entry.version)
+            && hash != entry.hash;
+        if diverged || (behind && incarnation != entry.owner.incarnation) {
+            self.send_to_peer(entry.owner.node, Frame::SnapshotRequest);
+        } else if behind {
+            let mine = DigestEntry {
+                owner: entry.owner.clone(),
+                version,
+                hash,
+            };
+            self.send_to_peer(entry.owner.node, Frame::Digest(vec![mine]));
+        }
+    }
+
+    pub(super) fn send_snapshot(&mut self, peer: &NodeId) {
+        let Some(c) = &self.cluster else { return };
+        let chunks = c.routes.snapshot(c.config.snapshot_chunk_filters);
+        for chunk in chunks {
+            self.send_to_peer(peer.clone(), Frame::SnapshotChunk(chunk));
+        }
+    }
+}

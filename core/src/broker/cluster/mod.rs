@@ -1,0 +1,264 @@
+//! The broker as a node of a multi-region deployment: its route set replicated to peers,
+//! their route sets replicated here, and PUBLISH forwarded once per node that wants it,
+//! QoS 1/2 through a durable per-peer outbox, deduplicated on arrival.
+//!
+//! Nothing here waits on another region: a client's SUBSCRIBE is answered locally and its
+//! route reaches peers in the next batch; a PUBLISH is acknowledged once it is routed locally
+//! and queued (persisted) for every peer that wants it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+mod fence;
+use fence::Fence;
+mod forward;
+mod links;
+mod records;
+mod retained;
+mod routes;
+
+use crate::broker::io::Output;
+use crate::broker::{Authenticator, Authorizer, Broker, Timer};
+use crate::link::{DigestEntry, Frame, Inbox, Outbox, OutboxLimits};
+use crate::retained::{Hlc, LwwMap};
+use crate::routes::{NodeId, Owner, RouteLog, RoutePosition, RouteTable};
+
+/// This node's identity in the deployment and the bounds of its links.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub node: NodeId,
+    /// Must grow on every start of the node (the shell keeps a counter in its data dir).
+    pub incarnation: u64,
+    pub region: String,
+    /// Route changes are collected for this long, then sent as one delta.
+    pub route_batch_ms: u64,
+    /// How often this node announces its route-set version (anti-entropy).
+    pub digest_interval_ms: u64,
+    /// Route changes kept for peers that are behind; beyond, they get a snapshot.
+    pub tombstone_budget: usize,
+    pub snapshot_chunk_filters: usize,
+    /// Per-peer outbox of QoS 1/2 forwards. When one is full, a QoS 1/2 PUBLISH that a node
+    /// behind it wants is refused with 0x97 (MQTT 5.0) so that nothing acknowledged is lost;
+    /// an MQTT 3.1.1 publisher cannot be told, so the forward to that node is dropped and
+    /// counted (`Stats::dropped_outbox_full`).
+    pub outbox: OutboxLimits,
+    /// Subscription fence: hold the SUBACK of a SUBSCRIBE until every peer whose link is up
+    /// has applied the route change that makes this node want the new filters, so that a
+    /// message published on any node after the client got its SUBACK reaches it. Costs a
+    /// route batch plus a round trip to the farthest connected peer per SUBSCRIBE. A peer
+    /// whose link goes down stops being waited for (it learns the route when the link comes
+    /// back), and no SUBACK waits longer than `subscribe_fence_max_ms`. Off by default.
+    pub subscribe_fence: bool,
+    pub subscribe_fence_max_ms: u64,
+    /// Held SUBACKs at most; past it, SUBACKs go out without waiting.
+    pub subscribe_fence_max_held: usize,
+    /// Retained deletes remembered (as tombstones, so that an older message arriving late
+    /// cannot come back); beyond, the oldest are forgotten.
+    pub retained_tombstones_max: usize,
+}
+
+impl ClusterConfig {
+    pub fn new(node: NodeId, incarnation: u64, region: impl Into<String>) -> Self {
+        Self {
+            node,
+            incarnation,
+            region: region.into(),
+            route_batch_ms: 20,
+            digest_interval_ms: 5_000,
+            tombstone_budget: 100_000,
+            snapshot_chunk_filters: 10_000,
+            outbox: OutboxLimits {
+                window: 1_024,
+                max_messages: 100_000,
+                max_bytes: 256 * 1024 * 1024,
+            },
+            subscribe_fence: false,
+            subscribe_fence_max_ms: 10_000,
+            subscribe_fence_max_held: 100_000,
+            retained_tombstones_max: 100_000,
+        }
+    }
+}
+
+/// What the broker knows about one peer node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSummary {
+    pub node: NodeId,
+    pub connected: bool,
+    pub region: Option<String>,
+    /// Filters the peer has subscribers for, as replicated here.
+    pub routes: usize,
+    /// Route-set version replicated here, and the latest the peer announced.
+    pub route_version: u64,
+    pub announced_version: u64,
+    pub outbox_messages: usize,
+    pub outbox_bytes: usize,
+    pub forwarded_to: u64,
+    pub forwarded_from: u64,
+}
+
+#[derive(Debug)]
+struct Peer {
+    connected: bool,
+    /// The shell reported the link congested ([`crate::Input::PeerCongested`]): no QoS 0
+    /// forwards until it drains or the next session.
+    congested: bool,
+    region: Option<String>,
+    outbox: Outbox,
+    announced_version: u64,
+    forwarded_to: u64,
+    forwarded_from: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Cluster {
+    config: ClusterConfig,
+    owner: Owner,
+    routes: RouteLog,
+    table: RouteTable,
+    peers: BTreeMap<NodeId, Peer>,
+    inbox: Inbox,
+    flush_armed: bool,
+    scratch: Vec<NodeId>,
+    /// Held SUBACKs, in the order their SUBSCRIBEs arrived.
+    fences: VecDeque<Fence>,
+    /// Clock of retained writes, and the stamp of every topic's last write.
+    hlc: Hlc,
+    retained: LwwMap<()>,
+}
+
+impl Cluster {
+    pub(super) fn new(config: ClusterConfig, seed: u64) -> Self {
+        let owner = Owner {
+            node: config.node.clone(),
+            incarnation: config.incarnation,
+        };
+        Self {
+            routes: RouteLog::new(owner.clone(), config.tombstone_budget),
+            table: RouteTable::new(seed).journal(),
+            owner,
+            peers: BTreeMap::new(),
+            inbox: Inbox::default(),
+            flush_armed: false,
+            scratch: Vec::new(),
+            fences: VecDeque::new(),
+            hlc: Hlc::default(),
+            retained: LwwMap::new(),
+            config,
+        }
+    }
+
+    fn peer(&mut self, node: &NodeId) -> &mut Peer {
+        let limits = self.config.outbox;
+        self.peers.entry(node.clone()).or_insert_with(|| Peer {
+            connected: false,
+            congested: false,
+            region: None,
+            outbox: Outbox::new(limits),
+            announced_version: 0,
+            forwarded_to: 0,
+            forwarded_from: 0,
+        })
+    }
+
+    fn own_digest(&self) -> Frame {
+        Frame::Digest(vec![DigestEntry {
+            owner: self.owner.clone(),
+            version: self.routes.version(),
+            hash: self.routes.hash(),
+        }])
+    }
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Make this broker a node of a deployment. Call before [`Broker::restore`] and before
+    /// accepting connections.
+    pub fn enable_cluster(&mut self, config: ClusterConfig) {
+        let seed = self.config.seed ^ 0x5eed;
+        let cluster = Cluster::new(config, seed);
+        let first_digest = self.now.plus_ms(cluster.config.digest_interval_ms);
+        self.cluster = Some(Box::new(cluster));
+        self.timers.insert((first_digest, Timer::Digest));
+    }
+
+    /// Peers this node knows, for admin listings and metrics.
+    pub fn peers(&self) -> Vec<PeerSummary> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        c.peers
+            .iter()
+            .map(|(node, p)| {
+                let replica = c.table.replica(node);
+                PeerSummary {
+                    node: node.clone(),
+                    connected: p.connected,
+                    region: p.region.clone(),
+                    routes: replica.map_or(0, |r| r.len()),
+                    route_version: replica.map_or(0, |r| r.version),
+                    announced_version: p.announced_version,
+                    outbox_messages: p.outbox.len(),
+                    outbox_bytes: p.outbox.bytes(),
+                    forwarded_to: p.forwarded_to,
+                    forwarded_from: p.forwarded_from,
+                }
+            })
+            .collect()
+    }
+
+    /// Nodes whose subscribers want `topic` (for tests and admin tools).
+    pub fn nodes_for(&self, topic: &str) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        if let Some(c) = &self.cluster {
+            c.table.nodes_for(topic, &mut out);
+        }
+        out
+    }
+
+    fn send_to_peer(&mut self, peer: NodeId, frame: Frame) {
+        self.outputs.push_back(Output::ToPeer { peer, frame });
+    }
+
+    /// This node's own route set (filters with a local subscriber), as last flushed.
+    pub fn route_set(&self) -> Vec<String> {
+        self.cluster
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.routes.live().map(str::to_owned).collect())
+    }
+
+    /// Another node's route set as replicated here.
+    pub fn replicated_routes(&self, node: &NodeId) -> Vec<String> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        let mut routes: Vec<String> = c
+            .table
+            .replica(node)
+            .map(|r| r.filters().map(str::to_owned).collect())
+            .unwrap_or_default();
+        routes.sort();
+        routes
+    }
+
+    /// Where this node's own route set stands, as last flushed.
+    pub fn route_position(&self) -> Option<RoutePosition> {
+        let c = self.cluster.as_ref()?;
+        Some(RoutePosition {
+            incarnation: c.owner.incarnation,
+            version: c.routes.version(),
+            hash: c.routes.hash(),
+        })
+    }
+
+    /// Where this node's replica of `node`'s route set stands.
+    pub fn replica_position(&self, node: &NodeId) -> Option<RoutePosition> {
+        let r = self.cluster.as_ref()?.table.replica(node)?;
+        Some(r.position())
+    }
+
+    /// Whether route changes wait for the next batch.
+    pub fn routes_pending(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.routes.has_pending())
+    }
+}

@@ -1,0 +1,111 @@
+//! What the cluster keeps in storage (replicas of peers' route sets, outboxes, inbox marks,
+//! retained stamps) and its restoring after a restart.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::broker::persist::Key;
+use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
+use crate::routes::{NodeId, Owner, RoutePosition};
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Persist what changed in the replica of `node`'s route set, so that a restarted node
+    /// keeps forwarding (into its outboxes) to nodes it cannot reach yet.
+    /// Only what changed is written: nothing for a duplicate delta or a snapshot still arriving.
+    pub(super) fn persist_replica(&mut self, node: &NodeId, moved: bool) {
+        let Some(c) = &mut self.cluster else { return };
+        let changes = c.table.take_journal();
+        if changes.is_empty() && !moved {
+            return;
+        }
+        let position = c.table.replica(node).map(|r| r.position());
+        for (owner, filter, present) in changes {
+            let key = Key::ReplicaFilter {
+                node: owner.to_string(),
+                filter: filter.to_string(),
+            };
+            self.persist(key.encode(), present.then(Bytes::new));
+        }
+        if let Some(position) = position {
+            let key = Key::ReplicaPosition {
+                node: node.to_string(),
+            };
+            let value = Bytes::copy_from_slice(&position.to_bytes());
+            self.persist(key.encode(), Some(value));
+        }
+    }
+
+    /// Restore a cluster record; false if the record is not a cluster one.
+    pub(in crate::broker) fn restore_cluster_record(
+        &mut self,
+        key: &Key,
+        value: &[u8],
+    ) -> Result<bool, crate::broker::RecordError> {
+        let bad = |detail| crate::broker::RecordError {
+            kind: "cluster",
+            detail,
+        };
+        let Some(c) = &mut self.cluster else {
+            return Ok(matches!(
+                key,
+                Key::Outbox { .. }
+                    | Key::InboxMark { .. }
+                    | Key::RetainedStamp { .. }
+                    | Key::ReplicaPosition { .. }
+                    | Key::ReplicaFilter { .. }
+            ));
+        };
+        match key {
+            Key::Outbox { peer, seq } => {
+                let node = NodeId::new(peer).map_err(|_| bad("peer id"))?;
+                let mut buf = BytesMut::from(value);
+                match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+                    Ok(Some(Frame::Forward(f))) if f.seq == *seq => c.peer(&node).outbox.restore(f),
+                    _ => return Err(bad("outbox entry")),
+                }
+                Ok(true)
+            }
+            Key::RetainedStamp { topic } => {
+                let (stamp, deleted) = crate::broker::persist::decode_stamp(value)?;
+                c.hlc.observe(stamp.hlc, 0);
+                // A stamp whose message is gone (expired while the node was down) is dropped.
+                let live = self.retained.get(topic).is_some();
+                if deleted || live {
+                    let c = self.cluster.as_mut().expect("checked above");
+                    c.retained.apply(topic, stamp, (!deleted).then_some(()));
+                } else {
+                    self.persist(key.encode(), None);
+                }
+                Ok(true)
+            }
+            Key::InboxMark {
+                origin,
+                incarnation,
+            } => {
+                let node = NodeId::new(origin).map_err(|_| bad("origin id"))?;
+                let seq = <[u8; 8]>::try_from(value).map_err(|_| bad("inbox mark"))?;
+                c.inbox.restore(
+                    &Owner {
+                        node,
+                        incarnation: *incarnation,
+                    },
+                    u64::from_be_bytes(seq),
+                );
+                Ok(true)
+            }
+            Key::ReplicaPosition { node } => {
+                let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
+                let position =
+                    RoutePosition::from_bytes(value).ok_or_else(|| bad("replica position"))?;
+                c.table.restore_position(&node, position);
+                Ok(true)
+            }
+            Key::ReplicaFilter { node, filter } => {
+                let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
+                c.table.restore_filter(&node, filter);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}

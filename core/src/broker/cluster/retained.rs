@@ -1,0 +1,174 @@
+//! Retained messages across nodes: last writer wins per topic by hybrid logical clock,
+//! deletes included, with snapshots for peers that were away.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::forward::link_publish;
+use crate::broker::message::Message;
+use crate::broker::persist::Key;
+use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::codec::QoS;
+use crate::link::{Frame, RetainedUpdate};
+use crate::retained::{RetainedDigest, Stamp};
+use crate::routes::NodeId;
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// A retained write accepted here (a message, or a delete by an empty payload): stamp it
+    /// and send it to every connected peer.
+    pub(in crate::broker) fn replicate_retained(&mut self, message: &Message) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        let stamp = Stamp {
+            hlc: c.hlc.tick(now.as_millis()),
+            node: c.owner.node.clone(),
+        };
+        let deleted = message.payload.is_empty();
+        let update = RetainedUpdate {
+            topic: message.topic.to_string(),
+            stamp: stamp.clone(),
+            message: (!deleted).then(|| link_publish(message, now)),
+        };
+        c.retained
+            .apply(&message.topic, stamp.clone(), (!deleted).then_some(()));
+        let peers: Vec<NodeId> = c
+            .peers
+            .iter()
+            .filter(|(_, p)| p.connected)
+            .map(|(n, _)| n.clone())
+            .collect();
+        self.persist_stamp(&message.topic, &stamp, deleted);
+        self.prune_retained_tombstones();
+        for peer in peers {
+            self.send_to_peer(peer, Frame::Retained(update.clone()));
+        }
+    }
+
+    pub(super) fn persist_stamp(&mut self, topic: &str, stamp: &Stamp, deleted: bool) {
+        let key = Key::RetainedStamp {
+            topic: topic.to_owned(),
+        };
+        self.persist(
+            key.encode(),
+            Some(crate::broker::persist::encode_stamp(stamp, deleted)),
+        );
+    }
+
+    pub(super) fn prune_retained_tombstones(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        let max = c.config.retained_tombstones_max;
+        for topic in c.retained.prune_tombstones(max) {
+            let key = Key::RetainedStamp {
+                topic: topic.to_string(),
+            };
+            self.persist(key.encode(), None);
+        }
+    }
+
+    /// A retained write from another node: stored if it is newer than what this node has.
+    pub(super) fn apply_retained_update(&mut self, update: RetainedUpdate) {
+        let now = self.now;
+        if !self.config.retain_available {
+            return;
+        }
+        let Some(c) = &mut self.cluster else { return };
+        c.hlc.observe(update.stamp.hlc, now.as_millis());
+        let deleted = update.message.is_none();
+        if !c.retained.apply(
+            &update.topic,
+            update.stamp.clone(),
+            (!deleted).then_some(()),
+        ) {
+            return;
+        }
+        self.persist_stamp(&update.topic, &update.stamp, deleted);
+        self.prune_retained_tombstones();
+        let mut message = match update.message {
+            Some(p) => Message {
+                topic: p.topic.as_str().into(),
+                payload: p.payload,
+                qos: p.qos,
+                retain: true,
+                expires_at: p
+                    .properties
+                    .message_expiry_interval
+                    .map(|s| now.plus_secs(s)),
+                properties: crate::codec::PublishProperties {
+                    message_expiry_interval: None,
+                    topic_alias: None,
+                    subscription_identifiers: Vec::new(),
+                    ..p.properties
+                }
+                .into(),
+                origin: None,
+            },
+            None => Message {
+                topic: update.topic.as_str().into(),
+                payload: Bytes::new(),
+                qos: QoS::AtMostOnce,
+                retain: true,
+                expires_at: None,
+                properties: Default::default(),
+                origin: None,
+            },
+        };
+        // Its own bytes, not a part of the link frame it came in.
+        message.detach();
+        self.store_retained(&Arc::new(message));
+    }
+
+    /// Every retained write this node knows (tombstones included), in chunks.
+    pub(super) fn send_retained_snapshot(&mut self, peer: &NodeId) {
+        const CHUNK_BYTES: usize = 1 << 20;
+        let now = self.now;
+        let Some(c) = &self.cluster else { return };
+        let per_chunk = c.config.snapshot_chunk_filters.max(1);
+        let mut chunks = Vec::new();
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        for (topic, entry) in c.retained.iter() {
+            let message = match entry.value {
+                None => None,
+                Some(()) => match self.retained.get(topic) {
+                    Some(m) if !m.is_expired(now) => Some(link_publish(m, now)),
+                    // Not stored here (expired, or the store was full): nothing to offer.
+                    _ => continue,
+                },
+            };
+            bytes += topic.len() + message.as_ref().map_or(0, |m| m.payload.len());
+            chunk.push(RetainedUpdate {
+                topic: topic.to_string(),
+                stamp: entry.stamp.clone(),
+                message,
+            });
+            if chunk.len() >= per_chunk || bytes >= CHUNK_BYTES {
+                chunks.push(std::mem::take(&mut chunk));
+                bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            chunks.push(chunk);
+        }
+        for chunk in chunks {
+            self.send_to_peer(peer.clone(), Frame::RetainedSnapshot(chunk));
+        }
+    }
+
+    /// A retained message expired here: its stamp goes too (every node expires it by itself).
+    pub(in crate::broker) fn retained_expired(&mut self, topic: &str) {
+        let Some(c) = &mut self.cluster else { return };
+        if c.retained.forget(topic).is_some() {
+            let key = Key::RetainedStamp {
+                topic: topic.to_owned(),
+            };
+            self.persist(key.encode(), None);
+        }
+    }
+
+    /// A summary of the retained writes this node holds, equal on nodes that agree:
+    /// (hash, entries with tombstones). `None` outside cluster mode.
+    pub fn retained_digest(&self) -> Option<RetainedDigest> {
+        Some(self.cluster.as_ref()?.retained.digest())
+    }
+}

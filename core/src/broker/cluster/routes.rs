@@ -1,0 +1,64 @@
+//! This node's route set: filters gained and lost are batched, and each batch goes to every
+//! peer as a versioned delta with the set's hash; a digest announces the version now and then.
+
+use crate::broker::io::{Event, Output};
+use crate::broker::{Authenticator, Authorizer, Broker, Timer};
+use crate::link::Frame;
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// A filter pattern got its first local subscriber.
+    pub(in crate::broker) fn route_added(&mut self, filter: &str) {
+        self.event(Event::RouteAdded {
+            filter: filter.to_owned(),
+        });
+        if let Some(c) = &mut self.cluster {
+            c.routes.add(filter);
+            self.arm_route_flush();
+        }
+    }
+
+    /// A filter pattern lost its last local subscriber.
+    pub(in crate::broker) fn route_removed(&mut self, filter: &str) {
+        self.event(Event::RouteRemoved {
+            filter: filter.to_owned(),
+        });
+        if let Some(c) = &mut self.cluster {
+            c.routes.remove(filter);
+            self.arm_route_flush();
+        }
+    }
+
+    pub(super) fn arm_route_flush(&mut self) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        if !c.flush_armed && c.routes.has_pending() {
+            c.flush_armed = true;
+            self.timers
+                .insert((now.plus_ms(c.config.route_batch_ms), Timer::RouteFlush));
+        }
+    }
+
+    pub(in crate::broker) fn fire_route_flush(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        c.flush_armed = false;
+        let delta = c.routes.flush();
+        let version = c.routes.version();
+        for fence in c.fences.iter_mut().filter(|f| f.target.is_none()) {
+            fence.target = Some(version);
+        }
+        if let Some(delta) = delta {
+            self.outputs.push_back(Output::Broadcast {
+                frame: Frame::RouteDelta(delta),
+            });
+        }
+        self.release_fences();
+    }
+
+    pub(in crate::broker) fn fire_digest(&mut self) {
+        let Some(c) = &self.cluster else { return };
+        let frame = c.own_digest();
+        let next = self.now.plus_ms(c.config.digest_interval_ms);
+        self.outputs.push_back(Output::Broadcast { frame });
+        self.timers.insert((next, Timer::Digest));
+    }
+}
