@@ -7,10 +7,9 @@
 //! one peer's link or to every peer's. Frames are self-delimiting (a 4-byte length prefix),
 //! so a byte stream and a message transport (one WebSocket message per frame) both work.
 
-use bytes::BytesMut;
 use meridian_core::Input;
 use meridian_core::broker::{ClusterConfig, PeerSummary};
-use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
+use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
 use meridian_core::routes::NodeId;
 use wasm_bindgen::prelude::*;
 
@@ -55,28 +54,6 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     }
     f.finish()?;
     Ok(c)
-}
-
-/// A frame the core produced, as the bytes to write to a link. Encoding cannot fail for
-/// frames within the link's own limits; if one ever does, the output says so instead.
-pub(crate) fn frame_output(ty: &'static str, peer: Option<&NodeId>, frame: &Frame) -> JsValue {
-    let mut out = BytesMut::new();
-    match link::encode(frame, &mut out) {
-        Ok(()) => {
-            let o = Obj::tagged(ty);
-            o.opt("peer", peer.map(NodeId::as_str))
-                .set("frame", js::u8array(&out));
-            o.into_js()
-        }
-        Err(e) => {
-            let o = Obj::tagged("linkError");
-            o.opt("peer", peer.map(NodeId::as_str)).set(
-                "error",
-                js::error(&format!("cannot encode a {} frame: {e}", frame.name())),
-            );
-            o.into_js()
-        }
-    }
 }
 
 fn peer_summary(p: &PeerSummary) -> JsValue {

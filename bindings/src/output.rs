@@ -1,12 +1,15 @@
 //! What the broker hands back to the shell, as plain JS objects.
 
+use bytes::BytesMut;
 use meridian_core::broker::{ClientSummary, DisconnectCause, RestoreReport, Stats};
+use meridian_core::link::{self, Frame};
+use meridian_core::routes::NodeId;
 use meridian_core::{ConnId, Event, Output};
 use wasm_bindgen::JsValue;
 
+use crate::glue;
 use crate::js::{self, Obj};
 use crate::packet::version_level;
-use crate::{cluster, glue};
 
 pub(crate) fn conn(id: ConnId) -> JsValue {
     js::num(id.0)
@@ -33,8 +36,8 @@ pub(crate) fn output(o: &Output) -> JsValue {
             obj.set("event", event(e));
             obj.into_js()
         }
-        Output::ToPeer { peer, frame } => cluster::frame_output("toPeer", Some(peer), frame),
-        Output::Broadcast { frame } => cluster::frame_output("broadcast", None, frame),
+        Output::ToPeer { peer, frame } => frame_output("toPeer", Some(peer), frame),
+        Output::Broadcast { frame } => frame_output("broadcast", None, frame),
     }
 }
 
@@ -192,4 +195,26 @@ pub(crate) fn restore_report(r: &RestoreReport) -> JsValue {
             })),
         );
     o.into_js()
+}
+
+/// A frame the core produced, as the bytes to write to a link. Encoding cannot fail for
+/// frames within the link's own limits; if one ever does, the output says so instead.
+fn frame_output(ty: &'static str, peer: Option<&NodeId>, frame: &Frame) -> JsValue {
+    let mut out = BytesMut::new();
+    match link::encode(frame, &mut out) {
+        Ok(()) => {
+            let o = Obj::tagged(ty);
+            o.opt("peer", peer.map(NodeId::as_str))
+                .set("frame", js::u8array(&out));
+            o.into_js()
+        }
+        Err(e) => {
+            let o = Obj::tagged("linkError");
+            o.opt("peer", peer.map(NodeId::as_str)).set(
+                "error",
+                js::error(&format!("cannot encode a {} frame: {e}", frame.name())),
+            );
+            o.into_js()
+        }
+    }
 }
