@@ -222,6 +222,12 @@ impl Obj {
     }
 
     /// Sets `key` only if `value` is present: absent fields are left out, not `undefined`.
+    /// Like [`Obj::set`], for a name made at run time (not interned: for rare objects).
+    pub(crate) fn set_named(&self, key: &str, value: impl Into<JsValue>) -> &Self {
+        glue::set_prop(&self.0, &JsValue::from_str(key), &value.into());
+        self
+    }
+
     pub(crate) fn opt(&self, key: &'static str, value: Option<impl Into<JsValue>>) -> &Self {
         if let Some(v) = value {
             self.set(key, v);
@@ -244,7 +250,7 @@ impl Obj {
 pub(crate) struct Fields {
     obj: JsValue,
     path: String,
-    known: Vec<&'static str>,
+    known: Vec<String>,
 }
 
 impl Fields {
@@ -279,43 +285,43 @@ impl Fields {
     }
 
     /// The value of `key`; `None` if it is `undefined` or `null`.
-    pub(crate) fn get(&mut self, key: &'static str) -> Result<Option<JsValue>, JsValue> {
-        self.known.push(key);
+    pub(crate) fn get(&mut self, key: &str) -> Result<Option<JsValue>, JsValue> {
+        self.known.push(key.to_owned());
         let value = Reflect::get(&self.obj, &JsValue::from_str(key))?;
         Ok((!is_absent(&value)).then_some(value))
     }
 
     /// A field that must be present.
-    pub(crate) fn required(&mut self, key: &'static str) -> Result<JsValue, JsValue> {
+    pub(crate) fn required(&mut self, key: &str) -> Result<JsValue, JsValue> {
         self.get(key)?
             .ok_or_else(|| type_error(&format!("{}: required field is missing", self.path_of(key))))
     }
 
-    pub(crate) fn uint(&mut self, key: &'static str, max: u64) -> Result<Option<u64>, JsValue> {
+    pub(crate) fn uint(&mut self, key: &str, max: u64) -> Result<Option<u64>, JsValue> {
         let path = self.path_of(key);
         self.get(key)?.map(|v| uint(&v, max, &path)).transpose()
     }
 
-    pub(crate) fn u32(&mut self, key: &'static str) -> Result<Option<u32>, JsValue> {
+    pub(crate) fn u32(&mut self, key: &str) -> Result<Option<u32>, JsValue> {
         // The value is at most u32::MAX by the check in `uint`.
         Ok(self.uint(key, u32::MAX.into())?.map(|n| n as u32))
     }
 
-    pub(crate) fn u16(&mut self, key: &'static str) -> Result<Option<u16>, JsValue> {
+    pub(crate) fn u16(&mut self, key: &str) -> Result<Option<u16>, JsValue> {
         Ok(self.uint(key, u16::MAX.into())?.map(|n| n as u16))
     }
 
-    pub(crate) fn u8(&mut self, key: &'static str) -> Result<Option<u8>, JsValue> {
+    pub(crate) fn u8(&mut self, key: &str) -> Result<Option<u8>, JsValue> {
         Ok(self.uint(key, u8::MAX.into())?.map(|n| n as u8))
     }
 
     /// A count or size (`usize`), as a JS number up to 2^53 - 1.
-    pub(crate) fn usize(&mut self, key: &'static str) -> Result<Option<usize>, JsValue> {
+    pub(crate) fn usize(&mut self, key: &str) -> Result<Option<usize>, JsValue> {
         let max = MAX_SAFE_INTEGER.min(usize::MAX as u64);
         Ok(self.uint(key, max)?.map(|n| n as usize))
     }
 
-    pub(crate) fn bool(&mut self, key: &'static str) -> Result<Option<bool>, JsValue> {
+    pub(crate) fn bool(&mut self, key: &str) -> Result<Option<bool>, JsValue> {
         let path = self.path_of(key);
         self.get(key)?
             .map(|v| {
@@ -326,7 +332,7 @@ impl Fields {
             .transpose()
     }
 
-    pub(crate) fn string(&mut self, key: &'static str) -> Result<Option<String>, JsValue> {
+    pub(crate) fn string(&mut self, key: &str) -> Result<Option<String>, JsValue> {
         let path = self.path_of(key);
         self.get(key)?
             .map(|v| {
@@ -337,7 +343,7 @@ impl Fields {
             .transpose()
     }
 
-    pub(crate) fn bytes(&mut self, key: &'static str) -> Result<Option<Bytes>, JsValue> {
+    pub(crate) fn bytes(&mut self, key: &str) -> Result<Option<Bytes>, JsValue> {
         let path = self.path_of(key);
         self.get(key)?.map(|v| bytes(&v, &path)).transpose()
     }
@@ -346,7 +352,7 @@ impl Fields {
     pub(crate) fn finish(self) -> Result<(), JsValue> {
         for key in Object::keys(self.obj.unchecked_ref::<Object>()).iter() {
             let key = key.as_string().unwrap_or_default();
-            if !self.known.contains(&key.as_str()) {
+            if !self.known.contains(&key) {
                 return Err(type_error(&format!(
                     "{}: unknown field '{key}' (known fields: {})",
                     self.path,

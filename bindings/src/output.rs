@@ -1,7 +1,7 @@
 //! What the broker hands back to the shell, as plain JS objects.
 
 use bytes::BytesMut;
-use meridian_core::broker::{ClientSummary, DisconnectCause, RestoreReport, Stats};
+use meridian_core::broker::{ClientSummary, DisconnectCause, FigureValue, RestoreReport, Stats};
 use meridian_core::link::{self, Frame};
 use meridian_core::routes::NodeId;
 use meridian_core::{ConnId, Event, Output};
@@ -127,33 +127,17 @@ pub(crate) fn event(e: &Event) -> JsValue {
     }
 }
 
+/// Every figure of [`Stats`] (its table, [`Stats::FIGURES`]), named in camel case:
+/// `droppedQueueFull`; figures by QoS as arrays of three.
 pub(crate) fn stats(s: &Stats) -> JsValue {
     let o = Obj::new();
-    let by_qos = |a: &[u64; 3]| js::array(a.iter().map(|&n| js::num(n)));
-    o.set("connections", s.connections)
-        .set("sessions", s.sessions)
-        .set("subscriptions", s.subscriptions)
-        .set("retainedMessages", s.retained_messages)
-        .set("queuedMessages", s.queued_messages)
-        .set("inflightMessages", s.inflight_messages)
-        .set("packetsReceived", js::num(s.packets_received))
-        .set("packetsSent", js::num(s.packets_sent))
-        .set("bytesReceived", js::num(s.bytes_received))
-        .set("bytesSent", js::num(s.bytes_sent))
-        .set("messagesReceived", by_qos(&s.messages_received))
-        .set("messagesSent", by_qos(&s.messages_sent))
-        .set("droppedQueueFull", js::num(s.dropped_queue_full))
-        .set("droppedTooLarge", js::num(s.dropped_too_large))
-        .set("droppedExpired", js::num(s.dropped_expired))
-        .set("droppedQos0Offline", js::num(s.dropped_qos0_offline))
-        .set("droppedQos0Congested", js::num(s.dropped_qos0_congested))
-        .set("droppedNotAuthorized", js::num(s.dropped_not_authorized))
-        .set("droppedRetainedFull", js::num(s.dropped_retained_full))
-        .set("droppedPeerDown", js::num(s.dropped_peer_down))
-        .set("droppedPeerCongested", js::num(s.dropped_peer_congested))
-        .set("droppedOutboxFull", js::num(s.dropped_outbox_full))
-        .set("connectsRefused", js::num(s.connects_refused))
-        .set("protocolErrors", js::num(s.protocol_errors));
+    for (figure, value) in s.figures() {
+        let value = match value {
+            FigureValue::One(n) => js::num(n),
+            FigureValue::ByQos(by_qos) => js::array(by_qos.iter().map(|&n| js::num(n))),
+        };
+        o.set_named(&crate::config::camel(figure.field), value);
+    }
     o.into_js()
 }
 

@@ -159,6 +159,10 @@ export interface BrokerStats {
   /** QoS 0 forwards not sent to a peer reported with `handlePeerCongested`. */
   droppedPeerCongested: number;
   droppedOutboxFull: number;
+  /** Messages kept from subscriptions a `maySubscribe` hook answered `"filtered"`. */
+  withheldNotAuthorized: number;
+  /** Subscriptions a `maySubscribe` hook refused. */
+  subscriptionsNotAuthorized: number;
   connectsRefused: number;
   protocolErrors: number;
 }

@@ -51,6 +51,8 @@
 //! acknowledge it); never let time go backwards; after a restart, feed every stored record to
 //! [`Broker::restore`] before accepting connections.
 
+#![warn(missing_docs)]
+
 pub mod acl;
 pub mod broker;
 pub mod codec;

@@ -17,7 +17,9 @@ use crate::routes::NodeId;
 /// within one millisecond (or while the wall clock lags a reading seen from another node).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Hlc {
+    /// Wall-clock milliseconds: the greatest seen, local or remote.
     pub wall_ms: u64,
+    /// Orders readings with the same `wall_ms`.
     pub logical: u32,
 }
 
@@ -53,14 +55,18 @@ impl Hlc {
 /// When, and where, a retained write was accepted. Writes are ordered by clock, then node id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Stamp {
+    /// The clock reading of the node that accepted the write.
     pub hlc: Hlc,
+    /// That node's id; breaks ties between equal readings.
     pub node: NodeId,
 }
 
 /// The winning write for one topic: a value, or `None` for a delete (a tombstone).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LwwEntry<V> {
+    /// The write's stamp.
     pub stamp: Stamp,
+    /// The value written, or `None` for a delete.
     pub value: Option<V>,
 }
 
@@ -114,6 +120,7 @@ fn entry_hash(topic: &str, stamp: &Stamp, deleted: bool) -> u64 {
 }
 
 impl<V> LwwMap<V> {
+    /// An empty map.
     pub fn new() -> Self {
         Self::default()
     }
@@ -170,6 +177,7 @@ impl<V> LwwMap<V> {
         gone
     }
 
+    /// The winning write for `topic`, tombstone or not.
     pub fn get(&self, topic: &str) -> Option<&LwwEntry<V>> {
         self.entries.get(topic)
     }
@@ -184,10 +192,12 @@ impl<V> LwwMap<V> {
         self.entries.len()
     }
 
+    /// Whether no topic is held (tombstones included).
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// Tombstones held.
     pub fn tombstones(&self) -> usize {
         self.tombstones.len()
     }

@@ -31,7 +31,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use meridian_core::broker::{ClientSummary, PeerSummary, Stats};
+use meridian_core::broker::{ClientSummary, Figure, FigureKind, FigureValue, PeerSummary, Stats};
 use meridian_core::codec::ProtocolVersion;
 use meridian_core::routes::NodeId;
 use prometheus_client::encoding::text::encode;
@@ -450,6 +450,64 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Every figure of the broker's [`Stats`], as its table describes it: labelled figures of one
+/// metric (the reasons of `messages_dropped`, the QoS levels of `messages_received`) as one
+/// family.
+fn render_stats(r: &mut Registry, s: &Stats) {
+    type Labels = Vec<(String, String)>;
+    let mut families: Vec<(&Figure, Family<Labels, Counter>)> = Vec::new();
+    for (figure, value) in s.figures() {
+        let help = figure.metric_help.trim().trim_end_matches('.');
+        let labelled = figure.label.is_some() || matches!(value, FigureValue::ByQos(_));
+        if !labelled {
+            let FigureValue::One(v) = value else {
+                continue;
+            };
+            match figure.kind {
+                FigureKind::Gauge => {
+                    let g: Gauge = Gauge::default();
+                    g.set(i64::try_from(v).unwrap_or(i64::MAX));
+                    r.register(figure.metric, help, g);
+                }
+                FigureKind::Counter => {
+                    let c: Counter = Counter::default();
+                    c.inc_by(v);
+                    r.register(figure.metric, help, c);
+                }
+            }
+            continue;
+        }
+        let i = match families.iter().position(|(f, _)| f.metric == figure.metric) {
+            Some(i) => i,
+            None => {
+                families.push((figure, Family::default()));
+                families.len() - 1
+            }
+        };
+        let family = &families[i].1;
+        match value {
+            FigureValue::ByQos(by_qos) => {
+                for (qos, v) in by_qos.iter().enumerate() {
+                    family
+                        .get_or_create(&vec![("qos".to_owned(), qos.to_string())])
+                        .inc_by(*v);
+                }
+            }
+            FigureValue::One(v) => {
+                if let Some((name, label)) = figure.label {
+                    family
+                        .get_or_create(&vec![(name.to_owned(), label.to_owned())])
+                        .inc_by(v);
+                }
+            }
+        }
+    }
+    for (figure, family) in families {
+        let help = figure.metric_help.trim().trim_end_matches('.');
+        r.register(figure.metric, help, family);
+    }
+}
+
 /// The metrics page from a snapshot of the broker's [`Stats`], the daemon's counters, the
 /// runtime's threads and, in cluster mode, the peers and the mesh's counters.
 pub fn render_metrics(
@@ -460,122 +518,12 @@ pub fn render_metrics(
     runtime: &RuntimeMetrics,
 ) -> String {
     let mut r = Registry::with_prefix("meridian");
-    let gauge = |r: &mut Registry, name: &str, help: &str, v: usize| {
-        let g: Gauge = Gauge::default();
-        g.set(i64::try_from(v).unwrap_or(i64::MAX));
-        r.register(name, help, g);
-    };
     let counter = |r: &mut Registry, name: &str, help: &str, v: u64| {
         let c: Counter = Counter::default();
         c.inc_by(v);
         r.register(name, help, c);
     };
-    gauge(
-        &mut r,
-        "connections",
-        "Open client connections",
-        s.connections,
-    );
-    gauge(
-        &mut r,
-        "sessions",
-        "Sessions held, connected or not",
-        s.sessions,
-    );
-    gauge(
-        &mut r,
-        "subscriptions",
-        "Subscriptions of all sessions",
-        s.subscriptions,
-    );
-    gauge(
-        &mut r,
-        "retained_messages",
-        "Retained messages stored",
-        s.retained_messages,
-    );
-    gauge(
-        &mut r,
-        "queued_messages",
-        "Messages waiting in session queues",
-        s.queued_messages,
-    );
-    gauge(
-        &mut r,
-        "inflight_messages",
-        "Messages sent and not yet acknowledged",
-        s.inflight_messages,
-    );
-    counter(
-        &mut r,
-        "packets_received",
-        "MQTT packets received",
-        s.packets_received,
-    );
-    counter(&mut r, "packets_sent", "MQTT packets sent", s.packets_sent);
-    counter(
-        &mut r,
-        "bytes_received",
-        "Bytes received from clients",
-        s.bytes_received,
-    );
-    counter(&mut r, "bytes_sent", "Bytes sent to clients", s.bytes_sent);
-    for (name, help, values) in [
-        (
-            "messages_received",
-            "PUBLISH packets received, by QoS",
-            s.messages_received,
-        ),
-        (
-            "messages_sent",
-            "PUBLISH packets sent, by QoS",
-            s.messages_sent,
-        ),
-    ] {
-        let family = Family::<Vec<(String, String)>, Counter>::default();
-        for (qos, v) in values.iter().enumerate() {
-            family
-                .get_or_create(&vec![("qos".to_owned(), qos.to_string())])
-                .inc_by(*v);
-        }
-        r.register(name, help, family);
-    }
-    let dropped = Family::<Vec<(String, String)>, Counter>::default();
-    for (reason, v) in [
-        ("queue_full", s.dropped_queue_full),
-        ("too_large", s.dropped_too_large),
-        ("expired", s.dropped_expired),
-        ("qos0_offline", s.dropped_qos0_offline),
-        ("qos0_congested", s.dropped_qos0_congested),
-        ("not_authorized", s.dropped_not_authorized),
-        ("retained_full", s.dropped_retained_full),
-        ("outbox_full", s.dropped_outbox_full),
-        ("peer_down", s.dropped_peer_down),
-        ("peer_congested", s.dropped_peer_congested),
-    ] {
-        dropped
-            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
-            .inc_by(v);
-    }
-    r.register("messages_dropped", "Messages dropped, by reason", dropped);
-    counter(
-        &mut r,
-        "connects_refused",
-        "CONNECTs refused",
-        s.connects_refused,
-    );
-    counter(
-        &mut r,
-        "subscriptions_refused",
-        "Subscriptions refused by the access rules",
-        s.subscriptions_not_authorized,
-    );
-    counter(
-        &mut r,
-        "deliveries_withheld",
-        "Messages withheld from subscriptions that reach topics the access rules deny",
-        s.withheld_not_authorized,
-    );
+    render_stats(&mut r, s);
     let family = |r: &mut Registry, name: &str, help: &str, values: &[(&str, u64)]| {
         let f = Family::<Vec<(String, String)>, Counter>::default();
         for (reason, v) in values {

@@ -205,45 +205,84 @@ impl RuntimeConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    pub max_packet_size: u32,
-    pub receive_maximum: u16,
-    pub max_inflight: u16,
-    pub max_inflight_bytes: usize,
-    pub max_queued_messages: usize,
-    pub max_queued_bytes: usize,
-    pub max_subscriptions_per_client: usize,
-    pub max_topic_len: usize,
-    pub max_topic_levels: usize,
-    pub max_client_id_len: usize,
-    pub connect_timeout_ms: u64,
-    pub max_keep_alive_secs: u16,
-    pub max_session_expiry_secs: u32,
-    pub max_sessions: usize,
-    pub v3_session_expiry_secs: u32,
-    pub max_retained_messages: usize,
-    pub topic_alias_maximum: u16,
-    pub outbound_topic_alias_maximum: u16,
-    pub max_write_buffer_bytes: usize,
-    /// Unset: an eighth of `max_write_buffer_bytes`, at least 1024 bytes.
-    pub qos0_max_write_buffer_bytes: Option<usize>,
+/// How a core configuration field is written in the file, and read back.
+pub trait FileField: Sized {
+    /// The value as the file holds it.
+    type Repr: serde::de::DeserializeOwned + Clone + PartialEq + std::fmt::Debug;
+    /// The field from its file value (checked in [`DaemonConfig::validate`] where it can be
+    /// out of range).
+    fn from_repr(repr: &Self::Repr) -> Self;
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct MqttFeatures {
-    pub maximum_qos: u8,
-    pub retain_available: bool,
-    pub wildcard_subscription_available: bool,
-    pub subscription_identifiers_available: bool,
-    pub shared_subscription_available: bool,
-    pub reason_strings: bool,
-    pub response_topic_prefix: String,
-    pub assigned_client_id_prefix: String,
-    pub sys_interval_ms: u64,
+macro_rules! plain_file_fields {
+    ($($t:ty),*) => {
+        $(impl FileField for $t {
+            type Repr = $t;
+            fn from_repr(repr: &$t) -> $t {
+                repr.clone()
+            }
+        })*
+    };
 }
+plain_file_fields!(u16, u32, u64, usize, bool, String);
+
+/// A QoS is written as its number, 0 to 2.
+impl FileField for QoS {
+    type Repr = u8;
+    fn from_repr(repr: &u8) -> QoS {
+        match repr {
+            0 => QoS::AtMostOnce,
+            1 => QoS::AtLeastOnce,
+            _ => QoS::ExactlyOnce,
+        }
+    }
+}
+
+/// `[limits]` and `[mqtt]` hold the core's `limits` and `features` fields
+/// ([`meridian_core::with_config_fields`]), under the same names; `[limits]` adds the
+/// daemon's own bounds on what waits to be written to a connection.
+macro_rules! core_sections {
+    (
+        limits { $($(#[doc = $ldoc:literal])* $lfield:ident : $lty:ty = $ldefault:expr),* $(,)? }
+        features { $($(#[doc = $fdoc:literal])* $ffield:ident : $fty:ty = $fdefault:expr),* $(,)? }
+        process { $($process:tt)* }
+    ) => {
+        /// `[limits]`: the core's limits, and the daemon's write buffers.
+        #[derive(Debug, Clone, Deserialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        pub struct Limits {
+            $($(#[doc = $ldoc])* pub $lfield: <$lty as FileField>::Repr,)*
+            /// Bytes waiting to be written to one client before it is cut off as a slow
+            /// consumer.
+            pub max_write_buffer_bytes: usize,
+            /// Unset: an eighth of `max_write_buffer_bytes`, at least 1024 bytes.
+            pub qos0_max_write_buffer_bytes: Option<usize>,
+        }
+
+        /// `[mqtt]`: the protocol features the broker offers.
+        #[derive(Debug, Clone, Deserialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        pub struct MqttFeatures {
+            $($(#[doc = $fdoc])* pub $ffield: <$fty as FileField>::Repr,)*
+        }
+
+
+
+
+        impl DaemonConfig {
+            /// The broker core's configuration.
+            pub fn core_config(&self) -> meridian_core::Config {
+                meridian_core::Config {
+                    $($lfield: <$lty as FileField>::from_repr(&self.limits.$lfield),)*
+                    $($ffield: <$fty as FileField>::from_repr(&self.mqtt.$ffield),)*
+                    ..meridian_core::Config::default()
+                }
+            }
+        }
+    };
+}
+
+meridian_core::with_config_fields!(core_sections);
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -492,46 +531,6 @@ impl DaemonConfig {
     /// The listeners by name, in a fixed order.
     pub fn listeners(&self) -> [(&'static str, &ListenerConfig); 4] {
         self.listeners.iter()
-    }
-
-    /// The broker core's configuration.
-    pub fn core_config(&self) -> meridian_core::Config {
-        let l = &self.limits;
-        let m = &self.mqtt;
-        meridian_core::Config {
-            max_packet_size: l.max_packet_size,
-            receive_maximum: l.receive_maximum,
-            max_inflight: l.max_inflight,
-            max_inflight_bytes: l.max_inflight_bytes,
-            max_queued_messages: l.max_queued_messages,
-            max_queued_bytes: l.max_queued_bytes,
-            max_subscriptions_per_client: l.max_subscriptions_per_client,
-            max_topic_len: l.max_topic_len,
-            max_topic_levels: l.max_topic_levels,
-            max_client_id_len: l.max_client_id_len,
-            connect_timeout_ms: l.connect_timeout_ms,
-            max_keep_alive_secs: l.max_keep_alive_secs,
-            max_session_expiry_secs: l.max_session_expiry_secs,
-            max_sessions: l.max_sessions,
-            v3_session_expiry_secs: l.v3_session_expiry_secs,
-            max_retained_messages: l.max_retained_messages,
-            topic_alias_maximum: l.topic_alias_maximum,
-            outbound_topic_alias_maximum: l.outbound_topic_alias_maximum,
-            maximum_qos: match m.maximum_qos {
-                0 => QoS::AtMostOnce,
-                1 => QoS::AtLeastOnce,
-                _ => QoS::ExactlyOnce,
-            },
-            retain_available: m.retain_available,
-            wildcard_subscription_available: m.wildcard_subscription_available,
-            subscription_identifiers_available: m.subscription_identifiers_available,
-            shared_subscription_available: m.shared_subscription_available,
-            reason_strings: m.reason_strings,
-            response_topic_prefix: m.response_topic_prefix.clone(),
-            assigned_client_id_prefix: m.assigned_client_id_prefix.clone(),
-            sys_interval_ms: m.sys_interval_ms,
-            ..meridian_core::Config::default()
-        }
     }
 }
 

@@ -11,9 +11,13 @@ use crate::topic::TopicFilter;
 /// What an authenticator is asked, on CONNECT and on each AUTH step.
 #[derive(Debug, Clone, Copy)]
 pub struct AuthRequest<'a> {
+    /// The connection asking.
     pub conn: ConnId,
+    /// The session's client id (assigned by the broker if CONNECT had none).
     pub client_id: &'a str,
+    /// The user name from CONNECT; on re-authentication, the one the session runs as.
     pub username: Option<&'a str>,
+    /// The password from CONNECT; `None` on AUTH steps.
     pub password: Option<&'a [u8]>,
     /// MQTT 5.0 enhanced authentication method, if the client named one.
     pub method: Option<&'a str>,
@@ -21,6 +25,7 @@ pub struct AuthRequest<'a> {
     pub data: Option<&'a [u8]>,
     /// Identity from a verified TLS client certificate.
     pub tls_identity: Option<&'a str>,
+    /// Peer address, as the shell gave it in [`crate::ConnInfo`].
     pub remote_addr: Option<&'a str>,
     /// `true` for the steps after the first (AUTH packets), including re-authentication.
     pub continuation: bool,
@@ -32,7 +37,10 @@ pub struct AuthRequest<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthOutcome {
     /// Let the client in, as this user (defaults to the CONNECT username when `None`).
-    Allow { username: Option<String> },
+    Allow {
+        /// The user name the session runs as; `None` keeps the client's own.
+        username: Option<String>,
+    },
     /// Refuse with this reason (CONNACK, or DISCONNECT when re-authenticating).
     Deny(ReasonCode),
     /// Enhanced authentication continues: send AUTH 0x18 with this data and wait for the client.
@@ -44,6 +52,7 @@ pub enum AuthOutcome {
 
 /// Decides who may connect. Called synchronously; answer `Pending` to decide asynchronously.
 pub trait Authenticator {
+    /// Judge one step: a CONNECT, an AUTH that continues an exchange, or a re-authentication.
     fn authenticate(&mut self, request: &AuthRequest<'_>) -> AuthOutcome;
 }
 

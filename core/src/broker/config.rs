@@ -20,98 +20,134 @@
 //! | `topic_alias_maximum` | a client alias above it: DISCONNECT 0x94 |
 //! | the shell's write backlog (not a field here) | the shell feeds [`crate::Input::Congested`] when a connection's unwritten bytes pass its mark: QoS 0 deliveries to it are dropped and counted (`Stats::dropped_qos0_congested`) until [`crate::Input::Drained`]; the shell also decides when a backlog is too large to keep the connection |
 
-use crate::codec::QoS;
-
-/// Broker configuration. `Config::default()` is safe for a public-facing broker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// Largest packet accepted from clients, in bytes (whole packet). Advertised in CONNACK.
-    pub max_packet_size: u32,
-    /// Unacknowledged incoming QoS 2 messages allowed per client. Advertised in CONNACK.
-    pub receive_maximum: u16,
-    /// Cap on outgoing unacknowledged QoS 1/2 messages per client (the client's Receive Maximum
-    /// lowers it further).
-    pub max_inflight: u16,
-    /// Cap on the payload and topic bytes of outgoing unacknowledged QoS 1/2 messages per
-    /// client (a message larger than this is sent alone).
-    pub max_inflight_bytes: usize,
-    /// Messages waiting per session (offline, or beyond the in-flight window).
-    pub max_queued_messages: usize,
-    /// Payload bytes waiting per session.
-    pub max_queued_bytes: usize,
-    pub max_subscriptions_per_client: usize,
-    pub max_topic_len: usize,
-    pub max_topic_levels: usize,
-    pub max_client_id_len: usize,
-    pub connect_timeout_ms: u64,
-    /// 0 means no upper bound (clients may also turn keep alive off).
-    pub max_keep_alive_secs: u16,
-    /// Upper bound on a session's expiry interval; `u32::MAX` means sessions may never expire.
-    pub max_session_expiry_secs: u32,
-    /// Sessions the broker holds at once, connected or not.
-    pub max_sessions: usize,
-    /// Expiry for MQTT 3.1.1 sessions with Clean Session 0 (3.1.1 has no expiry of its own).
-    pub v3_session_expiry_secs: u32,
-    pub max_retained_messages: usize,
-    /// Aliases a client may use towards the broker. Advertised in CONNACK; 0 disables.
-    pub topic_alias_maximum: u16,
-    /// Aliases the broker uses towards a client, within the client's own maximum; 0 disables.
-    pub outbound_topic_alias_maximum: u16,
-    pub maximum_qos: QoS,
-    pub retain_available: bool,
-    pub wildcard_subscription_available: bool,
-    pub subscription_identifiers_available: bool,
-    pub shared_subscription_available: bool,
-    /// Explain failures with a Reason String to MQTT 5.0 clients: in DISCONNECT always, in
-    /// acknowledgements only to clients that did not set Request Problem Information to 0.
-    pub reason_strings: bool,
-    /// Response Information sent to MQTT 5.0 clients that request it: this prefix followed by
-    /// the client id and `/`, a topic namespace the client may use for responses.
-    pub response_topic_prefix: String,
-    /// Prefix of client identifiers the broker assigns to clients that connect with an empty one.
-    pub assigned_client_id_prefix: String,
-    /// How often the broker publishes its figures under `$SYS/broker/` (the topics Mosquitto
-    /// uses), in milliseconds; 0: never. Only figures that changed are sent, as retained QoS 0
-    /// messages, to local subscribers only; a new subscription gets them all at once. While it
-    /// is set, nothing but the broker publishes under `$SYS` (clients get `Not authorized`).
-    pub sys_interval_ms: u64,
-    /// Seed for everything the broker randomises (assigned client ids, hash seeds). Shells
-    /// should pass a random value per process (the core cannot draw one), so that assigned
-    /// client ids differ across restarts and nodes; tests and the simulator pass a fixed one.
-    pub seed: u64,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            max_packet_size: 1024 * 1024,
-            receive_maximum: 1024,
-            max_inflight: 256,
-            max_inflight_bytes: 4 * 1024 * 1024,
-            max_queued_messages: 10_000,
-            max_queued_bytes: 64 * 1024 * 1024,
-            max_subscriptions_per_client: 1_000,
-            max_topic_len: 1024,
-            max_topic_levels: 32,
-            max_client_id_len: 256,
-            connect_timeout_ms: 10_000,
-            max_keep_alive_secs: 0,
-            max_session_expiry_secs: 7 * 24 * 3600,
-            max_sessions: 1_000_000,
-            v3_session_expiry_secs: 24 * 3600,
-            max_retained_messages: 1_000_000,
-            topic_alias_maximum: 64,
-            outbound_topic_alias_maximum: 64,
-            maximum_qos: QoS::ExactlyOnce,
-            retain_available: true,
-            wildcard_subscription_available: true,
-            subscription_identifiers_available: true,
-            shared_subscription_available: true,
-            reason_strings: true,
-            response_topic_prefix: "response/".to_owned(),
-            assigned_client_id_prefix: "meridian-".to_owned(),
-            sys_interval_ms: 0,
-            seed: 0x6d65_7269_6469_616e,
+/// Calls `$callback!` with every field of [`Config`](crate::Config), so that shells derive
+/// their own descriptions of it (a configuration file's keys, a JS object's properties) from
+/// this one list rather than restating it. The fields come in groups: `limits` (bounds on what
+/// clients may do and hold), `features` (what the broker offers, advertised to clients) and
+/// `process` (what a shell sets for the process, not from a file). Each field is written
+/// `/// doc` `name: Type = default`, types named by full path.
+///
+/// ```
+/// macro_rules! names {
+///     ($($group:ident { $($(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr),* $(,)? })*) => {
+///         [$($(stringify!($field)),*),*]
+///     };
+/// }
+/// let names = meridian_core::with_config_fields!(names);
+/// assert!(names.contains(&"max_packet_size"));
+/// ```
+#[macro_export]
+macro_rules! with_config_fields {
+    ($callback:ident) => {
+        $callback! {
+            limits {
+                /// Largest packet accepted from clients, in bytes (whole packet). Advertised in
+                /// CONNACK.
+                max_packet_size: u32 = 1024 * 1024,
+                /// Unacknowledged incoming QoS 2 messages allowed per client. Advertised in
+                /// CONNACK.
+                receive_maximum: u16 = 1024,
+                /// Cap on outgoing unacknowledged QoS 1/2 messages per client (the client's
+                /// Receive Maximum lowers it further).
+                max_inflight: u16 = 256,
+                /// Cap on the payload and topic bytes of outgoing unacknowledged QoS 1/2
+                /// messages per client (a message larger than this is sent alone).
+                max_inflight_bytes: usize = 4 * 1024 * 1024,
+                /// Messages waiting per session (offline, or beyond the in-flight window).
+                max_queued_messages: usize = 10_000,
+                /// Payload and topic bytes waiting per session.
+                max_queued_bytes: usize = 64 * 1024 * 1024,
+                /// Filters one session may subscribe to.
+                max_subscriptions_per_client: usize = 1_000,
+                /// Longest topic name or filter accepted, in bytes.
+                max_topic_len: usize = 1024,
+                /// Most `/`-separated levels in a topic name or filter.
+                max_topic_levels: usize = 32,
+                /// Longest client identifier accepted, in bytes.
+                max_client_id_len: usize = 256,
+                /// How long a new connection may take to send CONNECT, in milliseconds.
+                connect_timeout_ms: u64 = 10_000,
+                /// Largest keep alive granted to MQTT 5.0 clients, in seconds; 0 means no upper
+                /// bound (clients may also turn keep alive off).
+                max_keep_alive_secs: u16 = 0,
+                /// Upper bound on a session's expiry interval, in seconds; `u32::MAX` means
+                /// sessions may never expire.
+                max_session_expiry_secs: u32 = 7 * 24 * 3600,
+                /// Sessions the broker holds at once, connected or not.
+                max_sessions: usize = 1_000_000,
+                /// Expiry for MQTT 3.1.1 sessions with Clean Session 0, in seconds (3.1.1 has no
+                /// expiry of its own).
+                v3_session_expiry_secs: u32 = 24 * 3600,
+                /// Retained topics the broker keeps.
+                max_retained_messages: usize = 1_000_000,
+                /// Aliases a client may use towards the broker. Advertised in CONNACK; 0
+                /// disables.
+                topic_alias_maximum: u16 = 64,
+                /// Aliases the broker uses towards a client, within the client's own maximum; 0
+                /// disables.
+                outbound_topic_alias_maximum: u16 = 64,
+            }
+            features {
+                /// Highest QoS the broker grants; a PUBLISH above it is refused. Advertised in
+                /// CONNACK.
+                maximum_qos: $crate::codec::QoS = $crate::codec::QoS::ExactlyOnce,
+                /// Whether retained messages are kept. Advertised in CONNACK.
+                retain_available: bool = true,
+                /// Whether filters may hold `+` and `#`. Advertised in CONNACK.
+                wildcard_subscription_available: bool = true,
+                /// Whether SUBSCRIBE may carry a Subscription Identifier. Advertised in CONNACK.
+                subscription_identifiers_available: bool = true,
+                /// Whether `$share/...` subscriptions are allowed. Advertised in CONNACK.
+                shared_subscription_available: bool = true,
+                /// Explain failures with a Reason String to MQTT 5.0 clients: in DISCONNECT
+                /// always, in acknowledgements only to clients that did not set Request Problem
+                /// Information to 0.
+                reason_strings: bool = true,
+                /// Response Information sent to MQTT 5.0 clients that request it: this prefix
+                /// followed by the client id and `/`, a topic namespace the client may use for
+                /// responses.
+                response_topic_prefix: ::std::string::String = "response/".to_owned(),
+                /// Prefix of client identifiers the broker assigns to clients that connect with
+                /// an empty one.
+                assigned_client_id_prefix: ::std::string::String = "meridian-".to_owned(),
+                /// How often the broker publishes its figures under `$SYS/broker/` (the topics
+                /// Mosquitto uses), in milliseconds; 0: never. Only figures that changed are
+                /// sent, as retained QoS 0 messages, to local subscribers only; a new
+                /// subscription gets them all at once. While it is set, nothing but the broker
+                /// publishes under `$SYS` (clients get `Not authorized`).
+                sys_interval_ms: u64 = 0,
+            }
+            process {
+                /// Seed for everything the broker randomises (assigned client ids, hash seeds).
+                /// Shells should pass a random value per process (the core cannot draw one), so
+                /// that assigned client ids differ across restarts and nodes; tests and the
+                /// simulator pass a fixed one.
+                seed: u64 = 0x6d65_7269_6469_616e,
+            }
         }
-    }
+    };
 }
+
+macro_rules! define_config {
+    ($($group:ident {
+        $($(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr),* $(,)?
+    })*) => {
+        /// Broker configuration. `Config::default()` is safe for a public-facing broker. Its
+        /// fields are listed once, in [`with_config_fields!`](crate::with_config_fields), from
+        /// which the shells derive their configuration files and objects.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct Config {
+            $($($(#[doc = $doc])* pub $field: $ty,)*)*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Self {
+                    $($($field: $default,)*)*
+                }
+            }
+        }
+    };
+}
+
+with_config_fields!(define_config);

@@ -12,18 +12,22 @@ use crate::routes::NodeId;
 pub struct Timestamp(pub u64);
 
 impl Timestamp {
+    /// The timestamp `ms` milliseconds after the epoch.
     pub fn from_millis(ms: u64) -> Self {
         Self(ms)
     }
 
+    /// Milliseconds since the epoch.
     pub fn as_millis(self) -> u64 {
         self.0
     }
 
+    /// `ms` milliseconds later (saturating).
     pub fn plus_ms(self, ms: u64) -> Self {
         Self(self.0.saturating_add(ms))
     }
 
+    /// `secs` seconds later (saturating).
     pub fn plus_secs(self, secs: u32) -> Self {
         self.plus_ms(u64::from(secs) * 1000)
     }
@@ -54,37 +58,70 @@ pub struct ConnInfo {
 #[derive(Debug)]
 pub enum Input<'a> {
     /// Bytes read from a connection.
-    Bytes { conn: ConnId, data: &'a [u8] },
+    Bytes {
+        /// The connection they were read from.
+        conn: ConnId,
+        /// The bytes as read: any amount, whatever the packet boundaries.
+        data: &'a [u8],
+    },
     /// The connection was closed by the peer or the network.
-    Closed { conn: ConnId },
+    Closed {
+        /// The connection that closed.
+        conn: ConnId,
+    },
     /// The deadline from [`crate::Broker::poll_timeout`] (or a later time) has come.
     Timeout,
     /// A decision for an authentication the authenticator answered with `Pending`.
     AuthDecision {
+        /// The connection waiting for the decision.
         conn: ConnId,
+        /// The decision; `Pending` keeps the connection waiting.
         outcome: super::AuthOutcome,
     },
     /// A link to a peer node is up (cluster mode).
-    PeerUp { peer: NodeId },
+    PeerUp {
+        /// The peer node whose link came up.
+        peer: NodeId,
+    },
     /// A frame from a peer node, decoded with [`crate::link::decode`].
-    PeerFrame { peer: NodeId, frame: Box<Frame> },
+    PeerFrame {
+        /// The node that sent it.
+        peer: NodeId,
+        /// The decoded frame.
+        frame: Box<Frame>,
+    },
     /// The link to a peer node is down.
-    PeerDown { peer: NodeId },
+    PeerDown {
+        /// The peer node whose link went down.
+        peer: NodeId,
+    },
     /// The shell's backlog of bytes not yet written to this connection passed its mark: the
     /// client reads more slowly than it is sent to. QoS 0 deliveries to it are dropped, and
     /// counted in [`crate::broker::Stats::dropped_qos0_congested`], until [`Input::Drained`].
     /// QoS 1 and 2 deliveries are bounded by the in-flight window and go on as before. A shared
     /// subscription gives its messages to members that are not congested first.
-    Congested { conn: ConnId },
+    Congested {
+        /// The congested connection.
+        conn: ConnId,
+    },
     /// The backlog of a [`Input::Congested`] connection fell back: QoS 0 deliveries resume.
-    Drained { conn: ConnId },
+    Drained {
+        /// The connection whose backlog fell back.
+        conn: ConnId,
+    },
     /// The shell's queue of frames for this peer's link passed its mark: the link carries less
     /// than is sent on it. QoS 0 forwards to the peer are dropped, and counted in
     /// [`crate::broker::Stats::dropped_peer_congested`], until [`Input::PeerDrained`] or the
     /// link's next session. QoS 1 and 2 forwards wait in the peer's outbox as always.
-    PeerCongested { peer: NodeId },
+    PeerCongested {
+        /// The peer node whose link is congested.
+        peer: NodeId,
+    },
     /// The queue of a [`Input::PeerCongested`] link fell back: QoS 0 forwards resume.
-    PeerDrained { peer: NodeId },
+    PeerDrained {
+        /// The peer node whose link's queue fell back.
+        peer: NodeId,
+    },
 }
 
 /// One thing the shell must do, taken from [`crate::Broker::poll_output`] in order.
@@ -94,18 +131,39 @@ pub enum Input<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
     /// Write these bytes to the connection.
-    Send { conn: ConnId, data: Bytes },
+    Send {
+        /// The connection to write to.
+        conn: ConnId,
+        /// Encoded MQTT packets, to be written as they are.
+        data: Bytes,
+    },
     /// Close the connection after writing everything sent to it before.
-    Close { conn: ConnId },
+    Close {
+        /// The connection to close.
+        conn: ConnId,
+    },
     /// Store (or, with `value: None`, delete) a record; feed them all back to
     /// [`crate::Broker::restore`] after a restart. Keys and values are opaque to the shell.
-    Persist { key: Bytes, value: Option<Bytes> },
+    Persist {
+        /// The record's key.
+        key: Bytes,
+        /// The record's new value; `None` deletes the record.
+        value: Option<Bytes>,
+    },
     /// Something worth logging, counting or reacting to.
     Event(Event),
     /// Send this frame to one peer node (cluster mode), on its ordered link.
-    ToPeer { peer: NodeId, frame: Frame },
+    ToPeer {
+        /// The node to send it to.
+        peer: NodeId,
+        /// The frame; [`crate::link::encode`] turns it into bytes.
+        frame: Frame,
+    },
     /// Send this frame to every peer node (route deltas and digests; gossip is fine).
-    Broadcast { frame: Frame },
+    Broadcast {
+        /// The frame; [`crate::link::encode`] turns it into bytes.
+        frame: Frame,
+    },
 }
 
 /// Why a connection ended.
@@ -134,34 +192,58 @@ impl DisconnectCause {
 pub enum Event {
     /// CONNECT accepted and CONNACK sent.
     ClientConnected {
+        /// The client's connection.
         conn: ConnId,
+        /// The session's client id (assigned by the broker if CONNECT had none).
         client_id: String,
+        /// The user the session runs as: the authenticator's choice, or the CONNECT user name.
         username: Option<String>,
+        /// The protocol version the client speaks.
         protocol: ProtocolVersion,
+        /// Whether an existing session was resumed (CONNACK's Session Present).
         session_present: bool,
     },
     /// A CONNECT was refused with this reason (CONNACK sent where the protocol allows).
     ConnectRefused {
+        /// The connection, which is closed.
         conn: ConnId,
+        /// The CONNECT's client id; `None` for an empty one the broker may not assign (MQTT 3.1.1
+        /// without a clean session).
         client_id: Option<String>,
+        /// The reason CONNACK carried (MQTT 3.1.1 clients get the matching return code).
         reason: ReasonCode,
     },
     /// A connected client's connection ended.
     ClientDisconnected {
+        /// The connection that ended.
         conn: ConnId,
+        /// The session's client id.
         client_id: String,
+        /// Who ended it, and why.
         cause: DisconnectCause,
     },
     /// A connection ended before CONNECT completed, or was closed for bad input before that.
     ConnectionClosed {
+        /// The connection that closed.
         conn: ConnId,
+        /// The reason code the connection was closed with (0x00 when the peer closed it).
         reason: ReasonCode,
+        /// What happened, in words, for logs.
         detail: &'static str,
     },
     /// A session ended (expired, or was replaced by a clean start).
-    SessionEnded { client_id: String },
+    SessionEnded {
+        /// The client id of the session that ended.
+        client_id: String,
+    },
     /// The first local subscriber to this filter pattern appeared (route set add).
-    RouteAdded { filter: String },
+    RouteAdded {
+        /// The filter pattern (without a `$share/{group}/` prefix).
+        filter: String,
+    },
     /// The last local subscriber to this filter pattern left (route set remove).
-    RouteRemoved { filter: String },
+    RouteRemoved {
+        /// The filter pattern (without a `$share/{group}/` prefix).
+        filter: String,
+    },
 }

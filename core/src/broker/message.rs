@@ -13,9 +13,13 @@ use crate::codec::{PublishProperties, QoS};
 /// [`Delivery`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
+    /// The topic name it was published to.
     pub topic: Arc<str>,
+    /// The application payload.
     pub payload: Bytes,
+    /// The QoS it was published with; each delivery gets the lower of this and the subscription's.
     pub qos: QoS,
+    /// Whether it was published with RETAIN.
     pub retain: bool,
     /// Properties passed through to subscribers. `topic_alias` and `subscription_identifiers`
     /// are always empty here; `message_expiry_interval` is replaced by `expires_at`.
@@ -27,6 +31,7 @@ pub struct Message {
 }
 
 impl Message {
+    /// Whether it has expired at `now`.
     pub fn is_expired(&self, now: Timestamp) -> bool {
         self.expires_at.is_some_and(|at| now >= at)
     }

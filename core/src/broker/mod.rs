@@ -35,7 +35,7 @@ pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp}
 pub use message::{Message, MessageProperties};
 pub use persist::RecordError;
 pub use restore::RestoreReport;
-pub use stats::Stats;
+pub use stats::{Figure, FigureKind, FigureValue, Stats};
 
 use self::connection::{ConnState, Connection};
 use self::session::{Session, SessionId};
@@ -75,13 +75,21 @@ pub(crate) type FixedMap<K, V> = std::collections::HashMap<K, V, FixedState>;
 /// A summary of one session, for admin listings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientSummary {
+    /// The session's client id.
     pub client_id: String,
+    /// The user the session runs as, if any.
     pub username: Option<String>,
+    /// The protocol version of its latest connection.
     pub protocol: ProtocolVersion,
+    /// Whether a connection is attached now.
     pub connected: bool,
+    /// The attached connection, if any.
     pub conn: Option<ConnId>,
+    /// Its subscriptions: the filter as subscribed (`$share/` prefix included) and its maximum QoS.
     pub subscriptions: Vec<(String, QoS)>,
+    /// QoS 1/2 messages sent (or to be re-sent) to the client and not yet acknowledged.
     pub inflight: usize,
+    /// QoS 1/2 messages waiting for room in the in-flight window, or for the client to return.
     pub queued: usize,
     /// Its connection is congested ([`Input::Congested`]): QoS 0 messages to it are dropped.
     pub congested: bool,
@@ -183,6 +191,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
+    /// The configuration the broker runs with.
     pub fn config(&self) -> &Config {
         &self.config
     }

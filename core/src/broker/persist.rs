@@ -34,7 +34,9 @@ const FORMAT: u8 = 1;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unreadable {kind} record: {detail}")]
 pub struct RecordError {
+    /// The kind of record (`session`, `queued message`, `key`, ...).
     pub kind: &'static str,
+    /// What was wrong with it.
     pub detail: &'static str,
 }
 

@@ -15,10 +15,15 @@ use crate::topic::TopicFilter;
 /// untouched so that nothing is lost silently; the shell should log them).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RestoreReport {
+    /// Sessions restored.
     pub sessions: usize,
+    /// Subscriptions restored.
     pub subscriptions: usize,
+    /// Queued and in-flight QoS 1/2 messages restored.
     pub messages: usize,
+    /// Retained messages restored (expired ones are deleted instead).
     pub retained: usize,
+    /// Records that could not be read: the key and why.
     pub unreadable: Vec<(Bytes, RecordError)>,
 }
 

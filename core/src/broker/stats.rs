@@ -1,45 +1,207 @@
 //! Counters the shell reads for metrics. Plain fields, no global state.
+//!
+//! Each figure is described once, here: its field, whether it is a gauge or a counter, the
+//! metric it is shown as, and what it counts ([`Stats::FIGURES`]). Shells render every figure
+//! from that table (Prometheus metrics, a JS object), so a new figure reaches them all.
 
-/// Running totals and current sizes, read with [`crate::Broker::stats`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub connections: usize,
-    pub sessions: usize,
-    pub subscriptions: usize,
-    pub retained_messages: usize,
+/// Whether a figure is a current size or a running total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FigureKind {
+    /// A current size: connections open, messages queued.
+    Gauge,
+    /// A running total since the broker started.
+    Counter,
+}
+
+/// One figure of [`Stats`], as [`Stats::FIGURES`] describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Figure {
+    /// The field of [`Stats`] (`dropped_queue_full`).
+    pub field: &'static str,
+    /// The metric it is shown as (`messages_dropped`); several figures may share one, told
+    /// apart by `label`.
+    pub metric: &'static str,
+    /// What the metric counts (shared by the figures of one metric).
+    pub metric_help: &'static str,
+    /// The label that tells this figure apart within its metric (`("reason", "queue_full")`).
+    pub label: Option<(&'static str, &'static str)>,
+    /// Gauge or counter.
+    pub kind: FigureKind,
+    /// What the field counts.
+    pub help: &'static str,
+}
+
+/// A figure's value: one number, or one per QoS level (label `qos`, 0 to 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FigureValue {
+    /// One number.
+    One(u64),
+    /// One number per QoS level.
+    ByQos([u64; 3]),
+}
+
+/// What a field's type gives as a [`FigureValue`].
+trait AsFigure {
+    fn as_figure(&self) -> FigureValue;
+}
+
+impl AsFigure for u64 {
+    fn as_figure(&self) -> FigureValue {
+        FigureValue::One(*self)
+    }
+}
+
+impl AsFigure for usize {
+    fn as_figure(&self) -> FigureValue {
+        FigureValue::One(*self as u64)
+    }
+}
+
+impl AsFigure for [u64; 3] {
+    fn as_figure(&self) -> FigureValue {
+        FigureValue::ByQos(*self)
+    }
+}
+
+macro_rules! stats {
+    ($(
+        $(#[doc = $doc:literal])+
+        $kind:ident $field:ident : $ty:ty => $metric:literal
+            $(($metric_help:literal) $lname:literal = $lvalue:literal)?;
+    )*) => {
+        /// Running totals and current sizes, read with [`crate::Broker::stats`]; each is
+        /// described in [`Stats::FIGURES`].
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $($(#[doc = $doc])+ pub $field: $ty,)*
+        }
+
+        impl Stats {
+            /// Every figure, in the order of [`Stats::figures`].
+            pub const FIGURES: &'static [Figure] = &[$(Figure {
+                field: stringify!($field),
+                metric: $metric,
+                metric_help: stats!(@help $($metric_help)? ; $($doc)+),
+                label: stats!(@label $($lname, $lvalue)?),
+                kind: FigureKind::$kind,
+                help: concat!($($doc),+),
+            }),*];
+
+            /// Every figure with its value.
+            pub fn figures(&self) -> impl Iterator<Item = (&'static Figure, FigureValue)> {
+                let values = [$(AsFigure::as_figure(&self.$field)),*];
+                Self::FIGURES.iter().zip(values)
+            }
+        }
+    };
+    (@help $metric_help:literal ; $($doc:literal)+) => { $metric_help };
+    (@help ; $($doc:literal)+) => { concat!($($doc),+) };
+    (@label $lname:literal, $lvalue:literal) => { Some(($lname, $lvalue)) };
+    (@label) => { None };
+}
+
+stats! {
+    /// Open client connections.
+    Gauge connections: usize => "connections";
+    /// Sessions held, connected or not.
+    Gauge sessions: usize => "sessions";
+    /// Subscriptions of all sessions.
+    Gauge subscriptions: usize => "subscriptions";
+    /// Retained messages stored.
+    Gauge retained_messages: usize => "retained_messages";
     /// Messages waiting in session queues (not yet in flight).
-    pub queued_messages: usize,
+    Gauge queued_messages: usize => "queued_messages";
     /// Messages sent and not yet acknowledged.
-    pub inflight_messages: usize,
-    pub packets_received: u64,
-    pub packets_sent: u64,
-    pub bytes_received: u64,
-    pub bytes_sent: u64,
+    Gauge inflight_messages: usize => "inflight_messages";
+    /// MQTT packets received.
+    Counter packets_received: u64 => "packets_received";
+    /// MQTT packets sent.
+    Counter packets_sent: u64 => "packets_sent";
+    /// Bytes received from clients.
+    Counter bytes_received: u64 => "bytes_received";
+    /// Bytes sent to clients.
+    Counter bytes_sent: u64 => "bytes_sent";
     /// PUBLISH packets received from clients, by QoS.
-    pub messages_received: [u64; 3],
+    Counter messages_received: [u64; 3] => "messages_received";
     /// PUBLISH packets sent to clients, by QoS.
-    pub messages_sent: [u64; 3],
-    pub dropped_queue_full: u64,
-    pub dropped_too_large: u64,
-    pub dropped_expired: u64,
-    pub dropped_qos0_offline: u64,
-    /// QoS 0 deliveries dropped because the connection was congested ([`crate::Input::Congested`]).
-    pub dropped_qos0_congested: u64,
+    Counter messages_sent: [u64; 3] => "messages_sent";
+    /// Deliveries dropped because the session's queue was full.
+    Counter dropped_queue_full: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "queue_full";
+    /// Deliveries dropped because they exceeded the client's Maximum Packet Size.
+    Counter dropped_too_large: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "too_large";
+    /// Messages dropped because their Message Expiry Interval ran out before delivery.
+    Counter dropped_expired: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "expired";
+    /// QoS 0 deliveries dropped because the subscriber was not connected.
+    Counter dropped_qos0_offline: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "qos0_offline";
+    /// QoS 0 deliveries dropped because the connection was congested (the shell said so
+    /// with `Input::Congested`).
+    Counter dropped_qos0_congested: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "qos0_congested";
     /// PUBLISH packets (and wills) refused by the authorizer.
-    pub dropped_not_authorized: u64,
-    /// Deliveries withheld from filtered subscriptions by the authorizer
-    /// ([`crate::acl::FilterAccess::Filtered`]).
-    pub withheld_not_authorized: u64,
-    /// Subscriptions refused by the authorizer (SUBACK 0x87, or 0x80 to 3.1.1 clients).
-    pub subscriptions_not_authorized: u64,
-    pub dropped_retained_full: u64,
-    /// QoS 0 forwards for a peer whose link was down.
-    pub dropped_peer_down: u64,
-    /// QoS 0 forwards for a peer whose link was congested ([`crate::Input::PeerCongested`]).
-    pub dropped_peer_congested: u64,
+    Counter dropped_not_authorized: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "not_authorized";
+    /// Retained messages not stored because `max_retained_messages` was reached.
+    Counter dropped_retained_full: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "retained_full";
     /// QoS 1/2 forwards refused by a full peer outbox (MQTT 3.1.1 publishers only; 5.0
     /// publishers get 0x97 instead).
-    pub dropped_outbox_full: u64,
-    pub connects_refused: u64,
-    pub protocol_errors: u64,
+    Counter dropped_outbox_full: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "outbox_full";
+    /// QoS 0 forwards for a peer whose link was down.
+    Counter dropped_peer_down: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "peer_down";
+    /// QoS 0 forwards for a peer whose link was congested (the shell said so with
+    /// `Input::PeerCongested`).
+    Counter dropped_peer_congested: u64 => "messages_dropped"
+        ("Messages dropped, by reason") "reason" = "peer_congested";
+    /// Deliveries withheld from subscriptions that reach topics the authorizer denies (those
+    /// it judged Filtered).
+    Counter withheld_not_authorized: u64 => "deliveries_withheld";
+    /// Subscriptions refused by the authorizer (SUBACK 0x87, or 0x80 to 3.1.1 clients).
+    Counter subscriptions_not_authorized: u64 => "subscriptions_refused";
+    /// CONNECTs refused.
+    Counter connects_refused: u64 => "connects_refused";
+    /// Connections closed for protocol errors.
+    Counter protocol_errors: u64 => "protocol_errors";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_is_a_figure_in_order() {
+        let stats = Stats {
+            connections: 3,
+            messages_sent: [1, 2, 3],
+            protocol_errors: 9,
+            ..Stats::default()
+        };
+        let figures: Vec<_> = stats.figures().collect();
+        assert_eq!(figures.len(), Stats::FIGURES.len());
+        assert_eq!(figures[0].0.field, "connections");
+        assert_eq!(figures[0].1, FigureValue::One(3));
+        let sent = figures.iter().find(|(f, _)| f.field == "messages_sent");
+        assert_eq!(sent.map(|(_, v)| *v), Some(FigureValue::ByQos([1, 2, 3])));
+        let last = figures.last().unwrap();
+        assert_eq!(
+            (last.0.field, last.1),
+            ("protocol_errors", FigureValue::One(9))
+        );
+        let queue_full = Stats::FIGURES
+            .iter()
+            .find(|f| f.field == "dropped_queue_full")
+            .unwrap();
+        assert_eq!(queue_full.metric, "messages_dropped");
+        assert_eq!(queue_full.label, Some(("reason", "queue_full")));
+        assert_eq!(queue_full.metric_help, "Messages dropped, by reason");
+        assert_eq!(
+            queue_full.help.trim(),
+            "Deliveries dropped because the session's queue was full."
+        );
+    }
 }

@@ -22,17 +22,26 @@ const RETAIN: u8 = 0b0001;
 /// ignored and replaced by the per-subscriber fields of the same names.
 #[derive(Debug, Clone, Copy)]
 pub struct OutgoingPublish<'a> {
+    /// DUP flag: a re-send of an earlier attempt; never set at QoS 0.
     pub dup: bool,
+    /// The QoS of this delivery.
     pub qos: QoS,
+    /// RETAIN flag as sent to this subscriber.
     pub retain: bool,
     /// May be empty when `topic_alias` is set (MQTT 5.0).
     pub topic: &'a str,
     /// Present (and non-zero) exactly when `qos > 0`.
     pub packet_id: Option<u16>,
+    /// The application payload.
     pub payload: &'a [u8],
+    /// The properties every subscriber shares (three are replaced; see above).
     pub properties: &'a PublishProperties,
+    /// Topic Alias on this subscriber's connection, in place of `properties.topic_alias`.
     pub topic_alias: Option<u16>,
+    /// Seconds left before the message expires, in place of `properties.message_expiry_interval`.
     pub message_expiry_interval: Option<u32>,
+    /// This subscriber's matching subscription identifiers, in place of
+    /// `properties.subscription_identifiers`.
     pub subscription_identifiers: &'a [u32],
 }
 

@@ -13,15 +13,26 @@ use crate::topic::{Limits, TopicFilter, TopicName};
 /// Why a frame was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LinkError {
+    /// A frame longer than the receiver accepts.
     #[error("frame of {len} bytes exceeds the limit of {max}")]
-    TooLarge { len: u32, max: u32 },
+    TooLarge {
+        /// The frame's announced length in bytes (after the 4-byte length).
+        len: u32,
+        /// The limit in bytes.
+        max: u32,
+    },
+    /// A frame whose body does not follow its type's layout.
     #[error("malformed {frame} frame: {detail}")]
     Malformed {
+        /// The frame kind's name (`any` when not even the type byte is there).
         frame: &'static str,
+        /// What was wrong.
         detail: &'static str,
     },
+    /// A type byte no [`FrameKind`] has.
     #[error("unknown frame type {0}")]
     UnknownType(u8),
+    /// A frame that cannot be encoded (a string over 65,535 bytes, say): a bug on the sending side.
     #[error("cannot encode: {0}")]
     Encode(&'static str),
 }

@@ -27,8 +27,11 @@ pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
 /// One owner's position, as announced in a [`Frame::Digest`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DigestEntry {
+    /// The route set's owner.
     pub owner: Owner,
+    /// The version of that route set the sender holds.
     pub version: u64,
+    /// [`crate::routes::set_hash`] of the live set at that version.
     pub hash: u64,
 }
 
@@ -37,7 +40,9 @@ pub struct DigestEntry {
 /// receiver drops duplicates; QoS 0 forwards carry 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Forward {
+    /// The node (and incarnation) where the message was published.
     pub origin: Owner,
+    /// Sequence number per (origin, destination) for QoS 1/2; 0 for QoS 0.
     pub seq: u64,
     /// The message with every MQTT 5.0 property. Its packet id means nothing on the link; its
     /// Message Expiry Interval is what remained when it was sent.
@@ -49,8 +54,11 @@ pub struct Forward {
 /// write with the greatest stamp per topic.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RetainedUpdate {
+    /// The topic written.
     pub topic: String,
+    /// When and where the write was accepted; the greatest stamp wins.
     pub stamp: Stamp,
+    /// The retained message, or `None` for a delete.
     pub message: Option<Publish>,
 }
 
@@ -59,35 +67,49 @@ pub struct RetainedUpdate {
 pub enum Frame {
     /// First frame on a link, both ways.
     Hello {
+        /// The sender's node id.
         node: NodeId,
+        /// The sender's incarnation (it grows on every start).
         incarnation: u64,
+        /// The link protocol version the sender speaks ([`LINK_PROTOCOL_VERSION`]).
         protocol: u16,
+        /// The sender's region.
         region: String,
     },
+    /// New changes of an owner's route set, applied in version order.
     RouteDelta(RouteDelta),
     /// The sender applied `owner`'s changes up to `version`.
     RouteAck {
+        /// The owner whose changes were applied.
         owner: Owner,
+        /// The version applied up to.
         version: u64,
     },
     /// Where the sender stands for each owner it knows (anti-entropy).
     Digest(Vec<DigestEntry>),
     /// Send me a snapshot of your route set.
     SnapshotRequest,
+    /// Part of the sender's route set, answering a [`Frame::SnapshotRequest`].
     SnapshotChunk(SnapshotChunk),
+    /// A message for the receiver's local subscribers.
     Forward(Forward),
     /// Every forward from `origin` with a sequence number up to `seq` arrived.
     ForwardAck {
+        /// The node (and incarnation) the forwards came from.
         origin: Owner,
+        /// The highest sequence number acknowledged.
         seq: u64,
     },
+    /// Says nothing: a transport may send it to keep an idle link open; the broker ignores it.
     KeepAlive,
     /// A retained write accepted by the sender (or one it learned that won).
     Retained(RetainedUpdate),
     /// The sender's retained state in short: if it differs from the receiver's, the receiver
     /// sends its whole state as [`Frame::RetainedSnapshot`] chunks.
     RetainedDigest {
+        /// The hash of the sender's retained state ([`crate::retained::RetainedDigest::hash`]).
         hash: u64,
+        /// Topics the sender holds, tombstones included.
         entries: u64,
     },
     /// Part of the sender's retained state, tombstones included.
@@ -123,17 +145,29 @@ impl Frame {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
 pub enum FrameKind {
+    /// Type 1: [`Frame::Hello`].
     Hello = 1,
+    /// Type 2: [`Frame::RouteDelta`].
     RouteDelta = 2,
+    /// Type 3: [`Frame::RouteAck`].
     RouteAck = 3,
+    /// Type 4: [`Frame::Digest`].
     Digest = 4,
+    /// Type 5: [`Frame::SnapshotRequest`].
     SnapshotRequest = 5,
+    /// Type 6: [`Frame::SnapshotChunk`].
     SnapshotChunk = 6,
+    /// Type 7: [`Frame::Forward`].
     Forward = 7,
+    /// Type 8: [`Frame::ForwardAck`].
     ForwardAck = 8,
+    /// Type 9: [`Frame::KeepAlive`].
     KeepAlive = 9,
+    /// Type 10: [`Frame::Retained`].
     Retained = 10,
+    /// Type 11: [`Frame::RetainedDigest`].
     RetainedDigest = 11,
+    /// Type 12: [`Frame::RetainedSnapshot`].
     RetainedSnapshot = 12,
 }
 

@@ -10,7 +10,9 @@ use super::Forward;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("outbox full: {messages} messages, {bytes} bytes waiting")]
 pub struct OutboxFull {
+    /// Forwards waiting.
     pub messages: usize,
+    /// Their payload and topic bytes.
     pub bytes: usize,
 }
 
@@ -19,7 +21,9 @@ pub struct OutboxFull {
 pub struct OutboxLimits {
     /// Forwards sent and not yet acknowledged.
     pub window: usize,
+    /// The most forwards held, sent or not.
     pub max_messages: usize,
+    /// The most payload and topic bytes held.
     pub max_bytes: usize,
 }
 
@@ -43,6 +47,7 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// An empty outbox; its first forward gets sequence number 1.
     pub fn new(limits: OutboxLimits) -> Self {
         Self {
             limits,
@@ -58,6 +63,7 @@ impl Outbox {
         self.entries.len()
     }
 
+    /// Whether no forward is waiting.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -26,6 +26,8 @@ pub struct RouteLog {
 }
 
 impl RouteLog {
+    /// An empty route set for `owner`, keeping at most `tombstone_budget` changes (at least 1) for
+    /// peers that are behind.
     pub fn new(owner: Owner, tombstone_budget: usize) -> Self {
         Self {
             owner,
@@ -40,6 +42,7 @@ impl RouteLog {
         }
     }
 
+    /// Who writes this route set.
     pub fn owner(&self) -> &Owner {
         &self.owner
     }

@@ -53,6 +53,7 @@ impl NodeId {
         Ok(Self(id.into()))
     }
 
+    /// The id as the shell gave it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -74,8 +75,11 @@ impl fmt::Display for NodeId {
 /// and the hash of the live set there. Copies at equal positions hold equal sets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RoutePosition {
+    /// The owner's incarnation.
     pub incarnation: u64,
+    /// The version reached.
     pub version: u64,
+    /// [`set_hash`] of the live set at that version.
     pub hash: u64,
 }
 
@@ -112,29 +116,40 @@ impl RoutePosition {
 /// its in-memory route state).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Owner {
+    /// The node that writes the route set.
     pub node: NodeId,
+    /// Its incarnation: a greater one replaces everything an earlier one announced.
     pub incarnation: u64,
 }
 
+/// What a change does to a filter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RouteOp {
+    /// The filter gained its first local subscriber.
     Add,
+    /// The filter lost its last local subscriber.
     Remove,
 }
 
 /// One versioned change of an owner's route set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteChange {
+    /// The version this change gave the route set.
     pub version: u64,
+    /// The filter pattern.
     pub filter: Arc<str>,
+    /// Added or removed.
     pub op: RouteOp,
 }
 
 /// The changes of one owner after version `after`, one version each, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteDelta {
+    /// The route set's owner.
     pub owner: Owner,
+    /// The version the changes follow: the first of them has `after + 1`.
     pub after: u64,
+    /// The changes, in version order.
     pub changes: Vec<RouteChange>,
     /// [`set_hash`] of the owner's live set once these changes are applied.
     pub hash: u64,
@@ -150,10 +165,16 @@ impl RouteDelta {
 /// One piece of an owner's live set at `version`; chunks `0..count` together are the set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotChunk {
+    /// The route set's owner.
     pub owner: Owner,
+    /// The version the set is at.
     pub version: u64,
+    /// [`set_hash`] of the whole set, to check the assembled chunks against.
     pub hash: u64,
+    /// This chunk's position, from 0.
     pub index: u32,
+    /// How many chunks make the snapshot.
     pub count: u32,
+    /// This chunk's filter patterns.
     pub filters: Vec<Arc<str>>,
 }

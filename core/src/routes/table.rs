@@ -20,12 +20,18 @@ pub type NodeSet = Vec<NodeId>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeltaOutcome {
     /// Applied (with any buffered deltas that followed it); the replica is at `version`.
-    Applied { version: u64 },
+    Applied {
+        /// The version the replica is at now.
+        version: u64,
+    },
     /// Nothing new (already applied).
     Duplicate,
     /// It starts after the replica's version: kept for later, ask the owner for the changes
     /// after `after`.
-    Gap { after: u64 },
+    Gap {
+        /// The version the replica is at: the owner should send the changes after it.
+        after: u64,
+    },
     /// The replica cannot continue from deltas (the hash disagreed, a new incarnation began
     /// mid-log, or too many deltas are out of order): ask for a snapshot.
     NeedSnapshot,
@@ -39,7 +45,10 @@ pub enum SnapshotOutcome {
     /// More chunks are needed.
     InProgress,
     /// The snapshot is complete and installed; the replica is at `version`.
-    Installed { version: u64 },
+    Installed {
+        /// The version the replica is at now.
+        version: u64,
+    },
     /// Older than what the replica has, or from an older incarnation: ignored.
     Stale,
     /// The chunks did not add up to the announced hash: ask again.
@@ -49,8 +58,11 @@ pub enum SnapshotOutcome {
 /// One owner's route set as this node knows it.
 #[derive(Debug, Clone, Default)]
 pub struct Replica {
+    /// The owner's incarnation this copy follows.
     pub incarnation: u64,
+    /// The version applied.
     pub version: u64,
+    /// [`super::set_hash`] of the filters at `version`.
     pub hash: u64,
     /// Hashed with a fixed seed: iteration order depends only on the operations applied.
     filters: HashSet<Arc<str>, FixedState>,
@@ -80,14 +92,18 @@ struct Assembly {
 }
 
 impl Replica {
+    /// The filter patterns the owner has subscribers for, in an order fixed by the operations
+    /// applied.
     pub fn filters(&self) -> impl Iterator<Item = &str> {
         self.filters.iter().map(|f| &**f)
     }
 
+    /// Number of filters.
     pub fn len(&self) -> usize {
         self.filters.len()
     }
 
+    /// Whether the owner has no filters.
     pub fn is_empty(&self) -> bool {
         self.filters.is_empty()
     }
@@ -104,6 +120,7 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
+    /// An empty table; `seed` fixes the trie's hashing, so that runs are repeatable.
     pub fn new(seed: u64) -> Self {
         Self {
             replicas: BTreeMap::new(),
@@ -145,10 +162,12 @@ impl RouteTable {
         replica.hash = position.hash;
     }
 
+    /// `node`'s replica, if this node holds one.
     pub fn replica(&self, node: &NodeId) -> Option<&Replica> {
         self.replicas.get(node)
     }
 
+    /// Every replica, by owner node.
     pub fn replicas(&self) -> impl Iterator<Item = (&NodeId, &Replica)> {
         self.replicas.iter()
     }

@@ -13,25 +13,37 @@ use crate::routes::NodeId;
 /// One message as a client received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Received {
+    /// When it arrived, in milliseconds since the start of the run.
     pub at_ms: u64,
+    /// The topic name it came on.
     pub topic: String,
+    /// The payload.
     pub payload: Bytes,
+    /// The QoS it was delivered with.
     pub qos: QoS,
+    /// The DUP flag: a re-send.
     pub dup: bool,
+    /// The RETAIN flag as delivered.
     pub retain: bool,
 }
 
+/// A simulated MQTT 5.0 client with a persistent session on one node, and a record of what happened
+/// to it.
 #[derive(Debug, Clone)]
 pub struct SimClient {
+    /// Its client id.
     pub name: String,
+    /// The node it connects to.
     pub node: NodeId,
     /// Round trip to its node.
     pub rtt_ms: u64,
+    /// Its connection on its node; `None` while it is not connected.
     pub conn: Option<ConnId>,
     /// When the current connection's CONNACK arrived.
     pub connack_at_ms: Option<u64>,
     /// SUBACK times, in order.
     pub subacks_at_ms: Vec<u64>,
+    /// Every message it received, in order.
     pub received: Vec<Received>,
     /// Payloads of its own QoS 1/2 publishes that the broker acknowledged (PUBACK/PUBCOMP).
     pub acknowledged: Vec<Bytes>,

@@ -21,6 +21,7 @@ const CLIENT_RTT_MS: u64 = 5;
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GeoRow {
+    /// Clients at Hong Kong, each subscribing to a filter of its own.
     pub clients: usize,
     /// The filter pattern; `%i` is the client index.
     pub filter: &'static str,

@@ -48,10 +48,12 @@ pub struct LinkSpec {
     pub jitter_ms: u64,
     /// Broadcast (gossip) frames lost, and duplicated, per million.
     pub gossip_loss_ppm: u32,
+    /// Broadcast (gossip) frames duplicated, per million.
     pub gossip_dup_ppm: u32,
 }
 
 impl LinkSpec {
+    /// A link with this round-trip time in milliseconds: no jitter, no gossip loss or duplication.
     pub fn rtt(rtt_ms: u64) -> Self {
         Self {
             rtt_ms,
@@ -85,39 +87,64 @@ struct Node {
 /// A client action, scheduled with [`Sim::at`].
 #[derive(Debug, Clone)]
 pub enum Action {
+    /// Connect a client to its node (CONNECT goes after a TCP round trip).
     Connect {
+        /// The client's index ([`Sim::add_client`]).
         client: usize,
     },
     /// Connect, and subscribe as soon as CONNACK arrives.
     ConnectAndSubscribe {
+        /// The client's index.
         client: usize,
+        /// The topic filter.
         filter: String,
+        /// The maximum QoS asked for.
         qos: QoS,
     },
+    /// Send a SUBSCRIBE from a client.
     Subscribe {
+        /// The client's index.
         client: usize,
+        /// The topic filter.
         filter: String,
+        /// The maximum QoS asked for.
         qos: QoS,
     },
+    /// Send a PUBLISH from a client (skipped if it has no CONNACK yet).
     Publish {
+        /// The client's index.
         client: usize,
+        /// The topic name.
         topic: String,
+        /// The payload.
         payload: Bytes,
+        /// The QoS to publish with.
         qos: QoS,
+        /// Whether to publish it retained.
         retain: bool,
     },
+    /// Cut the link between two nodes ([`Sim::cut`]).
     Cut {
+        /// One end.
         a: NodeId,
+        /// The other end.
         b: NodeId,
     },
+    /// Heal the link between two nodes ([`Sim::heal`]).
     Heal {
+        /// One end.
         a: NodeId,
+        /// The other end.
         b: NodeId,
     },
+    /// Crash a node ([`Sim::crash`]).
     Crash {
+        /// The node.
         node: NodeId,
     },
+    /// Restart a crashed node ([`Sim::restart`]).
     Restart {
+        /// The node.
         node: NodeId,
     },
 }
@@ -156,6 +183,7 @@ pub struct Sim {
     events: BTreeMap<u64, Event>,
     nodes: BTreeMap<NodeId, Node>,
     links: BTreeMap<(NodeId, NodeId), Link>,
+    /// The simulated clients, by index ([`Sim::add_client`]).
     pub clients: Vec<SimClient>,
     config: Config,
     trace: u64,
@@ -273,10 +301,12 @@ impl Sim {
         self.trace
     }
 
+    /// The broker of `node`; `None` while it is crashed, or for an unknown node.
     pub fn broker(&self, node: &NodeId) -> Option<&Broker> {
         self.nodes.get(node)?.broker.as_ref()
     }
 
+    /// Every node's id, in order.
     pub fn node_ids(&self) -> Vec<NodeId> {
         self.nodes.keys().cloned().collect()
     }

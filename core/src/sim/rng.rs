@@ -1,13 +1,16 @@
 //! The simulator's only source of randomness: splitmix64 from the run's seed.
 
+/// A splitmix64 generator: the same seed gives the same numbers.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator started from `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The next 64 pseudo-random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

@@ -19,7 +19,9 @@ const TIMELINE_CAP: usize = 50_000;
 /// One broker node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSpec {
+    /// Node id (1 to 255 printable bytes), unique in the scenario.
     pub name: String,
+    /// Its region: one of [`Scenario::regions`].
     pub region: String,
 }
 
@@ -28,13 +30,19 @@ pub struct NodeSpec {
 /// `subscribe` (`%i` is replaced by the client's index in the group), one SUBSCRIBE each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientGroup {
+    /// Group name, unique in the scenario; its clients are `{name}-{i}`.
     pub name: String,
+    /// The node its clients connect to (a [`NodeSpec::name`]).
     pub node: String,
+    /// Number of clients.
     pub count: usize,
     /// Round trip between a client and its node.
     pub rtt_ms: u64,
+    /// When the clients connect, in milliseconds since the start of the run.
     pub connect_at_ms: u64,
+    /// Topic filters each client subscribes to once connected (`%i`: its index).
     pub subscribe: Vec<String>,
+    /// The maximum QoS of those subscriptions.
     pub qos: QoS,
 }
 
@@ -44,13 +52,21 @@ pub struct ClientGroup {
 /// that is not connected (no CONNACK yet, or its node is down) skips its turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishPlan {
+    /// The client group that publishes (a [`ClientGroup::name`]).
     pub clients: String,
+    /// The topic name; `%i` and `%n` are replaced as above.
     pub topic: String,
+    /// The QoS of the messages.
     pub qos: QoS,
+    /// Whether they are published retained.
     pub retain: bool,
+    /// When each client publishes its first message, in milliseconds since the start of the run.
     pub start_ms: u64,
+    /// Milliseconds between one client's messages; at least 1 when `count` is more than 1.
     pub interval_ms: u64,
+    /// Messages each client publishes.
     pub count: u64,
+    /// Payload length in bytes (at least 8).
     pub payload_bytes: usize,
 }
 
@@ -59,22 +75,34 @@ pub struct PublishPlan {
 pub enum FaultKind {
     /// Every link between the nodes of `target` (a region or a node) and the others is cut,
     /// then healed.
-    Partition { target: String },
+    Partition {
+        /// A region, or a node's name.
+        target: String,
+    },
     /// A node crashes (losing all it did not persist), then restarts with a new incarnation.
-    Crash { node: String },
+    Crash {
+        /// The node's name.
+        node: String,
+    },
 }
 
+/// A fault injected into the run: what, when and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fault {
+    /// What goes wrong.
     pub kind: FaultKind,
+    /// When it starts, in milliseconds since the start of the run.
     pub at_ms: u64,
+    /// How long it lasts, in milliseconds; then the links heal or the node restarts.
     pub duration_ms: u64,
 }
 
 /// A deployment, its links and its workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scenario {
+    /// The scenario's name, carried into the report.
     pub name: String,
+    /// The broker nodes.
     pub nodes: Vec<NodeSpec>,
     /// Regions in the order of `rtt_ms`'s rows and columns.
     pub regions: Vec<String>,
@@ -86,8 +114,11 @@ pub struct Scenario {
     pub route_batch_ms: u64,
     /// [`crate::broker::ClusterConfig::subscribe_fence`].
     pub subscribe_fence: bool,
+    /// The client groups.
     pub clients: Vec<ClientGroup>,
+    /// What the clients publish.
     pub publishes: Vec<PublishPlan>,
+    /// Faults to inject.
     pub faults: Vec<Fault>,
     /// Virtual time the run lasts.
     pub duration_ms: u64,
@@ -97,7 +128,9 @@ pub struct Scenario {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct ScenarioError {
+    /// The field at fault, as a path (`clients[2].node`).
     pub field: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -126,11 +159,17 @@ pub struct SubscribeRow {
 /// copies only; from the moment the publisher sends the PUBLISH).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatencyRow {
+    /// The publishers' region.
     pub from_region: String,
+    /// The subscribers' region.
     pub to_region: String,
+    /// Deliveries measured.
     pub messages: usize,
+    /// Median, in milliseconds.
     pub p50_ms: u64,
+    /// 99th percentile (nearest rank), in milliseconds.
     pub p99_ms: u64,
+    /// Longest, in milliseconds.
     pub max_ms: u64,
 }
 
@@ -139,13 +178,17 @@ pub struct LatencyRow {
 /// for a matching filter before the message was published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryRow {
+    /// The QoS the messages were published with.
     pub qos: QoS,
     /// Messages the plans called for.
     pub published: usize,
+    /// Messages acknowledged to their publisher (at QoS 0, every one counts).
     pub acknowledged: usize,
+    /// Deliveries expected, one per message and subscriber with a matching filter (see above).
     pub expected: usize,
     /// Expected deliveries that arrived (first copies).
     pub delivered: usize,
+    /// Expected deliveries that never arrived.
     pub lost: usize,
     /// Copies beyond the first of one message at one subscriber (DUP re-sends included).
     pub duplicated: usize,
@@ -154,13 +197,21 @@ pub struct DeliveryRow {
 /// What a run measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
+    /// The scenario's name.
     pub scenario: String,
+    /// The seed of the run.
     pub seed: u64,
+    /// Subscriber figures; `None` when no client subscribes.
     pub subscribe: Option<SubscribeRow>,
+    /// Latencies per (publisher region, subscriber region).
     pub latency: Vec<LatencyRow>,
+    /// Delivery accounting per QoS published.
     pub delivery: Vec<DeliveryRow>,
+    /// The scenario's nodes.
     pub nodes: Vec<NodeSpec>,
+    /// Virtual time the run lasted, in milliseconds.
     pub duration_ms: u64,
+    /// What happened, for drawing.
     pub timeline: Timeline,
 }
 

@@ -25,9 +25,11 @@ use crate::routes::{NodeId, Owner, RouteLog, RoutePosition, RouteTable};
 /// This node's identity in the deployment and the bounds of its links.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterConfig {
+    /// This node's id, unique in the deployment.
     pub node: NodeId,
     /// Must grow on every start of the node (the shell keeps a counter in its data dir).
     pub incarnation: u64,
+    /// The region the node runs in, told to peers in [`Frame::Hello`].
     pub region: String,
     /// Route changes are collected for this long, then sent as one delta.
     pub route_batch_ms: u64,
@@ -35,6 +37,7 @@ pub struct ClusterConfig {
     pub digest_interval_ms: u64,
     /// Route changes kept for peers that are behind; beyond, they get a snapshot.
     pub tombstone_budget: usize,
+    /// Filters per route snapshot chunk; also the retained writes per retained snapshot chunk.
     pub snapshot_chunk_filters: usize,
     /// Per-peer outbox of QoS 1/2 forwards. When one is full, a QoS 1/2 PUBLISH that a node
     /// behind it wants is refused with 0x97 (MQTT 5.0) so that nothing acknowledged is lost;
@@ -48,6 +51,7 @@ pub struct ClusterConfig {
     /// whose link goes down stops being waited for (it learns the route when the link comes
     /// back), and no SUBACK waits longer than `subscribe_fence_max_ms`. Off by default.
     pub subscribe_fence: bool,
+    /// The longest a SUBACK is held by the subscription fence, in milliseconds.
     pub subscribe_fence_max_ms: u64,
     /// Held SUBACKs at most; past it, SUBACKs go out without waiting.
     pub subscribe_fence_max_held: usize,
@@ -57,6 +61,7 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The defaults for `node` in its `incarnation`, in `region`.
     pub fn new(node: NodeId, incarnation: u64, region: impl Into<String>) -> Self {
         Self {
             node,
@@ -82,17 +87,25 @@ impl ClusterConfig {
 /// What the broker knows about one peer node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSummary {
+    /// The peer's id.
     pub node: NodeId,
+    /// Whether its link is up.
     pub connected: bool,
+    /// Its region, once it said hello.
     pub region: Option<String>,
     /// Filters the peer has subscribers for, as replicated here.
     pub routes: usize,
     /// Route-set version replicated here, and the latest the peer announced.
     pub route_version: u64,
+    /// The latest version of its route set the peer announced in a digest.
     pub announced_version: u64,
+    /// QoS 1/2 forwards in its outbox waiting for the peer's acknowledgement.
     pub outbox_messages: usize,
+    /// Payload and topic bytes in its outbox.
     pub outbox_bytes: usize,
+    /// Messages forwarded to the peer since the broker started (QoS 0 sent, QoS 1/2 queued).
     pub forwarded_to: u64,
+    /// Messages the peer forwarded here since the broker started, duplicates included.
     pub forwarded_from: u64,
 }
 
