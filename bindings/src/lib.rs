@@ -5,8 +5,8 @@
 //! (bytes to send per connection, closes, records to persist, events), and read the next
 //! deadline; in a deployment of several nodes, carry link frames between peers too. Alongside:
 //! the MQTT codec on plain objects ([`encodePacket`](packet::encode_packet),
-//! [`decodePacket`](packet::decode_packet), [`PacketDecoder`](packet::PacketDecoder)), topic
-//! validation, and a [`TopicMatcher`](topic::TopicMatcher) over the core's subscription trie.
+//! [`decodePacket`](packet::decode_packet), [`packet::PacketDecoder`]), topic
+//! validation, and a [`topic::TopicMatcher`] over the core's subscription trie.
 //!
 //! Every value from JavaScript is checked: bad input throws a `TypeError` or `RangeError` naming
 //! the field, a malformed MQTT packet an `Error` with its `reasonCode`. Nothing JS passes in can

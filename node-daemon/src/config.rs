@@ -209,7 +209,7 @@ impl RuntimeConfig {
 pub trait FileField: Sized {
     /// The value as the file holds it.
     type Repr: serde::de::DeserializeOwned + Clone + PartialEq + std::fmt::Debug;
-    /// The field from its file value (checked in [`DaemonConfig::validate`] where it can be
+    /// The field from its file value (checked when the file is read, where it can be
     /// out of range).
     fn from_repr(repr: &Self::Repr) -> Self;
 }

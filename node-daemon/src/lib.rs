@@ -8,12 +8,18 @@
 //! # Architecture
 //!
 //! One task, the broker task, owns the `Broker` and the store and runs the core's drive loop
-//! ([`engine`]). It serves plain TCP connections itself, from an epoll set of its own
-//! ([`tcp`]): it reads the sockets, commits what must be persisted, and writes each turn's
-//! bytes to each socket in one vectored write. TLS and WebSocket connections have a task each
-//! on the same tokio runtime, which reads and sends the bytes to the broker task over a
-//! bounded channel and writes what the broker task queues in its outbox. Every
-//! queue of outgoing bytes is bounded.
+//! (`engine.rs`); everything else reaches it through its mailbox (`mailbox.rs`). It serves
+//! plain TCP connections itself, from an epoll set of its own (`transport/tcp.rs`): it reads
+//! the sockets, commits what must be persisted, and writes each turn's bytes to each socket in
+//! one vectored write. TLS and WebSocket connections have a task each on the same tokio
+//! runtime (`transport/task.rs`), which reads and sends the bytes to the broker task over a
+//! bounded channel and writes what the broker task queues in its outbox. Every queue of
+//! outgoing bytes is bounded. The region mesh is in `mesh/`, admin HTTP in `admin.rs`; the
+//! repository's `docs/architecture.md` draws the whole.
+//!
+//! The public surface is what an embedding application needs: [`BrokerBuilder`] and
+//! [`Server`], the configuration ([`config`], [`DaemonConfig`]), the in-process [`client`],
+//! the password file format ([`passwd`]) and the binary's other commands ([`cli`]).
 
 mod admin;
 mod auth;

@@ -1,7 +1,7 @@
 //! Meridian's tools around the broker, behind the `meridian` binary's subcommands and used by
 //! the tests and examples.
 //!
-//! - [`bench`]: `meridian bench`, a load generator for any MQTT broker (rumqttc clients over
+//! - [`bench`](mod@bench): `meridian bench`, a load generator for any MQTT broker (rumqttc clients over
 //!   TCP, TLS, WebSocket or WSS): latency, loss and duplicates, the broker's CPU and memory.
 //! - [`sim`]: `meridian sim`, a simulated deployment from a topology file ([`topology`]) or a
 //!   built-in scenario, run by the core's deterministic simulator, with its timeline drawn as

@@ -9,8 +9,8 @@ use super::io::Timestamp;
 use crate::codec::{PublishProperties, QoS};
 
 /// A published message. Held in an [`Arc`] and shared by all the sessions it goes to; the
-/// per-subscriber parts (packet id, QoS, DUP, retain flag, alias, subscription ids) live in
-/// [`Delivery`].
+/// per-subscriber parts (packet id, QoS, DUP, retain flag, alias, subscription ids) live
+/// beside it, in each session's record of the delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// The topic name it was published to.
