@@ -126,6 +126,11 @@ async fn check_held_to_the_bound(d: &Daemon, port: u16, written: &AtomicUsize) {
         "the daemon grew by {grown} bytes while {} were streamed at it",
         written.load(Ordering::Relaxed)
     );
+    eprintln!(
+        "taken in before the login was decided: {received} bytes; the daemon grew by {grown} \
+         bytes; the client got {} bytes out",
+        written.load(Ordering::Relaxed)
+    );
     let (_, after) = http(d.admin, "GET", "/metrics").await;
     assert_eq!(metric(&after, "meridian_connections"), 1, "still connected");
 }
@@ -270,6 +275,7 @@ async fn bogus_logins_from_one_address_do_not_hold_up_a_login_from_another() {
     let (_, m) = http(d.admin, "GET", "/metrics").await;
     // The good login's own check is one of them.
     let checked_meanwhile = checked(&m) - checked_before - 1;
+    eprintln!("bogus logins checked while the good one waited: {checked_meanwhile}");
     assert!(
         checked_meanwhile < SHARE / 2,
         "{checked_meanwhile} bogus logins were checked while the good one waited"
