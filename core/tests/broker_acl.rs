@@ -218,27 +218,83 @@ fn new_rules_filter_subscriptions_made_before_them() {
 }
 
 #[test]
-fn a_session_resumed_by_another_user_is_judged_for_that_user() {
+fn another_user_does_not_resume_a_session_nor_get_what_waits_in_it() {
     let acl = Acl::new(
         Permission::Allow,
         vec![rule(Permission::Deny, Action::Subscribe, "secret/#").for_user("guest")],
     );
     let mut w = World::with_acl(Config::default(), acl);
-    let (s, _) = w.connect_with(V5, "s", |c| {
-        c.clean_start = false;
-        c.username = Some("admin".into());
-        c.properties.session_expiry_interval = Some(600);
-    });
-    w.subscribe(s, "#", QoS::AtMostOnce);
+    let persistent = |user: &'static str| {
+        move |c: &mut meridian_core::codec::Connect| {
+            c.clean_start = false;
+            c.username = Some(user.into());
+            c.properties.session_expiry_interval = Some(600);
+        }
+    };
+    let (s, _) = w.connect_with(V5, "s", persistent("admin"));
+    w.subscribe(s, "#", QoS::AtLeastOnce);
     w.close(s);
-    let (s, ack) = w.connect_with(V5, "s", |c| {
-        c.clean_start = false;
-        c.username = Some("guest".into());
-        c.properties.session_expiry_interval = Some(600);
-    });
-    assert!(ack.session_present);
     let p = w.connect(V5, "p");
-    w.publish(p, "secret/x", b"x", QoS::AtMostOnce, false, 0);
-    w.publish(p, "open/x", b"x", QoS::AtMostOnce, false, 0);
+    w.publish(
+        p,
+        "secret/x",
+        b"queued for admin",
+        QoS::AtLeastOnce,
+        false,
+        1,
+    );
+    w.publish(p, "open/x", b"queued for admin", QoS::AtLeastOnce, false, 2);
+    let (s, ack) = w.connect_with(V5, "s", persistent("guest"));
+    assert!(!ack.session_present, "another user starts afresh");
+    assert!(
+        w.received_publishes(s).is_empty(),
+        "nothing of admin's queue"
+    );
+    w.publish(p, "open/y", b"x", QoS::AtLeastOnce, false, 3);
+    assert!(
+        w.received_publishes(s).is_empty(),
+        "nor admin's subscriptions"
+    );
+}
+
+#[test]
+fn messages_queued_under_old_rules_are_withheld_under_new_ones() {
+    let mut w = World::new();
+    let persistent = |c: &mut meridian_core::codec::Connect| {
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(600);
+    };
+    let (s, _) = w.connect_with(V5, "s", persistent);
+    w.subscribe(s, "#", QoS::AtLeastOnce);
+    w.close(s);
+    let p = w.connect(V5, "p");
+    w.publish(p, "secret/x", b"x", QoS::AtLeastOnce, false, 1);
+    w.publish(p, "open/x", b"x", QoS::AtLeastOnce, false, 2);
+    w.broker
+        .set_hooks(Box::new(AllowAll), Box::new(no_secrets()));
+    let (s, ack) = w.connect_with(V5, "s", persistent);
+    assert!(ack.session_present);
+    assert_eq!(topics(&mut w, s), ["open/x"]);
+    assert_eq!(w.broker.stats().withheld_not_authorized, 1);
+}
+
+#[test]
+fn messages_queued_before_a_restart_meet_the_rules_after_it() {
+    let mut w = World::new();
+    let persistent = |c: &mut meridian_core::codec::Connect| {
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(600);
+    };
+    let (s, _) = w.connect_with(V5, "s", persistent);
+    w.subscribe(s, "#", QoS::AtLeastOnce);
+    w.close(s);
+    let p = w.connect(V5, "p");
+    w.publish(p, "secret/x", b"x", QoS::AtLeastOnce, false, 1);
+    w.publish(p, "open/x", b"x", QoS::AtLeastOnce, false, 2);
+    // The node comes back with rules it did not have.
+    w.acl = Some(no_secrets());
+    w.restart();
+    let (s, ack) = w.connect_with(V5, "s", persistent);
+    assert!(ack.session_present);
     assert_eq!(topics(&mut w, s), ["open/x"]);
 }

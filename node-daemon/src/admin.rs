@@ -60,6 +60,9 @@ type Body = Full<Bytes>;
 
 /// Admin connections served at once; more are closed as they are accepted.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Admin connections served at once from one address (loopback excepted), so that one host
+/// cannot hold them all.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 8;
 
 /// Who may use the admin API, from `[admin]`.
 #[derive(Clone)]
@@ -126,22 +129,24 @@ impl AdminAccess {
                 .unwrap_or("");
             if !crate::transport::listen::is_loopback_host(host) {
                 counters.admin_refused_host.fetch_add(1, Ordering::Relaxed);
-                return Some(plain(
+                return Some(closing(plain(
                     StatusCode::MISDIRECTED_REQUEST,
                     "the admin API answers requests for 127.0.0.1, [::1] or localhost only\n",
-                ));
+                )));
             }
         }
         let token = self.token.as_deref()?;
         if req.method() == Method::GET && req.uri().path() == "/health" {
             return None;
         }
+        // The scheme's name is case-insensitive (RFC 9110).
         let given = req
             .headers()
             .get(hyper::header::AUTHORIZATION)
             .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .unwrap_or("");
+            .and_then(|h| h.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map_or("", |(_, token)| token.trim());
         if constant_time_eq(given.as_bytes(), token.as_bytes()) {
             return None;
         }
@@ -154,7 +159,64 @@ impl AdminAccess {
             hyper::header::WWW_AUTHENTICATE,
             hyper::header::HeaderValue::from_static("Bearer realm=\"meridian\""),
         );
-        Some(r)
+        Some(closing(r))
+    }
+}
+
+/// The response, with the connection closed after it: a client that was refused keeps no
+/// connection open.
+fn closing(mut r: Response<Body>) -> Response<Body> {
+    r.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    r
+}
+
+/// Admin connections open per client address.
+#[derive(Debug, Default, Clone)]
+struct PerAddress(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+);
+
+/// One connection's place in [`PerAddress`], given back when dropped.
+#[derive(Debug)]
+struct AddressSlot(Option<(PerAddress, std::net::IpAddr)>);
+
+impl PerAddress {
+    /// A place for one more connection from `ip`; none past [`MAX_CONNECTIONS_PER_ADDRESS`].
+    /// Loopback clients (the node's own tools) are not counted.
+    fn take(&self, ip: std::net::IpAddr) -> Option<AddressSlot> {
+        if ip.is_loopback() {
+            return Some(AddressSlot(None));
+        }
+        let mut open = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(ip).or_default();
+        if *n >= MAX_CONNECTIONS_PER_ADDRESS {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot(Some((self.clone(), ip))))
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        if let Some((per_address, ip)) = self.0.take() {
+            let mut open = per_address
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = open.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&ip);
+                }
+            }
+        }
     }
 }
 
@@ -180,6 +242,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let per_address = PerAddress::default();
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -194,6 +257,10 @@ pub async fn serve(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             debug!(%peer, "admin connections at their maximum, closing");
+            continue;
+        };
+        let Some(slot) = per_address.take(peer.ip()) else {
+            debug!(%peer, "admin connections from this address at their maximum, closing");
             continue;
         };
         let state = state.clone();
@@ -224,7 +291,7 @@ pub async fn serve(
                 }
                 debug!(%peer, error = %e, "admin connection error");
             }
-            drop(permit);
+            drop((permit, slot));
         });
     }
 }
@@ -293,8 +360,11 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
             Some(routes) => json(StatusCode::OK, serde_json::json!(routes)),
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
-        (Method::GET, p) if p.starts_with("/api/peers/") && p.ends_with("/routes") => {
-            let id = &p["/api/peers/".len()..p.len() - "/routes".len()];
+        (Method::GET, p)
+            if let Some(id) = p
+                .strip_prefix("/api/peers/")
+                .and_then(|rest| rest.strip_suffix("/routes")) =>
+        {
             let Ok(node) = NodeId::new(id) else {
                 return plain(StatusCode::BAD_REQUEST, "bad peer id\n");
             };
@@ -772,6 +842,32 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_address_holds_a_few_admin_connections_and_gives_them_back() {
+        let per = super::PerAddress::default();
+        let remote: std::net::IpAddr = "192.0.2.9".parse().unwrap();
+        let slots: Vec<_> = (0..super::MAX_CONNECTIONS_PER_ADDRESS)
+            .map(|_| per.take(remote).expect("within the cap"))
+            .collect();
+        assert!(per.take(remote).is_none(), "past the cap");
+        assert!(
+            per.take("192.0.2.10".parse().unwrap()).is_some(),
+            "another address"
+        );
+        assert!(
+            per.take("127.0.0.1".parse().unwrap()).is_some(),
+            "loopback uncounted"
+        );
+        drop(slots);
+        assert!(
+            per.0.lock().unwrap().get(&remote).is_none(),
+            "all given back"
+        );
+        let again = per.take(remote);
+        assert!(again.is_some());
+        assert_eq!(per.0.lock().unwrap().get(&remote), Some(&1));
+    }
+
     use super::*;
 
     #[test]

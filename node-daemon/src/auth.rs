@@ -153,15 +153,24 @@ impl VerifyLimits {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queue a check, unless the queue or the source's share of it is full; start a worker
-    /// if one may start.
+    /// Queue a check, unless the source's share of the queue is full; start a worker if one
+    /// may start. A full queue makes room by turning away the newest check of the source that
+    /// has the most waiting, if it has more than this one's would: so sources with many
+    /// addresses between them cannot keep out one with few.
     fn submit(&self, job: Job, per_source: usize) -> Result<(), ReasonCode> {
         let source = job.source;
+        let mut evicted = None;
         let start_worker = {
             let mut q = self.lock();
             if q.pending >= MAX_PENDING_VERIFY {
-                self.counters.logins_busy.fetch_add(1, Ordering::Relaxed);
-                return Err(ReasonCode::SERVER_BUSY);
+                let mine = q.by_source.get(&source).map_or(0, |s| s.pending);
+                match q.evict_from_heaviest(mine + 1) {
+                    Some(job) => evicted = Some(job),
+                    None => {
+                        self.counters.logins_busy.fetch_add(1, Ordering::Relaxed);
+                        return Err(ReasonCode::SERVER_BUSY);
+                    }
+                }
             }
             let waiting = q.by_source.entry(source).or_default();
             if waiting.pending >= per_source {
@@ -183,6 +192,17 @@ impl VerifyLimits {
         if start_worker {
             let limits = self.clone();
             tokio::task::spawn_blocking(move || limits.work());
+        }
+        if let Some(job) = evicted {
+            self.counters.logins_busy.fetch_add(1, Ordering::Relaxed);
+            // Asked from within the broker task: the answer goes through its queue.
+            let decision = ToEngine::AuthDecision {
+                conn: job.conn,
+                outcome: AuthOutcome::Deny(ReasonCode::SERVER_BUSY),
+            };
+            tokio::spawn(async move {
+                let _ = job.engine.send(decision).await;
+            });
         }
         Ok(())
     }
@@ -271,6 +291,26 @@ impl VerifyQueue {
         if !queue.jobs.is_empty() {
             self.turns.push_back(source);
         }
+        Some(job)
+    }
+
+    /// Take the newest waiting check of the source with the most checks pending, if that is at
+    /// least `more_than` (its count going down by one then leaves it no fewer than the source
+    /// that makes room).
+    fn evict_from_heaviest(&mut self, more_than: usize) -> Option<Job> {
+        let (&source, _) = self
+            .by_source
+            .iter()
+            .filter(|(_, s)| !s.jobs.is_empty())
+            .max_by_key(|(_, s)| s.pending)
+            .filter(|(_, s)| s.pending > more_than)?;
+        let queue = self.by_source.get_mut(&source)?;
+        let job = queue.jobs.pop_back()?;
+        if queue.jobs.is_empty() {
+            self.turns.retain(|s| *s != source);
+        }
+        self.pending -= 1;
+        self.finished(source);
         Some(job)
     }
 
@@ -497,6 +537,46 @@ mod tests {
             }
         }
         assert_eq!(order, [1, 2, 1]);
+    }
+
+    /// Many addresses of one network fill the whole queue; a login from elsewhere still gets
+    /// in, in place of the newest check of the address with the most waiting.
+    #[tokio::test]
+    async fn a_full_queue_makes_room_for_a_source_with_less_in_it() {
+        let limits = VerifyLimits::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        hold_workers(&limits);
+        let mut setup = setup(&cheap_hash("pw"));
+        setup.pending_per_address = 16;
+        let (mut hooks, _) = setup.build(tx, &limits);
+        let mut conn = 0;
+        let mut login = |hooks: &mut SendAuthenticator, addr: String| {
+            conn += 1;
+            let mut r = request(&addr, b"wrong");
+            r.conn = ConnId(conn);
+            hooks.authenticate(&r)
+        };
+        // 1,024 checks from 64 IPv6 /64 networks, 16 each, fill the queue.
+        for net in 0..64u32 {
+            for _ in 0..16 {
+                let addr = format!("[2001:db8:0:{net:x}::1]:1000");
+                assert!(matches!(login(&mut hooks, addr), AuthOutcome::Pending));
+            }
+        }
+        assert_eq!(limits.lock().pending, MAX_PENDING_VERIFY);
+        let good = login(&mut hooks, "198.51.100.1:1".to_owned());
+        assert!(matches!(good, AuthOutcome::Pending), "{good:?}");
+        assert_eq!(limits.lock().pending, MAX_PENDING_VERIFY);
+        // The check turned away is told so.
+        match tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await {
+            Ok(Some(ToEngine::AuthDecision { outcome, .. })) => {
+                assert_eq!(outcome, AuthOutcome::Deny(ReasonCode::SERVER_BUSY));
+            }
+            other => panic!("expected a decision, got {other:?}"),
+        }
+        // Another check from a network that has its share finds no room.
+        let more = login(&mut hooks, "[2001:db8:0:1::2]:1".to_owned());
+        assert_eq!(more, AuthOutcome::Deny(ReasonCode::SERVER_BUSY));
     }
 
     #[test]

@@ -353,7 +353,12 @@ impl Server {
                     "ws" | "wss" => Transport::WebSocket {
                         origins: listen::Origins::from_config(
                             l.allowed_origins.as_deref(),
-                            anonymous && !l.require_client_cert,
+                            // Anonymous access, or client certificates a browser sends
+                            // whatever page asks.
+                            anonymous
+                                || l.client_ca
+                                    .as_ref()
+                                    .is_some_and(|p| !p.as_os_str().is_empty()),
                         ),
                         path: l.path.clone().unwrap_or_else(|| "/mqtt".to_owned()),
                         max_message_bytes: usize::try_from(if l.max_packet_size > 0 {

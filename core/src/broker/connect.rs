@@ -278,8 +278,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if existing.is_none() && self.by_client_id.len() >= self.config.max_sessions {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::QUOTA_EXCEEDED);
         }
+        // A session is resumed by the user that made it only: another user starts afresh, and
+        // what the session held (subscriptions, queued messages) is not handed to them.
+        let same_user = |s: &Session| s.username.as_deref() == username.as_deref();
         let (sid, session_present) = match existing {
-            Some(sid) if !connect.clean_start => (sid, true),
+            Some(sid) if !connect.clean_start && self.session(sid).is_some_and(same_user) => {
+                (sid, true)
+            }
             Some(sid) => {
                 self.end_session(sid);
                 (
@@ -314,13 +319,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.cancel_session_timers(sid);
         let generation = self.next_generation();
         let had_records;
-        let user_changed;
         {
             let will = connect.will.as_ref().map(|w| Box::new(will_from(w)));
             // new_session / existing ids are live slots.
             let session = self.session_mut(sid).expect("session slot just looked up");
             had_records = session.persisted;
-            user_changed = session.username.as_deref() != username.as_deref();
             session.conn = Some(conn_id);
             session.protocol = connect.protocol;
             session.username = username.as_deref().map(Box::from);
@@ -332,9 +335,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         if had_records && expiry == 0 {
             self.unpersist_session(sid);
-        }
-        if session_present && user_changed {
-            self.reclassify_subscriptions(sid);
         }
         self.persist_session_meta(sid);
 

@@ -64,6 +64,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.restore_subscriptions(records.subscriptions, &mut report);
         self.restore_messages(records.queued, &mut report);
         self.restore_incoming(records.incoming);
+        // The rules may have changed while the node was down.
+        let sessions: Vec<SessionId> = self.by_client_id.values().copied().collect();
+        for sid in sessions {
+            self.withhold_queued(sid);
+        }
         self.finish_restore(pending);
         report
     }

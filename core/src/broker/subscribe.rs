@@ -261,8 +261,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         })
     }
 
-    /// Judge a session's subscriptions again: the hooks or its user changed.
+    /// Judge a session's subscriptions again, and what waits in its queue: the hooks or its
+    /// user changed.
     pub(super) fn reclassify_subscriptions(&mut self, sid: SessionId) {
+        self.withhold_queued(sid);
         let Some(session) = self.session(sid) else {
             return;
         };
@@ -275,6 +277,42 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let filtered = self.access_filtered(sid, &filter);
             self.subs.set_filtered(&filter, sid, filtered);
         }
+    }
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Drop the messages waiting in a session's queue that the authorizer does not let it
+    /// receive now: they were queued under other rules (before a reload or a restart, or for
+    /// another user). Messages already sent and waiting for an acknowledgement stay: the client
+    /// has them.
+    pub(super) fn withhold_queued(&mut self, sid: SessionId) {
+        let Some(session) = self.session(sid) else {
+            return;
+        };
+        let denied: std::collections::BTreeSet<u64> = session
+            .queue
+            .iter()
+            .filter(|q| !self.may_receive(sid, &q.delivery.message.topic))
+            .map(|q| q.seq)
+            .collect();
+        if denied.is_empty() {
+            return;
+        }
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        session.queue.retain(|q| !denied.contains(&q.seq));
+        let client_id = session.client_id.to_string();
+        if session.is_persistent() {
+            for &seq in &denied {
+                let key = Key::Queued {
+                    client_id: client_id.clone(),
+                    seq,
+                };
+                self.persist(key.encode(), None);
+            }
+        }
+        self.stats.withheld_not_authorized += denied.len() as u64;
     }
 }
 

@@ -41,13 +41,15 @@ pub enum Origins {
 }
 
 impl Origins {
-    /// The policy of a listener from its `allowed_origins`: unset, no page may use a listener
-    /// that lets clients in without logging in, and any page may use one that does not.
-    pub fn from_config(allowed: Option<&[String]>, anonymous: bool) -> Self {
+    /// The policy of a listener from its `allowed_origins`. Unset, no page may use a listener
+    /// where a browser is let in without giving anything the page must know (`ambient_login`:
+    /// anonymous access, or a client certificate the browser presents by itself), and any page
+    /// may use one where clients must give a password.
+    pub fn from_config(allowed: Option<&[String]>, ambient_login: bool) -> Self {
         match allowed {
             Some(list) if list.iter().any(|o| o == "*") => Self::Any,
             Some(list) => Self::Only(list.to_vec()),
-            None if anonymous => Self::Only(Vec::new()),
+            None if ambient_login => Self::Only(Vec::new()),
             None => Self::Any,
         }
     }
