@@ -258,6 +258,16 @@ impl JsBroker {
         out.into()
     }
 
+    /// Whether to go on reading from `conn`: `false` while an `authenticate` hook's answer is
+    /// pending and the broker already holds one packet's worth of what the client sent after
+    /// CONNECT. Pause the socket then (a Node socket's `pause()`) and resume it after
+    /// `authDecision`, so that a client cannot make the broker hold more before it has logged
+    /// in.
+    #[wasm_bindgen(js_name = wantsInput)]
+    pub fn wants_input(&self, conn: f64) -> Result<bool, JsValue> {
+        Ok(self.inner.wants_input(conn_id(conn)?))
+    }
+
     /// When to call `handleTimeout` next (ms since the epoch), or `undefined` if never.
     #[wasm_bindgen(js_name = pollTimeout)]
     pub fn poll_timeout(&self) -> Option<f64> {

@@ -494,6 +494,42 @@ fn pending_authentication_is_decided_later() {
 }
 
 #[wasm_bindgen_test]
+fn a_client_streaming_before_its_login_is_decided_is_asked_to_wait() {
+    let auth = function("req", "return 'pending';");
+    let broker = JsBroker::new(
+        Some(js(r#"{"maxPacketSize": 512}"#).unchecked_into()),
+        Some(T0),
+        Some(hooks(&[("authenticate", auth)])),
+    )
+    .unwrap();
+    let mut h = Harness::with_broker(broker);
+    let conn = h.accept(5);
+    h.send(conn, r#"{"type":"connect","clientId":"eager"}"#, 5);
+    assert!(h.broker.wants_input(conn).unwrap(), "nothing held yet");
+    let publish = format!(
+        r#"{{"type":"publish","topic":"t","payload":"{}"}}"#,
+        "x".repeat(100)
+    );
+    let mut sent = 0;
+    while h.broker.wants_input(conn).unwrap() {
+        h.send(conn, &publish, 5);
+        sent += 1;
+        assert!(sent <= 6, "still reading after {sent} packets");
+    }
+    assert!(h.closed.is_empty(), "paused, not cut");
+    h.broker.auth_decision(conn, js("true"), h.now).unwrap();
+    h.pump();
+    assert!(
+        h.broker.wants_input(conn).unwrap(),
+        "reading again after the decision"
+    );
+    assert!(
+        h.broker.wants_input(0.5).is_err(),
+        "a connection id is checked"
+    );
+}
+
+#[wasm_bindgen_test]
 fn a_filtered_subscription_gets_each_message_checked() {
     let may_subscribe = function(
         "client, filter",
