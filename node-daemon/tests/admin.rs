@@ -193,19 +193,3 @@ async fn a_client_that_does_not_finish_its_headers_is_cut_off() {
         "{metrics}"
     );
 }
-
-/// Off loopback, the admin API needs a token: no token, no start.
-#[test]
-fn an_admin_api_off_loopback_without_a_token_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
-        .args(["run", "--mqtt", "127.0.0.1:0", "--ws", "127.0.0.1:0"])
-        .args(["--admin", "0.0.0.0:0"])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("admin.token_file"), "{err}");
-}

@@ -35,6 +35,22 @@ fn bad_config_is_refused_naming_key_and_line() {
     assert!(err.contains("fsync"), "{err}");
 }
 
+/// Off loopback, the admin API needs a token: no token, no start.
+#[test]
+fn an_admin_api_off_loopback_without_a_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = meridian()
+        .args(["run", "--mqtt", "127.0.0.1:0", "--ws", "127.0.0.1:0"])
+        .args(["--admin", "0.0.0.0:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("admin.token_file"), "{err}");
+}
+
 #[test]
 fn non_loopback_listener_without_auth_is_refused() {
     let dir = tempfile::tempdir().unwrap();
