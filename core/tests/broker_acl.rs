@@ -257,19 +257,27 @@ fn another_user_does_not_resume_a_session_nor_get_what_waits_in_it() {
     );
 }
 
-#[test]
-fn messages_queued_under_old_rules_are_withheld_under_new_ones() {
-    let mut w = World::new();
-    let persistent = |c: &mut meridian_core::codec::Connect| {
-        c.clean_start = false;
-        c.properties.session_expiry_interval = Some(600);
-    };
+/// Connect and configure a persistent session.
+fn persistent(c: &mut meridian_core::codec::Connect) {
+    c.clean_start = false;
+    c.properties.session_expiry_interval = Some(600);
+}
+
+/// Session `s` subscribed to `#` and offline, with QoS 1 messages on `secret/x` and `open/x`
+/// waiting in its queue (no rules yet).
+fn queue_for_offline_session(w: &mut World) {
     let (s, _) = w.connect_with(V5, "s", persistent);
     w.subscribe(s, "#", QoS::AtLeastOnce);
     w.close(s);
     let p = w.connect(V5, "p");
     w.publish(p, "secret/x", b"x", QoS::AtLeastOnce, false, 1);
     w.publish(p, "open/x", b"x", QoS::AtLeastOnce, false, 2);
+}
+
+#[test]
+fn messages_queued_under_old_rules_are_withheld_under_new_ones() {
+    let mut w = World::new();
+    queue_for_offline_session(&mut w);
     w.broker
         .set_hooks(Box::new(AllowAll), Box::new(no_secrets()));
     let (s, ack) = w.connect_with(V5, "s", persistent);
@@ -281,16 +289,7 @@ fn messages_queued_under_old_rules_are_withheld_under_new_ones() {
 #[test]
 fn messages_queued_before_a_restart_meet_the_rules_after_it() {
     let mut w = World::new();
-    let persistent = |c: &mut meridian_core::codec::Connect| {
-        c.clean_start = false;
-        c.properties.session_expiry_interval = Some(600);
-    };
-    let (s, _) = w.connect_with(V5, "s", persistent);
-    w.subscribe(s, "#", QoS::AtLeastOnce);
-    w.close(s);
-    let p = w.connect(V5, "p");
-    w.publish(p, "secret/x", b"x", QoS::AtLeastOnce, false, 1);
-    w.publish(p, "open/x", b"x", QoS::AtLeastOnce, false, 2);
+    queue_for_offline_session(&mut w);
     // The node comes back with rules it did not have.
     w.acl = Some(no_secrets());
     w.restart();

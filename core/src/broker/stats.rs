@@ -67,7 +67,7 @@ macro_rules! stats {
     ($(
         $(#[doc = $doc:literal])+
         $kind:ident $field:ident : $ty:ty => $metric:literal
-            $(($metric_help:literal) $lname:literal = $lvalue:literal)?;
+            $(($metric_help:expr) $lname:literal = $lvalue:literal)?;
     )*) => {
         /// Running totals and current sizes, read with [`crate::Broker::stats`]; each is
         /// described in [`Stats::FIGURES`].
@@ -94,11 +94,14 @@ macro_rules! stats {
             }
         }
     };
-    (@help $metric_help:literal ; $($doc:literal)+) => { $metric_help };
+    (@help $metric_help:expr ; $($doc:literal)+) => { $metric_help };
     (@help ; $($doc:literal)+) => { concat!($($doc),+) };
     (@label $lname:literal, $lvalue:literal) => { Some(($lname, $lvalue)) };
     (@label) => { None };
 }
+
+/// What `messages_dropped`, the figures of every drop reason, counts.
+const DROPPED: &str = "Messages dropped, by reason";
 
 stats! {
     /// Open client connections.
@@ -127,37 +130,37 @@ stats! {
     Counter messages_sent: [u64; 3] => "messages_sent";
     /// Deliveries dropped because the session's queue was full.
     Counter dropped_queue_full: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "queue_full";
+        (DROPPED) "reason" = "queue_full";
     /// Deliveries dropped because they exceeded the client's Maximum Packet Size.
     Counter dropped_too_large: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "too_large";
+        (DROPPED) "reason" = "too_large";
     /// Messages dropped because their Message Expiry Interval ran out before delivery.
     Counter dropped_expired: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "expired";
+        (DROPPED) "reason" = "expired";
     /// QoS 0 deliveries dropped because the subscriber was not connected.
     Counter dropped_qos0_offline: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "qos0_offline";
+        (DROPPED) "reason" = "qos0_offline";
     /// QoS 0 deliveries dropped because the connection was congested (the shell said so
     /// with `Input::Congested`).
     Counter dropped_qos0_congested: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "qos0_congested";
+        (DROPPED) "reason" = "qos0_congested";
     /// PUBLISH packets (and wills) refused by the authorizer.
     Counter dropped_not_authorized: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "not_authorized";
+        (DROPPED) "reason" = "not_authorized";
     /// Retained messages not stored because `max_retained_messages` was reached.
     Counter dropped_retained_full: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "retained_full";
+        (DROPPED) "reason" = "retained_full";
     /// QoS 1/2 forwards refused by a full peer outbox (MQTT 3.1.1 publishers only; 5.0
     /// publishers get 0x97 instead).
     Counter dropped_outbox_full: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "outbox_full";
+        (DROPPED) "reason" = "outbox_full";
     /// QoS 0 forwards for a peer whose link was down.
     Counter dropped_peer_down: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "peer_down";
+        (DROPPED) "reason" = "peer_down";
     /// QoS 0 forwards for a peer whose link was congested (the shell said so with
     /// `Input::PeerCongested`).
     Counter dropped_peer_congested: u64 => "messages_dropped"
-        ("Messages dropped, by reason") "reason" = "peer_congested";
+        (DROPPED) "reason" = "peer_congested";
     /// Deliveries withheld from subscriptions that reach topics the authorizer denies (those
     /// it judged Filtered).
     Counter withheld_not_authorized: u64 => "deliveries_withheld";

@@ -40,12 +40,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else {
             return Some((suback, retained));
         };
-        let peers: Vec<NodeId> = c
-            .peers
-            .iter()
-            .filter(|(_, p)| p.connected)
-            .map(|(n, _)| n.clone())
-            .collect();
+        let peers = c.connected_peers();
         let earlier_held = c.fences.iter().any(|f| f.conn == conn);
         let wanted = c.config.subscribe_fence && granted && !peers.is_empty();
         if !(wanted || earlier_held) || c.fences.len() >= c.config.subscribe_fence_max_held {

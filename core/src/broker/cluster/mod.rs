@@ -160,6 +160,15 @@ impl Cluster {
         }
     }
 
+    /// The peers whose link is up, in node order.
+    fn connected_peers(&self) -> Vec<NodeId> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.connected)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     fn peer(&mut self, node: &NodeId) -> &mut Peer {
         let limits = self.config.outbox;
         self.peers.entry(node.clone()).or_insert_with(|| Peer {

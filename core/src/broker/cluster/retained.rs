@@ -32,12 +32,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         c.retained
             .apply(&message.topic, stamp.clone(), (!deleted).then_some(()));
-        let peers: Vec<NodeId> = c
-            .peers
-            .iter()
-            .filter(|(_, p)| p.connected)
-            .map(|(n, _)| n.clone())
-            .collect();
+        let peers = c.connected_peers();
         self.persist_stamp(&message.topic, &stamp, deleted);
         self.prune_retained_tombstones();
         for peer in peers {
