@@ -38,6 +38,11 @@ pub(crate) fn output(o: &Output) -> JsValue {
         }
         Output::ToPeer { peer, frame } => frame_output("toPeer", Some(peer), frame),
         Output::Broadcast { frame } => frame_output("broadcast", None, frame),
+        Output::CutPeer { peer } => {
+            let o = Obj::tagged("cutPeer");
+            o.set("peer", peer.as_str());
+            o.into_js()
+        }
     }
 }
 
@@ -122,6 +127,25 @@ pub(crate) fn event(e: &Event) -> JsValue {
         Event::RouteRemoved { filter } => {
             let o = Obj::tagged("routeRemoved");
             o.set("filter", filter.as_str());
+            o.into_js()
+        }
+        Event::PeerFault { peer, fault } => {
+            let o = Obj::tagged("peerFault");
+            o.set("peer", peer.as_str())
+                .set("fault", format!("{fault:?}").as_str());
+            o.into_js()
+        }
+        Event::PeerForgotten {
+            peer,
+            reason,
+            routes,
+            dropped_messages,
+        } => {
+            let o = Obj::tagged("peerForgotten");
+            o.set("peer", peer.as_str())
+                .set("reason", format!("{reason:?}").as_str())
+                .set("routes", *routes as f64)
+                .set("droppedMessages", *dropped_messages as f64);
             o.into_js()
         }
     }

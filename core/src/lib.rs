@@ -32,7 +32,7 @@
 //!         Output::Close { conn } => {}                                   // close the socket
 //!         Output::Persist { key, value } => {} // store (or delete) before sending what follows
 //!         Output::Event(event) => {}           // log, count
-//!         Output::ToPeer { .. } | Output::Broadcast { .. } => {} // other nodes (cluster mode)
+//!         Output::ToPeer { .. } | Output::Broadcast { .. } | Output::CutPeer { .. } => {} // cluster mode
 //!     }
 //! }
 //! assert_eq!(sent, [0x20, 2, 0, 0]); // CONNACK: accepted, no session present

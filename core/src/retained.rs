@@ -31,7 +31,9 @@ impl Hlc {
             self.wall_ms = now_ms;
             self.logical = 0;
         } else if self.logical == u32::MAX {
-            self.wall_ms += 1;
+            // Never wraps: readings far ahead of any wall clock are refused before they are
+            // observed (`ClusterConfig::max_clock_drift_ms`).
+            self.wall_ms = self.wall_ms.saturating_add(1);
             self.logical = 0;
         } else {
             self.logical += 1;

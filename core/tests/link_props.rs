@@ -151,6 +151,10 @@ fn frame() -> impl Strategy<Value = Frame> {
         (any::<u64>(), any::<u64>())
             .prop_map(|(hash, entries)| Frame::RetainedDigest { hash, entries }),
         prop::collection::vec(retained_update(), 0..3).prop_map(Frame::RetainedSnapshot),
+        owner().prop_map(|o| Frame::Forget {
+            node: o.node,
+            incarnation: o.incarnation,
+        }),
     ]
 }
 

@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 
 use meridian_core::routes::{
-    DeltaOutcome, NodeId, Owner, RouteDelta, RouteLog, RouteTable, SnapshotChunk, SnapshotOutcome,
-    set_hash,
+    DeltaOutcome, NodeId, Owner, ReplicaLimits, RouteDelta, RouteLog, RouteTable, SnapshotChunk,
+    SnapshotOutcome, set_hash,
 };
 use meridian_core::topic::matches;
 use proptest::prelude::*;
@@ -106,6 +106,7 @@ impl Net {
                     .wire
                     .extend(self.owner.snapshot(2).into_iter().map(Msg::Chunk)),
                 DeltaOutcome::Duplicate | DeltaOutcome::Stale => {}
+                DeltaOutcome::OverLimit(l) => panic!("an unbounded table refused a delta: {l:?}"),
             },
             Msg::Chunk(c) => match self.table.apply_snapshot_chunk(&c) {
                 SnapshotOutcome::Installed { version } => {
@@ -115,6 +116,9 @@ impl Net {
                     .wire
                     .extend(self.owner.snapshot(2).into_iter().map(Msg::Chunk)),
                 SnapshotOutcome::InProgress | SnapshotOutcome::Stale => {}
+                SnapshotOutcome::OverLimit(l) => {
+                    panic!("an unbounded table refused a chunk: {l:?}")
+                }
             },
         }
     }
@@ -290,5 +294,39 @@ proptest! {
         for d in &deltas { mixed.apply_delta(d); }
         let got: BTreeSet<&str> = mixed.replica(&node("o")).into_iter().flat_map(|r| r.filters()).collect();
         prop_assert_eq!(&got, &want);
+    }
+
+    #[test]
+    fn a_bounded_replica_never_holds_more_and_a_refusal_changes_nothing(
+        ops in proptest::collection::vec((0..FILTERS.len(), any::<bool>(), any::<bool>()), 1..80),
+        max_filters in 0usize..6,
+        chunk in 1usize..4,
+    ) {
+        let mut owner = RouteLog::new(Owner { node: node("o"), incarnation: 1 }, 1_000);
+        let limits = ReplicaLimits { max_filters, ..ReplicaLimits::UNBOUNDED };
+        let mut table = RouteTable::new(1).with_limits(limits);
+        let held = |t: &RouteTable| -> (BTreeSet<String>, u64) {
+            t.replica(&node("o")).map_or((BTreeSet::new(), 0), |r| {
+                (r.filters().map(str::to_owned).collect(), r.version)
+            })
+        };
+        for (f, add, snapshot) in ops {
+            if add { owner.add(FILTERS[f]) } else { owner.remove(FILTERS[f]) }
+            let Some(delta) = owner.flush() else { continue };
+            let before = held(&table);
+            let refused = if snapshot {
+                owner.snapshot(chunk).iter().any(|c| {
+                    matches!(table.apply_snapshot_chunk(c), SnapshotOutcome::OverLimit(_))
+                })
+            } else {
+                matches!(table.apply_delta(&delta), DeltaOutcome::OverLimit(_))
+            };
+            let after = held(&table);
+            prop_assert!(after.0.len() <= max_filters, "{} filters held", after.0.len());
+            if refused {
+                prop_assert_eq!(&after, &before, "a refusal changed the replica");
+                prop_assert!(owner.live().count() > max_filters, "refused within the bound");
+            }
+        }
     }
 }

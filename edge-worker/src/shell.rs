@@ -107,7 +107,7 @@ impl Shell {
                 Output::Persist { key, value } => self.store.apply(&key, value.as_deref())?,
                 Output::Event(event) => log_event(&event),
                 // Not in cluster mode: the edge runs one broker of its own.
-                Output::ToPeer { .. } | Output::Broadcast { .. } => {}
+                Output::ToPeer { .. } | Output::Broadcast { .. } | Output::CutPeer { .. } => {}
             }
         }
         Ok(())

@@ -829,7 +829,7 @@ impl Shell {
                     }
                 },
                 Output::Event(_) => {}
-                Output::ToPeer { .. } | Output::Broadcast { .. } => {
+                Output::ToPeer { .. } | Output::Broadcast { .. } | Output::CutPeer { .. } => {
                     panic!("peer frame from a broker that is not in a cluster: {output:?}")
                 }
             }

@@ -322,6 +322,7 @@ impl World {
                         self.send(End::Replica(r), End::Owner(o), Frame::SnapshotRequest)
                     }
                     DeltaOutcome::Duplicate | DeltaOutcome::Stale => {}
+                    DeltaOutcome::OverLimit(l) => panic!("an unbounded table refused: {l:?}"),
                 }
             }
             Frame::SnapshotChunk(chunk) => {
@@ -342,6 +343,7 @@ impl World {
                         self.send(End::Replica(r), End::Owner(o), Frame::SnapshotRequest)
                     }
                     SnapshotOutcome::InProgress | SnapshotOutcome::Stale => {}
+                    SnapshotOutcome::OverLimit(l) => panic!("an unbounded table refused: {l:?}"),
                 }
             }
             Frame::Digest(entries) => {

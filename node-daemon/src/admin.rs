@@ -18,6 +18,7 @@
 //! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode) |
 //! | `GET /api/peers` | JSON array of the peer nodes: connected, region, RTT, routes, route lag, outbox, forwards |
 //! | `GET /api/peers/{peer_id}/routes` | the filters that peer has subscribers for, as replicated here |
+//! | `DELETE /api/peers/{peer_id}` | forget a node that left: withdraw its routes, drop what waits for it, tell the other nodes; 404 if unknown, 409 while its link is up |
 //! | `GET /api/discovery` | JSON array of the peers discovery knows: addresses, whether self-reported, connected |
 //! | `GET /api/routes` | this node's own route set (filters with a local subscriber) |
 
@@ -31,7 +32,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use meridian_core::broker::{ClientSummary, Figure, FigureKind, FigureValue, PeerSummary, Stats};
+use meridian_core::broker::{
+    ClientSummary, Figure, FigureKind, FigureValue, ForgetError, PeerSummary, Stats,
+};
 use meridian_core::codec::ProtocolVersion;
 use meridian_core::routes::NodeId;
 use prometheus_client::encoding::text::encode;
@@ -379,6 +382,31 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
                     StatusCode::NOT_FOUND,
                     serde_json::json!({"error": "no such peer"}),
                 ),
+                None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+            }
+        }
+        (Method::DELETE, p) if let Some(id) = p.strip_prefix("/api/peers/") => {
+            let Ok(node) = NodeId::new(id) else {
+                return plain(StatusCode::BAD_REQUEST, "bad peer id\n");
+            };
+            match engine.forget_peer(node).await {
+                Some(Ok(forgotten)) => json(
+                    StatusCode::OK,
+                    serde_json::json!({
+                        "peer_id": id,
+                        "forgotten": true,
+                        "routes_withdrawn": forgotten.routes,
+                        "messages_dropped": forgotten.dropped_messages,
+                    }),
+                ),
+                Some(Err(e)) => {
+                    let status = match e {
+                        ForgetError::Unknown => StatusCode::NOT_FOUND,
+                        ForgetError::Connected => StatusCode::CONFLICT,
+                        ForgetError::Myself | ForgetError::NotClustered => StatusCode::BAD_REQUEST,
+                    };
+                    json(status, serde_json::json!({"error": e.to_string()}))
+                }
                 None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
             }
         }
@@ -836,6 +864,13 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
     r.register(
         "p2p_gossip_fallbacks",
         "Broadcasts gossip could not take, sent over the link sessions instead",
+        c,
+    );
+    let c = Counter::<u64>::default();
+    c.inc_by(m.gossip_refused.load(Ordering::Relaxed));
+    r.register(
+        "p2p_gossip_refused",
+        "Gossiped frames refused: malformed, or of a kind that travels on link sessions only",
         c,
     );
 }

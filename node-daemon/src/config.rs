@@ -76,6 +76,14 @@ pub struct ClusterSection {
     pub subscribe_fence: bool,
     pub subscribe_fence_max_ms: u64,
     pub retained_tombstones_max: usize,
+    pub peer_expiry_ms: u64,
+    pub max_nodes: usize,
+    pub max_clock_drift_ms: u64,
+    pub peer_max_filters: usize,
+    pub peer_max_pending_delta_bytes: usize,
+    pub peer_max_snapshot_bytes: usize,
+    pub peer_max_retained_messages: usize,
+    pub peer_max_retained_bytes: usize,
 }
 
 /// A libp2p multiaddr in the configuration (`/ip4/127.0.0.1/tcp/7001`).
@@ -572,6 +580,7 @@ impl ClusterSection {
             ("digest_interval_ms", self.digest_interval_ms),
             ("ping_interval_ms", self.ping_interval_ms),
             ("announce_interval_ms", self.announce_interval_ms),
+            ("peer_expiry_ms", self.peer_expiry_ms),
         ] {
             if v == 0 {
                 return Err(format!("cluster.{key}: must be at least 1"));
@@ -583,6 +592,13 @@ impl ClusterSection {
             ("outbox_max_messages", self.outbox_max_messages),
             ("outbox_max_bytes", self.outbox_max_bytes),
             ("link_congested_bytes", self.link_congested_bytes),
+            ("max_nodes", self.max_nodes),
+            ("peer_max_filters", self.peer_max_filters),
+            (
+                "peer_max_pending_delta_bytes",
+                self.peer_max_pending_delta_bytes,
+            ),
+            ("peer_max_snapshot_bytes", self.peer_max_snapshot_bytes),
         ] {
             if v == 0 {
                 return Err(format!("cluster.{key}: must be at least 1"));
@@ -795,6 +811,14 @@ partial!(PCluster {
     subscribe_fence: bool,
     subscribe_fence_max_ms: u64,
     retained_tombstones_max: usize,
+    peer_expiry_ms: u64,
+    max_nodes: usize,
+    max_clock_drift_ms: u64,
+    peer_max_filters: usize,
+    peer_max_pending_delta_bytes: usize,
+    peer_max_snapshot_bytes: usize,
+    peer_max_retained_messages: usize,
+    peer_max_retained_bytes: usize,
 });
 
 #[cfg(test)]

@@ -544,6 +544,11 @@ impl Engine {
             ToEngine::Peers(reply) => {
                 let _ = reply.send(self.broker.peers());
             }
+            ToEngine::ForgetPeer { peer, reply } => {
+                let result = self.broker.forget_peer(&peer);
+                self.drain();
+                let _ = reply.send(result);
+            }
             ToEngine::Routes { peer, reply } => {
                 let routes = match peer {
                     Some(p) => self.broker.replicated_routes(&p),
@@ -719,7 +724,20 @@ impl Engine {
                         }
                     }
                     Output::Persist { .. } => {}
-                    Output::Event(event) => log_event(&event),
+                    Output::Event(event) => {
+                        if let Event::PeerForgotten { peer, .. } = &event
+                            && let Some(mesh) = &self.mesh
+                        {
+                            // Discovery stops dialling it (a configured peer is dialled still).
+                            let _ = mesh.try_send(MeshCmd::Forget(peer.clone()));
+                        }
+                        log_event(&event);
+                    }
+                    Output::CutPeer { peer } => {
+                        if self.links.contains_key(&peer) && !self.cut.contains(&peer) {
+                            self.cut.push(peer);
+                        }
+                    }
                     Output::ToPeer { peer, frame } => {
                         if self.links.contains_key(&peer)
                             && let Some(bytes) = self.encode_frame(&frame)
@@ -857,6 +875,17 @@ fn log_event(event: &Event) {
         Event::SessionEnded { client_id } => debug!(client_id, "session ended"),
         Event::RouteAdded { filter } => debug!(filter, "route added"),
         Event::RouteRemoved { filter } => debug!(filter, "route removed"),
+        Event::PeerFault { peer, fault } => {
+            warn!(%peer, fault = ?fault, "refused a frame from a peer (reported once per peer and kind; counted in peer_frames_refused)")
+        }
+        Event::PeerForgotten {
+            peer,
+            reason,
+            routes,
+            dropped_messages,
+        } => {
+            info!(%peer, reason = ?reason, routes, dropped_messages, "peer forgotten: its routes withdrawn, what waited for it dropped")
+        }
     }
 }
 

@@ -25,6 +25,7 @@ mod admin;
 mod auth;
 pub mod client;
 pub mod config;
+mod ctl;
 mod engine;
 mod mailbox;
 mod mesh;
@@ -38,6 +39,7 @@ pub use server::{AuthDecisions, AuthFactory, AuthReload, BrokerBuilder, Server};
 
 /// What the `meridian` binary's own subcommands run, besides the broker.
 pub mod cli {
+    pub use crate::ctl::{CtlArgs, CtlCommand, PeersCommand, ctl_command};
     pub use crate::mesh::keys::{keygen_command, peer_id_command};
     pub use crate::passwd::passwd_command;
 }

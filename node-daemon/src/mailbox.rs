@@ -8,7 +8,8 @@ use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
 use meridian_core::broker::{
-    AuthOutcome, Authenticator, Authorizer, ClientSummary, Message, PeerSummary, Stats,
+    AuthOutcome, Authenticator, Authorizer, ClientSummary, ForgetError, Forgotten, Message,
+    PeerSummary, Stats,
 };
 use meridian_core::link::Frame;
 use meridian_core::routes::NodeId;
@@ -94,6 +95,11 @@ pub enum ToEngine {
     /// An encoded broadcast frame that gossip could not take: send it on every session.
     BroadcastDirect(Bytes),
     Peers(oneshot::Sender<Vec<PeerSummary>>),
+    /// Forget a node that left the deployment ([`meridian_core::Broker::forget_peer`]).
+    ForgetPeer {
+        peer: NodeId,
+        reply: oneshot::Sender<Result<Forgotten, ForgetError>>,
+    },
     /// A peer's route set as replicated here (`None`: this node's own).
     Routes {
         peer: Option<NodeId>,
@@ -178,6 +184,16 @@ impl EngineHandle {
         rx.await.ok()
     }
 
+    /// Forget a node that left the deployment; `None` if the broker task is gone.
+    pub async fn forget_peer(&self, peer: NodeId) -> Option<Result<Forgotten, ForgetError>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ToEngine::ForgetPeer { peer, reply })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+
     /// A peer's route set as replicated here, or this node's own with `None`.
     pub async fn routes(&self, peer: Option<NodeId>) -> Option<Vec<String>> {
         let (reply, rx) = oneshot::channel();
@@ -217,4 +233,6 @@ impl EngineHandle {
 pub enum MeshCmd {
     /// Publish an encoded link frame to every peer.
     Gossip(Bytes),
+    /// A node was forgotten: discovery stops dialling it.
+    Forget(NodeId),
 }

@@ -58,6 +58,8 @@ enum Command {
     },
     /// Load-test any MQTT broker: connect, subscribe, publish, and the classic presets.
     Bench(Box<meridian_tools::bench::BenchArgs>),
+    /// Administer a running node through its admin API (peers list, peers forget).
+    Ctl(meridian_daemon::cli::CtlArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -140,6 +142,9 @@ fn main() -> ExitCode {
             meridian_tools::sim::sim_command(&args, &mut std::io::stdout().lock())
         }
         Command::Bench(args) => meridian_tools::bench::bench_command(*args),
+        Command::Ctl(args) => {
+            meridian_daemon::cli::ctl_command(&args, &mut std::io::stdout().lock())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

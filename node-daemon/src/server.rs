@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use meridian_core::broker::AuthOutcome;
-use meridian_core::broker::ClusterConfig;
+use meridian_core::broker::{ClusterConfig, PeerLimits};
 use meridian_core::link::OutboxLimits;
 use meridian_core::routes::NodeId;
 use meridian_core::{Broker, ConnId};
@@ -566,6 +566,16 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
         max_messages: c.outbox_max_messages,
         max_bytes: c.outbox_max_bytes,
     };
+    config.peer_expiry_ms = c.peer_expiry_ms;
+    config.max_nodes = c.max_nodes;
+    config.max_clock_drift_ms = c.max_clock_drift_ms;
+    config.peer_limits = PeerLimits {
+        max_filters: c.peer_max_filters,
+        max_pending_delta_bytes: c.peer_max_pending_delta_bytes,
+        max_snapshot_bytes: c.peer_max_snapshot_bytes,
+        max_retained_messages: c.peer_max_retained_messages,
+        max_retained_bytes: c.peer_max_retained_bytes,
+    };
     config
 }
 
@@ -580,4 +590,17 @@ fn fresh_seed() -> u64 {
     );
     h.write_u32(std::process::id());
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_cluster_section_is_the_cores_default() {
+        let config = crate::DaemonConfig::parse(crate::DEFAULT_CONFIG, "default").unwrap();
+        let node = NodeId::new("n").unwrap();
+        let from_file = core_cluster_config(&config.cluster, node.clone());
+        assert_eq!(from_file, ClusterConfig::new(node, 0, "local"));
+    }
 }

@@ -159,10 +159,17 @@ pub enum Output {
         /// The frame; [`crate::link::encode`] turns it into bytes.
         frame: Frame,
     },
-    /// Send this frame to every peer node (route deltas and digests; gossip is fine).
+    /// Send this frame to every peer node (route deltas, digests and forget announcements:
+    /// the kinds [`crate::link::FrameKind::is_broadcast`] names; gossip is fine).
     Broadcast {
         /// The frame; [`crate::link::encode`] turns it into bytes.
         frame: Frame,
+    },
+    /// End the link session with this peer: it went past a bound ([`Event::PeerFault`] says
+    /// which). Feed [`Input::PeerDown`] once it has ended, as for any other session.
+    CutPeer {
+        /// The node whose session to end.
+        peer: NodeId,
     },
 }
 
@@ -245,5 +252,24 @@ pub enum Event {
     RouteRemoved {
         /// The filter pattern (without a `$share/{group}/` prefix).
         filter: String,
+    },
+    /// A frame from a peer was refused (reported the first time per peer and kind of fault;
+    /// every refusal is counted in [`crate::Stats`]).
+    PeerFault {
+        /// The peer that sent it.
+        peer: NodeId,
+        /// What was wrong with it.
+        fault: crate::broker::PeerFault,
+    },
+    /// A node was forgotten: its routes withdrawn, what waited for it dropped.
+    PeerForgotten {
+        /// The node forgotten.
+        peer: NodeId,
+        /// Who decided.
+        reason: crate::broker::ForgetReason,
+        /// Filters of its route set withdrawn.
+        routes: usize,
+        /// Forwards that waited for it, dropped.
+        dropped_messages: usize,
     },
 }

@@ -29,7 +29,10 @@ use foldhash::fast::FixedState;
 pub use auth::{
     AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess,
 };
-pub use cluster::{ClusterConfig, PeerSummary};
+pub use cluster::{
+    ClusterConfig, ForgetError, ForgetReason, Forgotten, PeerFault, PeerLimit, PeerLimits,
+    PeerSummary,
+};
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
 pub use message::{Message, MessageProperties};
@@ -65,6 +68,8 @@ enum Timer {
     Digest,
     /// A held SUBACK's longest wait is over.
     SubscribeFence,
+    /// Look for nodes absent longer than the expiry time.
+    PeerExpiry,
     /// Publish the system topics that changed.
     Sys,
 }
@@ -777,6 +782,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             Timer::RouteFlush => self.fire_route_flush(),
             Timer::Digest => self.fire_digest(),
+            Timer::PeerExpiry => self.fire_peer_expiry(),
             Timer::SubscribeFence => self.release_fences(),
             Timer::Sys => self.fire_sys(),
             Timer::RetainedExpiry => {

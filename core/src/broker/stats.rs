@@ -102,6 +102,8 @@ macro_rules! stats {
 
 /// What `messages_dropped`, the figures of every drop reason, counts.
 const DROPPED: &str = "Messages dropped, by reason";
+/// What `peer_frames_refused` counts.
+const REFUSED: &str = "Frames from peer nodes refused, by reason";
 
 stats! {
     /// Open client connections.
@@ -161,6 +163,29 @@ stats! {
     /// `Input::PeerCongested`).
     Counter dropped_peer_congested: u64 => "messages_dropped"
         (DROPPED) "reason" = "peer_congested";
+    /// QoS 1/2 forwards waiting for a node that was forgotten (it left the deployment).
+    Counter dropped_peer_forgotten: u64 => "messages_dropped"
+        (DROPPED) "reason" = "peer_forgotten";
+    /// The oldest QoS 1/2 forwards waiting for a node whose link is down, dropped to keep its
+    /// outbox within bounds (publishers are never refused for a node that is not there).
+    Counter dropped_peer_absent: u64 => "messages_dropped"
+        (DROPPED) "reason" = "peer_absent";
+    /// Peer frames refused for naming another node as their origin.
+    Counter peer_frames_not_owner: u64 => "peer_frames_refused"
+        (REFUSED) "reason" = "not_owner";
+    /// Peer frames refused for taking the peer past one of its bounds.
+    Counter peer_frames_over_limit: u64 => "peer_frames_refused"
+        (REFUSED) "reason" = "over_limit";
+    /// Retained writes from peers refused for a clock reading too far ahead.
+    Counter peer_frames_clock_ahead: u64 => "peer_frames_refused"
+        (REFUSED) "reason" = "clock_ahead";
+    /// Peer frames refused because the node count is at its bound.
+    Counter peer_frames_too_many_nodes: u64 => "peer_frames_refused"
+        (REFUSED) "reason" = "too_many_nodes";
+    /// Peer link sessions cut for going past a bound.
+    Counter peer_sessions_cut: u64 => "peer_sessions_cut";
+    /// Nodes forgotten (by command, announcement or expiry).
+    Counter peers_forgotten: u64 => "peers_forgotten";
     /// Deliveries withheld from subscriptions that reach topics the authorizer denies (those
     /// it judged Filtered).
     Counter withheld_not_authorized: u64 => "deliveries_withheld";

@@ -149,6 +149,10 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             }
             Frame::RetainedSnapshot(updates)
         }
+        FrameKind::Forget => Frame::Forget {
+            node: r.node()?,
+            incarnation: r.u64()?,
+        },
     };
     if !r.buf.is_empty() {
         return Err(r.bad("bytes after the frame's content"));
@@ -237,6 +241,10 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             for u in updates {
                 put_retained(&mut body, u)?;
             }
+        }
+        Frame::Forget { node, incarnation } => {
+            put_str(&mut body, node.as_str())?;
+            body.put_u64(*incarnation);
         }
     }
     let len = u32::try_from(body.len() + 1).map_err(|_| LinkError::Encode("frame over 4 GiB"))?;

@@ -19,7 +19,7 @@ pub use inbox::{Arrival, Inbox};
 pub use outbox::{Outbox, OutboxFull, OutboxLimits};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
-pub const LINK_PROTOCOL_VERSION: u16 = 1;
+pub const LINK_PROTOCOL_VERSION: u16 = 2;
 
 /// Largest frame accepted by default (a snapshot chunk or a forwarded message).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -114,6 +114,15 @@ pub enum Frame {
     },
     /// Part of the sender's retained state, tombstones included.
     RetainedSnapshot(Vec<RetainedUpdate>),
+    /// An operator told the sender to forget `node` (it left the deployment for good): a
+    /// receiver that cannot reach `node` either forgets it too, unless it knows a later
+    /// incarnation of it.
+    Forget {
+        /// The node to forget.
+        node: NodeId,
+        /// The latest incarnation of it the sender knew (0: none).
+        incarnation: u64,
+    },
 }
 
 impl Frame {
@@ -132,6 +141,7 @@ impl Frame {
             Frame::Retained(_) => FrameKind::Retained,
             Frame::RetainedDigest { .. } => FrameKind::RetainedDigest,
             Frame::RetainedSnapshot(_) => FrameKind::RetainedSnapshot,
+            Frame::Forget { .. } => FrameKind::Forget,
         }
     }
 
@@ -169,11 +179,13 @@ pub enum FrameKind {
     RetainedDigest = 11,
     /// Type 12: [`Frame::RetainedSnapshot`].
     RetainedSnapshot = 12,
+    /// Type 13: [`Frame::Forget`].
+    Forget = 13,
 }
 
 impl FrameKind {
     /// Every kind, in the order of their type bytes.
-    pub const ALL: [FrameKind; 12] = [
+    pub const ALL: [FrameKind; 13] = [
         FrameKind::Hello,
         FrameKind::RouteDelta,
         FrameKind::RouteAck,
@@ -186,6 +198,7 @@ impl FrameKind {
         FrameKind::Retained,
         FrameKind::RetainedDigest,
         FrameKind::RetainedSnapshot,
+        FrameKind::Forget,
     ];
 
     /// The kind whose type byte this is.
@@ -213,6 +226,18 @@ impl FrameKind {
             FrameKind::Retained => "retained",
             FrameKind::RetainedDigest => "retained-digest",
             FrameKind::RetainedSnapshot => "retained-snapshot",
+            FrameKind::Forget => "forget",
         }
+    }
+
+    /// Whether a node sends this kind to every peer at once, so that a transport may carry it
+    /// by gossip (relayed, its author authenticated by the transport): route deltas, digests
+    /// and forget announcements. Every other kind travels on the link session between its
+    /// sender and its receiver only, and a transport refuses it from gossip.
+    pub fn is_broadcast(self) -> bool {
+        matches!(
+            self,
+            FrameKind::RouteDelta | FrameKind::Digest | FrameKind::Forget
+        )
     }
 }

@@ -58,6 +58,25 @@ impl Outbox {
         }
     }
 
+    /// An empty outbox whose first forward gets sequence number `next_seq` (for a peer that
+    /// was forgotten and came back: its inbox still remembers the earlier numbers).
+    pub fn starting_at(limits: OutboxLimits, next_seq: u64) -> Self {
+        Self {
+            next_seq: next_seq.max(1),
+            ..Self::new(limits)
+        }
+    }
+
+    /// The sequence number the next forward gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The sequence numbers of every forward held, oldest first.
+    pub fn seqs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entries.iter().map(|e| e.forward.seq)
+    }
+
     /// Messages waiting (sent or not) for an acknowledgement.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -96,6 +115,30 @@ impl Outbox {
             weight,
         });
         Ok(forward)
+    }
+
+    /// Queue a forward, dropping the oldest ones until it fits (for a peer that is not there:
+    /// what waits for it is bounded, and the newest messages are kept). Returns the queued
+    /// copy and the sequence numbers dropped; fails only for a forward larger than the whole
+    /// outbox may hold. Call it only while the link is down: nothing is in flight then.
+    pub fn push_evicting(&mut self, forward: Forward) -> Result<(Forward, Vec<u64>), OutboxFull> {
+        let weight = forward.message.payload.len() + forward.message.topic.len();
+        if weight > self.limits.max_bytes || self.limits.max_messages == 0 {
+            return Err(OutboxFull {
+                messages: self.entries.len(),
+                bytes: self.bytes,
+            });
+        }
+        let mut dropped = Vec::new();
+        while !self.has_room(weight) {
+            let Some(oldest) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= oldest.weight;
+            self.sent = self.sent.saturating_sub(1);
+            dropped.push(oldest.forward.seq);
+        }
+        Ok((self.push(forward)?, dropped))
     }
 
     /// Put back a forward read from storage after a restart (in any order; sorted here).
@@ -245,6 +288,28 @@ mod tests {
             max_bytes: 3,
         });
         assert!(small.push(fwd(b"xyz")).is_err(), "byte bound too");
+    }
+
+    #[test]
+    fn an_absent_peers_outbox_keeps_the_newest_within_its_bounds() {
+        let mut o = Outbox::new(OutboxLimits {
+            window: 10,
+            max_messages: 2,
+            max_bytes: 1000,
+        });
+        for p in [b"1", b"2"] {
+            o.push(fwd(p)).unwrap();
+        }
+        let (queued, dropped) = o.push_evicting(fwd(b"3")).unwrap();
+        assert_eq!((queued.seq, dropped), (3, vec![1]));
+        assert_eq!(o.seqs().collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(o.bytes(), 4);
+        assert!(
+            o.push_evicting(fwd(&[b'x'; 1000])).is_err(),
+            "larger than the whole outbox"
+        );
+        let again = Outbox::starting_at(limits(), o.next_seq());
+        assert_eq!(again.next_seq(), 4);
     }
 
     #[test]

@@ -27,7 +27,9 @@ use std::sync::Arc;
 
 pub use hash::{filter_hash, set_hash};
 pub use log::RouteLog;
-pub use table::{DeltaOutcome, NodeSet, Replica, RouteTable, SnapshotOutcome};
+pub use table::{
+    DeltaOutcome, NodeSet, Replica, ReplicaLimit, ReplicaLimits, RouteTable, SnapshotOutcome,
+};
 
 /// A node of the deployment, named by the shell (e.g. `euc1-a` or a libp2p peer id).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

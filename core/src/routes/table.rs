@@ -13,6 +13,47 @@ use crate::topic::FilterTrie;
 /// Deltas kept while an earlier one is missing.
 const MAX_BUFFERED_DELTAS: usize = 64;
 
+/// Bytes a filter is counted for in [`ReplicaLimits`]: its text and the bookkeeping around it.
+const FILTER_OVERHEAD: usize = 16;
+
+/// Bounds on what one owner can make this node hold for its route set. An owner past one is
+/// refused ([`DeltaOutcome::OverLimit`], [`SnapshotOutcome::OverLimit`]) and its replica stays
+/// as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaLimits {
+    /// Filters in one owner's replica.
+    pub max_filters: usize,
+    /// Bytes of one owner's deltas kept while an earlier one is missing.
+    pub max_pending_bytes: usize,
+    /// Bytes of one owner's snapshot being assembled.
+    pub max_snapshot_bytes: usize,
+}
+
+impl ReplicaLimits {
+    /// No bound at all (for tools that replicate trusted data).
+    pub const UNBOUNDED: ReplicaLimits = ReplicaLimits {
+        max_filters: usize::MAX,
+        max_pending_bytes: usize::MAX,
+        max_snapshot_bytes: usize::MAX,
+    };
+}
+
+/// Which of the [`ReplicaLimits`] an owner went past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReplicaLimit {
+    /// [`ReplicaLimits::max_filters`].
+    Filters,
+    /// [`ReplicaLimits::max_pending_bytes`].
+    PendingDeltas,
+    /// [`ReplicaLimits::max_snapshot_bytes`].
+    SnapshotBytes,
+}
+
+/// The bytes a list of filters is counted for.
+fn weight<'a>(filters: impl Iterator<Item = &'a Arc<str>>) -> usize {
+    filters.map(|f| f.len() + FILTER_OVERHEAD).sum()
+}
+
 /// The nodes that have a filter (sorted, small: one entry per region node).
 pub type NodeSet = Vec<NodeId>;
 
@@ -37,6 +78,9 @@ pub enum DeltaOutcome {
     NeedSnapshot,
     /// From an older incarnation of the owner: ignored.
     Stale,
+    /// Applying it would take the replica past a bound: not applied (the replica is as it
+    /// was, buffered deltas dropped).
+    OverLimit(ReplicaLimit),
 }
 
 /// What applying a snapshot chunk did.
@@ -53,6 +97,8 @@ pub enum SnapshotOutcome {
     Stale,
     /// The chunks did not add up to the announced hash: ask again.
     Corrupt,
+    /// The snapshot is larger than a bound allows: dropped, the replica is as it was.
+    OverLimit(ReplicaLimit),
 }
 
 /// One owner's route set as this node knows it.
@@ -68,11 +114,18 @@ pub struct Replica {
     filters: HashSet<Arc<str>, FixedState>,
     /// Deltas that arrived before the one they follow, by `after`.
     early: BTreeMap<u64, RouteDelta>,
+    /// Bytes of `early`, as [`ReplicaLimits`] counts them.
+    early_bytes: usize,
     /// A snapshot being received.
     assembling: Option<Assembly>,
 }
 
 impl Replica {
+    fn clear_early(&mut self) {
+        self.early.clear();
+        self.early_bytes = 0;
+    }
+
     /// Where this copy stands.
     pub fn position(&self) -> RoutePosition {
         RoutePosition {
@@ -89,6 +142,10 @@ struct Assembly {
     /// (version, hash, count): which snapshot the chunks belong to.
     id: (u64, u64, u32),
     parts: BTreeMap<u32, Vec<Arc<str>>>,
+    /// Bytes of `parts`, as [`ReplicaLimits`] counts them.
+    bytes: usize,
+    /// Filters in `parts`.
+    filters: usize,
 }
 
 impl Replica {
@@ -117,16 +174,25 @@ pub struct RouteTable {
     /// Filters added to (`true`) or removed from (`false`) replicas, for a shell that keeps
     /// replicas in storage ([`RouteTable::journal`]); `None` when nobody reads it.
     journal: Option<Vec<(NodeId, Arc<str>, bool)>>,
+    limits: ReplicaLimits,
 }
 
 impl RouteTable {
-    /// An empty table; `seed` fixes the trie's hashing, so that runs are repeatable.
+    /// An empty table without bounds; `seed` fixes the trie's hashing, so that runs are
+    /// repeatable.
     pub fn new(seed: u64) -> Self {
         Self {
             replicas: BTreeMap::new(),
             trie: FilterTrie::new(seed),
             journal: None,
+            limits: ReplicaLimits::UNBOUNDED,
         }
+    }
+
+    /// Hold every owner's replica within `limits`.
+    pub fn with_limits(mut self, limits: ReplicaLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Record every filter added to or removed from a replica from now on; take them with
@@ -221,21 +287,29 @@ impl RouteTable {
         }
         if delta.after > replica.version {
             if replica.early.len() >= MAX_BUFFERED_DELTAS {
-                replica.early.clear();
+                replica.clear_early();
                 return DeltaOutcome::NeedSnapshot;
             }
-            replica.early.insert(delta.after, delta.clone());
+            let bytes = weight(delta.changes.iter().map(|c| &c.filter));
+            if replica.early_bytes.saturating_add(bytes) > self.limits.max_pending_bytes {
+                replica.clear_early();
+                return DeltaOutcome::OverLimit(ReplicaLimit::PendingDeltas);
+            }
+            if let Some(old) = replica.early.insert(delta.after, delta.clone()) {
+                replica.early_bytes -= weight(old.changes.iter().map(|c| &c.filter));
+            }
+            replica.early_bytes += bytes;
             return DeltaOutcome::Gap {
                 after: replica.version,
             };
         }
-        if !self.apply_in_order(node, delta) {
-            return DeltaOutcome::NeedSnapshot;
+        if let Err(outcome) = self.apply_checked(node, delta) {
+            return outcome;
         }
         // Deltas that were waiting for this one.
         while let Some(delta) = self.next_early(node) {
-            if !self.apply_in_order(node, &delta) {
-                return DeltaOutcome::NeedSnapshot;
+            if let Err(outcome) = self.apply_checked(node, &delta) {
+                return outcome;
             }
         }
         let version = self.replicas.get(node).map_or(0, |r| r.version);
@@ -248,10 +322,41 @@ impl RouteTable {
         loop {
             let (&after, _) = replica.early.range(..=replica.version).next_back()?;
             let delta = replica.early.remove(&after)?;
+            replica.early_bytes -= weight(delta.changes.iter().map(|c| &c.filter));
             if delta.to() > replica.version {
                 return Some(delta);
             }
         }
+    }
+
+    /// Apply `delta` (which continues the replica) within the bounds.
+    fn apply_checked(&mut self, node: &NodeId, delta: &RouteDelta) -> Result<(), DeltaOutcome> {
+        if let Some(limit) = self.over_limit(node, delta) {
+            if let Some(r) = self.replicas.get_mut(node) {
+                r.clear_early();
+            }
+            return Err(DeltaOutcome::OverLimit(limit));
+        }
+        if !self.apply_in_order(node, delta) {
+            return Err(DeltaOutcome::NeedSnapshot);
+        }
+        Ok(())
+    }
+
+    /// Whether applying `delta` would take the replica past [`ReplicaLimits::max_filters`].
+    fn over_limit(&self, node: &NodeId, delta: &RouteDelta) -> Option<ReplicaLimit> {
+        let replica = self.replicas.get(node)?;
+        let mut len = replica.filters.len();
+        for change in delta.changes.iter().filter(|c| c.version > replica.version) {
+            match change.op {
+                RouteOp::Add => len += 1,
+                RouteOp::Remove => len = len.saturating_sub(1),
+            }
+            if len > self.limits.max_filters {
+                return Some(ReplicaLimit::Filters);
+            }
+        }
+        None
     }
 
     /// Apply the changes of `delta` newer than the replica (which must be at or past
@@ -302,17 +407,37 @@ impl RouteTable {
             replica.assembling = Some(Assembly {
                 id,
                 parts: BTreeMap::new(),
+                bytes: 0,
+                filters: 0,
             });
         }
-        let Some(Assembly { parts, .. }) = replica.assembling.as_mut() else {
+        let Some(assembly) = replica.assembling.as_mut() else {
             return SnapshotOutcome::InProgress;
         };
         if chunk.index >= chunk.count {
             replica.assembling = None;
             return SnapshotOutcome::Corrupt;
         }
-        parts.insert(chunk.index, chunk.filters.clone());
-        if parts.len() < chunk.count as usize {
+        let bytes = weight(chunk.filters.iter()) + FILTER_OVERHEAD;
+        if let Some(old) = assembly.parts.remove(&chunk.index) {
+            assembly.bytes -= weight(old.iter()) + FILTER_OVERHEAD;
+            assembly.filters -= old.len();
+        }
+        assembly.bytes = assembly.bytes.saturating_add(bytes);
+        assembly.filters += chunk.filters.len();
+        let limit = if assembly.filters > self.limits.max_filters {
+            Some(ReplicaLimit::Filters)
+        } else if assembly.bytes > self.limits.max_snapshot_bytes {
+            Some(ReplicaLimit::SnapshotBytes)
+        } else {
+            None
+        };
+        if let Some(limit) = limit {
+            replica.assembling = None;
+            return SnapshotOutcome::OverLimit(limit);
+        }
+        assembly.parts.insert(chunk.index, chunk.filters.clone());
+        if assembly.parts.len() < chunk.count as usize {
             return SnapshotOutcome::InProgress;
         }
         let Some(Assembly { parts, .. }) = replica.assembling.take() else {
@@ -326,6 +451,7 @@ impl RouteTable {
         // snapshot (those of an earlier one would be applied on top of the new set).
         let old = std::mem::take(&mut replica.filters);
         let early = std::mem::take(&mut replica.early);
+        replica.early_bytes = 0;
         for gone in old.difference(&filters) {
             unindex(&mut self.trie, gone, node);
             note(&mut self.journal, node, gone, false);
@@ -344,6 +470,11 @@ impl RouteTable {
             .filter(|(_, d)| d.owner.incarnation == chunk.owner.incarnation)
             .filter(|(_, d)| d.to() > chunk.version)
             .collect();
+        replica.early_bytes = replica
+            .early
+            .values()
+            .map(|d| weight(d.changes.iter().map(|c| &c.filter)))
+            .sum();
         SnapshotOutcome::Installed {
             version: chunk.version,
         }

@@ -650,6 +650,12 @@ impl Sim {
                         self.send_frame(node, &peer, frame.clone(), false);
                     }
                 }
+                // The session ends (what was on it is lost) and, as a daemon redials, the
+                // next one starts.
+                Output::CutPeer { peer } => {
+                    self.cut(node, &peer);
+                    self.heal(node, &peer);
+                }
             }
         }
         let next = self

@@ -112,9 +112,19 @@ impl Mesh {
         }
     }
 
-    /// Move every pending frame onto the wires.
+    /// Move every pending frame onto the wires, and end the sessions nodes cut (the next one
+    /// starts at once, as a daemon's would).
     fn collect(&mut self) {
         let ids: Vec<NodeId> = self.nodes.keys().cloned().collect();
+        for from in &ids {
+            let cuts = std::mem::take(&mut self.nodes.get_mut(from).unwrap().cut_peers);
+            for peer in cuts {
+                if self.nodes.contains_key(&peer) && self.is_up(from, &peer) {
+                    self.link_down(from, &peer);
+                    self.link_up(from, &peer);
+                }
+            }
+        }
         for from in &ids {
             let out = std::mem::take(&mut self.nodes.get_mut(from).unwrap().peer_out);
             for (to, frame) in out {
@@ -168,6 +178,19 @@ impl Mesh {
             w.drain();
         }
         !links.is_empty()
+    }
+
+    /// Hand `to` a frame as if `from` sent it (what a peer holding the key could send).
+    pub fn inject(&mut self, from: &str, to: &str, frame: Frame) {
+        let w = self.node(to);
+        w.broker.handle_input(
+            Timestamp(w.now),
+            Input::PeerFrame {
+                peer: id(from),
+                frame: Box::new(frame),
+            },
+        );
+        w.drain();
     }
 
     /// Deliver everything queued from `from` to `to`, and nothing else (answers stay queued).

@@ -39,6 +39,8 @@ pub struct World {
     pub log: Vec<Output>,
     /// Frames for peer nodes (`None`: to every peer), not yet carried.
     pub peer_out: Vec<(Option<NodeId>, Frame)>,
+    /// Peers whose link sessions the broker cut ([`Output::CutPeer`]).
+    pub cut_peers: Vec<NodeId>,
     /// Set for a node of a deployment; a restart bumps the incarnation.
     pub cluster: Option<ClusterConfig>,
     /// Access rules the broker enforces, again after a restart.
@@ -84,6 +86,7 @@ impl World {
             events: Vec::new(),
             log: Vec::new(),
             peer_out: Vec::new(),
+            cut_peers: Vec::new(),
             cluster: None,
             acl: None,
         }
@@ -157,6 +160,7 @@ impl World {
                 Output::Event(e) => self.events.push(e),
                 Output::ToPeer { peer, frame } => self.peer_out.push((Some(peer), frame)),
                 Output::Broadcast { frame } => self.peer_out.push((None, frame)),
+                Output::CutPeer { peer } => self.cut_peers.push(peer),
             }
         }
     }

@@ -291,6 +291,12 @@ impl Directory {
         true
     }
 
+    /// Forget `peer` now (the broker forgot it: it left the deployment). Returns whether it
+    /// was known.
+    pub fn forget(&mut self, peer: &PeerId) -> bool {
+        self.known.remove(peer).is_some()
+    }
+
     /// Forget the peers that have been neither connected nor announced for three announcement
     /// intervals. Returns them.
     pub fn expire(&mut self, now: Instant) -> Vec<PeerId> {

@@ -94,6 +94,8 @@ pub struct MeshStats {
     pub discovered: Mutex<Vec<discovery::KnownPeer>>,
     /// Broadcast frames that gossip could not take, sent over the sessions instead.
     pub gossip_fallbacks: AtomicU64,
+    /// Gossiped frames refused: malformed, or of a kind that travels on link sessions only.
+    pub gossip_refused: AtomicU64,
 }
 
 /// A running mesh.
@@ -331,6 +333,7 @@ pub async fn start(
         redial_max: settings.redial_max,
         openers: HashMap::new(),
         peer_id,
+        gossip_warned: HashSet::new(),
     };
     let task = tokio::spawn(driver.run(cmds, stop_rx));
     Ok(Mesh {
@@ -341,6 +344,9 @@ pub async fn start(
         task,
     })
 }
+
+/// Peers remembered for once-per-peer warnings, at most (past it, refusals are only counted).
+const MAX_WARNED: usize = 1_024;
 
 /// A bootstrap peer: dialled until connected, re-dialled when its connection drops.
 #[derive(Debug)]
@@ -385,6 +391,8 @@ struct Driver {
     /// Tasks that keep a link session open to a peer (for peers with a larger id).
     openers: HashMap<PeerId, JoinHandle<()>>,
     peer_id: PeerId,
+    /// Authors of refused gossip, warned about once each (at most [`MAX_WARNED`]).
+    gossip_warned: HashSet<PeerId>,
 }
 
 impl Driver {
@@ -396,6 +404,7 @@ impl Driver {
                 event = self.swarm.select_next_some() => self.on_event(event),
                 cmd = cmds.recv() => match cmd {
                     Some(MeshCmd::Gossip(frame)) => self.gossip(frame),
+                    Some(MeshCmd::Forget(node)) => self.forget(&node),
                     None => break,
                 },
                 _ = tick.tick() => {
@@ -772,6 +781,25 @@ impl Driver {
         self.openers.insert(peer, task);
     }
 
+    fn first_gossip_warning(&mut self, author: PeerId) -> bool {
+        self.gossip_warned.len() < MAX_WARNED && self.gossip_warned.insert(author)
+    }
+
+    /// The broker forgot `node`: discovery stops dialling it.
+    fn forget(&mut self, node: &NodeId) {
+        let Ok(peer) = node.as_str().parse::<PeerId>() else {
+            return;
+        };
+        if let Some(directory) = &mut self.directory
+            && directory.forget(&peer)
+        {
+            self.show_directory();
+        }
+    }
+
+    /// A gossiped frame, authored by `message.source` (gossipsub checked its signature). Only
+    /// the kinds a node broadcasts are taken; the broker checks that what the frame names as
+    /// its origin is its author.
     fn on_gossip(&mut self, message: gossipsub::Message) {
         let Some(source) = message.source else {
             return;
@@ -781,6 +809,12 @@ impl Driver {
         };
         let mut buf = bytes::BytesMut::from(&message.data[..]);
         match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+            Ok(Some(frame)) if buf.is_empty() && !frame.kind().is_broadcast() => {
+                self.stats.gossip_refused.fetch_add(1, Ordering::Relaxed);
+                if self.first_gossip_warning(source) {
+                    warn!(peer = %source, frame = frame.name(), "refused a gossiped frame of a kind that travels on link sessions only (reported once per peer)");
+                }
+            }
             Ok(Some(frame)) if buf.is_empty() => {
                 let msg = ToEngine::PeerFrame {
                     peer: node,
@@ -792,7 +826,10 @@ impl Driver {
                 }
             }
             other => {
-                warn!(peer = %source, result = ?other.map(|f| f.map(|f| f.name())), "malformed gossip frame ignored")
+                self.stats.gossip_refused.fetch_add(1, Ordering::Relaxed);
+                if self.first_gossip_warning(source) {
+                    warn!(peer = %source, result = ?other.map(|f| f.map(|f| f.name())), "malformed gossip frame ignored (reported once per peer)")
+                }
             }
         }
     }

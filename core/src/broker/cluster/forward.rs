@@ -30,14 +30,17 @@ pub(super) fn link_publish(message: &Message, now: Timestamp) -> Publish {
 }
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
-    /// Whether a QoS 1/2 message on `topic` would overflow the outbox of a node that wants it.
+    /// Whether a QoS 1/2 message on `topic` would overflow the outbox of a connected node that
+    /// wants it (a node that is not there never holds a publisher back: its outbox makes room).
     pub(in crate::broker) fn outbox_full_for(&self, topic: &str, weight: usize) -> bool {
         let Some(c) = &self.cluster else { return false };
         let mut nodes = Vec::new();
         c.table.nodes_for(topic, &mut nodes);
-        nodes
-            .iter()
-            .any(|n| c.peers.get(n).is_some_and(|p| !p.outbox.has_room(weight)))
+        nodes.iter().any(|n| {
+            c.peers
+                .get(n)
+                .is_some_and(|p| p.connected && !p.outbox.has_room(weight))
+        })
     }
 
     /// Send a locally published message to every node that has a matching subscriber, once.
@@ -75,9 +78,22 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
                 continue;
             }
-            match peer.outbox.push(forward.clone()) {
-                Ok(queued) => {
+            let pushed = if peer.connected {
+                peer.outbox.push(forward.clone()).map(|q| (q, Vec::new()))
+            } else {
+                peer.outbox.push_evicting(forward.clone())
+            };
+            match pushed {
+                Ok((queued, evicted)) => {
                     peer.forwarded_to += 1;
+                    self.stats.dropped_peer_absent += evicted.len() as u64;
+                    for seq in evicted {
+                        let key = Key::Outbox {
+                            peer: node.to_string(),
+                            seq,
+                        };
+                        self.persist(key.encode(), None);
+                    }
                     let mut value = BytesMut::new();
                     if link::encode(&Frame::Forward(queued.clone()), &mut value).is_ok() {
                         let key = Key::Outbox {

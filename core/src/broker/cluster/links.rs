@@ -1,5 +1,6 @@
 //! The link to each peer: sessions up and down, and every frame a peer sends.
 
+use super::trust::{PeerFault, foreign_origin};
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::link::{DigestEntry, Frame, LINK_PROTOCOL_VERSION};
@@ -8,13 +9,19 @@ use crate::routes::{DeltaOutcome, NodeId, RoutePosition, SnapshotOutcome};
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(in crate::broker) fn on_peer_up(&mut self, peer: NodeId) {
+        let now = self.now;
         let Some(c) = &mut self.cluster else { return };
         if peer == c.owner.node {
+            return;
+        }
+        if !c.admits(&peer) {
+            self.peer_fault(&peer, PeerFault::TooManyNodes);
             return;
         }
         let p = c.peer(&peer);
         p.connected = true;
         p.congested = false;
+        p.last_heard = Some(now);
         c.routes.add_peer(peer.clone());
         let hello = Frame::Hello {
             node: c.owner.node.clone(),
@@ -40,10 +47,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     pub(in crate::broker) fn on_peer_down(&mut self, peer: NodeId) {
+        let now = self.now;
         let Some(c) = &mut self.cluster else { return };
         if let Some(p) = c.peers.get_mut(&peer) {
             p.connected = false;
             p.congested = false;
+            p.last_heard = Some(now);
             p.outbox.link_down();
         }
         if !c.fences.is_empty() {
@@ -51,8 +60,23 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
+    /// A frame from `peer`, which the shell authenticated (the link session's remote end, or
+    /// the author of a gossiped broadcast).
     pub(in crate::broker) fn on_peer_frame(&mut self, peer: NodeId, frame: Frame) {
+        let now = self.now;
         let Some(c) = &mut self.cluster else { return };
+        if peer == c.owner.node {
+            return;
+        }
+        if !c.admits(&peer) {
+            self.peer_fault(&peer, PeerFault::TooManyNodes);
+            return;
+        }
+        if let Some(kind) = foreign_origin(&c.owner.node, &peer, &frame) {
+            self.peer_fault(&peer, PeerFault::NotOwner(kind));
+            return;
+        }
+        c.peer(&peer).last_heard = Some(now);
         match frame {
             Frame::Hello {
                 region, protocol, ..
@@ -63,9 +87,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 c.peer(&peer).region = Some(region);
             }
             Frame::RouteDelta(delta) => {
-                if delta.owner.node == c.owner.node {
-                    return;
-                }
                 let owner = delta.owner.clone();
                 let outcome = c.table.apply_delta(&delta);
                 self.persist_replica(&owner.node, matches!(outcome, DeltaOutcome::Applied { .. }));
@@ -86,6 +107,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     DeltaOutcome::NeedSnapshot => {
                         self.send_to_peer(owner.node, Frame::SnapshotRequest)
                     }
+                    DeltaOutcome::OverLimit(limit) => {
+                        self.peer_fault(&peer, PeerFault::OverLimit(limit.into()))
+                    }
                     DeltaOutcome::Duplicate | DeltaOutcome::Stale => {}
                 }
             }
@@ -104,9 +128,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             Frame::SnapshotRequest => self.send_snapshot(&peer),
             Frame::SnapshotChunk(chunk) => {
-                if chunk.owner.node == c.owner.node {
-                    return;
-                }
                 let owner = chunk.owner.clone();
                 let outcome = c.table.apply_snapshot_chunk(&chunk);
                 let installed = matches!(outcome, SnapshotOutcome::Installed { .. });
@@ -117,6 +138,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     }
                     SnapshotOutcome::Corrupt => {
                         self.send_to_peer(owner.node, Frame::SnapshotRequest)
+                    }
+                    SnapshotOutcome::OverLimit(limit) => {
+                        self.peer_fault(&peer, PeerFault::OverLimit(limit.into()))
                     }
                     SnapshotOutcome::InProgress | SnapshotOutcome::Stale => {}
                 }
@@ -137,7 +161,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.pump_outbox(&peer);
             }
             Frame::KeepAlive => {}
-            Frame::Retained(update) => self.apply_retained_update(update),
+            Frame::Retained(update) => self.apply_retained_update(&peer, update),
             Frame::RetainedDigest { hash, entries } => {
                 if c.retained.digest() != (RetainedDigest { hash, entries }) {
                     self.send_retained_snapshot(&peer);
@@ -145,9 +169,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             Frame::RetainedSnapshot(updates) => {
                 for update in updates {
-                    self.apply_retained_update(update);
+                    self.apply_retained_update(&peer, update);
                 }
             }
+            Frame::Forget { node, incarnation } => self.on_forget(&peer, &node, incarnation),
         }
     }
 

@@ -12,11 +12,16 @@ mod fence;
 use fence::Fence;
 mod forward;
 mod links;
+mod membership;
 mod records;
 mod retained;
 mod routes;
+mod trust;
 
-use crate::broker::io::Output;
+pub use membership::{ForgetError, ForgetReason, Forgotten};
+pub use trust::{PeerFault, PeerLimit, PeerLimits};
+
+use crate::broker::io::{Output, Timestamp};
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
 use crate::link::{DigestEntry, Frame, Inbox, Outbox, OutboxLimits};
 use crate::retained::{Hlc, LwwMap};
@@ -39,11 +44,24 @@ pub struct ClusterConfig {
     pub tombstone_budget: usize,
     /// Filters per route snapshot chunk; also the retained writes per retained snapshot chunk.
     pub snapshot_chunk_filters: usize,
-    /// Per-peer outbox of QoS 1/2 forwards. When one is full, a QoS 1/2 PUBLISH that a node
-    /// behind it wants is refused with 0x97 (MQTT 5.0) so that nothing acknowledged is lost;
-    /// an MQTT 3.1.1 publisher cannot be told, so the forward to that node is dropped and
-    /// counted (`Stats::dropped_outbox_full`).
+    /// Per-peer outbox of QoS 1/2 forwards. When the outbox of a connected peer is full, a
+    /// QoS 1/2 PUBLISH that the peer wants is refused with 0x97 (MQTT 5.0) so that nothing
+    /// acknowledged is lost; an MQTT 3.1.1 publisher cannot be told, so the forward to that
+    /// node is dropped and counted (`Stats::dropped_outbox_full`). A peer whose link is down
+    /// never makes a publisher wait or fail: its outbox keeps the newest messages within the
+    /// bounds and drops the oldest (`Stats::dropped_peer_absent`).
     pub outbox: OutboxLimits,
+    /// Nodes this node keeps state for (links, route sets, outboxes); frames from a node
+    /// beyond them are refused and its session cut.
+    pub max_nodes: usize,
+    /// What each peer may make this node hold.
+    pub peer_limits: PeerLimits,
+    /// A node without a link to this one for this long is forgotten: its routes withdrawn,
+    /// what waited for it dropped ([`Broker::forget_peer`] does it at once).
+    pub peer_expiry_ms: u64,
+    /// Retained writes stamped further than this ahead of this node's clock are refused, so
+    /// that a node with a wrong clock cannot make its writes win for ever.
+    pub max_clock_drift_ms: u64,
     /// Subscription fence: hold the SUBACK of a SUBSCRIBE until every peer whose link is up
     /// has applied the route change that makes this node want the new filters, so that a
     /// message published on any node after the client got its SUBACK reaches it. Costs a
@@ -76,6 +94,10 @@ impl ClusterConfig {
                 max_messages: 100_000,
                 max_bytes: 256 * 1024 * 1024,
             },
+            max_nodes: 256,
+            peer_limits: PeerLimits::default(),
+            peer_expiry_ms: 24 * 60 * 60 * 1000,
+            max_clock_drift_ms: 60_000,
             subscribe_fence: false,
             subscribe_fence_max_ms: 10_000,
             subscribe_fence_max_held: 100_000,
@@ -120,6 +142,26 @@ struct Peer {
     announced_version: u64,
     forwarded_to: u64,
     forwarded_from: u64,
+    /// When the link last went up or down, or a frame came; `None` until first seen absent.
+    last_heard: Option<Timestamp>,
+    /// Kinds of [`PeerFault`] already reported.
+    faults_reported: u8,
+}
+
+/// A node forgotten here, remembered so that forwards to it continue their numbering if it
+/// comes back (its inbox remembers the earlier numbers).
+#[derive(Debug)]
+struct ForgottenNode {
+    node: NodeId,
+    incarnation: u64,
+    next_seq: u64,
+}
+
+/// Retained messages a node wrote (as their stamps say), held here.
+#[derive(Debug, Clone, Copy, Default)]
+struct RetainedUsage {
+    messages: usize,
+    bytes: usize,
 }
 
 #[derive(Debug)]
@@ -136,7 +178,12 @@ pub(super) struct Cluster {
     fences: VecDeque<Fence>,
     /// Clock of retained writes, and the stamp of every topic's last write.
     hlc: Hlc,
-    retained: LwwMap<()>,
+    /// The winning write per topic, with the topic and payload bytes of its message.
+    retained: LwwMap<usize>,
+    /// Per writer other than this node.
+    retained_usage: BTreeMap<NodeId, RetainedUsage>,
+    /// Oldest first, at most [`membership::FORGOTTEN_KEPT`].
+    forgotten: VecDeque<ForgottenNode>,
 }
 
 impl Cluster {
@@ -147,7 +194,9 @@ impl Cluster {
         };
         Self {
             routes: RouteLog::new(owner.clone(), config.tombstone_budget),
-            table: RouteTable::new(seed).journal(),
+            table: RouteTable::new(seed)
+                .journal()
+                .with_limits(config.peer_limits.replica()),
             owner,
             peers: BTreeMap::new(),
             inbox: Inbox::default(),
@@ -156,6 +205,8 @@ impl Cluster {
             fences: VecDeque::new(),
             hlc: Hlc::default(),
             retained: LwwMap::new(),
+            retained_usage: BTreeMap::new(),
+            forgotten: VecDeque::new(),
             config,
         }
     }
@@ -171,15 +222,45 @@ impl Cluster {
 
     fn peer(&mut self, node: &NodeId) -> &mut Peer {
         let limits = self.config.outbox;
-        self.peers.entry(node.clone()).or_insert_with(|| Peer {
-            connected: false,
-            congested: false,
-            region: None,
-            outbox: Outbox::new(limits),
-            announced_version: 0,
-            forwarded_to: 0,
-            forwarded_from: 0,
+        let forgotten = &mut self.forgotten;
+        self.peers.entry(node.clone()).or_insert_with(|| {
+            let next_seq = forgotten
+                .iter()
+                .position(|f| f.node == *node)
+                .and_then(|at| forgotten.remove(at))
+                .map_or(1, |f| f.next_seq);
+            Peer {
+                connected: false,
+                congested: false,
+                region: None,
+                outbox: Outbox::starting_at(limits, next_seq),
+                announced_version: 0,
+                forwarded_to: 0,
+                forwarded_from: 0,
+                last_heard: None,
+                faults_reported: 0,
+            }
         })
+    }
+
+    /// Whether this node keeps state for `node`: one it knows, or a new one while there is
+    /// room ([`ClusterConfig::max_nodes`]).
+    fn admits(&self, node: &NodeId) -> bool {
+        self.peers.contains_key(node)
+            || self.table.replica(node).is_some()
+            || self.peers.len() < self.config.max_nodes
+    }
+
+    fn remember_forgotten(&mut self, node: NodeId, incarnation: u64, next_seq: u64) {
+        self.forgotten.retain(|f| f.node != node);
+        self.forgotten.push_back(ForgottenNode {
+            node,
+            incarnation,
+            next_seq,
+        });
+        while self.forgotten.len() > membership::FORGOTTEN_KEPT {
+            self.forgotten.pop_front();
+        }
     }
 
     fn own_digest(&self) -> Frame {
@@ -200,6 +281,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let first_digest = self.now.plus_ms(cluster.config.digest_interval_ms);
         self.cluster = Some(Box::new(cluster));
         self.timers.insert((first_digest, Timer::Digest));
+        self.arm_peer_expiry(self.now);
     }
 
     /// Peers this node knows, for admin listings and metrics.

@@ -69,10 +69,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 let (stamp, deleted) = crate::broker::persist::decode_stamp(value)?;
                 c.hlc.observe(stamp.hlc, 0);
                 // A stamp whose message is gone (expired while the node was down) is dropped.
-                let live = self.retained.get(topic).is_some();
-                if deleted || live {
+                let weight = self
+                    .retained
+                    .get(topic)
+                    .map(|m| m.topic.len() + m.payload.len());
+                if deleted || weight.is_some() {
                     let c = self.cluster.as_mut().expect("checked above");
-                    c.retained.apply(topic, stamp, (!deleted).then_some(()));
+                    let weight = weight.filter(|_| !deleted);
+                    c.account_retained(topic, &stamp, weight);
+                    c.retained.apply(topic, stamp, weight);
                 } else {
                     self.persist(key.encode(), None);
                 }

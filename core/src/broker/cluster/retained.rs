@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::Cluster;
 use super::forward::link_publish;
+use super::trust::{PeerFault, PeerLimit};
 use crate::broker::message::Message;
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker};
@@ -30,8 +32,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             stamp: stamp.clone(),
             message: (!deleted).then(|| link_publish(message, now)),
         };
+        let weight = message.topic.len() + message.payload.len();
+        c.account_retained(&message.topic, &stamp, (!deleted).then_some(weight));
         c.retained
-            .apply(&message.topic, stamp.clone(), (!deleted).then_some(()));
+            .apply(&message.topic, stamp.clone(), (!deleted).then_some(weight));
         let peers = c.connected_peers();
         self.persist_stamp(&message.topic, &stamp, deleted);
         self.prune_retained_tombstones();
@@ -61,22 +65,44 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// A retained write from another node: stored if it is newer than what this node has.
-    pub(super) fn apply_retained_update(&mut self, update: RetainedUpdate) {
+    /// A retained write that `sender` sent (its own, or one it relays in a snapshot): stored if
+    /// it is newer than what this node has, within the clock and size bounds.
+    pub(super) fn apply_retained_update(&mut self, sender: &NodeId, update: RetainedUpdate) {
         let now = self.now;
         if !self.config.retain_available {
             return;
         }
         let Some(c) = &mut self.cluster else { return };
-        c.hlc.observe(update.stamp.hlc, now.as_millis());
-        let deleted = update.message.is_none();
-        if !c.retained.apply(
-            &update.topic,
-            update.stamp.clone(),
-            (!deleted).then_some(()),
-        ) {
+        let ahead_ms = update.stamp.hlc.wall_ms.saturating_sub(now.as_millis());
+        if ahead_ms > c.config.max_clock_drift_ms {
+            self.peer_fault(sender, PeerFault::ClockAhead);
             return;
         }
+        let deleted = update.message.is_none();
+        let weight = update.topic.len() + update.message.as_ref().map_or(0, |m| m.payload.len());
+        if c.retained
+            .get(&update.topic)
+            .is_some_and(|e| e.stamp >= update.stamp)
+        {
+            return;
+        }
+        if !deleted && let Some(limit) = c.retained_over_limit(&update.stamp.node, weight) {
+            // The writer's own frames cost it its session; a relayed write is only dropped.
+            let fault = PeerFault::OverLimit(limit);
+            if update.stamp.node == *sender {
+                self.peer_fault(sender, fault);
+            } else {
+                self.stats.peer_frames_over_limit += 1;
+            }
+            return;
+        }
+        c.hlc.observe(update.stamp.hlc, now.as_millis());
+        c.account_retained(&update.topic, &update.stamp, (!deleted).then_some(weight));
+        c.retained.apply(
+            &update.topic,
+            update.stamp.clone(),
+            (!deleted).then_some(weight),
+        );
         self.persist_stamp(&update.topic, &update.stamp, deleted);
         self.prune_retained_tombstones();
         let mut message = match update.message {
@@ -125,7 +151,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for (topic, entry) in c.retained.iter() {
             let message = match entry.value {
                 None => None,
-                Some(()) => match self.retained.get(topic) {
+                Some(_) => match self.retained.get(topic) {
                     Some(m) if !m.is_expired(now) => Some(link_publish(m, now)),
                     // Not stored here (expired, or the store was full): nothing to offer.
                     _ => continue,
@@ -153,7 +179,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// A retained message expired here: its stamp goes too (every node expires it by itself).
     pub(in crate::broker) fn retained_expired(&mut self, topic: &str) {
         let Some(c) = &mut self.cluster else { return };
-        if c.retained.forget(topic).is_some() {
+        if let Some(old) = c.retained.forget(topic) {
+            c.unaccount_retained(&old.stamp.node, old.value);
             let key = Key::RetainedStamp {
                 topic: topic.to_owned(),
             };
@@ -165,5 +192,50 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// (hash, entries with tombstones). `None` outside cluster mode.
     pub fn retained_digest(&self) -> Option<RetainedDigest> {
         Some(self.cluster.as_ref()?.retained.digest())
+    }
+}
+
+impl Cluster {
+    /// Which bound a new write of `weight` bytes by `writer` would break.
+    fn retained_over_limit(&self, writer: &NodeId, weight: usize) -> Option<PeerLimit> {
+        if *writer == self.owner.node {
+            return None;
+        }
+        let limits = &self.config.peer_limits;
+        let usage = self.retained_usage.get(writer).copied().unwrap_or_default();
+        if usage.messages >= limits.max_retained_messages {
+            Some(PeerLimit::RetainedMessages)
+        } else if usage.bytes.saturating_add(weight) > limits.max_retained_bytes {
+            Some(PeerLimit::RetainedBytes)
+        } else {
+            None
+        }
+    }
+
+    /// Move the accounting of `topic` to the write about to win it (`weight`: its message's
+    /// bytes; `None` for a delete).
+    pub(super) fn account_retained(&mut self, topic: &str, stamp: &Stamp, weight: Option<usize>) {
+        if let Some(old) = self.retained.get(topic) {
+            let (node, value) = (old.stamp.node.clone(), old.value);
+            self.unaccount_retained(&node, value);
+        }
+        if let Some(weight) = weight
+            && stamp.node != self.owner.node
+        {
+            let usage = self.retained_usage.entry(stamp.node.clone()).or_default();
+            usage.messages += 1;
+            usage.bytes += weight;
+        }
+    }
+
+    fn unaccount_retained(&mut self, writer: &NodeId, weight: Option<usize>) {
+        let Some(weight) = weight else { return };
+        if let Some(usage) = self.retained_usage.get_mut(writer) {
+            usage.messages = usage.messages.saturating_sub(1);
+            usage.bytes = usage.bytes.saturating_sub(weight);
+            if usage.messages == 0 {
+                self.retained_usage.remove(writer);
+            }
+        }
     }
 }

@@ -1,0 +1,214 @@
+//! Nodes that leave: forgotten by an operator's command ([`Broker::forget_peer`]), by an
+//! announcement of another node's operator ([`Frame::Forget`]), or by themselves after
+//! [`super::ClusterConfig::peer_expiry_ms`] without a link. Forgetting a node withdraws its
+//! routes and drops what waited for it (counted); a forgotten node that comes back is met as a
+//! new member: its route set is copied afresh, and forwards to it continue their numbering.
+
+use crate::broker::io::{Event, Timestamp};
+use crate::broker::persist::Key;
+use crate::broker::{Authenticator, Authorizer, Broker, Timer};
+use crate::link::Frame;
+use crate::routes::NodeId;
+
+/// Why a node was forgotten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForgetReason {
+    /// An operator asked this node ([`Broker::forget_peer`]).
+    Command,
+    /// It had no link to this node for [`super::ClusterConfig::peer_expiry_ms`].
+    Expired,
+    /// An operator asked another node, which told this one ([`Frame::Forget`]).
+    Announced {
+        /// The node that announced it.
+        by: NodeId,
+    },
+}
+
+/// What forgetting a node dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Filters of its route set withdrawn here.
+    pub routes: usize,
+    /// Forwards that waited for it, dropped (`Stats::dropped_peer_forgotten`).
+    pub dropped_messages: usize,
+}
+
+/// Why a node cannot be forgotten.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForgetError {
+    /// The broker is not a node of a deployment.
+    #[error("this broker is not clustered")]
+    NotClustered,
+    /// This node.
+    #[error("a node cannot forget itself")]
+    Myself,
+    /// A node this node knows nothing of.
+    #[error("unknown node")]
+    Unknown,
+    /// A node whose link is up: it has not left.
+    #[error("the node is connected; stop it first")]
+    Connected,
+}
+
+/// Forgotten nodes whose forward numbering is remembered, at most.
+pub(super) const FORGOTTEN_KEPT: usize = 1_024;
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Forget a node that left the deployment for good: withdraw its routes, drop the forwards
+    /// waiting for it (counted), and tell the other nodes to do the same. Refused for a node
+    /// whose link is up.
+    pub fn forget_peer(&mut self, node: &NodeId) -> Result<Forgotten, ForgetError> {
+        let forgotten = self.forget(node, ForgetReason::Command)?;
+        let incarnation = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.forgotten.iter().find(|f| f.node == *node))
+            .map_or(0, |f| f.incarnation);
+        self.outputs
+            .push_back(crate::broker::io::Output::Broadcast {
+                frame: Frame::Forget {
+                    node: node.clone(),
+                    incarnation,
+                },
+            });
+        Ok(forgotten)
+    }
+
+    fn forget(&mut self, node: &NodeId, reason: ForgetReason) -> Result<Forgotten, ForgetError> {
+        let Some(c) = &mut self.cluster else {
+            return Err(ForgetError::NotClustered);
+        };
+        if *node == c.owner.node {
+            return Err(ForgetError::Myself);
+        }
+        let replica = c.table.replica(node).map(|r| (r.len(), r.incarnation));
+        let Some(peer) = c.peers.remove(node) else {
+            if replica.is_none() {
+                return Err(ForgetError::Unknown);
+            }
+            return Ok(self.withdraw(node, reason, 0, 1, replica));
+        };
+        if peer.connected {
+            c.peers.insert(node.clone(), peer);
+            return Err(ForgetError::Connected);
+        }
+        let dropped: Vec<u64> = peer.outbox.seqs().collect();
+        for seq in &dropped {
+            let key = Key::Outbox {
+                peer: node.to_string(),
+                seq: *seq,
+            };
+            self.persist(key.encode(), None);
+        }
+        let next_seq = peer.outbox.next_seq();
+        Ok(self.withdraw(node, reason, dropped.len(), next_seq, replica))
+    }
+
+    /// The rest of forgetting `node`, once its peer state is gone.
+    fn withdraw(
+        &mut self,
+        node: &NodeId,
+        reason: ForgetReason,
+        dropped: usize,
+        next_seq: u64,
+        replica: Option<(usize, u64)>,
+    ) -> Forgotten {
+        let Some(c) = &mut self.cluster else {
+            return Forgotten {
+                routes: 0,
+                dropped_messages: 0,
+            };
+        };
+        let (routes, incarnation) = replica.unwrap_or((0, 0));
+        c.table.remove_node(node);
+        c.routes.remove_peer(node);
+        c.remember_forgotten(node.clone(), incarnation, next_seq);
+        self.persist_replica(node, false);
+        self.persist(
+            Key::ReplicaPosition {
+                node: node.to_string(),
+            }
+            .encode(),
+            None,
+        );
+        self.stats.dropped_peer_forgotten += dropped as u64;
+        self.stats.peers_forgotten += 1;
+        self.event(Event::PeerForgotten {
+            peer: node.clone(),
+            reason,
+            routes,
+            dropped_messages: dropped,
+        });
+        self.release_fences();
+        Forgotten {
+            routes,
+            dropped_messages: dropped,
+        }
+    }
+
+    /// Another node's operator forgot `node`: forget it too, unless this node can reach it or
+    /// knows a later incarnation of it.
+    pub(super) fn on_forget(&mut self, from: &NodeId, node: &NodeId, incarnation: u64) {
+        let Some(c) = &self.cluster else { return };
+        if *node == c.owner.node || node == from {
+            return;
+        }
+        if c.peers.get(node).is_some_and(|p| p.connected) {
+            return;
+        }
+        if c.table
+            .replica(node)
+            .is_some_and(|r| r.incarnation > incarnation)
+        {
+            return;
+        }
+        let reason = ForgetReason::Announced { by: from.clone() };
+        // Unknown here already: nothing to do.
+        let _ = self.forget(node, reason);
+    }
+
+    /// Forget the nodes that had no link for the expiry time, and check again later.
+    pub(in crate::broker) fn fire_peer_expiry(&mut self) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        let expiry = c.config.peer_expiry_ms;
+        // Route sets restored from storage of nodes that never came back count as absent too.
+        let orphans: Vec<NodeId> = c
+            .table
+            .replicas()
+            .map(|(n, _)| n.clone())
+            .filter(|n| !c.peers.contains_key(n))
+            .collect();
+        for node in orphans {
+            c.peer(&node);
+        }
+        let mut expired = Vec::new();
+        for (node, p) in c.peers.iter_mut().filter(|(_, p)| !p.connected) {
+            match p.last_heard {
+                Some(at) if now.millis_since(at) >= expiry => expired.push(node.clone()),
+                Some(_) => {}
+                // Absent since it became known (from storage, or by gossip): from now on.
+                None => p.last_heard = Some(now),
+            }
+        }
+        let next = now.plus_ms(expiry_check_ms(expiry));
+        self.timers.insert((next, Timer::PeerExpiry));
+        for node in expired {
+            let _ = self.forget(&node, ForgetReason::Expired);
+        }
+    }
+
+    /// Arm the first expiry check.
+    pub(super) fn arm_peer_expiry(&mut self, now: Timestamp) {
+        if let Some(c) = &self.cluster {
+            let at = now.plus_ms(expiry_check_ms(c.config.peer_expiry_ms));
+            self.timers.insert((at, Timer::PeerExpiry));
+        }
+    }
+}
+
+/// How often absent nodes are checked: a quarter of the expiry time, within 100 ms and a
+/// minute, so that a node is forgotten at most a quarter (or a minute) late.
+fn expiry_check_ms(expiry_ms: u64) -> u64 {
+    (expiry_ms / 4).clamp(100, 60_000)
+}

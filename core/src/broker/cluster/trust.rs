@@ -1,0 +1,170 @@
+//! What a peer can make this node believe or hold. Holding the deployment's key makes a node
+//! a member, not the owner of anything but its own state: every frame that names an origin is
+//! accepted only from that origin ([`foreign_origin`]), the number of nodes is bounded, and so
+//! is what each one can make this node hold ([`PeerLimits`]). A peer past a bound has its
+//! link session cut ([`Output::CutPeer`]); every refusal is counted, and reported once per
+//! peer and kind ([`Event::PeerFault`]).
+
+use crate::broker::io::{Event, Output};
+use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::link::{Frame, FrameKind};
+use crate::routes::{NodeId, ReplicaLimit, ReplicaLimits};
+
+/// What one peer may make this node hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerLimits {
+    /// Filters in the peer's route set.
+    pub max_filters: usize,
+    /// Bytes of the peer's route deltas held while an earlier one is missing.
+    pub max_pending_delta_bytes: usize,
+    /// Bytes of a route snapshot of the peer's being assembled.
+    pub max_snapshot_bytes: usize,
+    /// Retained messages written by the peer (as their stamps say) held here.
+    pub max_retained_messages: usize,
+    /// Topic and payload bytes of those retained messages.
+    pub max_retained_bytes: usize,
+}
+
+impl Default for PeerLimits {
+    fn default() -> Self {
+        Self {
+            max_filters: 1_000_000,
+            max_pending_delta_bytes: 16 * 1024 * 1024,
+            max_snapshot_bytes: 128 * 1024 * 1024,
+            max_retained_messages: 100_000,
+            max_retained_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl PeerLimits {
+    /// The bounds of one route-set replica.
+    pub fn replica(&self) -> ReplicaLimits {
+        ReplicaLimits {
+            max_filters: self.max_filters,
+            max_pending_bytes: self.max_pending_delta_bytes,
+            max_snapshot_bytes: self.max_snapshot_bytes,
+        }
+    }
+}
+
+/// Which of the [`PeerLimits`] a peer went past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PeerLimit {
+    /// [`PeerLimits::max_filters`].
+    Filters,
+    /// [`PeerLimits::max_pending_delta_bytes`].
+    PendingDeltas,
+    /// [`PeerLimits::max_snapshot_bytes`].
+    SnapshotBytes,
+    /// [`PeerLimits::max_retained_messages`].
+    RetainedMessages,
+    /// [`PeerLimits::max_retained_bytes`].
+    RetainedBytes,
+}
+
+impl From<ReplicaLimit> for PeerLimit {
+    fn from(limit: ReplicaLimit) -> Self {
+        match limit {
+            ReplicaLimit::Filters => PeerLimit::Filters,
+            ReplicaLimit::PendingDeltas => PeerLimit::PendingDeltas,
+            ReplicaLimit::SnapshotBytes => PeerLimit::SnapshotBytes,
+        }
+    }
+}
+
+/// Why a frame from a peer was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PeerFault {
+    /// The frame named another node as its origin (owner, author or writer): dropped.
+    NotOwner(FrameKind),
+    /// Applying it would take the peer past a bound: dropped, and the session cut.
+    OverLimit(PeerLimit),
+    /// A retained write stamped further ahead of this node's clock than
+    /// [`super::ClusterConfig::max_clock_drift_ms`]: dropped.
+    ClockAhead,
+    /// A node this node has no room for ([`super::ClusterConfig::max_nodes`]): dropped, and
+    /// the session cut.
+    TooManyNodes,
+}
+
+impl PeerFault {
+    /// Whether the peer's link session is cut.
+    fn cuts(self) -> bool {
+        matches!(self, PeerFault::OverLimit(_) | PeerFault::TooManyNodes)
+    }
+
+    /// One bit per kind of fault, to report each once per peer.
+    fn bit(self) -> u8 {
+        match self {
+            PeerFault::NotOwner(_) => 1,
+            PeerFault::OverLimit(_) => 2,
+            PeerFault::ClockAhead => 4,
+            PeerFault::TooManyNodes => 8,
+        }
+    }
+}
+
+/// The kind of `frame` if it names an origin other than the peer that sent it (`peer`), as
+/// seen by node `me`. Route deltas, snapshot chunks, retained writes and forwards are the
+/// sender's own; a hello names the sender; a digest speaks of the sender's route set or of the
+/// receiver's; acknowledgements speak of the receiver's. A forget announcement speaks of a third
+/// node, and is honoured only by nodes that cannot reach it ([`Frame::Forget`]). Retained
+/// snapshots may relay other
+/// nodes' writes (a node that was away learns writes of nodes it cannot reach yet): they are
+/// held to the same clock and size bounds instead.
+pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Option<FrameKind> {
+    let own = match frame {
+        Frame::Hello { node, .. } => node == peer,
+        Frame::RouteDelta(delta) => delta.owner.node == *peer,
+        Frame::SnapshotChunk(chunk) => chunk.owner.node == *peer,
+        Frame::Digest(entries) => entries
+            .iter()
+            .all(|e| e.owner.node == *peer || e.owner.node == *me),
+        Frame::Forward(forward) => forward.origin.node == *peer,
+        Frame::Retained(update) => update.stamp.node == *peer,
+        Frame::RouteAck { owner, .. } => owner.node == *me,
+        Frame::ForwardAck { origin, .. } => origin.node == *me,
+        Frame::SnapshotRequest
+        | Frame::Forget { .. }
+        | Frame::KeepAlive
+        | Frame::RetainedDigest { .. }
+        | Frame::RetainedSnapshot(_) => true,
+    };
+    (!own).then(|| frame.kind())
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Count a refused frame, report it the first time per peer and kind, and cut the peer's
+    /// session if the fault calls for it.
+    pub(super) fn peer_fault(&mut self, peer: &NodeId, fault: PeerFault) {
+        let stats = &mut self.stats;
+        match fault {
+            PeerFault::NotOwner(_) => stats.peer_frames_not_owner += 1,
+            PeerFault::OverLimit(_) => stats.peer_frames_over_limit += 1,
+            PeerFault::ClockAhead => stats.peer_frames_clock_ahead += 1,
+            PeerFault::TooManyNodes => stats.peer_frames_too_many_nodes += 1,
+        }
+        let Some(c) = &mut self.cluster else { return };
+        let first = match c.peers.get_mut(peer) {
+            Some(p) => {
+                let first = p.faults_reported & fault.bit() == 0;
+                p.faults_reported |= fault.bit();
+                first
+            }
+            // A node not admitted: reported every time it tries (it is cut each time).
+            None => true,
+        };
+        if first {
+            self.event(Event::PeerFault {
+                peer: peer.clone(),
+                fault,
+            });
+        }
+        if fault.cuts() {
+            self.stats.peer_sessions_cut += 1;
+            self.outputs
+                .push_back(Output::CutPeer { peer: peer.clone() });
+        }
+    }
+}

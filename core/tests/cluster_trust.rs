@@ -1,0 +1,537 @@
+//! Members that leave and peers that cannot lie: every frame that names an origin is taken
+//! only from that origin, what a peer can make a node hold is bounded, a node that left is
+//! forgotten (by command, announcement or expiry) and never holds publishers back, clocks far
+//! ahead are refused, and forwarded messages meet the receiving node's access rules.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::mesh::{Mesh, id};
+use common::*;
+use meridian_core::acl::{Acl, Action, Permission, Rule};
+use meridian_core::broker::{AllowAll, ForgetError, ForgetReason, PeerFault, PeerLimit};
+use meridian_core::codec::{Packet, Publish, QoS, ReasonCode};
+use meridian_core::link::{DigestEntry, Forward, Frame, FrameKind, OutboxLimits, RetainedUpdate};
+use meridian_core::retained::{Hlc, Stamp};
+use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
+use meridian_core::{Config, Event};
+
+fn owner(name: &str, incarnation: u64) -> Owner {
+    Owner {
+        node: id(name),
+        incarnation,
+    }
+}
+
+fn delta(of: &str, incarnation: u64, filters: &[&str]) -> RouteDelta {
+    let changes: Vec<RouteChange> = filters
+        .iter()
+        .enumerate()
+        .map(|(i, f)| RouteChange {
+            version: i as u64 + 1,
+            filter: Arc::from(*f),
+            op: RouteOp::Add,
+        })
+        .collect();
+    RouteDelta {
+        owner: owner(of, incarnation),
+        after: 0,
+        changes,
+        hash: meridian_core::routes::set_hash(filters.iter().copied()),
+    }
+}
+
+fn message(topic: &str, payload: &[u8], qos: QoS) -> Publish {
+    Publish {
+        dup: false,
+        qos,
+        retain: false,
+        topic: topic.into(),
+        packet_id: (qos != QoS::AtMostOnce).then_some(1),
+        payload: Bytes::copy_from_slice(payload),
+        properties: Default::default(),
+    }
+}
+
+fn faults(w: &World) -> Vec<(String, PeerFault)> {
+    w.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::PeerFault { peer, fault } => Some((peer.to_string(), *fault)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn puback_reasons(w: &mut World, conn: meridian_core::ConnId) -> Vec<ReasonCode> {
+    w.recv(conn)
+        .iter()
+        .filter_map(|p| match p {
+            Packet::PubAck(a) => Some(a.reason),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Three nodes; `a` has a subscriber to `a/#`, which `b` and `c` replicate.
+fn three() -> (Mesh, meridian_core::ConnId) {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "a/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    (mesh, sub)
+}
+
+#[test]
+fn a_peer_cannot_write_another_nodes_routes() {
+    let (mut mesh, _) = three();
+    // `b` holds the key, and claims to speak for `a` with an incarnation no one can beat.
+    mesh.inject(
+        "b",
+        "c",
+        Frame::RouteDelta(delta("a", u64::MAX, &["stolen/#"])),
+    );
+    mesh.inject(
+        "b",
+        "c",
+        Frame::SnapshotChunk(SnapshotChunk {
+            owner: owner("a", u64::MAX),
+            version: 1,
+            hash: 0,
+            index: 0,
+            count: 1,
+            filters: Vec::new(),
+        }),
+    );
+    mesh.settle();
+    let c = mesh.node("c");
+    assert_eq!(c.broker.replicated_routes(&id("a")), vec!["a/#".to_owned()]);
+    assert_eq!(c.broker.nodes_for("a/x"), vec![id("a")]);
+    assert!(c.broker.nodes_for("stolen/x").is_empty());
+    assert_eq!(c.broker.stats().peer_frames_not_owner, 2);
+    assert_eq!(
+        faults(c),
+        vec![("b".to_owned(), PeerFault::NotOwner(FrameKind::RouteDelta))],
+        "reported once per peer and kind"
+    );
+    assert!(
+        c.cut_peers.is_empty(),
+        "a forged origin is dropped, not cut"
+    );
+}
+
+#[test]
+fn a_spoofed_forward_origin_cannot_poison_the_duplicate_marks() {
+    let (mut mesh, sub) = three();
+    // `b` forwards as if it were `c`, with a sequence number far ahead.
+    let forged = Forward {
+        origin: owner("c", 1),
+        seq: u64::MAX - 1,
+        message: message("a/forged", b"x", QoS::AtLeastOnce),
+    };
+    mesh.inject("b", "a", Frame::Forward(forged));
+    assert!(mesh.node("a").received_publishes(sub).is_empty());
+    assert_eq!(mesh.node("a").broker.stats().peer_frames_not_owner, 1);
+    // `c`'s genuine forwards still arrive, once each.
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 1..=3u16 {
+        mesh.node("c")
+            .publish(publisher, "a/real", b"y", QoS::AtLeastOnce, false, i);
+        mesh.settle();
+    }
+    let got = mesh.node("a").received_publishes(sub);
+    assert_eq!(got.len(), 3);
+    assert!(got.iter().all(|p| p.topic == "a/real"));
+}
+
+#[test]
+fn retained_writes_digests_and_hellos_speak_only_for_their_sender() {
+    let (mut mesh, _) = three();
+    let stamp = |node: &str| Stamp {
+        hlc: Hlc {
+            wall_ms: 1_000_000,
+            logical: 0,
+        },
+        node: id(node),
+    };
+    let update = RetainedUpdate {
+        topic: "r".into(),
+        stamp: stamp("a"),
+        message: Some(message("r", b"forged", QoS::AtMostOnce)),
+    };
+    mesh.inject("b", "c", Frame::Retained(update));
+    let digest = Frame::Digest(vec![DigestEntry {
+        owner: owner("a", 9),
+        version: 100,
+        hash: 1,
+    }]);
+    mesh.inject("b", "c", digest);
+    mesh.inject(
+        "b",
+        "c",
+        Frame::Hello {
+            node: id("a"),
+            incarnation: 1,
+            protocol: meridian_core::link::LINK_PROTOCOL_VERSION,
+            region: "elsewhere".into(),
+        },
+    );
+    let c = mesh.node("c");
+    assert_eq!(c.broker.stats().peer_frames_not_owner, 3);
+    assert_eq!(c.broker.retained_digest().unwrap().entries, 0);
+    assert!(
+        !c.peer_out
+            .iter()
+            .any(|(to, f)| *to == Some(id("a")) && *f == Frame::SnapshotRequest),
+        "a forged digest does not make c bother a"
+    );
+    let a = c.broker.peers().into_iter().find(|p| p.node == id("a"));
+    assert_eq!(a.unwrap().region.as_deref(), Some("region-a"));
+}
+
+#[test]
+fn a_peer_past_its_filter_bound_is_cut_and_changes_nothing() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+        c.peer_limits.max_filters = 3;
+    });
+    mesh.inject("a", "b", Frame::RouteDelta(delta("a", 1, &["1", "2"])));
+    assert_eq!(mesh.node("b").broker.replicated_routes(&id("a")).len(), 2);
+    let mut more = delta("a", 1, &["3", "4"]);
+    more.after = 2;
+    for (i, c) in more.changes.iter_mut().enumerate() {
+        c.version = 3 + i as u64;
+    }
+    more.hash = meridian_core::routes::set_hash(["1", "2", "3", "4"]);
+    mesh.inject("a", "b", Frame::RouteDelta(more));
+    let b = mesh.node("b");
+    assert_eq!(b.broker.replicated_routes(&id("a")).len(), 2, "not applied");
+    assert_eq!(b.broker.stats().peer_frames_over_limit, 1);
+    assert_eq!(b.broker.stats().peer_sessions_cut, 1);
+    assert_eq!(b.cut_peers, vec![id("a")]);
+    assert_eq!(
+        faults(b),
+        vec![("a".into(), PeerFault::OverLimit(PeerLimit::Filters))]
+    );
+    // A snapshot past the bound is refused the same way.
+    let chunk = SnapshotChunk {
+        owner: owner("a", 2),
+        version: 4,
+        hash: meridian_core::routes::set_hash(["1", "2", "3", "4"]),
+        index: 0,
+        count: 1,
+        filters: ["1", "2", "3", "4"].into_iter().map(Arc::from).collect(),
+    };
+    mesh.inject("a", "b", Frame::SnapshotChunk(chunk));
+    assert_eq!(mesh.node("b").broker.stats().peer_frames_over_limit, 2);
+    assert_eq!(mesh.node("b").broker.replicated_routes(&id("a")).len(), 2);
+}
+
+#[test]
+fn nodes_beyond_the_bound_are_refused() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| c.max_nodes = 1);
+    for stranger in ["x", "y"] {
+        mesh.inject(
+            stranger,
+            "a",
+            Frame::RouteDelta(delta(stranger, 1, &["s/#"])),
+        );
+    }
+    let a = mesh.node("a");
+    assert!(a.broker.nodes_for("s/1").is_empty());
+    assert_eq!(a.broker.stats().peer_frames_too_many_nodes, 2);
+    assert_eq!(a.broker.peers().len(), 1, "only b");
+}
+
+#[test]
+fn a_retained_write_from_a_clock_far_ahead_is_refused_and_the_clock_does_not_jump() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+        c.max_clock_drift_ms = 1_000;
+    });
+    let now = mesh.node("a").now;
+    let write = |wall_ms: u64, payload: &[u8]| RetainedUpdate {
+        topic: "state".into(),
+        stamp: Stamp {
+            hlc: Hlc {
+                wall_ms,
+                logical: u32::MAX,
+            },
+            node: id("b"),
+        },
+        message: Some(message("state", payload, QoS::AtMostOnce)),
+    };
+    mesh.inject("b", "a", Frame::Retained(write(u64::MAX, b"frozen")));
+    mesh.inject("b", "a", Frame::Retained(write(now + 500, b"near")));
+    let a = mesh.node("a");
+    assert_eq!(a.broker.stats().peer_frames_clock_ahead, 1);
+    assert_eq!(
+        faults(a),
+        vec![("b".into(), PeerFault::ClockAhead)],
+        "reported, not cut"
+    );
+    // a's own later write wins over the one within the drift: its clock was not frozen.
+    a.advance(2_000);
+    let publisher = a.connect(V5, "p");
+    a.publish(publisher, "state", b"mine", QoS::AtMostOnce, true, 0);
+    let sub = a.connect(V5, "s");
+    let got: Vec<Publish> = a
+        .subscribe_collect(sub, "state", Default::default())
+        .into_iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].payload[..], b"mine");
+}
+
+#[test]
+fn a_node_that_left_is_forgotten_by_command_and_publishers_go_on() {
+    let limits = OutboxLimits {
+        window: 10,
+        max_messages: 2,
+        max_bytes: 1 << 20,
+    };
+    let (mut mesh, _) = {
+        let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), move |c| {
+            c.outbox = limits
+        });
+        let sub = mesh.node("a").connect(V5, "sub");
+        mesh.node("a").subscribe(sub, "a/#", QoS::AtLeastOnce);
+        mesh.advance(50);
+        (mesh, sub)
+    };
+    // `a` dies for good.
+    mesh.link_down(&id("a"), &id("b"));
+    mesh.link_down(&id("a"), &id("c"));
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 1..=5u16 {
+        mesh.node("c")
+            .publish(publisher, "a/x", b"m", QoS::AtLeastOnce, false, i);
+    }
+    assert_eq!(
+        puback_reasons(mesh.node("c"), publisher),
+        vec![ReasonCode::SUCCESS; 5],
+        "a node that is not there never refuses a publisher"
+    );
+    let c = mesh.node("c");
+    assert_eq!(c.broker.stats().dropped_peer_absent, 3, "the oldest go");
+    assert_eq!(
+        c.broker.forget_peer(&id("b")),
+        Err(ForgetError::Connected),
+        "b is alive"
+    );
+    assert_eq!(c.broker.forget_peer(&id("zz")), Err(ForgetError::Unknown));
+    let forgotten = c.broker.forget_peer(&id("a")).unwrap();
+    c.drain();
+    assert_eq!((forgotten.routes, forgotten.dropped_messages), (1, 2));
+    assert!(c.broker.nodes_for("a/x").is_empty());
+    assert_eq!(c.broker.stats().dropped_peer_forgotten, 2);
+    assert!(c.broker.peers().iter().all(|p| p.node != id("a")));
+    // The announcement reaches b, which cannot reach a either.
+    mesh.settle();
+    let b = mesh.node("b");
+    assert!(b.broker.nodes_for("a/x").is_empty());
+    assert!(b.events.iter().any(|e| matches!(
+        e,
+        Event::PeerForgotten { peer, reason: ForgetReason::Announced { by }, .. }
+            if *peer == id("a") && *by == id("c")
+    )));
+    // After a restart, nothing of a comes back from storage (no route, no outbox).
+    mesh.crash_and_restart("c");
+    assert!(mesh.node("c").broker.nodes_for("a/x").is_empty());
+    assert!(
+        mesh.node("c")
+            .broker
+            .peers()
+            .iter()
+            .all(|p| p.node != id("a"))
+    );
+}
+
+#[test]
+fn an_announced_forget_is_ignored_by_a_node_that_still_reaches_it() {
+    let (mut mesh, _) = three();
+    mesh.inject(
+        "b",
+        "c",
+        Frame::Forget {
+            node: id("a"),
+            incarnation: 1,
+        },
+    );
+    let c = mesh.node("c");
+    assert_eq!(c.broker.nodes_for("a/x"), vec![id("a")]);
+    assert_eq!(c.broker.stats().peers_forgotten, 0);
+}
+
+#[test]
+fn a_node_absent_past_the_expiry_is_forgotten_by_itself() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+        c.peer_expiry_ms = 10_000;
+    });
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "a/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    mesh.link_down(&id("a"), &id("b"));
+    mesh.node("b").advance(9_000);
+    assert_eq!(mesh.node("b").broker.nodes_for("a/x"), vec![id("a")]);
+    mesh.node("b").advance(4_000);
+    let b = mesh.node("b");
+    assert!(b.broker.nodes_for("a/x").is_empty());
+    assert_eq!(b.broker.stats().peers_forgotten, 1);
+    assert!(b.events.iter().any(|e| matches!(
+        e,
+        Event::PeerForgotten {
+            reason: ForgetReason::Expired,
+            ..
+        }
+    )));
+    // It comes back: its routes are copied afresh and forwards reach it again, once each.
+    mesh.link_up(&id("a"), &id("b"));
+    mesh.advance(6_000);
+    assert_eq!(mesh.node("b").broker.nodes_for("a/x"), vec![id("a")]);
+    let publisher = mesh.node("b").connect(V5, "pub");
+    mesh.node("b")
+        .publish(publisher, "a/x", b"again", QoS::AtLeastOnce, false, 1);
+    mesh.settle();
+    let got = mesh.node("a").received_publishes(sub);
+    assert_eq!(got.len(), 1);
+}
+
+#[test]
+fn forwards_to_a_forgotten_node_that_returns_keep_their_numbering() {
+    let (mut mesh, sub) = three();
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 1..=3u16 {
+        mesh.node("c")
+            .publish(publisher, "a/x", b"before", QoS::AtLeastOnce, false, i);
+        mesh.settle();
+    }
+    assert_eq!(mesh.node("a").received_publishes(sub).len(), 3);
+    mesh.link_down(&id("a"), &id("c"));
+    mesh.node("c").broker.forget_peer(&id("a")).unwrap();
+    mesh.node("c").drain();
+    // (b, which still reaches a, ignores c's announcement.)
+    // a was only cut off from c: it returns with the same incarnation, its inbox remembering
+    // c's numbers 1 to 3. New forwards must not be mistaken for those.
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.advance(6_000);
+    mesh.node("c")
+        .publish(publisher, "a/x", b"after", QoS::AtLeastOnce, false, 9);
+    mesh.settle();
+    let got = mesh.node("a").received_publishes(sub);
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].payload[..], b"after");
+}
+
+#[test]
+fn a_forwarded_message_meets_the_receiving_nodes_access_rules() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |_| {});
+    let acl = Acl::new(
+        Permission::Allow,
+        vec![Rule::new(Permission::Deny, Action::Subscribe, "a/secret/#").unwrap()],
+    );
+    mesh.node("a")
+        .broker
+        .set_hooks(Box::new(AllowAll), Box::new(acl));
+    let sub = mesh.node("a").connect(V5, "sub");
+    assert_eq!(
+        mesh.node("a").subscribe(sub, "a/#", QoS::AtLeastOnce),
+        vec![ReasonCode::GRANTED_QOS_1],
+        "overlaps the deny rule: accepted, filtered"
+    );
+    mesh.advance(50);
+    let publisher = mesh.node("b").connect(V5, "pub");
+    mesh.node("b")
+        .publish(publisher, "a/secret/x", b"no", QoS::AtLeastOnce, false, 1);
+    mesh.node("b")
+        .publish(publisher, "a/open", b"yes", QoS::AtLeastOnce, false, 2);
+    mesh.settle();
+    let got = mesh.node("a").received_publishes(sub);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].topic, "a/open");
+    assert_eq!(mesh.node("a").broker.stats().withheld_not_authorized, 1);
+}
+
+mod forged {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A frame from `b` that speaks for `a`: its routes, its forwards, its retained writes, its
+    /// digest, its hello.
+    fn forged_frame() -> impl Strategy<Value = Frame> {
+        let filters = prop::collection::vec("[a-z]{1,3}(/[a-z#+]{1,2})?", 0..4);
+        prop_oneof![
+            (any::<u64>(), filters.clone()).prop_map(|(inc, f)| {
+                let f: Vec<&str> = f.iter().map(String::as_str).collect();
+                Frame::RouteDelta(delta("a", inc, &f))
+            }),
+            (any::<u64>(), any::<u64>(), filters).prop_map(|(inc, version, f)| {
+                Frame::SnapshotChunk(SnapshotChunk {
+                    owner: owner("a", inc),
+                    version,
+                    hash: meridian_core::routes::set_hash(f.iter().map(String::as_str)),
+                    index: 0,
+                    count: 1,
+                    filters: f.iter().map(|s| Arc::from(s.as_str())).collect(),
+                })
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(inc, seq)| {
+                Frame::Forward(Forward {
+                    origin: owner("a", inc),
+                    seq,
+                    message: message("a/x", b"forged", QoS::AtLeastOnce),
+                })
+            }),
+            (any::<u64>(), any::<u32>()).prop_map(|(wall_ms, logical)| {
+                Frame::Retained(RetainedUpdate {
+                    topic: "a/r".into(),
+                    stamp: Stamp {
+                        hlc: Hlc { wall_ms, logical },
+                        node: id("a"),
+                    },
+                    message: Some(message("a/r", b"forged", QoS::AtMostOnce)),
+                })
+            }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(inc, version, hash)| {
+                Frame::Digest(vec![DigestEntry {
+                    owner: owner("a", inc),
+                    version,
+                    hash,
+                }])
+            }),
+            any::<u64>().prop_map(|incarnation| Frame::Hello {
+                node: id("a"),
+                incarnation,
+                protocol: 2,
+                region: "forged".into(),
+            }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn whatever_b_says_for_a_changes_nothing_c_holds_of_a(
+            frames in prop::collection::vec(forged_frame(), 1..20),
+        ) {
+            let (mut mesh, sub) = three();
+            let before = mesh.node("c").broker.replicated_routes(&id("a"));
+            let retained = mesh.node("c").broker.retained_digest();
+            let n = frames.len() as u64;
+            for frame in frames {
+                mesh.inject("b", "c", frame.clone());
+                mesh.inject("b", "a", frame);
+            }
+            mesh.settle();
+            let c = mesh.node("c");
+            prop_assert_eq!(c.broker.replicated_routes(&id("a")), before);
+            prop_assert_eq!(c.broker.nodes_for("a/x"), vec![id("a")]);
+            prop_assert_eq!(c.broker.retained_digest(), retained);
+            prop_assert_eq!(c.broker.stats().peer_frames_not_owner, n);
+            prop_assert!(mesh.node("a").received_publishes(sub).is_empty());
+        }
+    }
+}
