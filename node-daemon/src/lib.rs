@@ -43,3 +43,13 @@ pub mod cli {
     pub use crate::mesh::keys::{keygen_command, peer_id_command};
     pub use crate::passwd::passwd_command;
 }
+
+/// The region mesh's own parts, for tests that play a peer node (one holding the cluster key
+/// that sends what it likes). Not a stable interface.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::mailbox::{MeshCmd, ToEngine};
+    pub use crate::mesh::keys::load_cluster_key;
+    pub use crate::mesh::queue::LinkLimits;
+    pub use crate::mesh::{MeshSettings, MeshStats, start as start_mesh};
+}

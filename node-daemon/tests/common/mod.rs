@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod mesh;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
