@@ -52,6 +52,27 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     if let Some(n) = f.usize("outboxMaxBytes")? {
         c.outbox.max_bytes = n;
     }
+    if let Some(n) = f.usize("maxNodes")? {
+        c.max_nodes = n;
+    }
+    if let Some(ms) = f.uint("peerExpiryMs", js::MAX_SAFE_INTEGER)? {
+        c.peer_expiry_ms = ms;
+    }
+    if let Some(ms) = f.uint("maxClockDriftMs", js::MAX_SAFE_INTEGER)? {
+        c.max_clock_drift_ms = ms;
+    }
+    let limits = &mut c.peer_limits;
+    for (name, field) in [
+        ("peerMaxFilters", &mut limits.max_filters),
+        ("peerMaxPendingDeltaBytes", &mut limits.max_pending_delta_bytes),
+        ("peerMaxSnapshotBytes", &mut limits.max_snapshot_bytes),
+        ("peerMaxRetainedMessages", &mut limits.max_retained_messages),
+        ("peerMaxRetainedBytes", &mut limits.max_retained_bytes),
+    ] {
+        if let Some(n) = f.usize(name)? {
+            *field = n;
+        }
+    }
     f.finish()?;
     Ok(c)
 }
@@ -185,6 +206,25 @@ impl JsBroker {
         self.inner
             .handle_input(now(now_ms)?, Input::PeerDrained { peer });
         Ok(())
+    }
+
+    /// Forget node `peer`, which left the deployment for good: its routes are withdrawn, the
+    /// messages queued for it dropped, and a `broadcast` output tells the other nodes. Throws
+    /// for an unknown node or one whose link is up.
+    #[wasm_bindgen(js_name = forgetPeer, unchecked_return_type = "ForgottenPeer")]
+    pub fn forget_peer(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "string")] peer: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let peer = node_id(&peer, "peer")?;
+        let forgotten = self
+            .inner
+            .forget_peer(&peer)
+            .map_err(|e| js::error(&format!("forgetPeer: {e}")))?;
+        let o = Obj::new();
+        o.set("routes", forgotten.routes)
+            .set("droppedMessages", forgotten.dropped_messages);
+        Ok(o.into_js())
     }
 
     /// The peer nodes this node knows (empty unless `enableCluster` was called).

@@ -116,7 +116,13 @@ export type BrokerEvent =
   | { type: "connectionClosed"; conn: number; reasonCode: number; reason: string; detail: string }
   | { type: "sessionEnded"; clientId: string }
   | { type: "routeAdded"; filter: string }
-  | { type: "routeRemoved"; filter: string };
+  | { type: "routeRemoved"; filter: string }
+  /** Cluster mode: a frame from `peer` was refused (once per peer and kind of fault; every
+   *  refusal is counted in `stats()`). `fault` names it, e.g. `NotOwner(RouteDelta)`. */
+  | { type: "peerFault"; peer: string; fault: string }
+  /** Cluster mode: node `peer` was forgotten (`reason`: `Command`, `Expired` or
+   *  `Announced { by: ... }`). */
+  | { type: "peerForgotten"; peer: string; reason: string; routes: number; droppedMessages: number };
 
 /** One thing the shell must do, in order. A `persist` must be durable before any later
  *  `send` goes out. */
@@ -130,6 +136,9 @@ export type Output =
   | { type: "toPeer"; peer: string; frame: Uint8Array }
   /** Cluster mode: write `frame` to every peer's link. */
   | { type: "broadcast"; frame: Uint8Array }
+  /** Cluster mode: end the link with `peer` (it went past a bound); report `handlePeerDown`
+   *  once it has ended. */
+  | { type: "cutPeer"; peer: string }
   /** Cluster mode: a frame could not be encoded (not expected; a bug report is welcome). */
   | { type: "linkError"; peer?: string; error: Error };
 
@@ -159,6 +168,18 @@ export interface BrokerStats {
   /** QoS 0 forwards not sent to a peer reported with `handlePeerCongested`. */
   droppedPeerCongested: number;
   droppedOutboxFull: number;
+  /** QoS 1/2 forwards that waited for a node when it was forgotten. */
+  droppedPeerForgotten: number;
+  /** The oldest QoS 1/2 forwards for a node whose link is down, dropped to keep its outbox
+   *  within bounds. */
+  droppedPeerAbsent: number;
+  /** Peer frames refused, by reason. */
+  peerFramesNotOwner: number;
+  peerFramesOverLimit: number;
+  peerFramesClockAhead: number;
+  peerFramesTooManyNodes: number;
+  peerSessionsCut: number;
+  peersForgotten: number;
   /** Messages kept from subscriptions a `maySubscribe` hook answered `"filtered"`. */
   withheldNotAuthorized: number;
   /** Subscriptions a `maySubscribe` hook refused. */
@@ -202,6 +223,24 @@ export interface ClusterConfig {
   outboxWindow?: number;
   outboxMaxMessages?: number;
   outboxMaxBytes?: number;
+  /** Nodes this node keeps state for. */
+  maxNodes?: number;
+  /** A node with no link for this long is forgotten. */
+  peerExpiryMs?: number;
+  /** Retained writes stamped further ahead of this node's clock are refused. */
+  maxClockDriftMs?: number;
+  /** What one peer may make this node hold. */
+  peerMaxFilters?: number;
+  peerMaxPendingDeltaBytes?: number;
+  peerMaxSnapshotBytes?: number;
+  peerMaxRetainedMessages?: number;
+  peerMaxRetainedBytes?: number;
+}
+
+/** What `forgetPeer` withdrew and dropped. */
+export interface ForgottenPeer {
+  routes: number;
+  droppedMessages: number;
 }
 
 export interface PeerSummary {
