@@ -64,7 +64,10 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     let limits = &mut c.peer_limits;
     for (name, field) in [
         ("peerMaxFilters", &mut limits.max_filters),
-        ("peerMaxPendingDeltaBytes", &mut limits.max_pending_delta_bytes),
+        (
+            "peerMaxPendingDeltaBytes",
+            &mut limits.max_pending_delta_bytes,
+        ),
         ("peerMaxSnapshotBytes", &mut limits.max_snapshot_bytes),
         ("peerMaxRetainedMessages", &mut limits.max_retained_messages),
         ("peerMaxRetainedBytes", &mut limits.max_retained_bytes),

@@ -141,6 +141,37 @@ fn a_congested_link_misses_qos0_forwards_until_drained() {
 }
 
 #[wasm_bindgen_test]
+fn a_node_that_left_is_forgotten_and_the_others_are_told() {
+    let mut a = node("a");
+    let mut b = node("b");
+    a.broker.handle_peer_up("b".into(), a.now).unwrap();
+    b.broker.handle_peer_up("a".into(), b.now).unwrap();
+    let sub = a.connect("sub", 5);
+    a.send(
+        sub,
+        r#"{"type":"subscribe","packetId":1,"filters":[{"filter":"w/#","qos":1}]}"#,
+        5,
+    );
+    settle(&mut a, &mut b);
+    assert!(
+        b.broker.forget_peer("a".into()).is_err(),
+        "a node whose link is up is not forgotten"
+    );
+    b.broker.handle_peer_down("a".into(), b.now).unwrap();
+    let forgotten = b.broker.forget_peer("a".into()).unwrap();
+    assert_eq!(get_num(&forgotten, "routes"), 1.0);
+    assert_eq!(get_num(&forgotten, "droppedMessages"), 0.0);
+    b.pump();
+    assert!(array(&b.broker.peers()).is_empty());
+    assert_eq!(get_num(&b.broker.stats(), "peersForgotten"), 1.0);
+    assert!(
+        b.other.iter().any(|o| get_str(o, "type") == "broadcast"),
+        "the other nodes are told"
+    );
+    assert!(b.broker.forget_peer("a".into()).is_err(), "unknown now");
+}
+
+#[wasm_bindgen_test]
 fn peer_input_is_checked() {
     let mut a = node("a");
     let err = a
