@@ -52,6 +52,9 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     if let Some(n) = f.usize("outboxMaxBytes")? {
         c.outbox.max_bytes = n;
     }
+    if let Some(ms) = f.uint("outboxStallMs", js::MAX_SAFE_INTEGER)? {
+        c.outbox_stall_ms = ms;
+    }
     if let Some(n) = f.usize("maxNodes")? {
         c.max_nodes = n;
     }

@@ -223,6 +223,9 @@ export interface ClusterConfig {
   outboxWindow?: number;
   outboxMaxMessages?: number;
   outboxMaxBytes?: number;
+  /** A connected peer that acknowledged nothing this long with its outbox full counts as
+   *  not there: its oldest messages make room instead of publishers being refused. */
+  outboxStallMs?: number;
   /** Nodes this node keeps state for. */
   maxNodes?: number;
   /** A node with no link for this long is forgotten. */

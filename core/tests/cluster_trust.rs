@@ -535,3 +535,44 @@ mod forged {
         }
     }
 }
+
+#[test]
+fn a_peer_that_never_acknowledges_holds_publishers_back_only_until_the_stall_time() {
+    let limits = OutboxLimits {
+        window: 10,
+        max_messages: 2,
+        max_bytes: 1 << 20,
+    };
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), move |c| {
+        c.outbox = limits;
+        c.outbox_stall_ms = 5_000;
+    });
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "f", QoS::AtLeastOnce);
+    mesh.advance(50);
+    // a's link stays up, but nothing it is sent is ever acknowledged (nothing is carried).
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 1..=3u16 {
+        mesh.node("c")
+            .publish(publisher, "f", b"x", QoS::AtLeastOnce, false, i);
+    }
+    assert_eq!(
+        puback_reasons(mesh.node("c"), publisher),
+        vec![
+            ReasonCode::SUCCESS,
+            ReasonCode::SUCCESS,
+            ReasonCode::QUOTA_EXCEEDED
+        ],
+        "a peer that is there and full holds publishers back"
+    );
+    mesh.node("c").advance(6_000);
+    mesh.node("c").peer_out.clear();
+    mesh.node("c")
+        .publish(publisher, "f", b"x", QoS::AtLeastOnce, false, 4);
+    assert_eq!(
+        puback_reasons(mesh.node("c"), publisher),
+        vec![ReasonCode::SUCCESS],
+        "stalled: it no longer does"
+    );
+    assert_eq!(mesh.node("c").broker.stats().dropped_peer_absent, 1);
+}

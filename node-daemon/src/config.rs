@@ -76,6 +76,7 @@ pub struct ClusterSection {
     pub subscribe_fence: bool,
     pub subscribe_fence_max_ms: u64,
     pub retained_tombstones_max: usize,
+    pub outbox_stall_ms: u64,
     pub peer_expiry_ms: u64,
     pub max_nodes: usize,
     pub max_clock_drift_ms: u64,
@@ -581,6 +582,7 @@ impl ClusterSection {
             ("ping_interval_ms", self.ping_interval_ms),
             ("announce_interval_ms", self.announce_interval_ms),
             ("peer_expiry_ms", self.peer_expiry_ms),
+            ("outbox_stall_ms", self.outbox_stall_ms),
         ] {
             if v == 0 {
                 return Err(format!("cluster.{key}: must be at least 1"));
@@ -811,6 +813,7 @@ partial!(PCluster {
     subscribe_fence: bool,
     subscribe_fence_max_ms: u64,
     retained_tombstones_max: usize,
+    outbox_stall_ms: u64,
     peer_expiry_ms: u64,
     max_nodes: usize,
     max_clock_drift_ms: u64,

@@ -566,6 +566,7 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
         max_messages: c.outbox_max_messages,
         max_bytes: c.outbox_max_bytes,
     };
+    config.outbox_stall_ms = c.outbox_stall_ms;
     config.peer_expiry_ms = c.peer_expiry_ms;
     config.max_nodes = c.max_nodes;
     config.max_clock_drift_ms = c.max_clock_drift_ms;

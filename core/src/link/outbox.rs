@@ -117,10 +117,11 @@ impl Outbox {
         Ok(forward)
     }
 
-    /// Queue a forward, dropping the oldest ones until it fits (for a peer that is not there:
-    /// what waits for it is bounded, and the newest messages are kept). Returns the queued
-    /// copy and the sequence numbers dropped; fails only for a forward larger than the whole
-    /// outbox may hold. Call it only while the link is down: nothing is in flight then.
+    /// Queue a forward, dropping the oldest ones until it fits (for a peer that is not there,
+    /// or does not acknowledge: what waits for it is bounded, and the newest messages are
+    /// kept). Returns the queued copy and the sequence numbers dropped; fails only for a
+    /// forward larger than the whole outbox may hold. Dropped forwards that were sent may
+    /// still arrive; the peer's acknowledgement of them is taken as for any other.
     pub fn push_evicting(&mut self, forward: Forward) -> Result<(Forward, Vec<u64>), OutboxFull> {
         let weight = forward.message.payload.len() + forward.message.topic.len();
         if weight > self.limits.max_bytes || self.limits.max_messages == 0 {

@@ -31,15 +31,17 @@ pub(super) fn link_publish(message: &Message, now: Timestamp) -> Publish {
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Whether a QoS 1/2 message on `topic` would overflow the outbox of a connected node that
-    /// wants it (a node that is not there never holds a publisher back: its outbox makes room).
+    /// wants it (a node that is not there, or does not acknowledge, never holds a publisher
+    /// back: its outbox makes room).
     pub(in crate::broker) fn outbox_full_for(&self, topic: &str, weight: usize) -> bool {
         let Some(c) = &self.cluster else { return false };
         let mut nodes = Vec::new();
         c.table.nodes_for(topic, &mut nodes);
+        let stall_ms = c.config.outbox_stall_ms;
         nodes.iter().any(|n| {
-            c.peers
-                .get(n)
-                .is_some_and(|p| p.connected && !p.outbox.has_room(weight))
+            c.peers.get(n).is_some_and(|p| {
+                p.holds_publishers(self.now, stall_ms) && !p.outbox.has_room(weight)
+            })
         })
     }
 
@@ -64,6 +66,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             seq: 0,
             message: publish,
         };
+        let stall_ms = c.config.outbox_stall_ms;
         for node in nodes.drain(..) {
             let Some(c) = &mut self.cluster else { break };
             let peer = c.peer(&node);
@@ -78,7 +81,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
                 continue;
             }
-            let pushed = if peer.connected {
+            let pushed = if peer.holds_publishers(now, stall_ms) {
                 peer.outbox.push(forward.clone()).map(|q| (q, Vec::new()))
             } else {
                 peer.outbox.push_evicting(forward.clone())

@@ -22,6 +22,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         p.connected = true;
         p.congested = false;
         p.last_heard = Some(now);
+        p.acked_at = now;
         c.routes.add_peer(peer.clone());
         let hello = Frame::Hello {
             node: c.owner.node.clone(),
@@ -147,7 +148,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             Frame::Forward(forward) => self.on_forward(peer, forward),
             Frame::ForwardAck { seq, .. } => {
-                let done = c.peer(&peer).outbox.ack(seq);
+                let p = c.peer(&peer);
+                let done = p.outbox.ack(seq);
+                if !done.is_empty() {
+                    p.acked_at = now;
+                }
                 for seq in done {
                     self.persist(
                         Key::Outbox {

@@ -47,10 +47,16 @@ pub struct ClusterConfig {
     /// Per-peer outbox of QoS 1/2 forwards. When the outbox of a connected peer is full, a
     /// QoS 1/2 PUBLISH that the peer wants is refused with 0x97 (MQTT 5.0) so that nothing
     /// acknowledged is lost; an MQTT 3.1.1 publisher cannot be told, so the forward to that
-    /// node is dropped and counted (`Stats::dropped_outbox_full`). A peer whose link is down
-    /// never makes a publisher wait or fail: its outbox keeps the newest messages within the
-    /// bounds and drops the oldest (`Stats::dropped_peer_absent`).
+    /// node is dropped and counted (`Stats::dropped_outbox_full`). A peer whose link is down,
+    /// or that stalled ([`ClusterConfig::outbox_stall_ms`]), never makes a publisher wait or
+    /// fail: its outbox keeps the newest messages within the bounds and drops the oldest
+    /// (`Stats::dropped_peer_absent`).
     pub outbox: OutboxLimits,
+    /// A peer whose link is up but that acknowledged no forward for this long while its
+    /// outbox is full counts as not there: its outbox makes room by dropping its oldest
+    /// messages instead of refusing publishers (a peer that never acknowledges cannot hold
+    /// the others' publishers back).
+    pub outbox_stall_ms: u64,
     /// Nodes this node keeps state for (links, route sets, outboxes); frames from a node
     /// beyond them are refused and its session cut.
     pub max_nodes: usize,
@@ -94,6 +100,7 @@ impl ClusterConfig {
                 max_messages: 100_000,
                 max_bytes: 256 * 1024 * 1024,
             },
+            outbox_stall_ms: 30_000,
             max_nodes: 256,
             peer_limits: PeerLimits::default(),
             peer_expiry_ms: 24 * 60 * 60 * 1000,
@@ -144,6 +151,8 @@ struct Peer {
     forwarded_from: u64,
     /// When the link last went up or down, or a frame came; `None` until first seen absent.
     last_heard: Option<Timestamp>,
+    /// When the link came up or the peer last acknowledged a forward.
+    acked_at: Timestamp,
     /// Kinds of [`PeerFault`] already reported.
     faults_reported: u8,
 }
@@ -184,6 +193,14 @@ pub(super) struct Cluster {
     retained_usage: BTreeMap<NodeId, RetainedUsage>,
     /// Oldest first, at most [`membership::FORGOTTEN_KEPT`].
     forgotten: VecDeque<ForgottenNode>,
+}
+
+impl Peer {
+    /// Whether the peer holds publishers back when its outbox is full: its link is up and it
+    /// acknowledged something lately.
+    fn holds_publishers(&self, now: Timestamp, stall_ms: u64) -> bool {
+        self.connected && now.millis_since(self.acked_at) < stall_ms
+    }
 }
 
 impl Cluster {
@@ -238,6 +255,7 @@ impl Cluster {
                 forwarded_to: 0,
                 forwarded_from: 0,
                 last_heard: None,
+                acked_at: Timestamp::default(),
                 faults_reported: 0,
             }
         })
