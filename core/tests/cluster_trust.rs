@@ -576,3 +576,33 @@ fn a_peer_that_never_acknowledges_holds_publishers_back_only_until_the_stall_tim
     );
     assert_eq!(mesh.node("c").broker.stats().dropped_peer_absent, 1);
 }
+
+#[test]
+fn duplicate_marks_of_nodes_forgotten_long_ago_are_let_go() {
+    let mut mesh = Mesh::new(&["a"], Config::default(), |c| c.max_nodes = 2_000);
+    let sub = mesh.node("a").connect(V5, "sub");
+    // At QoS 0, so that no window holds deliveries back.
+    mesh.node("a").subscribe(sub, "t", QoS::AtMostOnce);
+    let forward = |from: &str| {
+        Frame::Forward(Forward {
+            origin: owner(from, 1),
+            seq: 7,
+            message: message("t", from.as_bytes(), QoS::AtLeastOnce),
+        })
+    };
+    let names: Vec<String> = (0..1_025).map(|i| format!("s{i}")).collect();
+    for name in &names {
+        mesh.inject(name, "a", forward(name));
+    }
+    assert_eq!(mesh.node("a").received_publishes(sub).len(), 1_025);
+    for name in &names {
+        mesh.node("a").broker.forget_peer(&id(name)).unwrap();
+    }
+    mesh.node("a").drain();
+    // The most recently forgotten still has its mark: a re-sent forward is a duplicate.
+    mesh.inject("s1024", "a", forward("s1024"));
+    assert!(mesh.node("a").received_publishes(sub).is_empty());
+    // The first was forgotten 1,025 nodes ago: its marks (memory, records) are gone.
+    mesh.inject("s0", "a", forward("s0"));
+    assert_eq!(mesh.node("a").received_publishes(sub).len(), 1);
+}

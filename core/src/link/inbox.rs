@@ -54,6 +54,15 @@ impl Inbox {
             .copied()
     }
 
+    /// Forget every mark of `node` (a node forgotten long ago); returns the incarnations whose
+    /// marks were dropped, so that their records can be deleted.
+    pub fn forget(&mut self, node: &NodeId) -> Vec<u64> {
+        self.marks
+            .remove(node)
+            .map(|m| m.into_keys().collect())
+            .unwrap_or_default()
+    }
+
     /// Put back a persisted mark after a restart.
     pub fn restore(&mut self, origin: &Owner, seq: u64) {
         let marks = self.marks.entry(origin.node.clone()).or_default();

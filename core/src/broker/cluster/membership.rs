@@ -50,7 +50,7 @@ pub enum ForgetError {
     Connected,
 }
 
-/// Forgotten nodes whose forward numbering is remembered, at most.
+/// Forgotten nodes whose forward numbering and duplicate marks are remembered, at most.
 pub(super) const FORGOTTEN_KEPT: usize = 1_024;
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
@@ -122,7 +122,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let (routes, incarnation) = replica.unwrap_or((0, 0));
         c.table.remove_node(node);
         c.routes.remove_peer(node);
-        c.remember_forgotten(node.clone(), incarnation, next_seq);
+        // The node's duplicate marks stay (it may come back and re-send what it had queued),
+        // until so many nodes were forgotten since that it is let go of entirely.
+        let let_go = c.remember_forgotten(node.clone(), incarnation, next_seq);
+        for old in let_go {
+            let Some(c) = &mut self.cluster else { break };
+            for incarnation in c.inbox.forget(&old) {
+                let key = Key::InboxMark {
+                    origin: old.to_string(),
+                    incarnation,
+                };
+                self.persist(key.encode(), None);
+            }
+        }
         self.persist_replica(node, false);
         self.persist(
             Key::ReplicaPosition {

@@ -269,16 +269,22 @@ impl Cluster {
             || self.peers.len() < self.config.max_nodes
     }
 
-    fn remember_forgotten(&mut self, node: NodeId, incarnation: u64, next_seq: u64) {
+    /// Remember a forgotten node; returns the nodes forgotten so long ago that they are let go
+    /// of entirely (their duplicate marks are dropped).
+    fn remember_forgotten(&mut self, node: NodeId, incarnation: u64, next_seq: u64) -> Vec<NodeId> {
         self.forgotten.retain(|f| f.node != node);
         self.forgotten.push_back(ForgottenNode {
             node,
             incarnation,
             next_seq,
         });
+        let mut gone = Vec::new();
         while self.forgotten.len() > membership::FORGOTTEN_KEPT {
-            self.forgotten.pop_front();
+            if let Some(f) = self.forgotten.pop_front() {
+                gone.push(f.node);
+            }
         }
+        gone
     }
 
     fn own_digest(&self) -> Frame {
