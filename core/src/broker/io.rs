@@ -254,7 +254,7 @@ pub enum Event {
         filter: String,
     },
     /// A frame from a peer was refused (reported the first time per peer and kind of fault;
-    /// every refusal is counted in [`crate::Stats`]).
+    /// every refusal is counted in [`crate::broker::Stats`]).
     PeerFault {
         /// The peer that sent it.
         peer: NodeId,

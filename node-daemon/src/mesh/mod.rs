@@ -68,7 +68,7 @@ pub struct MeshSettings {
     /// First and largest pause between dials of a peer that does not answer.
     pub redial_min: Duration,
     pub redial_max: Duration,
-    /// Meet the nodes the peers know of ([`discovery`]).
+    /// Meet the nodes the peers know of (the `discovery` module).
     pub discover: bool,
     /// The addresses announced to other nodes; empty = the listen addresses.
     pub advertise: Vec<Multiaddr>,
@@ -129,7 +129,7 @@ struct Behaviour {
 }
 
 /// Start listening and dialling. Returns once every listen address is bound. `cmds` is the
-/// other end of the broker task's broadcast channel ([`crate::engine::Engine::with_mesh`]).
+/// other end of the broker task's broadcast channel (`Engine::with_mesh`).
 pub async fn start(
     settings: MeshSettings,
     keypair: Keypair,
