@@ -9,6 +9,8 @@ use anyhow::{Context, bail};
 use meridian_core::sim::{HKG_CPT_RTT_MS, Report, geo_writeup, geo_writeup_reports};
 use serde_json::{Value, json};
 
+use crate::mesh_scale::{self, MeshScale};
+
 /// What `meridian sim` was asked to do.
 #[derive(Debug, Clone)]
 pub struct SimArgs {
@@ -23,7 +25,9 @@ pub struct SimArgs {
 /// Run a topology file or a built-in scenario. `geo-writeup`: the EMQX geo-distribution
 /// write-up's connect-and-subscribe workloads on Frankfurt, Hong Kong and Cape Town nodes,
 /// then cross-region publish latency, a 60 s partition of one region under QoS 1 traffic, and
-/// the subscription fence off and on (its `--svg` draws the partition run).
+/// the subscription fence off and on (its `--svg` draws the partition run). `mesh-scale`
+/// (with options, see [`crate::mesh_scale`]): route convergence, link bytes per route change
+/// and memory per replicated filter for meshes of 10, 25 and 50 nodes.
 pub fn sim_command(args: &SimArgs, out: &mut impl Write) -> anyhow::Result<()> {
     if let Some(path) = &args.topology {
         let scenario = crate::topology::load(path)?;
@@ -36,9 +40,21 @@ pub fn sim_command(args: &SimArgs, out: &mut impl Write) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    // Each memory figure of mesh-scale is measured in a fresh process of this executable.
+    let exe = std::env::current_exe().ok();
+    if let Some(options) = MeshScale::parse(&args.scenario, exe)? {
+        if args.svg.is_some() {
+            bail!(
+                "--svg draws geo-writeup and topology-file runs, not {}",
+                args.scenario
+            );
+        }
+        let report = mesh_scale::run(&options, args.seed)?;
+        return mesh_scale::write_report(&report, &options, args.seed, args.json, out);
+    }
     if args.scenario != "geo-writeup" {
         bail!(
-            "unknown scenario {:?} (known: geo-writeup; or give a topology file)",
+            "unknown scenario {:?} (known: geo-writeup, mesh-scale; or give a topology file)",
             args.scenario
         );
     }

@@ -32,12 +32,22 @@ pub use timeline::{Timeline, TimelineEvent, TimelineKind};
 
 use crate::broker::ClusterConfig;
 use crate::codec::QoS;
-use crate::link::Frame;
+use crate::link::{Frame, FrameKind};
 use crate::routes::NodeId;
 use crate::{Broker, Config, ConnId, ConnInfo, Input, Output, Timestamp};
 
 /// Virtual time starts here (milliseconds), so that no timestamp is zero.
 const EPOCH_MS: u64 = 1_000_000;
+
+/// Frames of one kind put on links, and their encoded size ([`crate::link::encoded_len`],
+/// length prefix included); a broadcast counts once per peer it is sent to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkTraffic {
+    /// Frames sent.
+    pub frames: u64,
+    /// Their encoded bytes.
+    pub bytes: u64,
+}
 
 /// The behaviour of the link between two nodes (both directions).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -190,6 +200,8 @@ pub struct Sim {
     /// Called after every event (invariant checks, measurements).
     observed_events: u64,
     timeline: Option<Timeline>,
+    /// Link frames sent, by kind, once [`Sim::count_link_traffic`] was called.
+    traffic: Option<BTreeMap<FrameKind, LinkTraffic>>,
 }
 
 fn key(a: &NodeId, b: &NodeId) -> (NodeId, NodeId) {
@@ -222,6 +234,7 @@ impl Sim {
             trace: 0xcbf2_9ce4_8422_2325,
             observed_events: 0,
             timeline: None,
+            traffic: None,
         };
         for (name, region) in nodes {
             let id = NodeId::new(name).expect("simulated node names are valid");
@@ -289,6 +302,21 @@ impl Sim {
         if let Some(t) = &mut self.timeline {
             t.push(at, kind);
         }
+    }
+
+    /// Count the link frames sent, and their encoded bytes, from now on (each frame is encoded
+    /// once more to measure it).
+    pub fn count_link_traffic(&mut self) {
+        self.traffic.get_or_insert_with(BTreeMap::new);
+    }
+
+    /// The link traffic counted since [`Sim::count_link_traffic`] or the last call, by frame
+    /// kind; counting goes on from zero.
+    pub fn take_link_traffic(&mut self) -> BTreeMap<FrameKind, LinkTraffic> {
+        self.traffic
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Milliseconds since the simulation began.
@@ -682,6 +710,13 @@ impl Sim {
         };
         if !link.up {
             return;
+        }
+        if let Some(traffic) = &mut self.traffic {
+            // Frames the broker builds always encode; a failure would count zero bytes.
+            let bytes = crate::link::encoded_len(&frame).unwrap_or(0) as u64;
+            let t = traffic.entry(frame.kind()).or_default();
+            t.frames += 1;
+            t.bytes += bytes;
         }
         let spec = link.spec;
         let epoch = link.epoch;
