@@ -11,6 +11,7 @@ import {
   validateTopicFilter,
   type BrokerEvent,
   type BrokerStats,
+  type ForgottenPeer,
   type Output,
   type Packet,
   type PacketInput,
@@ -54,6 +55,8 @@ function apply(out: Output): string {
       return `${out.peer}: ${out.frame.length}`;
     case "broadcast":
       return `all: ${out.frame.length}`;
+    case "cutPeer":
+      return `cut ${out.peer}`;
     case "linkError":
       return out.error.message;
     default: {
@@ -74,7 +77,15 @@ broker.disconnectClient("c1", now, 0x98);
 broker.shutdown(now);
 
 const node = new Broker(null, now);
-node.enableCluster({ node: "eu-1", incarnation: 3, region: "eu", routeBatchMs: 20 });
+node.enableCluster({
+  node: "eu-1",
+  incarnation: 3,
+  region: "eu",
+  routeBatchMs: 20,
+  peerExpiryMs: 3_600_000,
+  outboxStallMs: 30_000,
+  peerMaxFilters: 100_000,
+});
 node.handlePeerUp("us-1", now);
 node.handlePeerBytes("us-1", new Uint8Array(0), now);
 node.handlePeerCongested("us-1", now);
@@ -82,6 +93,11 @@ node.handlePeerDrained("us-1", now);
 node.handlePeerDown("us-1", now);
 const peerRegions: Array<string | null> = node.peers().map((p) => p.region);
 void peerRegions;
+const forgotten: ForgottenPeer = node.forgetPeer("us-1");
+const withdrawn: number = forgotten.routes + forgotten.droppedMessages;
+void withdrawn;
+const forgottenPeers: number = node.stats().peersForgotten;
+void forgottenPeers;
 
 const input: PacketInput = { type: "publish", topic: "a", payload: "x", qos: 1, packetId: 1 };
 const packet: Packet = decodePacket(encodePacket(input, 5), 5);

@@ -251,6 +251,40 @@ fn a_restarted_node_remembers_remote_routes_and_queues_for_an_unreachable_peer()
 }
 
 #[test]
+fn a_node_that_gains_many_filters_at_once_sends_them_in_bounded_deltas() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+        c.snapshot_chunk_filters = 4;
+    });
+    let sub = mesh.node("a").connect(V5, "many");
+    mesh.node("a").peer_out.clear();
+    for i in 0..10 {
+        mesh.node("a")
+            .subscribe(sub, &format!("many/{i}"), QoS::AtMostOnce);
+    }
+    mesh.node("a").advance(50);
+    let deltas: Vec<usize> = mesh
+        .node("a")
+        .peer_out
+        .iter()
+        .filter_map(|(_, f)| match f {
+            meridian_core::link::Frame::RouteDelta(d) => Some(d.changes.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deltas,
+        vec![4, 4, 2],
+        "one batch of 10, in pieces of at most 4"
+    );
+    mesh.settle();
+    assert_eq!(mesh.node("b").broker.replicated_routes(&id("a")).len(), 10);
+    assert_eq!(
+        mesh.node("b").broker.replica_position(&id("a")),
+        mesh.node("a").broker.route_position()
+    );
+}
+
+#[test]
 fn restarted_node_replaces_its_routes_everywhere() {
     let mut mesh = Mesh::new(&["a", "b"], Config::default(), |_| {});
     let sub = mesh.node("a").connect(V5, "clean");

@@ -329,4 +329,35 @@ proptest! {
             }
         }
     }
+
+    #[test]
+    fn a_split_delta_does_what_the_whole_does_in_bounded_pieces(
+        ops in proptest::collection::vec((0..FILTERS.len(), any::<bool>()), 1..60),
+        max_changes in 1usize..5,
+        max_bytes in 1usize..20,
+    ) {
+        let mut owner = RouteLog::new(Owner { node: node("o"), incarnation: 1 }, 1_000);
+        let mut whole = RouteTable::new(1);
+        let mut pieces = RouteTable::new(2);
+        for (f, add) in ops {
+            if add { owner.add(FILTERS[f]) } else { owner.remove(FILTERS[f]) }
+            let Some(delta) = owner.flush() else { continue };
+            let parts = delta.clone().split(max_changes, max_bytes);
+            prop_assert_eq!(parts.first().map(|p| p.after), Some(delta.after));
+            prop_assert_eq!(parts.last().map(RouteDelta::to), Some(delta.to()));
+            for part in &parts {
+                prop_assert!(!part.changes.is_empty() && part.changes.len() <= max_changes);
+                let bytes: usize = part.changes.iter().map(|c| c.filter.len()).sum();
+                let last = part.changes.last().map_or(0, |c| c.filter.len());
+                prop_assert!(bytes < max_bytes + last, "{} bytes in a piece", bytes);
+                let outcome = pieces.apply_delta(part);
+                prop_assert!(matches!(outcome, DeltaOutcome::Applied { .. }), "{:?}", outcome);
+            }
+            whole.apply_delta(&delta);
+            prop_assert_eq!(
+                pieces.replica(&node("o")).map(|r| r.position()),
+                whole.replica(&node("o")).map(|r| r.position())
+            );
+        }
+    }
 }

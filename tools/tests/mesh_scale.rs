@@ -39,7 +39,8 @@ fn mesh_scale_measures_every_figure_at_a_tiny_size() {
         assert!(m.apply_us_per_change > 0.0 && m.lookup_ns > 0.0, "{m:?}");
         // An owner's whole set in one delta: more than its filters, far below the frame limit.
         assert!(m.restart_delta_bytes > 25 * per_owner, "{m:?}");
-        assert!(m.restart_delta_bytes < m.max_frame_bytes, "{m:?}");
+        assert!(m.restart_largest_frame_bytes < m.max_frame_bytes, "{m:?}");
+        assert!(m.restart_delta_frames >= 1, "{m:?}");
     }
 
     // 2 sizes x 2 bases x 2 bursts.

@@ -74,6 +74,9 @@ enum Timer {
     Sys,
 }
 
+/// Room for outputs kept between inputs; a queue grown past it by a burst shrinks back.
+const OUTPUTS_KEPT: usize = 4_096;
+
 /// Hash maps with a fixed seed: deterministic, no OS randomness.
 pub(crate) type FixedMap<K, V> = std::collections::HashMap<K, V, FixedState>;
 
@@ -285,6 +288,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub fn poll_output(&mut self) -> Option<Output> {
         if self.outputs.is_empty() {
             self.flush_dirty();
+            if self.outputs.is_empty() && self.outputs.capacity() > OUTPUTS_KEPT {
+                // A burst (a route snapshot installed: one record per filter) gives its
+                // memory back once drained.
+                self.outputs.shrink_to(OUTPUTS_KEPT);
+            }
         }
         self.outputs.pop_front()
     }

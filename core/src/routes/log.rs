@@ -6,6 +6,9 @@ use std::sync::Arc;
 use super::hash::filter_hash;
 use super::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 
+/// Filter bytes in one snapshot chunk, about (a chunk is one link frame).
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+
 /// This node's route set, the changes peers may still need, and the batch being collected.
 #[derive(Debug, Clone)]
 pub struct RouteLog {
@@ -139,22 +142,35 @@ impl RouteLog {
         })
     }
 
-    /// The flushed live set in chunks of at most `filters_per_chunk` filters.
+    /// The flushed live set in chunks of at most `filters_per_chunk` filters and about
+    /// [`SNAPSHOT_CHUNK_BYTES`] of them.
     pub fn snapshot(&self, filters_per_chunk: usize) -> Vec<SnapshotChunk> {
         let per = filters_per_chunk.max(1);
-        let filters: Vec<Arc<str>> = self.live.iter().cloned().collect();
-        let count = filters.len().div_ceil(per).max(1);
-        let count32 = u32::try_from(count).unwrap_or(u32::MAX);
-        let mut chunks: Vec<SnapshotChunk> = filters
-            .chunks(per)
+        let mut parts: Vec<Vec<Arc<str>>> = Vec::new();
+        let mut part = Vec::new();
+        let mut bytes = 0;
+        for filter in &self.live {
+            bytes += filter.len();
+            part.push(filter.clone());
+            if part.len() >= per || bytes >= SNAPSHOT_CHUNK_BYTES {
+                parts.push(std::mem::take(&mut part));
+                bytes = 0;
+            }
+        }
+        if !part.is_empty() {
+            parts.push(part);
+        }
+        let count32 = u32::try_from(parts.len().max(1)).unwrap_or(u32::MAX);
+        let mut chunks: Vec<SnapshotChunk> = parts
+            .into_iter()
             .enumerate()
-            .map(|(i, part)| SnapshotChunk {
+            .map(|(i, filters)| SnapshotChunk {
                 owner: self.owner.clone(),
                 version: self.version,
                 hash: self.hash,
                 index: u32::try_from(i).unwrap_or(u32::MAX),
                 count: count32,
-                filters: part.to_vec(),
+                filters,
             })
             .collect();
         if chunks.is_empty() {

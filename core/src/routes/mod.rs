@@ -26,6 +26,10 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use hash::{filter_hash, set_hash};
+
+/// Filter bytes in one route-delta frame as a node sends it, about ([`RouteDelta::split`]):
+/// well inside a gossip message and a link frame.
+pub const DELTA_MAX_BYTES: usize = 512 * 1024;
 pub use log::RouteLog;
 pub use table::{
     DeltaOutcome, NodeSet, Replica, ReplicaLimit, ReplicaLimits, RouteTable, SnapshotOutcome,
@@ -161,6 +165,51 @@ impl RouteDelta {
     /// The version the delta brings a replica to.
     pub fn to(&self) -> u64 {
         self.after + self.changes.len() as u64
+    }
+
+    /// The same changes as consecutive deltas of at most `max_changes` changes and about
+    /// `max_bytes` of filters each (at least one change each), every one with the hash of the
+    /// live set after it: applied in order, they do what the whole delta does, and none is
+    /// too large for a frame however many filters a node gains at once (after a restart, all
+    /// of them).
+    pub fn split(self, max_changes: usize, max_bytes: usize) -> Vec<RouteDelta> {
+        let max_changes = max_changes.max(1);
+        let fits = |d: &RouteDelta| {
+            d.changes.len() <= max_changes
+                && d.changes.iter().map(|c| c.filter.len()).sum::<usize>() <= max_bytes
+        };
+        if fits(&self) {
+            return vec![self];
+        }
+        // The hash after each change: the final hash without the changes that follow it.
+        let mut after_each = vec![0; self.changes.len()];
+        let mut hash = self.hash;
+        for (i, change) in self.changes.iter().enumerate().rev() {
+            after_each[i] = hash;
+            hash ^= hash::filter_hash(&change.filter);
+        }
+        let mut out = Vec::new();
+        let mut part = Vec::new();
+        let mut bytes = 0;
+        let mut after = self.after;
+        for (i, change) in self.changes.into_iter().enumerate() {
+            bytes += change.filter.len();
+            part.push(change);
+            let full = part.len() >= max_changes || bytes >= max_bytes;
+            if full || i + 1 == after_each.len() {
+                let changes = std::mem::take(&mut part);
+                let next = after + changes.len() as u64;
+                out.push(RouteDelta {
+                    owner: self.owner.clone(),
+                    after,
+                    changes,
+                    hash: after_each[i],
+                });
+                after = next;
+                bytes = 0;
+            }
+        }
+        out
     }
 }
 

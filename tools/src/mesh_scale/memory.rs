@@ -56,10 +56,14 @@ pub struct MemoryRow {
     /// Wall-clock time per change to decode and apply those deltas (persist records made and
     /// acknowledgements sent included), on the full index.
     pub apply_us_per_change: f64,
-    /// One owner's whole route set as the single delta it broadcasts after a restart (its
-    /// subscriptions restored, every filter added again in one batch), encoded: made by a
-    /// [`RouteLog`] after the memory was read.
+    /// One owner's whole route set as it broadcasts it after a restart (its subscriptions
+    /// restored, every filter added again in one batch, sent as deltas of bounded size),
+    /// encoded: made by a [`RouteLog`] after the memory was read. Bytes of every frame.
     pub restart_delta_bytes: u64,
+    /// How many frames those deltas are.
+    pub restart_delta_frames: u64,
+    /// The largest of them, encoded.
+    pub restart_largest_frame_bytes: u64,
     /// The largest frame a node accepts ([`link::DEFAULT_MAX_FRAME_LEN`], length prefix
     /// excluded); a larger delta is refused and ends the session.
     pub max_frame_bytes: u64,
@@ -271,8 +275,8 @@ pub fn measure_memory(
         "{found} nodes found for {lookups} lookups"
     );
 
-    // What one owner broadcasts after a restart: its whole set in one batch.
-    let restart_delta_bytes = {
+    // What one owner broadcasts after a restart: its whole set in one batch, in bounded deltas.
+    let (restart_delta_bytes, restart_delta_frames, restart_largest_frame_bytes) = {
         let (_, owner, _, _, k) = &owners[0];
         let mut log = RouteLog::new(
             owner.clone(),
@@ -282,7 +286,16 @@ pub fn measure_memory(
             log.add(&filter_name(template, *k as u64 * per_owner + j));
         }
         let delta = log.flush().context("a restart's delta")?;
-        link::encoded_len(&Frame::RouteDelta(delta)).context("encoding a restart's delta")? as u64
+        let per_frame = ClusterConfig::new(owner.node.clone(), 1, "").snapshot_chunk_filters;
+        let (mut total, mut frames, mut largest) = (0u64, 0u64, 0u64);
+        for part in delta.split(per_frame, meridian_core::routes::DELTA_MAX_BYTES) {
+            let len = link::encoded_len(&Frame::RouteDelta(part))
+                .context("encoding a restart's delta")? as u64;
+            total += len;
+            frames += 1;
+            largest = largest.max(len);
+        }
+        (total, frames, largest)
     };
 
     Ok(MemoryRow {
@@ -303,6 +316,8 @@ pub fn measure_memory(
         applied_changes,
         apply_us_per_change: apply.as_secs_f64() * 1e6 / applied_changes.max(1) as f64,
         restart_delta_bytes,
+        restart_delta_frames,
+        restart_largest_frame_bytes,
         max_frame_bytes: u64::from(link::DEFAULT_MAX_FRAME_LEN),
         lookups,
         lookup_ns: lookup.as_secs_f64() * 1e9 / lookups as f64,

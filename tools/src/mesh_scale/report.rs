@@ -90,7 +90,7 @@ pub fn write_report(
             "applied",
             "apply_us/change",
             "lookup_ns",
-            "restart_delta_MB"
+            "restart_deltas"
         )?;
         for m in &report.memory {
             let rss = m
@@ -113,10 +113,12 @@ pub fn write_report(
                 m.apply_us_per_change,
                 m.lookup_ns,
                 format!(
-                    "{:.1}{}",
+                    "{:.1} MB in {} (largest {} kB{})",
                     m.restart_delta_bytes as f64 / 1e6,
-                    if m.restart_delta_bytes > m.max_frame_bytes + 4 {
-                        " (too large)"
+                    m.restart_delta_frames,
+                    m.restart_largest_frame_bytes / 1000,
+                    if m.restart_largest_frame_bytes > m.max_frame_bytes + 4 {
+                        ", too large"
                     } else {
                         ""
                     }

@@ -195,7 +195,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 .flatten()
                 .filter(|_| entry.version < c.routes.version());
             match delta {
-                Some(delta) => self.send_to_peer(peer.clone(), Frame::RouteDelta(delta)),
+                Some(delta) => {
+                    let per_frame = c.config.snapshot_chunk_filters;
+                    for frame in super::routes::delta_frames(delta, per_frame) {
+                        self.send_to_peer(peer.clone(), frame);
+                    }
+                }
                 None => self.send_snapshot(peer),
             }
             return;

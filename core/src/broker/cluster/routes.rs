@@ -4,6 +4,17 @@
 use crate::broker::io::{Event, Output};
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
 use crate::link::Frame;
+use crate::routes::{DELTA_MAX_BYTES, RouteDelta};
+
+/// A delta as the frames it leaves in ([`RouteDelta::split`]): a node that gains many filters
+/// at once (all of them, after a restart) sends them in bounded pieces.
+pub(super) fn delta_frames(delta: RouteDelta, max_changes: usize) -> Vec<Frame> {
+    delta
+        .split(max_changes, DELTA_MAX_BYTES)
+        .into_iter()
+        .map(Frame::RouteDelta)
+        .collect()
+}
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// A filter pattern got its first local subscriber.
@@ -47,9 +58,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             fence.target = Some(version);
         }
         if let Some(delta) = delta {
-            self.outputs.push_back(Output::Broadcast {
-                frame: Frame::RouteDelta(delta),
-            });
+            let per_frame = c.config.snapshot_chunk_filters;
+            for frame in delta_frames(delta, per_frame) {
+                self.outputs.push_back(Output::Broadcast { frame });
+            }
         }
         self.release_fences();
     }
