@@ -61,6 +61,7 @@ pub enum FilterAccess {
 
 /// Whether a rule lets the client in or keeps it out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize), serde(try_from = "String"))]
 pub enum Permission {
     /// `allow`
     Allow,
@@ -145,6 +146,11 @@ impl fmt::Display for Action {
 /// One access rule: a permission for an action on the topics a pattern matches, for every
 /// client or for one user or client id.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(try_from = "RuleTable")
+)]
 pub struct Rule {
     permission: Permission,
     action: Action,
@@ -152,6 +158,44 @@ pub struct Rule {
     pattern: Pattern,
     user: Option<String>,
     client_id: Option<String>,
+}
+
+impl TryFrom<String> for Permission {
+    type Error = RuleError;
+
+    fn try_from(s: String) -> Result<Self, RuleError> {
+        s.parse()
+    }
+}
+
+/// A rule as a configuration writes it, before it is checked.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleTable {
+    permission: String,
+    action: String,
+    topic: String,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    client_id: Option<String>,
+}
+
+#[cfg(feature = "serde")]
+impl TryFrom<RuleTable> for Rule {
+    type Error = RuleError;
+
+    fn try_from(t: RuleTable) -> Result<Self, RuleError> {
+        let mut rule = Rule::new(t.permission.parse()?, t.action.parse()?, &t.topic)?;
+        if let Some(user) = t.user {
+            rule = rule.for_user(user);
+        }
+        if let Some(client_id) = t.client_id {
+            rule = rule.for_client_id(client_id);
+        }
+        Ok(rule)
+    }
 }
 
 impl Rule {
@@ -225,10 +269,19 @@ fn safe_value(s: &str) -> bool {
     !s.is_empty() && !s.contains(['/', '+', '#'])
 }
 
-/// Ordered access rules and what holds where none applies.
+/// Ordered access rules and what holds where none applies. With the `serde` feature it reads
+/// from a configuration's `[acl]` table: `default = "allow" | "deny"` and `[[acl.rules]]`
+/// tables of `permission`, `action`, `topic` and optional `user` and `client_id`, each checked
+/// as it is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
 pub struct Acl {
     default: Permission,
+    #[cfg_attr(feature = "serde", serde(default))]
     rules: Vec<Rule>,
 }
 

@@ -87,7 +87,7 @@ impl AuthSetup {
             dummy_hash,
             anonymous,
             pending_per_address: config.auth.max_pending_per_address,
-            acl: config.acl.acl(),
+            acl: config.acl.clone(),
         })
     }
 

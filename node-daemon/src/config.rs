@@ -46,7 +46,8 @@ pub struct DaemonConfig {
     pub limits: Limits,
     pub mqtt: MqttFeatures,
     pub auth: AuthConfig,
-    pub acl: AclConfig,
+    /// `[acl]`: the access rules, read as the core's rule engine.
+    pub acl: acl::Acl,
     pub cluster: ClusterSection,
 }
 
@@ -299,69 +300,6 @@ pub struct AuthConfig {
     pub password_file: String,
     pub allow_anonymous: bool,
     pub max_pending_per_address: usize,
-}
-
-/// `allow` or `deny`, in `[acl]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub struct AclPermission(pub acl::Permission);
-
-impl TryFrom<String> for AclPermission {
-    type Error = acl::RuleError;
-
-    fn try_from(s: String) -> Result<Self, acl::RuleError> {
-        s.parse().map(Self)
-    }
-}
-
-/// One `[[acl.rules]]` table, checked as it is read (a bad topic is named with its line).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "AclRuleTable")]
-pub struct AclRule(pub acl::Rule);
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AclRuleTable {
-    permission: String,
-    action: String,
-    topic: String,
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default)]
-    client_id: Option<String>,
-}
-
-impl TryFrom<AclRuleTable> for AclRule {
-    type Error = acl::RuleError;
-
-    fn try_from(t: AclRuleTable) -> Result<Self, acl::RuleError> {
-        let mut rule = acl::Rule::new(t.permission.parse()?, t.action.parse()?, &t.topic)?;
-        if let Some(user) = t.user {
-            rule = rule.for_user(user);
-        }
-        if let Some(client_id) = t.client_id {
-            rule = rule.for_client_id(client_id);
-        }
-        Ok(Self(rule))
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct AclConfig {
-    pub default: AclPermission,
-    #[serde(default)]
-    pub rules: Vec<AclRule>,
-}
-
-impl AclConfig {
-    /// The rule engine these rules make.
-    pub fn acl(&self) -> acl::Acl {
-        acl::Acl::new(
-            self.default.0,
-            self.rules.iter().map(|r| r.0.clone()).collect(),
-        )
-    }
 }
 
 impl Default for DaemonConfig {
@@ -789,7 +727,7 @@ partial!(PAuth {
     allow_anonymous: bool,
     max_pending_per_address: usize,
 });
-partial!(PAcl { default: AclPermission, rules: Vec<AclRule> });
+partial!(PAcl { default: acl::Permission, rules: Vec<acl::Rule> });
 partial!(PCluster {
     enabled: bool,
     region: String,
@@ -918,7 +856,7 @@ mod tests {
             "x.toml",
         )
         .unwrap();
-        let acl = c.acl.acl();
+        let acl = &c.acl;
         assert_eq!(acl.default_permission(), acl::Permission::Deny);
         assert_eq!(acl.rules()[0].topic(), "users/%u/#");
         assert_eq!(acl.rules()[0].user(), Some("alice"));

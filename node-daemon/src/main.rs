@@ -43,7 +43,7 @@ enum Command {
         /// docs/geo.md). Without one, the built-in --scenario runs.
         #[arg(value_name = "TOPOLOGY")]
         topology: Option<PathBuf>,
-        /// Built-in scenario: geo-writeup.
+        /// Built-in scenario: geo-writeup, or mesh-scale (docs/geo.md, "How far the mesh scales").
         #[arg(long, default_value = "geo-writeup")]
         scenario: String,
         /// Seed of the run: the same seed gives the same run.

@@ -28,9 +28,9 @@ pub struct PeerLimits {
 impl Default for PeerLimits {
     fn default() -> Self {
         Self {
-            max_filters: 1_000_000,
+            max_filters: 2_000_000,
             max_pending_delta_bytes: 16 * 1024 * 1024,
-            max_snapshot_bytes: 128 * 1024 * 1024,
+            max_snapshot_bytes: 256 * 1024 * 1024,
             max_retained_messages: 100_000,
             max_retained_bytes: 64 * 1024 * 1024,
         }
