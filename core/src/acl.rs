@@ -61,7 +61,11 @@ pub enum FilterAccess {
 
 /// Whether a rule lets the client in or keeps it out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Deserialize), serde(try_from = "String"))]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(try_from = "String")
+)]
 pub enum Permission {
     /// `allow`
     Allow,

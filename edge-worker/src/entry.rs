@@ -1,19 +1,24 @@
 //! The Worker's fetch handler and the Durable Object that holds the broker.
 
 use meridian_core::Config;
+use meridian_core::acl::Acl;
 use wasm_bindgen::JsValue;
 use worker::{
     Context, DurableObject, Env, Headers, Request, Response, Result, State, WebSocketPair,
     durable_object, event,
 };
 
-use crate::shell::Edge;
+use crate::shell::{Edge, Hooks};
 use crate::users::Users;
 
 /// The Durable Object binding in `wrangler.toml`.
 const BINDING: &str = "MQTT_BROKER";
 /// The secret that lists the users (see [`crate::users`]).
 const USERS_SECRET: &str = "MQTT_USERS";
+/// The variable that lets anonymous clients in when no user is listed: `"true"` only.
+const ALLOW_ANONYMOUS: &str = "ALLOW_ANONYMOUS";
+/// The secret or variable that holds the access rules (see [`crate::rules`]).
+const ACL_SECRET: &str = "MQTT_ACL";
 /// The path MQTT clients connect to, as Mosquitto's and EMQX's WebSocket listeners use.
 const MQTT_PATH: &str = "/mqtt";
 
@@ -70,23 +75,40 @@ fn subprotocol(req: &Request) -> Result<Option<&'static str>> {
         .find(|name| offered.contains(name)))
 }
 
-/// The users of the `MQTT_USERS` secret; none when it is not bound. Anything else that keeps
-/// it from being read (not a string, a bad line, no user at all) keeps the broker closed:
-/// connections get 503 and the log says why.
-fn users(env: &Env) -> std::result::Result<Users, String> {
-    let binding = js_sys::Reflect::get(env, &JsValue::from(USERS_SECRET))
-        .map_err(|_| format!("{USERS_SECRET} cannot be read"))?;
+/// A text binding (a secret or a variable): `None` when it is not bound.
+fn text_binding(env: &Env, name: &str) -> std::result::Result<Option<String>, String> {
+    let binding = js_sys::Reflect::get(env, &JsValue::from(name))
+        .map_err(|_| format!("{name} cannot be read"))?;
     if binding.is_undefined() {
-        return Ok(Users::default());
+        return Ok(None);
     }
-    let text = binding
+    binding
         .as_string()
-        .ok_or_else(|| format!("{USERS_SECRET} is not a text secret"))?;
-    let users = Users::parse(&text).map_err(|e| e.to_string())?;
-    if users.is_empty() {
-        return Err(format!("{USERS_SECRET} is set but lists no user"));
-    }
-    Ok(users)
+        .map(Some)
+        .ok_or_else(|| format!("{name} is not text"))
+}
+
+/// Who may connect and what they may do: the users of `MQTT_USERS` (nobody without it, unless
+/// `ALLOW_ANONYMOUS` is `"true"`) and the rules of `MQTT_ACL` (everything allowed without it).
+/// Anything that keeps them from being read (not text, a bad line, a secret that lists no
+/// user, a bad rule) keeps the broker closed: connections get 503 and the log says why.
+fn hooks(env: &Env) -> std::result::Result<Hooks, String> {
+    let users = match text_binding(env, USERS_SECRET)? {
+        Some(text) => {
+            let users = Users::parse(&text).map_err(|e| e.to_string())?;
+            if users.is_empty() {
+                return Err(format!("{USERS_SECRET} is set but lists no user"));
+            }
+            users
+        }
+        None if text_binding(env, ALLOW_ANONYMOUS)?.as_deref() == Some("true") => Users::anyone(),
+        None => Users::nobody(),
+    };
+    let acl = match text_binding(env, ACL_SECRET)? {
+        Some(text) => crate::rules::parse(&text)?,
+        None => Acl::default(),
+    };
+    Ok(Hooks { users, acl })
 }
 
 /// Limits for a broker inside one Durable Object, whose isolate has about 128 MB: smaller
@@ -113,7 +135,7 @@ pub struct MqttBroker {
 impl DurableObject for MqttBroker {
     fn new(state: State, env: Env) -> Self {
         Self {
-            edge: Edge::new(edge_config(), users(&env), state.storage()),
+            edge: Edge::new(edge_config(), hooks(&env), state.storage()),
         }
     }
 

@@ -11,14 +11,17 @@
 //!   with an alarm when none are.
 //!
 //! - The `MQTT_USERS` secret (one `user:password` per line, see [`users`]) lists who may
-//!   connect; without it, everyone may.
+//!   connect; without it, nobody may, unless the variable `ALLOW_ANONYMOUS = "true"` lets
+//!   everyone in on purpose (local development does).
+//! - `MQTT_ACL` (see [`rules`]) holds access rules in the daemon's `[acl]` format.
 //!
 //! Everything MQTT (3.1.1 and 5.0) is `meridian-core`'s; this crate translates IO. The Worker
 //! builds for `wasm32-unknown-unknown` (`worker-build --release`); on other targets only
-//! [`users`] is built, for its tests.
+//! [`users`] and [`rules`] are built, for their tests.
 
 #[cfg(target_arch = "wasm32")]
 mod entry;
+pub mod rules;
 #[cfg(target_arch = "wasm32")]
 mod shell;
 #[cfg(target_arch = "wasm32")]

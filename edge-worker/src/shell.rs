@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use js_sys::{ArrayBuffer, Uint8Array};
-use meridian_core::broker::AllowAll;
+use meridian_core::acl::Acl;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 use wasm_bindgen::{JsCast, JsValue};
 use worker::{Date, Delay, ScheduledTime, Storage, WebSocket, web_sys};
@@ -19,6 +19,8 @@ use worker::{Date, Delay, ScheduledTime, Storage, WebSocket, web_sys};
 use crate::store::RecordStore;
 use crate::users::Users;
 
+/// WebSocket close code of a normal close.
+const CLOSE_NORMAL: u16 = 1000;
 /// WebSocket close code for a text frame (MQTT travels in binary frames only).
 const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
 /// WebSocket close code when stored state could not be written: the client reconnects to a
@@ -29,10 +31,17 @@ const ALARM_BACKSTOP_MS: u64 = 60_000;
 /// The longest single wait of the in-memory timer.
 const MAX_TIMER_WAIT_MS: u64 = 3_600_000;
 
+/// Who may connect, and what they may do.
+#[derive(Debug, Clone)]
+pub struct Hooks {
+    pub users: Users,
+    pub acl: Acl,
+}
+
 /// The broker and the sockets of its connections.
 #[derive(Debug)]
 struct Shell {
-    broker: Broker<Users, AllowAll>,
+    broker: Broker<Users, Acl>,
     sockets: HashMap<ConnId, WebSocket>,
     store: RecordStore,
     /// The latest time fed to the broker; the clock it reads never goes backwards.
@@ -44,10 +53,12 @@ struct Shell {
 }
 
 impl Shell {
-    /// A broker with every stored record restored.
-    fn start(config: Config, users: Users, store: RecordStore) -> worker::Result<Self> {
+    /// A broker with every stored record restored, seeded from the platform's random source
+    /// (the client ids it assigns are not the same sequence on every start).
+    fn start(mut config: Config, hooks: Hooks, store: RecordStore) -> worker::Result<Self> {
         let now = wall_clock();
-        let mut broker = Broker::with_auth(config, now, users, AllowAll);
+        config.seed = random_seed()?;
+        let mut broker = Broker::with_auth(config, now, hooks.users, hooks.acl);
         let records = store.load()?;
         let count = records.len();
         let report = broker.restore(now, records);
@@ -129,6 +140,18 @@ fn wall_clock() -> Timestamp {
     Timestamp::from_millis(Date::now().as_millis())
 }
 
+/// 64 bits from `crypto.getRandomValues`.
+fn random_seed() -> worker::Result<u64> {
+    let bytes = Uint8Array::new_with_length(8);
+    let crypto = js_sys::Reflect::get(&js_sys::global(), &JsValue::from("crypto"))?;
+    let fill: js_sys::Function =
+        js_sys::Reflect::get(&crypto, &JsValue::from("getRandomValues"))?.dyn_into()?;
+    fill.call1(&crypto, &bytes)?;
+    let mut seed = [0u8; 8];
+    bytes.copy_to(&mut seed);
+    Ok(u64::from_le_bytes(seed))
+}
+
 /// One broker and its connections, shared by the Durable Object's handlers and the tasks that
 /// read each socket and wait for deadlines.
 #[derive(Debug, Clone)]
@@ -139,8 +162,8 @@ pub struct Edge {
 #[derive(Debug)]
 struct Inner {
     config: Config,
-    /// The parsed `MQTT_USERS` secret, or why it does not parse.
-    users: Result<Users, String>,
+    /// Who may connect and what they may do, or why they cannot be read.
+    hooks: Result<Hooks, String>,
     sql: worker::SqlStorage,
     storage: Storage,
     /// `None` until started, and again after stored state could not be read or written.
@@ -148,11 +171,11 @@ struct Inner {
 }
 
 impl Edge {
-    pub fn new(config: Config, users: Result<Users, String>, storage: Storage) -> Self {
+    pub fn new(config: Config, hooks: Result<Hooks, String>, storage: Storage) -> Self {
         Self {
             inner: Rc::new(Inner {
                 config,
-                users,
+                hooks,
                 sql: storage.sql(),
                 storage,
                 shell: RefCell::new(None),
@@ -164,12 +187,18 @@ impl Edge {
     pub fn ensure_started(&self) -> worker::Result<()> {
         let mut slot = self.inner.shell.borrow_mut();
         if slot.is_none() {
-            let users = self.inner.users.clone().map_err(worker::Error::RustError)?;
-            if users.is_empty() {
-                worker::console_warn!("meridian: MQTT_USERS is not set: every client may connect");
+            let hooks = self.inner.hooks.clone().map_err(worker::Error::RustError)?;
+            if hooks.users.allows_anyone() {
+                worker::console_warn!(
+                    "meridian: ALLOW_ANONYMOUS is \"true\" and MQTT_USERS is not set: every client may connect"
+                );
+            } else if hooks.users.is_empty() {
+                worker::console_error!(
+                    "meridian: MQTT_USERS is not set: every client is refused (set it, or ALLOW_ANONYMOUS = \"true\" for local development)"
+                );
             }
             let store = RecordStore::open(self.inner.sql.clone())?;
-            *slot = Some(Shell::start(self.inner.config.clone(), users, store)?);
+            *slot = Some(Shell::start(self.inner.config.clone(), hooks, store)?);
         }
         drop(slot);
         self.arm();
@@ -234,7 +263,17 @@ impl Edge {
                         self.closed(conn, &ws);
                     }
                 }
-                Ok(WebsocketEvent::Close(_)) | Err(_) => break,
+                Ok(WebsocketEvent::Close(event)) => {
+                    // Answer the client's Close at once, with its code where one may be sent
+                    // back, so that a clean disconnect ends cleanly rather than timing out.
+                    let code = match event.code() {
+                        code @ (1000..=1003 | 1007..=1014 | 3000..=4999) => code,
+                        _ => CLOSE_NORMAL,
+                    };
+                    let _ = ws.close(Some(code), Some("closed by the client"));
+                    break;
+                }
+                Err(_) => break,
             }
         }
         self.closed(conn, &ws);

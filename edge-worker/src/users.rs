@@ -1,19 +1,38 @@
-//! Who may connect: the users listed in the `MQTT_USERS` secret, one `user:password` line each.
+//! Who may connect: the users listed in the `MQTT_USERS` secret, one `user:password` line each;
+//! without it, nobody, unless `ALLOW_ANONYMOUS = "true"` says on purpose that everyone may.
 //!
 //! A Cloudflare secret is stored encrypted and never shown again, so the passwords are kept as
-//! given (typically long random tokens for devices) and compared in constant time. A slow
-//! password hash would run on the Durable Object's one thread, where every CONNECT with a wrong
-//! password would stall every client of the broker.
+//! given (typically long random tokens for devices), as SHA-256 digests. A login is checked by
+//! comparing the digest of the given password with the user's in constant time, and an
+//! unknown user with a digest of the same length: the time taken tells neither which users
+//! exist nor how long their passwords are. A slow password hash would run on the Durable
+//! Object's one thread, where every CONNECT with a wrong password would stall every client of
+//! the broker.
 
 use std::collections::HashMap;
 
 use meridian_core::broker::{AuthOutcome, AuthRequest, Authenticator};
 use meridian_core::codec::ReasonCode;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
-/// The users and their passwords. Without any, every client may connect.
+type PasswordDigest = [u8; 32];
+
+/// Who may connect.
 #[derive(Debug, Clone, Default)]
 pub struct Users {
-    passwords: HashMap<String, Vec<u8>>,
+    who: Who,
+}
+
+#[derive(Debug, Clone, Default)]
+enum Who {
+    /// No user list and no permission for anonymous clients: every CONNECT is refused.
+    #[default]
+    Nobody,
+    /// `ALLOW_ANONYMOUS = "true"` and no user list.
+    Anyone,
+    /// The users of `MQTT_USERS`, with the digests of their passwords.
+    Listed(HashMap<String, PasswordDigest>),
 }
 
 /// A line of `MQTT_USERS` that is not `user:password`.
@@ -24,9 +43,13 @@ pub struct UsersError {
     pub problem: &'static str,
 }
 
+fn digest(password: &[u8]) -> PasswordDigest {
+    Sha256::digest(password).into()
+}
+
 impl Users {
     /// Parses `user:password` lines; blank lines and `#` comments are skipped. The password is
-    /// everything after the first `:`.
+    /// everything after the first `:`. No line at all lets nobody in.
     pub fn parse(text: &str) -> Result<Self, UsersError> {
         let mut passwords = HashMap::new();
         for (index, line) in text.lines().enumerate() {
@@ -48,21 +71,47 @@ impl Users {
                 return Err(error("the password is empty"));
             }
             if passwords
-                .insert(user.to_owned(), password.as_bytes().to_vec())
+                .insert(user.to_owned(), digest(password.as_bytes()))
                 .is_some()
             {
                 return Err(error("this user is listed twice"));
             }
         }
-        Ok(Self { passwords })
+        Ok(Self {
+            who: if passwords.is_empty() {
+                Who::Nobody
+            } else {
+                Who::Listed(passwords)
+            },
+        })
     }
 
+    /// Everyone may connect, without a user name (`ALLOW_ANONYMOUS = "true"`, no user list).
+    pub fn anyone() -> Self {
+        Self { who: Who::Anyone }
+    }
+
+    /// Nobody may connect (no user list, and anonymous clients not allowed).
+    pub fn nobody() -> Self {
+        Self { who: Who::Nobody }
+    }
+
+    /// Users listed.
     pub fn len(&self) -> usize {
-        self.passwords.len()
+        match &self.who {
+            Who::Listed(users) => users.len(),
+            Who::Nobody | Who::Anyone => 0,
+        }
     }
 
+    /// Whether no user is listed.
     pub fn is_empty(&self) -> bool {
-        self.passwords.is_empty()
+        self.len() == 0
+    }
+
+    /// Whether anonymous clients get in.
+    pub fn allows_anyone(&self) -> bool {
+        matches!(self.who, Who::Anyone)
     }
 }
 
@@ -71,31 +120,27 @@ impl Authenticator for Users {
         if request.method.is_some() {
             return AuthOutcome::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD);
         }
-        if self.passwords.is_empty() {
-            return AuthOutcome::Allow { username: None };
-        }
+        let users = match &self.who {
+            Who::Anyone => return AuthOutcome::Allow { username: None },
+            Who::Nobody => return AuthOutcome::Deny(ReasonCode::NOT_AUTHORIZED),
+            Who::Listed(users) => users,
+        };
         let Some(username) = request.username else {
             return AuthOutcome::Deny(ReasonCode::NOT_AUTHORIZED);
         };
-        let given = request.password.unwrap_or_default();
-        // An unknown user is compared against a password of the same length, so that the time
-        // taken does not tell which user names exist.
-        let (expected, known) = match self.passwords.get(username) {
-            Some(password) => (password.as_slice(), true),
-            None => (given, false),
+        let given = digest(request.password.unwrap_or_default());
+        // An unknown user is compared against a digest as long as any other, so that the
+        // time taken does not tell which user names exist.
+        let (expected, known) = match users.get(username) {
+            Some(password) => (password, true),
+            None => (&[0u8; 32], false),
         };
-        if equal_in_constant_time(expected, given) && known {
+        if bool::from(expected.ct_eq(&given)) && known {
             AuthOutcome::Allow { username: None }
         } else {
             AuthOutcome::Deny(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
         }
     }
-}
-
-/// Whether `a == b`, looking at every byte whatever the first difference (the lengths are not
-/// hidden).
-fn equal_in_constant_time(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 #[cfg(test)]
@@ -152,11 +197,17 @@ mod tests {
     }
 
     #[test]
-    fn without_users_everyone_gets_in() {
+    fn without_users_nobody_gets_in_unless_anyone_may_on_purpose() {
         let mut users = Users::parse("\n# nobody yet\n").unwrap();
         assert!(users.is_empty());
+        let refused = AuthOutcome::Deny(ReasonCode::NOT_AUTHORIZED);
+        assert_eq!(users.authenticate(&request(None, None)), refused);
         assert_eq!(
-            users.authenticate(&request(None, None)),
+            Users::nobody().authenticate(&request(Some("a"), Some(b"b"))),
+            refused
+        );
+        assert_eq!(
+            Users::anyone().authenticate(&request(None, None)),
             AuthOutcome::Allow { username: None }
         );
     }
@@ -180,10 +231,16 @@ mod tests {
     }
 
     #[test]
-    fn constant_time_comparison_is_equality() {
-        assert!(equal_in_constant_time(b"", b""));
-        assert!(equal_in_constant_time(b"abc", b"abc"));
-        assert!(!equal_in_constant_time(b"abc", b"abd"));
-        assert!(!equal_in_constant_time(b"abc", b"ab"));
+    fn passwords_are_kept_as_digests_of_one_length() {
+        let users = Users::parse("a:x\nb:a-much-longer-password-than-the-other").unwrap();
+        let Who::Listed(map) = &users.who else {
+            panic!("listed users")
+        };
+        assert!(map.values().all(|d| d.len() == 32));
+        assert_ne!(map["a"], map["b"]);
+        assert!(
+            !format!("{users:?}").contains("much-longer"),
+            "not kept as given"
+        );
     }
 }

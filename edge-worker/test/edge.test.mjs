@@ -5,7 +5,7 @@
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { once } from "node:events";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -14,6 +14,10 @@ import mqtt from "mqtt";
 import WebSocket from "ws";
 
 const BUILD = fileURLToPath(new URL("../build", import.meta.url));
+/** The compatibility date of `wrangler.toml`, so that the tests run the worker as deployed. */
+const COMPATIBILITY_DATE = readFileSync(new URL("../wrangler.toml", import.meta.url), "utf8").match(
+  /^compatibility_date = "([0-9-]+)"/m,
+)[1];
 const DEADLINE_MS = 10000;
 
 const running = new Set();
@@ -36,9 +40,15 @@ function within(promise, what, ms = DEADLINE_MS) {
 /**
  * The worker in Miniflare on a free loopback port. `persist`: a directory that keeps the
  * Durable Object's storage across instances, as a restart or redeploy keeps it. `users`: the
- * MQTT_USERS secret.
+ * MQTT_USERS secret; without it, `anonymous` sets ALLOW_ANONYMOUS = "true" (as local
+ * development does), and `false` leaves it unset. `acl`: the MQTT_ACL secret.
  */
-async function startEdge({ persist = false, users } = {}) {
+async function startEdge({ persist = false, users, anonymous = true, acl } = {}) {
+  // Secrets reach a worker as string bindings, as `wrangler secret put MQTT_USERS` gives them.
+  const bindings = {};
+  if (users !== undefined) bindings.MQTT_USERS = users;
+  else if (anonymous) bindings.ALLOW_ANONYMOUS = "true";
+  if (acl !== undefined) bindings.MQTT_ACL = acl;
   let output = "";
   const watchers = [];
   const mf = new Miniflare({
@@ -46,11 +56,10 @@ async function startEdge({ persist = false, users } = {}) {
     scriptPath: path.join(BUILD, "index.js"),
     modulesRoot: BUILD,
     modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
-    compatibilityDate: "2026-04-01",
+    compatibilityDate: COMPATIBILITY_DATE,
     durableObjects: { MQTT_BROKER: { className: "MqttBroker", useSQLite: true } },
     durableObjectsPersist: persist,
-    // Secrets reach a worker as string bindings, as `wrangler secret put MQTT_USERS` gives them.
-    bindings: users === undefined ? {} : { MQTT_USERS: users },
+    bindings,
     host: "127.0.0.1",
     port: 0,
     cf: false,
@@ -389,3 +398,88 @@ for (const [users, logged] of [
     await edge.stop();
   });
 }
+
+test("without MQTT_USERS or ALLOW_ANONYMOUS every client is refused, and the log says how to open it", async () => {
+  const edge = await startEdge({ anonymous: false });
+  const refused = (protocolVersion) =>
+    within(
+      mqtt.connectAsync(edge.ws, { clientId: `c${protocolVersion}`, protocolVersion, reconnectPeriod: 0 }).then(
+        () => assert.fail("an anonymous client got in"),
+        (error) => error.code,
+      ),
+      "the refusal",
+    );
+  assert.equal(await refused(5), 0x87);
+  assert.equal(await refused(4), 5);
+  await edge.waitForLog("MQTT_USERS is not set: every client is refused");
+  await edge.stop();
+});
+
+const ACL = `
+[acl]
+default = "allow"
+
+[[acl.rules]]
+permission = "deny"
+action = "subscribe"
+topic = "secret/#"
+
+[[acl.rules]]
+permission = "deny"
+action = "publish"
+topic = "readonly/#"
+`;
+
+test("MQTT_ACL rules, in the daemon's [acl] format, apply at the edge", async () => {
+  const edge = await startEdge({ acl: ACL });
+  const watcher = await connect(edge, "watcher", 5);
+  // MQTT.js rejects a SUBACK whose only reason code is a failure.
+  const suback = await watcher.subscribeAsync("secret/#", { qos: 1 }).then(
+    () => assert.fail("secret/# was granted"),
+    (error) => error.packet,
+  );
+  assert.deepEqual(suback.granted, [0x87], "a filter wholly in denied topics is refused");
+  const box = inbox(watcher);
+  await watcher.subscribeAsync("#", { qos: 1 });
+  const pub = await connect(edge, "pub", 4);
+  await pub.publishAsync("secret/plans", "no", { qos: 1 });
+  await pub.publishAsync("readonly/state", "no", { qos: 1 });
+  await pub.publishAsync("open/news", "yes", { qos: 1 });
+  const m = await box.next("the allowed message");
+  assert.deepEqual([m.topic, m.payload], ["open/news", "yes"], "denied topics never arrive");
+  await edge.stop();
+});
+
+test("a bad MQTT_ACL keeps the broker closed and the log names the line", async () => {
+  const edge = await startEdge({ acl: ACL.replace('topic = "secret/#"', 'topic = "secret/#/x"') });
+  const ws = new WebSocket(edge.ws, "mqtt");
+  const [, response] = await within(once(ws, "unexpected-response"), "the refusal");
+  assert.equal(response.statusCode, 503);
+  await edge.waitForLog("MQTT_ACL: TOML parse error at line 5");
+  await edge.stop();
+});
+
+test("a client's WebSocket Close is answered at once", async () => {
+  const edge = await startEdge();
+  const conn = await rawConnection(edge);
+  conn.ws.send(connectPacket("closer", 60));
+  assert.deepEqual(await conn.next("CONNACK"), CONNACK_ACCEPTED);
+  conn.ws.send(Buffer.from([0xe0, 0])); // DISCONNECT
+  conn.ws.close(1000, "bye");
+  // Without an answer the ws library waits 30 s and reports 1006.
+  assert.equal(await within(conn.closed, "the broker's Close", 5000), 1000);
+  await edge.stop();
+});
+
+test("client ids the broker assigns differ from one start to the next", async () => {
+  const assigned = [];
+  for (let start = 0; start < 2; start++) {
+    const edge = await startEdge();
+    const { client, connack } = await connectWithConnack(edge, "", 5);
+    assigned.push(connack.properties.assignedClientIdentifier);
+    await client.endAsync();
+    await edge.stop();
+  }
+  assert.ok(assigned.every((id) => typeof id === "string" && id.length > 0), String(assigned));
+  assert.notEqual(assigned[0], assigned[1]);
+});
