@@ -30,7 +30,7 @@ pub use hash::{filter_hash, set_hash};
 /// Filter bytes in one route-delta frame as a node sends it, about ([`RouteDelta::split`]):
 /// well inside a gossip message and a link frame.
 pub const DELTA_MAX_BYTES: usize = 512 * 1024;
-pub use log::RouteLog;
+pub use log::{RouteLog, SNAPSHOT_CHUNK_BYTES};
 pub use table::{
     DeltaOutcome, NodeSet, Replica, ReplicaLimit, ReplicaLimits, RouteTable, SnapshotOutcome,
 };
