@@ -29,6 +29,8 @@ export interface BrokerConfig {
   maxSessions?: number;
   v3SessionExpirySecs?: number;
   maxRetainedMessages?: number;
+  /** Payload and topic bytes of every message held (retained, queued, in flight). */
+  maxHeldBytes?: number;
   topicAliasMaximum?: number;
   outboundTopicAliasMaximum?: number;
   maximumQos?: QoS;
@@ -149,6 +151,8 @@ export interface BrokerStats {
   retainedMessages: number;
   queuedMessages: number;
   inflightMessages: number;
+  /** Payload and topic bytes of every message held (bounded by `maxHeldBytes`). */
+  heldBytes: number;
   packetsReceived: number;
   packetsSent: number;
   bytesReceived: number;
@@ -168,6 +172,8 @@ export interface BrokerStats {
   /** QoS 0 forwards not sent to a peer reported with `handlePeerCongested`. */
   droppedPeerCongested: number;
   droppedOutboxFull: number;
+  /** Deliveries and retained messages not held, and QoS 1/2 PUBLISHes refused, at `maxHeldBytes`. */
+  droppedMemoryFull: number;
   /** QoS 1/2 forwards that waited for a node when it was forgotten. */
   droppedPeerForgotten: number;
   /** The oldest QoS 1/2 forwards for a node whose link is down, dropped to keep its outbox

@@ -237,6 +237,12 @@ fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
             let got = received.get(&c).cloned().unwrap_or_default();
             prop_assert_eq!(got, exp, "client c{} after {:?}", c, op);
         }
+        prop_assert_eq!(
+            w.broker.held_bytes(),
+            w.broker.held_bytes_recounted(),
+            "the running count of held bytes after {:?}",
+            op
+        );
     }
     Ok(())
 }

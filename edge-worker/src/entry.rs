@@ -112,9 +112,12 @@ fn hooks(env: &Env) -> std::result::Result<Hooks, String> {
 }
 
 /// Limits for a broker inside one Durable Object, whose isolate has about 128 MB: smaller
-/// packets, queues and counts than the daemon's defaults (`edge-worker/README.md`, "Limits").
+/// packets, queues and counts than the daemon's defaults, and every message held within
+/// 48 MiB, the part of the isolate left for messages beside the runtime, the module and the
+/// connections (`edge-worker/README.md`, "Limits").
 fn edge_config() -> Config {
     Config {
+        max_held_bytes: 48 * 1024 * 1024,
         max_packet_size: 64 * 1024,
         max_inflight_bytes: 512 * 1024,
         max_queued_messages: 1_000,

@@ -706,6 +706,7 @@ partial!(PLimits {
     max_sessions: usize,
     v3_session_expiry_secs: u32,
     max_retained_messages: usize,
+    max_held_bytes: usize,
     topic_alias_maximum: u16,
     outbound_topic_alias_maximum: u16,
     max_write_buffer_bytes: usize,

@@ -94,10 +94,10 @@ fn metric(text: &str, name: &str) -> usize {
 }
 
 /// Stream until the daemon stops reading (its end of the connection holds a full receive
-/// window, 32 KiB or more, unread), then check it took in no more than the bound; `written`
-/// counts what the writer got out. The writer must not be refused or cut: pausing is not
-/// closing.
-async fn check_held_to_the_bound(d: &Daemon, port: u16, written: &AtomicUsize) {
+/// window, 32 KiB or more, unread), then check it took in no more than the bound plus `ahead`
+/// (what may be on its way to the broker task when it asks for the pause); `written` counts
+/// what the writer got out. The writer must not be refused or cut: pausing is not closing.
+async fn check_held_to_the_bound(d: &Daemon, port: u16, written: &AtomicUsize, ahead: usize) {
     let pid = d.child.as_ref().unwrap().id();
     let (_, before) = http(d.admin, "GET", "/metrics").await;
     let received_before = metric(&before, "meridian_bytes_received_total");
@@ -115,9 +115,9 @@ async fn check_held_to_the_bound(d: &Daemon, port: u16, written: &AtomicUsize) {
     .expect("the daemon stops reading the connection");
     let (_, after) = http(d.admin, "GET", "/metrics").await;
     let received = metric(&after, "meridian_bytes_received_total") - received_before;
-    // At most the bound, plus the read that crossed it, plus the CONNECT.
+    // At most the bound, plus what was on its way, plus the CONNECT.
     assert!(
-        received <= MAX_PACKET + 16 * 1024 + 64,
+        received <= MAX_PACKET + ahead + 64,
         "{received} bytes taken in before the login was decided"
     );
     let grown = rss_bytes(pid).saturating_sub(rss_before);
@@ -153,7 +153,8 @@ async fn a_tcp_client_streaming_before_its_login_is_decided_is_held_to_the_bound
         }
         Ok::<_, std::io::Error>(stream)
     });
-    check_held_to_the_bound(&d, d.mqtt, &written).await;
+    // Plain TCP: the broker task reads the socket itself, 16 KiB at a time.
+    check_held_to_the_bound(&d, d.mqtt, &written, 16 * 1024).await;
     assert!(
         !writer.is_finished(),
         "the writer waits, neither done nor cut"
@@ -194,7 +195,9 @@ async fn a_websocket_client_streaming_before_its_login_is_decided_is_held_to_the
         }
         Ok::<_, tokio_tungstenite::tungstenite::Error>(ws)
     });
-    check_held_to_the_bound(&d, port, &written).await;
+    // A WebSocket's task may have handed the broker task up to 64 KiB (the transport's
+    // `UNFED_MAX`) and a frame more by the time the pause reaches it; seen on a loaded machine.
+    check_held_to_the_bound(&d, port, &written, 64 * 1024 + 16 * 1024).await;
     assert!(
         !writer.is_finished(),
         "the writer waits, neither done nor cut"

@@ -17,6 +17,7 @@
 //! | `max_session_expiry_secs` | a longer requested expiry is lowered and announced in CONNACK |
 //! | `max_sessions` | a CONNECT that would create one more session: CONNACK 0x97 (5.0) / return code 3 (3.1.1) |
 //! | `max_retained_messages` | a new retained topic beyond it is not stored (counted in `Stats::dropped_retained_full`); replacing or deleting still works |
+//! | `max_held_bytes` | every message the broker holds, retained, queued and in flight, over all sessions: a QoS 1/2 PUBLISH from an MQTT 5.0 client gets 0x97 (Quota exceeded) and is not routed; an MQTT 3.1.1 one is routed, and each delivery that would be held (queued, or sent and awaiting its acknowledgement) is dropped; a retained message that would add bytes is not stored (all counted in `Stats::dropped_memory_full`); QoS 0 deliveries are written at once and never held, deletes and acknowledgements always work |
 //! | `topic_alias_maximum` | a client alias above it: DISCONNECT 0x94 |
 //! | the shell's write backlog (not a field here) | the shell feeds [`crate::Input::Congested`] when a connection's unwritten bytes pass its mark: QoS 0 deliveries to it are dropped and counted (`Stats::dropped_qos0_congested`) until [`crate::Input::Drained`]; the shell also decides when a backlog is too large to keep the connection |
 
@@ -80,6 +81,12 @@ macro_rules! with_config_fields {
                 v3_session_expiry_secs: u32 = 24 * 3600,
                 /// Retained topics the broker keeps.
                 max_retained_messages: usize = 1_000_000,
+                /// Payload and topic bytes of every message the broker holds: retained, queued
+                /// and in flight, over all sessions. At the bound, a QoS 1/2 PUBLISH from an
+                /// MQTT 5.0 client is refused with 0x97, a delivery that would be queued or sent
+                /// and held is dropped, and a new retained message is not stored (each counted
+                /// in `Stats::dropped_memory_full`); QoS 0 deliveries are never held.
+                max_held_bytes: usize = 1024 * 1024 * 1024,
                 /// Aliases a client may use towards the broker. Advertised in CONNACK; 0
                 /// disables.
                 topic_alias_maximum: u16 = 64,

@@ -96,13 +96,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             );
         }
         let mut reason = self.check_publish(sid, &p);
-        // A node that wants the message has a full outbox: refuse rather than lose it.
-        if reason.is_none()
-            && v5
-            && p.qos != QoS::AtMostOnce
-            && self.outbox_full_for(&p.topic, p.payload.len() + p.topic.len())
-        {
-            reason = Some(ReasonCode::QUOTA_EXCEEDED);
+        let weight = p.payload.len() + p.topic.len();
+        // The broker holds as much as it may, or a node that wants the message has a full
+        // outbox: refuse rather than lose it.
+        if reason.is_none() && v5 && p.qos != QoS::AtMostOnce {
+            if self.over_budget(weight) {
+                self.stats.dropped_memory_full += 1;
+                reason = Some(ReasonCode::QUOTA_EXCEEDED);
+            } else if self.outbox_full_for(&p.topic, weight) {
+                reason = Some(ReasonCode::QUOTA_EXCEEDED);
+            }
         }
         if reason == Some(ReasonCode::TOPIC_NAME_INVALID) && !v5 {
             // 3.1.1 has no way to refuse a PUBLISH but closing the connection.
@@ -222,18 +225,25 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         .encode();
         if message.payload.is_empty() {
             if let Some(old) = self.retained.remove(&message.topic) {
+                self.retained_bytes -= old.weight();
                 self.forget_retained_expiry(&old);
                 self.persist(key, None);
             }
             return;
         }
-        if self.retained.get(&message.topic).is_none()
-            && self.retained.len() >= self.config.max_retained_messages
-        {
+        let old_weight = self.retained.get(&message.topic).map(|m| m.weight());
+        if old_weight.is_none() && self.retained.len() >= self.config.max_retained_messages {
             self.stats.dropped_retained_full += 1;
             return;
         }
+        let more = message.weight().saturating_sub(old_weight.unwrap_or(0));
+        if more > 0 && self.over_budget(more) {
+            self.stats.dropped_memory_full += 1;
+            return;
+        }
+        self.retained_bytes += message.weight();
         if let Some(old) = self.retained.insert(&message.topic, message.clone()) {
+            self.retained_bytes -= old.weight();
             self.forget_retained_expiry(&old);
         }
         self.arm_retained_expiry(message);
@@ -342,6 +352,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         mut delivery: Delivery,
         detached: &mut Option<Arc<Message>>,
     ) {
+        if delivery.qos != QoS::AtMostOnce && self.over_budget(delivery.message.weight()) {
+            // It would be held (queued, or in flight until acknowledged).
+            self.stats.dropped_memory_full += 1;
+            return;
+        }
         let Some(session) = self.session(sid) else {
             return;
         };
@@ -414,6 +429,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Drop expired messages from a session's queue, with their records.
     fn purge_expired_queue(&mut self, sid: SessionId) {
         let now = self.now;
+        self.touch(sid);
         let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -590,6 +606,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             }
             let now = self.now;
+            self.touch(sid);
             let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
                 return;
             };

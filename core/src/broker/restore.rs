@@ -120,7 +120,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                             self.persist(key.clone(), None);
                         } else {
                             let message = std::sync::Arc::new(message);
-                            self.retained.insert(&topic, message.clone());
+                            self.retained_bytes += message.weight();
+                            if let Some(old) = self.retained.insert(&topic, message.clone()) {
+                                self.retained_bytes -= old.weight();
+                            }
                             self.arm_retained_expiry(&message);
                             report.retained += 1;
                         }

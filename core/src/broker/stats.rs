@@ -118,6 +118,9 @@ stats! {
     Gauge queued_messages: usize => "queued_messages";
     /// Messages sent and not yet acknowledged.
     Gauge inflight_messages: usize => "inflight_messages";
+    /// Payload and topic bytes of every message held: retained, queued and in flight
+    /// (bounded by `max_held_bytes`).
+    Gauge held_bytes: usize => "held_bytes";
     /// MQTT packets received.
     Counter packets_received: u64 => "packets_received";
     /// MQTT packets sent.
@@ -163,6 +166,10 @@ stats! {
     /// `Input::PeerCongested`).
     Counter dropped_peer_congested: u64 => "messages_dropped"
         (DROPPED) "reason" = "peer_congested";
+    /// Deliveries not held and retained messages not stored because the broker held
+    /// `max_held_bytes` of messages, and QoS 1/2 PUBLISHes refused for it (5.0: 0x97).
+    Counter dropped_memory_full: u64 => "messages_dropped"
+        (DROPPED) "reason" = "memory_full";
     /// QoS 1/2 forwards waiting for a node that was forgotten (it left the deployment).
     Counter dropped_peer_forgotten: u64 => "messages_dropped"
         (DROPPED) "reason" = "peer_forgotten";
