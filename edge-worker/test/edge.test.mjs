@@ -4,8 +4,10 @@
 // Every wait has a deadline; nothing sleeps.
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -482,4 +484,64 @@ test("client ids the broker assigns differ from one start to the next", async ()
   }
   assert.ok(assigned.every((id) => typeof id === "string" && id.length > 0), String(assigned));
   assert.notEqual(assigned[0], assigned[1]);
+});
+
+/** A loopback port nobody listens on now. */
+async function freePort() {
+  const server = createServer();
+  server.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  const { port } = server.address();
+  server.close();
+  await once(server, "close");
+  return port;
+}
+
+test("`npx wrangler dev` in edge-worker/ serves the broker on loopback, with no account", async () => {
+  const port = await freePort();
+  const edgeDir = fileURLToPath(new URL("..", import.meta.url));
+  // The same command a user types; test.sh has put the build's tools in the environment.
+  const dev = spawn("npx", ["wrangler", "dev", "--ip", "127.0.0.1", "--port", String(port)], {
+    cwd: edgeDir,
+    env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "true" },
+    stdio: ["ignore", "pipe", "pipe"],
+    detached: true,
+  });
+  let output = "";
+  const ready = new Promise((resolve, reject) => {
+    const look = (chunk) => {
+      output += chunk;
+      if (output.includes("Ready on")) resolve();
+    };
+    dev.stdout.setEncoding("utf8").on("data", look);
+    dev.stderr.setEncoding("utf8").on("data", look);
+    dev.once("exit", (code) => reject(new Error(`wrangler dev exited with ${code}:\n${output}`)));
+  });
+  try {
+    // Its custom build (worker-build --release) runs first: minutes on a cold cache.
+    await within(ready, "wrangler dev to be ready", 300000);
+    const url = `ws://127.0.0.1:${port}/mqtt`;
+    const sub = await within(
+      mqtt.connectAsync(url, { clientId: "dev-sub", protocolVersion: 4, reconnectPeriod: 0 }),
+      "a client of wrangler dev to connect",
+    );
+    clients.add(sub);
+    const box = inbox(sub);
+    await sub.subscribeAsync("dev/#", { qos: 1 });
+    const pub = await within(
+      mqtt.connectAsync(url, { clientId: "dev-pub", protocolVersion: 5, reconnectPeriod: 0 }),
+      "a publisher to connect",
+    );
+    clients.add(pub);
+    await pub.publishAsync("dev/hello", "from wrangler dev", { qos: 1 });
+    const m = await box.next("the message through wrangler dev");
+    assert.deepEqual([m.topic, m.payload], ["dev/hello", "from wrangler dev"]);
+    await Promise.all([sub.endAsync(), pub.endAsync()]);
+  } finally {
+    // The whole process group: npx, wrangler and its workerd.
+    try {
+      process.kill(-dev.pid, "SIGTERM");
+    } catch {}
+    if (dev.exitCode === null) await within(once(dev, "exit"), "wrangler dev to stop").catch(() => {});
+  }
 });
