@@ -218,7 +218,7 @@ fn new_rules_filter_subscriptions_made_before_them() {
 }
 
 #[test]
-fn another_user_does_not_resume_a_session_nor_get_what_waits_in_it() {
+fn another_user_can_neither_take_over_nor_resume_a_session() {
     let acl = Acl::new(
         Permission::Allow,
         vec![rule(Permission::Deny, Action::Subscribe, "secret/#").for_user("guest")],
@@ -233,6 +233,16 @@ fn another_user_does_not_resume_a_session_nor_get_what_waits_in_it() {
     };
     let (s, _) = w.connect_with(V5, "s", persistent("admin"));
     w.subscribe(s, "#", QoS::AtLeastOnce);
+    // While admin is connected, guest cannot take the session over (nor fire its will).
+    let (_, ack) = w.connect_with(V5, "s", persistent("guest"));
+    assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED);
+    assert!(!w.is_closed(s), "admin's connection stays");
+    let (_, ack) = w.connect_with(V3, "s", |c| c.username = Some("guest".into()));
+    assert_eq!(
+        ack.reason,
+        ReasonCode::NOT_AUTHORIZED,
+        "3.1.1: return code 5, which the codec reads as 0x87"
+    );
     w.close(s);
     let p = w.connect(V5, "p");
     w.publish(
@@ -244,17 +254,18 @@ fn another_user_does_not_resume_a_session_nor_get_what_waits_in_it() {
         1,
     );
     w.publish(p, "open/x", b"queued for admin", QoS::AtLeastOnce, false, 2);
-    let (s, ack) = w.connect_with(V5, "s", persistent("guest"));
-    assert!(!ack.session_present, "another user starts afresh");
-    assert!(
-        w.received_publishes(s).is_empty(),
-        "nothing of admin's queue"
-    );
-    w.publish(p, "open/y", b"x", QoS::AtLeastOnce, false, 3);
-    assert!(
-        w.received_publishes(s).is_empty(),
-        "nor admin's subscriptions"
-    );
+    // Nor resume it, nor start afresh in its place, while it lasts.
+    for clean in [false, true] {
+        let (_, ack) = w.connect_with(V5, "s", |c| {
+            persistent("guest")(c);
+            c.clean_start = clean;
+        });
+        assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED);
+    }
+    // admin finds its session as it left it.
+    let (s, ack) = w.connect_with(V5, "s", persistent("admin"));
+    assert!(ack.session_present);
+    assert_eq!(w.received_publishes(s).len(), 2);
 }
 
 /// Connect and configure a persistent session.

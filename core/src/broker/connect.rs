@@ -263,6 +263,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
         }
 
+        // A session belongs to the user that made it: another user may neither take it over
+        // (closing its connection, firing its will) nor resume it, nor start afresh in its
+        // place, while it lasts.
+        let other_user = self
+            .by_client_id
+            .get(connect.client_id.as_str())
+            .and_then(|&s| self.session(s))
+            .is_some_and(|s| s.username.as_deref() != username.as_deref());
+        if other_user {
+            return self.refuse(conn_id, Some(connect.client_id), ReasonCode::NOT_AUTHORIZED);
+        }
         // Takeover: the old connection goes (its will follows the usual rules).
         if let Some(old) = self
             .by_client_id
@@ -278,13 +289,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if existing.is_none() && self.by_client_id.len() >= self.config.max_sessions {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::QUOTA_EXCEEDED);
         }
-        // A session is resumed by the user that made it only: another user starts afresh, and
-        // what the session held (subscriptions, queued messages) is not handed to them.
-        let same_user = |s: &Session| s.username.as_deref() == username.as_deref();
         let (sid, session_present) = match existing {
-            Some(sid) if !connect.clean_start && self.session(sid).is_some_and(same_user) => {
-                (sid, true)
-            }
+            Some(sid) if !connect.clean_start => (sid, true),
             Some(sid) => {
                 self.end_session(sid);
                 (
