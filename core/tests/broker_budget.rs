@@ -145,3 +145,23 @@ fn the_count_survives_a_restart_and_sessions_that_end() {
     assert_eq!(w.broker.stats().held_bytes, 10, "only the retained message");
     assert_eq!(w.broker.held_bytes(), w.broker.held_bytes_recounted());
 }
+
+#[test]
+fn messages_in_flight_count_until_acknowledged() {
+    let mut w = world();
+    let sub = w.connect(V5, "sub");
+    w.subscribe(sub, "t/#", QoS::AtLeastOnce);
+    let publisher = w.connect(V5, "pub");
+    for i in 1..=3u16 {
+        w.publish(publisher, "t/x", b"1234567", QoS::AtLeastOnce, false, i);
+    }
+    let sent = w.received_publishes(sub);
+    assert_eq!(sent.len(), 3);
+    let stats = w.broker.stats();
+    assert_eq!((stats.inflight_messages, stats.held_bytes), (3, 30));
+    for p in &sent {
+        w.ack(sub, p);
+    }
+    assert_eq!(w.broker.stats().held_bytes, 0);
+    assert_eq!(w.broker.held_bytes(), w.broker.held_bytes_recounted());
+}

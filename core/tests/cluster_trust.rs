@@ -509,6 +509,25 @@ mod forged {
                 protocol: 2,
                 region: "forged".into(),
             }),
+            // Relayed writes in a's name (c reaches a: it takes a's writes from a only), and
+            // one in c's own name.
+            (any::<u64>(), any::<bool>(), any::<bool>()).prop_map(|(wall_ms, as_c, delete)| {
+                Frame::RetainedSnapshot(vec![RetainedUpdate {
+                    topic: "a/r".into(),
+                    stamp: Stamp {
+                        hlc: Hlc {
+                            wall_ms: wall_ms % 2_000_000,
+                            logical: 0,
+                        },
+                        node: id(if as_c { "c" } else { "a" }),
+                    },
+                    message: (!delete).then(|| message("a/r", b"forged", QoS::AtMostOnce)),
+                }])
+            }),
+            any::<u64>().prop_map(|incarnation| Frame::Forget {
+                node: id("a"),
+                incarnation,
+            }),
         ]
     }
 
@@ -520,7 +539,11 @@ mod forged {
             let (mut mesh, sub) = three();
             let before = mesh.node("c").broker.replicated_routes(&id("a"));
             let retained = mesh.node("c").broker.retained_digest();
-            let n = frames.len() as u64;
+            // Relays and forget announcements are not faults: they are ignored here.
+            let n = frames
+                .iter()
+                .filter(|f| !matches!(f, Frame::RetainedSnapshot(_) | Frame::Forget { .. }))
+                .count() as u64;
             for frame in frames {
                 mesh.inject("b", "c", frame.clone());
                 mesh.inject("b", "a", frame);
@@ -605,4 +628,141 @@ fn duplicate_marks_of_nodes_forgotten_long_ago_are_let_go() {
     // The first was forgotten 1,025 nodes ago: its marks (memory, records) are gone.
     mesh.inject("s0", "a", forward("s0"));
     assert_eq!(mesh.node("a").received_publishes(sub).len(), 1);
+}
+
+#[test]
+fn a_relayed_retained_write_counts_against_its_relayer_and_never_speaks_for_reachable_nodes() {
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |c| {
+        c.peer_limits.max_retained_messages = 2;
+    });
+    let now = mesh.node("c").now;
+    let write = |topic: &str, node: &str, wall_ms: u64| RetainedUpdate {
+        topic: topic.into(),
+        stamp: Stamp {
+            hlc: Hlc {
+                wall_ms,
+                logical: 0,
+            },
+            node: id(node),
+        },
+        message: Some(message(topic, b"relayed", QoS::AtMostOnce)),
+    };
+    // b relays writes in the names of c itself and of a, which c reaches: ignored.
+    mesh.inject(
+        "b",
+        "c",
+        Frame::RetainedSnapshot(vec![write("r/1", "c", now), write("r/2", "a", now)]),
+    );
+    assert_eq!(mesh.node("c").broker.retained_digest().unwrap().entries, 0);
+    // In the name of a node c cannot reach: taken, on b's account, which holds two.
+    mesh.link_down(&id("a"), &id("c"));
+    mesh.inject(
+        "b",
+        "c",
+        Frame::RetainedSnapshot(vec![
+            write("r/1", "a", now),
+            write("r/2", "a", now),
+            write("r/3", "a", now),
+        ]),
+    );
+    let c = mesh.node("c");
+    assert_eq!(c.broker.retained_digest().unwrap().entries, 2);
+    assert_eq!(c.broker.stats().peer_frames_over_limit, 1);
+    assert_eq!(
+        c.cut_peers,
+        vec![id("b")],
+        "the relayer pays, with its session"
+    );
+    c.cut_peers.clear();
+    // a's own writes are not spent by what b relayed.
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.settle();
+    let a = mesh.node("a");
+    let p = a.connect(V5, "p");
+    a.publish(p, "r/own1", b"x", QoS::AtMostOnce, true, 0);
+    a.publish(p, "r/own2", b"x", QoS::AtMostOnce, true, 0);
+    mesh.settle();
+    let c = mesh.node("c");
+    assert!(c.cut_peers.is_empty(), "a was not cut: {:?}", c.cut_peers);
+    assert_eq!(c.broker.stats().retained_messages, 4);
+}
+
+#[test]
+fn a_retained_write_the_store_keeps_out_is_not_taken_nor_counted() {
+    let config = Config {
+        max_retained_messages: 1,
+        ..Config::default()
+    };
+    let mut mesh = Mesh::new(&["a", "b"], config, |c| {
+        c.peer_limits.max_retained_messages = 2;
+    });
+    let now = mesh.node("b").now;
+    let write = |topic: &str, payload: &'static [u8], logical: u32| {
+        Frame::Retained(RetainedUpdate {
+            topic: topic.into(),
+            stamp: Stamp {
+                hlc: Hlc {
+                    wall_ms: now,
+                    logical,
+                },
+                node: id("a"),
+            },
+            message: Some(message(topic, payload, QoS::AtMostOnce)),
+        })
+    };
+    mesh.inject("a", "b", write("r/1", b"x", 1));
+    // b's store is full: a's next topics are kept out, and do not count on a's account (two
+    // would reach its bound of 2), so a's write of a third is kept out again, no fault.
+    mesh.inject("a", "b", write("r/2", b"x", 2));
+    mesh.inject("a", "b", write("r/3", b"x", 3));
+    mesh.inject("a", "b", write("r/4", b"x", 4));
+    mesh.inject("a", "b", write("r/1", b"y", 5));
+    let b = mesh.node("b");
+    assert_eq!(b.broker.stats().retained_messages, 1);
+    assert_eq!(b.broker.stats().dropped_retained_full, 3);
+    assert_eq!(b.broker.stats().peer_frames_over_limit, 0);
+    assert!(b.cut_peers.is_empty());
+    assert_eq!(
+        b.broker.retained_digest().unwrap().entries,
+        1,
+        "r/2 to r/4 not taken"
+    );
+    let sub = b.connect(V5, "s");
+    let got = b.subscribe_collect(sub, "r/1", Default::default());
+    assert!(
+        got.iter()
+            .any(|p| matches!(p, Packet::Publish(p) if &p.payload[..] == b"y"))
+    );
+}
+
+#[test]
+fn a_peer_that_was_idle_is_not_taken_for_stalled_by_the_burst_that_follows() {
+    let limits = OutboxLimits {
+        window: 10,
+        max_messages: 2,
+        max_bytes: 1 << 20,
+    };
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), move |c| {
+        c.outbox = limits;
+        c.outbox_stall_ms = 5_000;
+    });
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "f", QoS::AtLeastOnce);
+    mesh.advance(50);
+    // Quiet for longer than the stall time, then a burst faster than a can acknowledge.
+    mesh.advance(20_000);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    for i in 1..=3u16 {
+        mesh.node("c")
+            .publish(publisher, "f", b"x", QoS::AtLeastOnce, false, i);
+    }
+    assert_eq!(
+        puback_reasons(mesh.node("c"), publisher),
+        vec![
+            ReasonCode::SUCCESS,
+            ReasonCode::SUCCESS,
+            ReasonCode::QUOTA_EXCEEDED
+        ]
+    );
+    assert_eq!(mesh.node("c").broker.stats().dropped_peer_absent, 0);
 }

@@ -157,6 +157,16 @@ async fn a_node_absent_past_the_expiry_is_forgotten_by_itself_and_a_live_one_is_
     )
     .await;
     assert_eq!(status, 409, "{body}");
+    // A live node is not forgotten however long it lives: watched over twice the expiry.
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_millis(3_500) {
+        assert!(
+            peer_ids(&c).await.contains(&a.peer_id),
+            "a live node was forgotten"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(c.routes_of(&a).await, ["geo/a/#"]);
 
     a.daemon.kill9();
     wait_for("c to forget a by itself", &[&c], || async {

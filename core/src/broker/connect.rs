@@ -602,14 +602,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.remove_subscription(sid, &filter);
         }
         self.unpersist_session(sid);
+        // Its bytes leave the count (counted first, so that no changed session is left on
+        // the list); a later session in the same slot starts from none.
+        self.count_held();
         let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::take) else {
             return;
         };
-        // Its bytes leave the count; a later session in the same slot starts from none.
         self.held -= session.accounted;
-        if session.touched {
-            self.touched.retain(|&t| t != sid);
-        }
         self.by_client_id.remove(&session.client_id);
         self.free_sessions.push(sid);
         self.event(Event::SessionEnded {

@@ -197,8 +197,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             message.detach();
         }
         let message = Arc::new(message);
-        if message.retain {
-            self.store_retained(&message);
+        // What this node does not store (its retained bounds), it does not offer to others.
+        if message.retain && self.store_retained(&message) {
             self.replicate_retained(&message);
         }
         // A retained message holds its own bytes already.
@@ -218,7 +218,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.route(&Arc::new(message), None, false)
     }
 
-    pub(super) fn store_retained(&mut self, message: &Arc<Message>) {
+    /// Store (or, with an empty payload, delete) a retained message; false if a bound kept it
+    /// out (counted).
+    pub(super) fn store_retained(&mut self, message: &Arc<Message>) -> bool {
         let key = Key::Retained {
             topic: message.topic.to_string(),
         }
@@ -229,17 +231,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.forget_retained_expiry(&old);
                 self.persist(key, None);
             }
-            return;
+            return true;
         }
         let old_weight = self.retained.get(&message.topic).map(|m| m.weight());
         if old_weight.is_none() && self.retained.len() >= self.config.max_retained_messages {
             self.stats.dropped_retained_full += 1;
-            return;
+            return false;
         }
         let more = message.weight().saturating_sub(old_weight.unwrap_or(0));
         if more > 0 && self.over_budget(more) {
             self.stats.dropped_memory_full += 1;
-            return;
+            return false;
         }
         self.retained_bytes += message.weight();
         if let Some(old) = self.retained.insert(&message.topic, message.clone()) {
@@ -248,6 +250,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.arm_retained_expiry(message);
         self.persist(key, Some(persist::encode_retained(message)));
+        true
     }
 
     /// Remember when a retained message expires, so that it leaves memory and storage then.

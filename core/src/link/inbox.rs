@@ -18,6 +18,8 @@ const INCARNATIONS_KEPT: usize = 4;
 #[derive(Debug, Clone, Default)]
 pub struct Inbox {
     marks: BTreeMap<NodeId, BTreeMap<u64, u64>>,
+    /// Marks forgotten since [`Inbox::take_forgotten`] was last called.
+    forgotten: Vec<(NodeId, u64)>,
 }
 
 /// What to do with an arriving forward.
@@ -40,10 +42,26 @@ impl Inbox {
             *mark = seq;
             Arrival::Deliver
         };
-        while marks.len() > INCARNATIONS_KEPT {
-            marks.pop_first();
-        }
+        self.trim(&origin.node);
         arrival
+    }
+
+    /// Keep the latest [`INCARNATIONS_KEPT`] incarnations' marks of `node`.
+    fn trim(&mut self, node: &NodeId) {
+        let Some(marks) = self.marks.get_mut(node) else {
+            return;
+        };
+        while marks.len() > INCARNATIONS_KEPT {
+            if let Some((incarnation, _)) = marks.pop_first() {
+                self.forgotten.push((node.clone(), incarnation));
+            }
+        }
+    }
+
+    /// The marks dropped since the last call (old incarnations), so that their records can be
+    /// deleted.
+    pub fn take_forgotten(&mut self) -> Vec<(NodeId, u64)> {
+        std::mem::take(&mut self.forgotten)
     }
 
     /// The mark for an origin incarnation: the highest delivered sequence.
@@ -68,9 +86,7 @@ impl Inbox {
         let marks = self.marks.entry(origin.node.clone()).or_default();
         let mark = marks.entry(origin.incarnation).or_insert(0);
         *mark = (*mark).max(seq);
-        while marks.len() > INCARNATIONS_KEPT {
-            marks.pop_first();
-        }
+        self.trim(&origin.node);
     }
 }
 
@@ -121,6 +137,8 @@ mod tests {
             None,
             "old incarnations are forgotten"
         );
+        let forgotten: Vec<u64> = inbox.take_forgotten().iter().map(|(_, i)| *i).collect();
+        assert_eq!(forgotten, vec![3, 4, 5], "and said, for their records");
         assert_eq!(inbox.mark(&origin(9)), Some(1));
     }
 }

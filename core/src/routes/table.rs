@@ -16,9 +16,10 @@ const MAX_BUFFERED_DELTAS: usize = 64;
 /// Bytes a filter is counted for in [`ReplicaLimits`]: its text and the bookkeeping around it.
 const FILTER_OVERHEAD: usize = 16;
 
-/// Bounds on what one owner can make this node hold for its route set. An owner past one is
-/// refused ([`DeltaOutcome::OverLimit`], [`SnapshotOutcome::OverLimit`]) and its replica stays
-/// as it was.
+/// Bounds on what one owner can make this node hold for its route set. An owner past the
+/// filters or snapshot bound is refused ([`DeltaOutcome::OverLimit`],
+/// [`SnapshotOutcome::OverLimit`]) and its replica stays as it was; past the pending bytes,
+/// the deltas held for it are dropped and a snapshot asked for ([`DeltaOutcome::NeedSnapshot`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaLimits {
     /// Filters in one owner's replica.
@@ -43,8 +44,6 @@ impl ReplicaLimits {
 pub enum ReplicaLimit {
     /// [`ReplicaLimits::max_filters`].
     Filters,
-    /// [`ReplicaLimits::max_pending_bytes`].
-    PendingDeltas,
     /// [`ReplicaLimits::max_snapshot_bytes`].
     SnapshotBytes,
 }
@@ -292,8 +291,11 @@ impl RouteTable {
             }
             let bytes = weight(delta.changes.iter().map(|c| &c.filter));
             if replica.early_bytes.saturating_add(bytes) > self.limits.max_pending_bytes {
+                // As for too many deltas out of order: what is held goes, and a snapshot
+                // (in bounded chunks) repairs the replica; an honest owner that sent a large
+                // batch over a lossy path is not cut for it.
                 replica.clear_early();
-                return DeltaOutcome::OverLimit(ReplicaLimit::PendingDeltas);
+                return DeltaOutcome::NeedSnapshot;
             }
             if let Some(old) = replica.early.insert(delta.after, delta.clone()) {
                 replica.early_bytes -= weight(old.changes.iter().map(|c| &c.filter));

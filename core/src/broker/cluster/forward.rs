@@ -81,6 +81,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
                 continue;
             }
+            if peer.outbox.is_empty() {
+                // Nothing was waiting: the time a stall is measured from starts now.
+                peer.acked_at = now;
+            }
             let pushed = if peer.holds_publishers(now, stall_ms) {
                 peer.outbox.push(forward.clone()).map(|q| (q, Vec::new()))
             } else {
@@ -154,7 +158,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let origin = forward.origin;
         let seq = forward.seq;
-        if c.inbox.arrive(&origin, seq) == Arrival::Deliver {
+        let arrival = c.inbox.arrive(&origin, seq);
+        self.delete_forgotten_marks();
+        if arrival == Arrival::Deliver {
             self.deliver_local(message);
             let key = Key::InboxMark {
                 origin: origin.node.to_string(),
@@ -166,5 +172,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             );
         }
         self.send_to_peer(peer, Frame::ForwardAck { origin, seq });
+    }
+
+    /// Delete the records of duplicate marks the inbox let go of.
+    pub(super) fn delete_forgotten_marks(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        for (origin, incarnation) in c.inbox.take_forgotten() {
+            let key = Key::InboxMark {
+                origin: origin.to_string(),
+                incarnation,
+            };
+            self.persist(key.encode(), None);
+        }
     }
 }

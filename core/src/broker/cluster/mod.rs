@@ -166,11 +166,22 @@ struct ForgottenNode {
     next_seq: u64,
 }
 
-/// Retained messages a node wrote (as their stamps say), held here.
+/// Retained messages held here on a node's account: those it wrote and sent, and those it
+/// relayed.
 #[derive(Debug, Clone, Copy, Default)]
 struct RetainedUsage {
     messages: usize,
     bytes: usize,
+}
+
+/// What a stored retained write counts for, and on whose account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RetainedCharge {
+    /// Its topic and payload bytes.
+    bytes: usize,
+    /// The node whose bounds it counts against: the peer that sent it (this node's own for
+    /// its own writes, which no peer bound counts).
+    to: NodeId,
 }
 
 #[derive(Debug)]
@@ -187,12 +198,14 @@ pub(super) struct Cluster {
     fences: VecDeque<Fence>,
     /// Clock of retained writes, and the stamp of every topic's last write.
     hlc: Hlc,
-    /// The winning write per topic, with the topic and payload bytes of its message.
-    retained: LwwMap<usize>,
+    /// The winning write per topic, with what its message counts for.
+    retained: LwwMap<RetainedCharge>,
     /// Per writer other than this node.
     retained_usage: BTreeMap<NodeId, RetainedUsage>,
     /// Oldest first, at most [`membership::FORGOTTEN_KEPT`].
     forgotten: VecDeque<ForgottenNode>,
+    /// Nodes refused for the node count and reported (at most [`trust::REFUSED_NODES_KEPT`]).
+    refused_nodes: std::collections::BTreeSet<NodeId>,
 }
 
 impl Peer {
@@ -224,6 +237,7 @@ impl Cluster {
             retained: LwwMap::new(),
             retained_usage: BTreeMap::new(),
             forgotten: VecDeque::new(),
+            refused_nodes: std::collections::BTreeSet::new(),
             config,
         }
     }

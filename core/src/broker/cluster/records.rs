@@ -75,9 +75,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     .map(|m| m.topic.len() + m.payload.len());
                 if deleted || weight.is_some() {
                     let c = self.cluster.as_mut().expect("checked above");
-                    let weight = weight.filter(|_| !deleted);
-                    c.account_retained(topic, &stamp, weight);
-                    c.retained.apply(topic, stamp, weight);
+                    // Counted against its writer: who relayed it is not kept.
+                    let charge = weight
+                        .filter(|_| !deleted)
+                        .map(|bytes| super::RetainedCharge {
+                            bytes,
+                            to: stamp.node.clone(),
+                        });
+                    c.account_retained(topic, charge.as_ref());
+                    c.retained.apply(topic, stamp, charge);
                 } else {
                     self.persist(key.encode(), None);
                 }
@@ -96,6 +102,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     },
                     u64::from_be_bytes(seq),
                 );
+                self.delete_forgotten_marks();
                 Ok(true)
             }
             Key::ReplicaPosition { node } => {

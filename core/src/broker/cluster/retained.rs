@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::Cluster;
 use super::forward::link_publish;
 use super::trust::{PeerFault, PeerLimit};
+use super::{Cluster, RetainedCharge};
 use crate::broker::message::Message;
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker};
@@ -32,10 +32,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             stamp: stamp.clone(),
             message: (!deleted).then(|| link_publish(message, now)),
         };
-        let weight = message.topic.len() + message.payload.len();
-        c.account_retained(&message.topic, &stamp, (!deleted).then_some(weight));
-        c.retained
-            .apply(&message.topic, stamp.clone(), (!deleted).then_some(weight));
+        let charge = (!deleted).then(|| RetainedCharge {
+            bytes: message.topic.len() + message.payload.len(),
+            to: c.owner.node.clone(),
+        });
+        c.account_retained(&message.topic, charge.as_ref());
+        c.retained.apply(&message.topic, stamp.clone(), charge);
         let peers = c.connected_peers();
         self.persist_stamp(&message.topic, &stamp, deleted);
         self.prune_retained_tombstones();
@@ -65,46 +67,45 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// A retained write that `sender` sent (its own, or one it relays in a snapshot): stored if
-    /// it is newer than what this node has, within the clock and size bounds.
+    /// A retained write that `sender` sent: its own, or one it relays in a snapshot (a write of
+    /// a node this node cannot reach now; this node's own writes and those of the nodes it
+    /// reaches come from their writers only). Stored if it is newer than what this node has,
+    /// within the clock bound and the bounds of what `sender` may make this node hold: its own
+    /// writes count against it, and so do the writes it relays, never against their writers.
     pub(super) fn apply_retained_update(&mut self, sender: &NodeId, update: RetainedUpdate) {
         let now = self.now;
         if !self.config.retain_available {
             return;
         }
         let Some(c) = &mut self.cluster else { return };
+        let writer = &update.stamp.node;
+        if writer != sender
+            && (*writer == c.owner.node || c.peers.get(writer).is_some_and(|p| p.connected))
+        {
+            return;
+        }
         let ahead_ms = update.stamp.hlc.wall_ms.saturating_sub(now.as_millis());
         if ahead_ms > c.config.max_clock_drift_ms {
             self.peer_fault(sender, PeerFault::ClockAhead);
             return;
         }
-        let deleted = update.message.is_none();
-        let weight = update.topic.len() + update.message.as_ref().map_or(0, |m| m.payload.len());
         if c.retained
             .get(&update.topic)
             .is_some_and(|e| e.stamp >= update.stamp)
         {
             return;
         }
-        if !deleted && let Some(limit) = c.retained_over_limit(&update.stamp.node, weight) {
-            // The writer's own frames cost it its session; a relayed write is only dropped.
-            let fault = PeerFault::OverLimit(limit);
-            if update.stamp.node == *sender {
-                self.peer_fault(sender, fault);
-            } else {
-                self.stats.peer_frames_over_limit += 1;
-            }
+        let deleted = update.message.is_none();
+        let charge = (!deleted).then(|| RetainedCharge {
+            bytes: update.topic.len() + update.message.as_ref().map_or(0, |m| m.payload.len()),
+            to: sender.clone(),
+        });
+        if let Some(charge) = &charge
+            && let Some(limit) = c.retained_over_limit(&update.topic, charge)
+        {
+            self.peer_fault(sender, PeerFault::OverLimit(limit));
             return;
         }
-        c.hlc.observe(update.stamp.hlc, now.as_millis());
-        c.account_retained(&update.topic, &update.stamp, (!deleted).then_some(weight));
-        c.retained.apply(
-            &update.topic,
-            update.stamp.clone(),
-            (!deleted).then_some(weight),
-        );
-        self.persist_stamp(&update.topic, &update.stamp, deleted);
-        self.prune_retained_tombstones();
         let mut message = match update.message {
             Some(p) => Message {
                 topic: p.topic.as_str().into(),
@@ -136,7 +137,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         // Its own bytes, not a part of the link frame it came in.
         message.detach();
-        self.store_retained(&Arc::new(message));
+        // What the store keeps out (its own bounds) is neither taken as the winner nor counted.
+        if !self.store_retained(&Arc::new(message)) {
+            return;
+        }
+        let Some(c) = &mut self.cluster else { return };
+        c.hlc.observe(update.stamp.hlc, now.as_millis());
+        c.account_retained(&update.topic, charge.as_ref());
+        c.retained
+            .apply(&update.topic, update.stamp.clone(), charge);
+        self.persist_stamp(&update.topic, &update.stamp, deleted);
+        self.prune_retained_tombstones();
     }
 
     /// Every retained write this node knows (tombstones included), in chunks.
@@ -180,7 +191,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(in crate::broker) fn retained_expired(&mut self, topic: &str) {
         let Some(c) = &mut self.cluster else { return };
         if let Some(old) = c.retained.forget(topic) {
-            c.unaccount_retained(&old.stamp.node, old.value);
+            c.unaccount_retained(old.value.as_ref());
             let key = Key::RetainedStamp {
                 topic: topic.to_owned(),
             };
@@ -196,45 +207,54 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 }
 
 impl Cluster {
-    /// Which bound a new write of `weight` bytes by `writer` would break.
-    fn retained_over_limit(&self, writer: &NodeId, weight: usize) -> Option<PeerLimit> {
-        if *writer == self.owner.node {
+    /// Which bound a write of `topic` charged as `charge` would break: its node's retained
+    /// messages and bytes, with the write it replaces taken out if charged to the same node.
+    fn retained_over_limit(&self, topic: &str, charge: &RetainedCharge) -> Option<PeerLimit> {
+        if charge.to == self.owner.node {
             return None;
         }
         let limits = &self.config.peer_limits;
-        let usage = self.retained_usage.get(writer).copied().unwrap_or_default();
+        let mut usage = self
+            .retained_usage
+            .get(&charge.to)
+            .copied()
+            .unwrap_or_default();
+        if let Some(old) = self.retained.get(topic).and_then(|e| e.value.as_ref())
+            && old.to == charge.to
+        {
+            usage.messages = usage.messages.saturating_sub(1);
+            usage.bytes = usage.bytes.saturating_sub(old.bytes);
+        }
         if usage.messages >= limits.max_retained_messages {
             Some(PeerLimit::RetainedMessages)
-        } else if usage.bytes.saturating_add(weight) > limits.max_retained_bytes {
+        } else if usage.bytes.saturating_add(charge.bytes) > limits.max_retained_bytes {
             Some(PeerLimit::RetainedBytes)
         } else {
             None
         }
     }
 
-    /// Move the accounting of `topic` to the write about to win it (`weight`: its message's
-    /// bytes; `None` for a delete).
-    pub(super) fn account_retained(&mut self, topic: &str, stamp: &Stamp, weight: Option<usize>) {
-        if let Some(old) = self.retained.get(topic) {
-            let (node, value) = (old.stamp.node.clone(), old.value);
-            self.unaccount_retained(&node, value);
+    /// Move the accounting of `topic` to the write about to win it (`None` for a delete).
+    pub(super) fn account_retained(&mut self, topic: &str, charge: Option<&RetainedCharge>) {
+        if let Some(old) = self.retained.get(topic).and_then(|e| e.value.clone()) {
+            self.unaccount_retained(Some(&old));
         }
-        if let Some(weight) = weight
-            && stamp.node != self.owner.node
+        if let Some(charge) = charge
+            && charge.to != self.owner.node
         {
-            let usage = self.retained_usage.entry(stamp.node.clone()).or_default();
+            let usage = self.retained_usage.entry(charge.to.clone()).or_default();
             usage.messages += 1;
-            usage.bytes += weight;
+            usage.bytes += charge.bytes;
         }
     }
 
-    fn unaccount_retained(&mut self, writer: &NodeId, weight: Option<usize>) {
-        let Some(weight) = weight else { return };
-        if let Some(usage) = self.retained_usage.get_mut(writer) {
+    fn unaccount_retained(&mut self, charge: Option<&RetainedCharge>) {
+        let Some(charge) = charge else { return };
+        if let Some(usage) = self.retained_usage.get_mut(&charge.to) {
             usage.messages = usage.messages.saturating_sub(1);
-            usage.bytes = usage.bytes.saturating_sub(weight);
+            usage.bytes = usage.bytes.saturating_sub(charge.bytes);
             if usage.messages == 0 {
-                self.retained_usage.remove(writer);
+                self.retained_usage.remove(&charge.to);
             }
         }
     }

@@ -15,7 +15,9 @@ use crate::routes::{NodeId, ReplicaLimit, ReplicaLimits};
 pub struct PeerLimits {
     /// Filters in the peer's route set.
     pub max_filters: usize,
-    /// Bytes of the peer's route deltas held while an earlier one is missing.
+    /// Bytes of the peer's route deltas held while an earlier one is missing; past it they are
+    /// dropped and the peer is asked for a snapshot instead (it is not cut: a large batch over a
+    /// lossy path is no fault).
     pub max_pending_delta_bytes: usize,
     /// Bytes of a route snapshot of the peer's being assembled.
     pub max_snapshot_bytes: usize,
@@ -53,8 +55,6 @@ impl PeerLimits {
 pub enum PeerLimit {
     /// [`PeerLimits::max_filters`].
     Filters,
-    /// [`PeerLimits::max_pending_delta_bytes`].
-    PendingDeltas,
     /// [`PeerLimits::max_snapshot_bytes`].
     SnapshotBytes,
     /// [`PeerLimits::max_retained_messages`].
@@ -67,7 +67,6 @@ impl From<ReplicaLimit> for PeerLimit {
     fn from(limit: ReplicaLimit) -> Self {
         match limit {
             ReplicaLimit::Filters => PeerLimit::Filters,
-            ReplicaLimit::PendingDeltas => PeerLimit::PendingDeltas,
             ReplicaLimit::SnapshotBytes => PeerLimit::SnapshotBytes,
         }
     }
@@ -83,15 +82,16 @@ pub enum PeerFault {
     /// A retained write stamped further ahead of this node's clock than
     /// [`super::ClusterConfig::max_clock_drift_ms`]: dropped.
     ClockAhead,
-    /// A node this node has no room for ([`super::ClusterConfig::max_nodes`]): dropped, and
-    /// the session cut.
+    /// A node this node has no room for ([`super::ClusterConfig::max_nodes`]): dropped (and
+    /// its link session, if it has one, cut).
     TooManyNodes,
 }
 
 impl PeerFault {
-    /// Whether the peer's link session is cut.
+    /// Whether the peer's link session is cut (a node refused for the node count is cut when
+    /// its session opens: its gossip has no session to cut).
     fn cuts(self) -> bool {
-        matches!(self, PeerFault::OverLimit(_) | PeerFault::TooManyNodes)
+        matches!(self, PeerFault::OverLimit(_))
     }
 
     /// One bit per kind of fault, to report each once per peer.
@@ -134,6 +134,9 @@ pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Optio
     (!own).then(|| frame.kind())
 }
 
+/// Nodes refused for the node count that are remembered, so that each is reported once.
+pub(super) const REFUSED_NODES_KEPT: usize = 1_024;
+
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Count a refused frame, report it the first time per peer and kind, and cut the peer's
     /// session if the fault calls for it.
@@ -152,8 +155,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 p.faults_reported |= fault.bit();
                 first
             }
-            // A node not admitted: reported every time it tries (it is cut each time).
-            None => true,
+            // A node not admitted: reported once, while there is room to remember it.
+            None => {
+                c.refused_nodes.len() < REFUSED_NODES_KEPT && c.refused_nodes.insert(peer.clone())
+            }
         };
         if first {
             self.event(Event::PeerFault {
