@@ -760,7 +760,14 @@ type PeerGauge = (&'static str, &'static str, fn(&PeerSummary) -> i64);
 
 fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
     let rtt = rtt_map(Some(m));
-    let label = |p: &PeerSummary| vec![("peer".to_owned(), p.node.to_string())];
+    // The peer id, and the region it named in its hello (empty until then), so that a
+    // dashboard can show `afs1 -> euc1` rather than two peer ids.
+    let label = |p: &PeerSummary| {
+        vec![
+            ("peer".to_owned(), p.node.to_string()),
+            ("region".to_owned(), p.region.clone().unwrap_or_default()),
+        ]
+    };
     let gauges: [PeerGauge; 5] = [
         (
             "peer_connected",

@@ -100,7 +100,7 @@ async fn publish_goes_only_to_the_region_that_wants_it_and_stops_after_unsubscri
         "meridian_peer_outbox_bytes",
     ] {
         assert!(
-            page.contains(&format!("{name}{{peer=\"{}\"}}", a.peer_id)),
+            page.contains(&format!("{name}{{peer=\"{}\",region=\"euc1\"}}", a.peer_id)),
             "{name} missing:\n{page}"
         );
     }

@@ -20,6 +20,8 @@ pub struct Node {
     pub peer_id: String,
     /// The port it listens on for peers.
     pub p2p: u16,
+    /// Its region.
+    pub region: String,
 }
 
 impl Node {
@@ -84,6 +86,7 @@ impl Node {
             daemon,
             peer_id,
             p2p,
+            region: region.to_owned(),
         }
     }
 
@@ -127,7 +130,10 @@ impl Node {
     pub async fn peer_metric(&self, name: &str, other: &Node) -> f64 {
         metric(
             &self.metrics().await,
-            &format!("{name}{{peer=\"{}\"}}", other.peer_id),
+            &format!(
+                "{name}{{peer=\"{}\",region=\"{}\"}}",
+                other.peer_id, other.region
+            ),
         )
     }
 
