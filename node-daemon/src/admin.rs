@@ -10,8 +10,10 @@
 //! | method and path | answer |
 //! |---|---|
 //! | `GET /health` | 200 `{"status":"ok"}` while the broker task answers, else 503 |
+//! | `GET /` | the status page (HTML; it reads the API below) |
 //! | `GET /metrics` | OpenMetrics text (Prometheus scrapes it) |
-//! | `GET /api/clients` | JSON array of every session, connected or not, with subscriptions |
+//! | `GET /api/stats` | every figure of the broker's `Stats`, by name |
+//! | `GET /api/clients` | JSON array of every session, connected or not, with subscriptions; `?offset=&limit=&q=` pages it (header `x-total-count`) |
 //! | `GET /api/clients/{id}` | one session, or 404 |
 //! | `GET /api/subscriptions` | JSON array of every subscription: `client_id`, `filter`, `qos` |
 //! | `DELETE /api/clients/{id}` | disconnect the client (MQTT 5.0 gets DISCONNECT 0x98); 404 if not connected |
@@ -51,13 +53,19 @@ use crate::mailbox::{DaemonCounters, EngineHandle};
 use crate::mesh::MeshStats;
 
 /// What the admin API says about this node itself.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct NodeInfo {
     pub name: String,
     pub region: Option<String>,
     pub peer_id: Option<String>,
     pub p2p_addrs: Vec<String>,
+    /// When the daemon started (the uptime in `/api/node`).
+    pub started: std::time::Instant,
 }
+
+/// The status page (`GET /`): HTML, CSS and JavaScript in one file, nothing fetched from
+/// elsewhere; it reads the JSON API below.
+const STATUS_PAGE: &str = include_str!("status.html");
 
 type Body = Full<Bytes>;
 
@@ -139,7 +147,9 @@ impl AdminAccess {
             }
         }
         let token = self.token.as_deref()?;
-        if req.method() == Method::GET && req.uri().path() == "/health" {
+        // The health check, and the status page, which holds no data (it asks for the token
+        // and reads the API with it).
+        if req.method() == Method::GET && matches!(req.uri().path(), "/health" | "/") {
             return None;
         }
         // The scheme's name is case-insensitive (RFC 9110).
@@ -327,6 +337,16 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
                 .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
             _ => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
+        (Method::GET, "/") => Response::builder()
+            .header("content-type", "text/html; charset=utf-8")
+            // The page runs its own script only, and fetches from this origin only.
+            .header(
+                "content-security-policy",
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self' data:",
+            )
+            .body(Full::new(Bytes::from_static(STATUS_PAGE.as_bytes())))
+            .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
         (Method::GET, "/api/node") => json(
             StatusCode::OK,
             serde_json::json!({
@@ -334,8 +354,14 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
                 "region": node.region,
                 "peer_id": node.peer_id,
                 "p2p_addrs": node.p2p_addrs,
+                "version": env!("CARGO_PKG_VERSION"),
+                "uptime_s": node.started.elapsed().as_secs(),
             }),
         ),
+        (Method::GET, "/api/stats") => match engine.stats().await {
+            Some(stats) => json(StatusCode::OK, stats_json(&stats)),
+            None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+        },
         (Method::GET, "/api/peers") => match engine.peers().await {
             Some(peers) => {
                 let rtt = rtt_map(state.mesh.as_deref());
@@ -411,10 +437,26 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
             }
         }
         (Method::GET, "/api/clients") => match engine.clients().await {
-            Some(list) => json(
-                StatusCode::OK,
-                serde_json::Value::Array(list.iter().map(client_json).collect()),
-            ),
+            Some(mut list) => {
+                let page = Page::of(req.uri().query());
+                if let Some(q) = &page.filter {
+                    list.retain(|c| c.client_id.contains(q.as_str()));
+                }
+                let total = list.len();
+                let mut r = json(
+                    StatusCode::OK,
+                    serde_json::Value::Array(
+                        list.iter()
+                            .skip(page.offset)
+                            .take(page.limit)
+                            .map(client_json)
+                            .collect(),
+                    ),
+                );
+                r.headers_mut()
+                    .insert("x-total-count", hyper::header::HeaderValue::from(total));
+                r
+            }
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
         (Method::GET, "/api/subscriptions") => match engine.clients().await {
@@ -487,6 +529,54 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
         hyper::header::HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// `?offset=N&limit=N&q=TEXT` of a listing: a page of it, of the entries whose id holds TEXT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Page {
+    offset: usize,
+    limit: usize,
+    filter: Option<String>,
+}
+
+impl Page {
+    fn of(query: Option<&str>) -> Self {
+        let mut page = Page {
+            offset: 0,
+            limit: usize::MAX,
+            filter: None,
+        };
+        for (key, value) in query
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+        {
+            match key {
+                "offset" => page.offset = value.parse().unwrap_or(0),
+                "limit" => page.limit = value.parse().unwrap_or(usize::MAX),
+                "q" => {
+                    page.filter = percent_decode(&value.replace('+', " ")).filter(|q| !q.is_empty())
+                }
+                _ => {}
+            }
+        }
+        page
+    }
+}
+
+/// Every figure of the broker's [`Stats`], by field name; figures by QoS as arrays of three.
+fn stats_json(stats: &Stats) -> serde_json::Value {
+    let figures: serde_json::Map<String, serde_json::Value> = stats
+        .figures()
+        .map(|(figure, value)| {
+            let value = match value {
+                FigureValue::One(n) => serde_json::json!(n),
+                FigureValue::ByQos(q) => serde_json::json!(q),
+            };
+            (figure.field.to_owned(), value)
+        })
+        .collect();
+    serde_json::Value::Object(figures)
 }
 
 fn client_json(c: &ClientSummary) -> serde_json::Value {

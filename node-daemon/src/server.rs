@@ -325,6 +325,7 @@ impl Server {
                     p2p_addrs: mesh.as_ref().map_or_else(Vec::new, |m: &Mesh| {
                         m.listen_addrs.iter().map(ToString::to_string).collect()
                     }),
+                    started: std::time::Instant::now(),
                 };
                 let state = crate::admin::AdminState {
                     engine: handle.clone(),
