@@ -55,6 +55,10 @@ enum Command {
         /// Draw the run's timeline to this SVG file.
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
+        /// Write the run as a standalone HTML page: the deployment drawn, its timeline, the
+        /// report.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
     },
     /// Load-test any MQTT broker: connect, subscribe, publish, and the classic presets.
     Bench(Box<meridian_tools::bench::BenchArgs>),
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
             seed,
             json,
             svg,
+            html,
         } => {
             let args = meridian_tools::sim::SimArgs {
                 topology,
@@ -138,6 +143,7 @@ fn main() -> ExitCode {
                 seed,
                 json,
                 svg,
+                html,
             };
             meridian_tools::sim::sim_command(&args, &mut std::io::stdout().lock())
         }

@@ -160,6 +160,40 @@ fn example_topology() -> std::path::PathBuf {
 }
 
 #[test]
+fn sim_writes_a_run_as_a_standalone_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("run.html");
+    let out = meridian()
+        .arg("sim")
+        .arg(example_topology())
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!doctype html>") && page.trim_end().ends_with("</html>"));
+    for region in ["eu-central", "ap-east", "af-south"] {
+        assert!(
+            page.contains(&format!("class=\"region\" data-region=\"{region}\"")),
+            "{region} is drawn"
+        );
+    }
+    assert!(page.contains("ms</text>"), "round trips on the links");
+    assert!(page.contains("link cpt-fra down") || page.contains("link fra-cpt down"));
+    assert!(page.contains("all_subacks_ms"), "the report's table");
+    assert!(
+        !page.contains("src=\"http") && !page.contains("href=\"http"),
+        "nothing fetched from elsewhere"
+    );
+    assert!(page.contains("fra"), "nodes beside their region");
+}
+
+#[test]
 fn sim_runs_a_topology_file_and_draws_its_timeline() {
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("timeline.svg");

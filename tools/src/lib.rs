@@ -5,7 +5,8 @@
 //!   TCP, TLS, WebSocket or WSS): latency, loss and duplicates, the broker's CPU and memory.
 //! - [`sim`]: `meridian sim`, a simulated deployment from a topology file ([`topology`]) or a
 //!   built-in scenario, run by the core's deterministic simulator, with its timeline drawn as
-//!   SVG ([`timeline_svg`]); its `mesh-scale` scenario ([`mesh_scale`]) measures how far the
+//!   SVG ([`timeline_svg`]) or as a standalone page with the deployment ([`sim_html`]); its
+//!   `mesh-scale` scenario ([`mesh_scale`]) measures how far the
 //!   region mesh scales.
 //! - [`link_proxy`]: a TCP proxy with latency and cuts, for meshes of regions on one machine.
 //!
@@ -15,5 +16,6 @@ pub mod bench;
 pub mod link_proxy;
 pub mod mesh_scale;
 pub mod sim;
+pub mod sim_html;
 pub mod timeline_svg;
 pub mod topology;

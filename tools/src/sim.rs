@@ -20,6 +20,8 @@ pub struct SimArgs {
     pub seed: u64,
     pub json: bool,
     pub svg: Option<PathBuf>,
+    /// Write the run as a standalone page: the deployment, the timeline, the report.
+    pub html: Option<PathBuf>,
 }
 
 /// Run a topology file or a built-in scenario. `geo-writeup`: the EMQX geo-distribution
@@ -38,14 +40,17 @@ pub fn sim_command(args: &SimArgs, out: &mut impl Write) -> anyhow::Result<()> {
         if let Some(svg) = &args.svg {
             write_svg(&report, svg)?;
         }
+        if let Some(html) = &args.html {
+            write_html(&report, html)?;
+        }
         return Ok(());
     }
     // Each memory figure of mesh-scale is measured in a fresh process of this executable.
     let exe = std::env::current_exe().ok();
     if let Some(options) = MeshScale::parse(&args.scenario, exe)? {
-        if args.svg.is_some() {
+        if args.svg.is_some() || args.html.is_some() {
             bail!(
-                "--svg draws geo-writeup and topology-file runs, not {}",
+                "--svg and --html draw geo-writeup and topology-file runs, not {}",
                 args.scenario
             );
         }
@@ -66,12 +71,22 @@ pub fn sim_command(args: &SimArgs, out: &mut impl Write) -> anyhow::Result<()> {
         }
         write_report(report, args.json, out)?;
     }
-    if let Some(svg) = &args.svg
-        && let Some(partition) = reports.iter().find(|r| r.scenario == "partition-60s")
-    {
-        write_svg(partition, svg)?;
+    if let Some(partition) = reports.iter().find(|r| r.scenario == "partition-60s") {
+        if let Some(svg) = &args.svg {
+            write_svg(partition, svg)?;
+        }
+        if let Some(html) = &args.html {
+            write_html(partition, html)?;
+        }
     }
     Ok(())
+}
+
+fn write_html(report: &Report, path: &PathBuf) -> anyhow::Result<()> {
+    let mut table = Vec::new();
+    write_report(report, false, &mut table)?;
+    let page = crate::sim_html::render(report, &String::from_utf8_lossy(&table));
+    std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))
 }
 
 fn write_svg(report: &Report, path: &PathBuf) -> anyhow::Result<()> {

@@ -98,6 +98,7 @@ fn the_sim_command_prints_mesh_scale_tables_and_json() {
             seed: 1,
             json,
             svg: None,
+            html: None,
         };
         let mut out = Vec::new();
         sim_command(&args, &mut out).unwrap();
@@ -123,6 +124,7 @@ fn the_sim_command_prints_mesh_scale_tables_and_json() {
         seed: 1,
         json: false,
         svg: None,
+        html: None,
     };
     assert!(sim_command(&args, &mut Vec::new()).is_err());
 }

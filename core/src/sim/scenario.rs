@@ -209,6 +209,10 @@ pub struct Report {
     pub delivery: Vec<DeliveryRow>,
     /// The scenario's nodes.
     pub nodes: Vec<NodeSpec>,
+    /// The scenario's regions, in the order of `rtt_ms`.
+    pub regions: Vec<String>,
+    /// The scenario's round trips between regions.
+    pub rtt_ms: Vec<Vec<u64>>,
     /// Virtual time the run lasted, in milliseconds.
     pub duration_ms: u64,
     /// What happened, for drawing.
@@ -615,6 +619,8 @@ impl Scenario {
             latency,
             delivery: rows.into_values().collect(),
             nodes: self.nodes.clone(),
+            regions: self.regions.clone(),
+            rtt_ms: self.rtt_ms.clone(),
             duration_ms: self.duration_ms,
             timeline,
         })
