@@ -15,7 +15,7 @@
 //! | `GET /api/stats` | every figure of the broker's `Stats`, by name |
 //! | `GET /api/clients` | JSON array of every session, connected or not, with subscriptions; `?offset=&limit=&q=` pages it (header `x-total-count`) |
 //! | `GET /api/clients/{id}` | one session, or 404 |
-//! | `GET /api/subscriptions` | JSON array of every subscription: `client_id`, `filter`, `qos` |
+//! | `GET /api/subscriptions` | JSON array of every subscription: `client_id`, `filter`, `qos`; `?offset=&limit=&q=` pages it |
 //! | `DELETE /api/clients/{id}` | disconnect the client (MQTT 5.0 gets DISCONNECT 0x98); 404 if not connected |
 //! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode) |
 //! | `GET /api/peers` | JSON array of the peer nodes: connected, region, RTT, routes, route lag, outbox, forwards |
@@ -365,12 +365,21 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
         (Method::GET, "/api/peers") => match engine.peers().await {
             Some(peers) => {
                 let rtt = rtt_map(state.mesh.as_deref());
+                let errors = state
+                    .mesh
+                    .as_deref()
+                    .and_then(|m| m.last_error.lock().ok().map(|e| e.clone()))
+                    .unwrap_or_default();
                 json(
                     StatusCode::OK,
                     serde_json::Value::Array(
                         peers
                             .iter()
-                            .map(|p| peer_json(p, rtt.get(p.node.as_str())))
+                            .map(|p| {
+                                let mut v = peer_json(p, rtt.get(p.node.as_str()));
+                                v["last_error"] = serde_json::json!(errors.get(p.node.as_str()));
+                                v
+                            })
                             .collect(),
                     ),
                 )
@@ -383,7 +392,23 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
                 .as_deref()
                 .and_then(|m| m.discovered.lock().ok().map(|d| d.clone()))
                 .unwrap_or_default();
-            json(StatusCode::OK, serde_json::json!(known))
+            // Each with its region, where the broker knows it (from the peer's hello).
+            let regions: std::collections::HashMap<String, Option<String>> = engine
+                .peers()
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| (p.node.to_string(), p.region))
+                .collect();
+            let known: Vec<serde_json::Value> = known
+                .iter()
+                .map(|k| {
+                    let mut v = serde_json::json!(k);
+                    v["region"] = serde_json::json!(regions.get(&k.peer_id).cloned().flatten());
+                    v
+                })
+                .collect();
+            json(StatusCode::OK, serde_json::Value::Array(known))
         }
         (Method::GET, "/api/routes") => match engine.routes(None).await {
             Some(routes) => json(StatusCode::OK, serde_json::json!(routes)),
@@ -460,22 +485,37 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
         (Method::GET, "/api/subscriptions") => match engine.clients().await {
-            Some(list) => json(
-                StatusCode::OK,
-                serde_json::Value::Array(
-                    list.iter()
-                        .flat_map(|c| {
-                            c.subscriptions.iter().map(|(f, q)| {
-                                serde_json::json!({
-                                    "client_id": c.client_id,
-                                    "filter": f,
-                                    "qos": *q as u8,
-                                })
+            Some(list) => {
+                let page = Page::of(req.uri().query());
+                let all: Vec<serde_json::Value> = list
+                    .iter()
+                    .flat_map(|c| {
+                        c.subscriptions.iter().map(|(f, q)| {
+                            serde_json::json!({
+                                "client_id": c.client_id,
+                                "filter": f,
+                                "qos": *q as u8,
                             })
                         })
-                        .collect(),
-                ),
-            ),
+                    })
+                    .filter(|s| {
+                        page.filter.as_deref().is_none_or(|q| {
+                            s["filter"].as_str().is_some_and(|f| f.contains(q))
+                                || s["client_id"].as_str().is_some_and(|c| c.contains(q))
+                        })
+                    })
+                    .collect();
+                let total = all.len();
+                let mut r = json(
+                    StatusCode::OK,
+                    serde_json::Value::Array(
+                        all.into_iter().skip(page.offset).take(page.limit).collect(),
+                    ),
+                );
+                r.headers_mut()
+                    .insert("x-total-count", hyper::header::HeaderValue::from(total));
+                r
+            }
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
         (method, p) if p.starts_with("/api/clients/") => {

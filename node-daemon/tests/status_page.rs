@@ -125,6 +125,22 @@ async fn the_status_page_draws_the_mesh_as_the_api_says() {
     for i in 0..3 {
         assert!(dom.contains(&format!("data-client=\"sub-{i}\"")));
     }
+    for filter in ["geo/a/#", "geo/a/+/t", "plain"] {
+        assert!(
+            dom.contains(&format!("<tr data-filter=\"{filter}\">")),
+            "{filter}"
+        );
+    }
+    // The API the tables page through.
+    let (_, page) = http(
+        t.a.daemon.admin,
+        "GET",
+        "/api/subscriptions?offset=1&limit=1&q=geo",
+    )
+    .await;
+    let page: serde_json::Value = serde_json::from_str(&page).unwrap();
+    assert_eq!(page.as_array().map(Vec::len), Some(1));
+    assert!(page[0]["filter"].as_str().unwrap().starts_with("geo/"));
     // A picture for the docs (docs/operations.md shows one made this way).
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("status.png");
@@ -134,6 +150,31 @@ async fn the_status_page_draws_the_mesh_as_the_api_says() {
     if let Ok(keep) = std::env::var("MERIDIAN_STATUS_SCREENSHOT") {
         std::fs::copy(&png, keep).unwrap();
     }
+    // A region goes down: its link is drawn down, with why.
+    let mut t = t;
+    let gone = t.c.peer_id.clone();
+    t.c.daemon.kill9();
+    wait_for("a to see afs1 gone", &[&t.a], || async {
+        !t.a.connected_to(&t.c).await
+    })
+    .await;
+    let dom = load(&url, None).await;
+    let link = format!("class=\"link\" data-peer=\"{gone}\" data-state=\"down\"");
+    assert!(dom.contains(&link), "no {link}:\n{dom}");
+    let row = format!("data-peer=\"{gone}\" data-region=\"afs1\" data-connected=\"false\"");
+    assert!(dom.contains(&row), "no {row}:\n{dom}");
+    let (_, peers) = http(t.a.daemon.admin, "GET", "/api/peers").await;
+    let peers: serde_json::Value = serde_json::from_str(&peers).unwrap();
+    let last_error = peers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["peer_id"] == gone.as_str())
+        .and_then(|p| p["last_error"].as_str())
+        .expect("a last error for the link that went down")
+        .to_owned();
+    assert!(dom.contains(&last_error), "the page shows it: {last_error}");
+    assert!(dom.contains("<ul id=\"errors\"></ul>"), "{dom}");
     drop(subs);
 }
 

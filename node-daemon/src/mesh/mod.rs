@@ -83,6 +83,8 @@ pub struct MeshSettings {
 pub struct MeshStats {
     /// Last ping round trip per peer.
     pub rtt: Mutex<HashMap<String, Duration>>,
+    /// Why each peer's connection last ended or failed (by peer id), for the status page.
+    pub last_error: Mutex<HashMap<String, String>>,
     /// Incoming connections that failed the handshake (wrong or no cluster key, not libp2p).
     pub refused_handshake: AtomicU64,
     /// Connections refused because the peer id is not on the allowlist.
@@ -624,6 +626,11 @@ impl Driver {
             } => {
                 if num_established == 0 {
                     info!(peer = %peer_id, cause = ?cause, "peer disconnected");
+                    let why = cause.as_ref().map_or_else(
+                        || "closed".to_owned(),
+                        |e| format!("connection closed: {e}"),
+                    );
+                    self.note_error(peer_id, why);
                     if let Ok(mut rtt) = self.stats.rtt.lock() {
                         rtt.remove(&peer_id.to_string());
                     }
@@ -645,6 +652,9 @@ impl Driver {
                 peer_id,
                 ..
             } => {
+                if let Some(peer) = peer_id {
+                    self.note_error(peer, format!("dial failed: {error}"));
+                }
                 let now = tokio::time::Instant::now();
                 for b in &mut self.bootstrap {
                     if b.dialing == Some(connection_id) {
@@ -779,6 +789,17 @@ impl Driver {
             }
         });
         self.openers.insert(peer, task);
+    }
+
+    /// Remember why `peer`'s connection last ended or failed (bounded like the peers).
+    fn note_error(&self, peer: PeerId, why: String) {
+        if let Ok(mut map) = self.stats.last_error.lock()
+            && (map.len() < MAX_WARNED || map.contains_key(&peer.to_string()))
+        {
+            let mut why = why;
+            why.truncate(200);
+            map.insert(peer.to_string(), why);
+        }
     }
 
     fn first_gossip_warning(&mut self, author: PeerId) -> bool {
