@@ -766,3 +766,39 @@ fn a_peer_that_was_idle_is_not_taken_for_stalled_by_the_burst_that_follows() {
     );
     assert_eq!(mesh.node("c").broker.stats().dropped_peer_absent, 0);
 }
+
+#[test]
+fn nodes_forgotten_before_a_restart_are_let_go_in_their_turn_after_it() {
+    let mut mesh = Mesh::new(&["a"], Config::default(), |c| c.max_nodes = 3_000);
+    let forward = |from: &str| {
+        Frame::Forward(Forward {
+            origin: owner(from, 1),
+            seq: 7,
+            message: message("t", from.as_bytes(), QoS::AtLeastOnce),
+        })
+    };
+    let forget_all = |mesh: &mut Mesh, names: &[String]| {
+        for name in names {
+            mesh.inject(name, "a", forward(name));
+        }
+        for name in names {
+            mesh.node("a").broker.forget_peer(&id(name)).unwrap();
+        }
+        mesh.node("a").drain();
+    };
+    let first: Vec<String> = (0..600).map(|i| format!("s{i}")).collect();
+    let second: Vec<String> = (600..1_200).map(|i| format!("s{i}")).collect();
+    forget_all(&mut mesh, &first);
+    mesh.crash_and_restart("a");
+    forget_all(&mut mesh, &second);
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "t", QoS::AtMostOnce);
+    // 1,200 forgotten: the oldest 176 (forgotten before the restart) were let go.
+    mesh.inject("s0", "a", forward("s0"));
+    assert_eq!(mesh.node("a").received_publishes(sub).len(), 1, "s0 let go");
+    mesh.inject("s599", "a", forward("s599"));
+    assert!(
+        mesh.node("a").received_publishes(sub).is_empty(),
+        "s599 still remembered across the restart"
+    );
+}

@@ -86,6 +86,11 @@ pub(crate) enum Key {
     RetainedStamp {
         topic: String,
     },
+    /// A node forgotten here: its last incarnation, the next forward number for it, and when
+    /// it was forgotten among the others (so the oldest are let go first after a restart).
+    Forgotten {
+        node: String,
+    },
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -133,6 +138,7 @@ impl Key {
                 k.freeze()
             }
             Key::ReplicaPosition { node } => with_client(b'P', node, 0).freeze(),
+            Key::Forgotten { node } => with_client(b'G', node, 0).freeze(),
             Key::ReplicaFilter { node, filter } => {
                 let mut k = with_client(b'F', node, filter.len());
                 k.put_slice(filter.as_bytes());
@@ -200,6 +206,7 @@ impl Key {
                 incarnation: k.get_u64(),
             },
             b'P' if k.is_empty() => Key::ReplicaPosition { node: client_id },
+            b'G' if k.is_empty() => Key::Forgotten { node: client_id },
             b'F' => Key::ReplicaFilter {
                 node: client_id,
                 filter: String::from_utf8(k.to_vec()).map_err(|_| e("filter is not UTF-8"))?,

@@ -60,6 +60,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.advance(now);
         let mut report = RestoreReport::default();
         let records = self.read_records(records, &mut report);
+        self.finish_cluster_restore();
         let pending = self.restore_sessions(records.sessions, &mut report);
         self.restore_subscriptions(records.subscriptions, &mut report);
         self.restore_messages(records.queued, &mut report);
@@ -90,7 +91,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     | Key::InboxMark { .. }
                     | Key::RetainedStamp { .. }
                     | Key::ReplicaPosition { .. }
-                    | Key::ReplicaFilter { .. }) => {
+                    | Key::ReplicaFilter { .. }
+                    | Key::Forgotten { .. }) => {
                         self.restore_cluster_record(&k, &value)?;
                     }
                     Key::Session { client_id } => {

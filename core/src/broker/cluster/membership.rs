@@ -124,17 +124,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.routes.remove_peer(node);
         // The node's duplicate marks stay (it may come back and re-send what it had queued),
         // until so many nodes were forgotten since that it is let go of entirely.
-        let let_go = c.remember_forgotten(node.clone(), incarnation, next_seq);
-        for old in let_go {
-            let Some(c) = &mut self.cluster else { break };
-            for incarnation in c.inbox.forget(&old) {
-                let key = Key::InboxMark {
-                    origin: old.to_string(),
-                    incarnation,
-                };
-                self.persist(key.encode(), None);
-            }
+        let (order, let_go) = c.remember_forgotten(node.clone(), incarnation, next_seq);
+        let mut record = Vec::with_capacity(24);
+        for word in [incarnation, next_seq, order] {
+            record.extend_from_slice(&word.to_be_bytes());
         }
+        self.persist(
+            Key::Forgotten {
+                node: node.to_string(),
+            }
+            .encode(),
+            Some(record.into()),
+        );
+        self.let_go(let_go);
         self.persist_replica(node, false);
         self.persist(
             Key::ReplicaPosition {
@@ -156,6 +158,56 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             routes,
             dropped_messages: dropped,
         }
+    }
+
+    /// Drop what is remembered of nodes forgotten long ago: their record, and their duplicate
+    /// marks unless they came back since.
+    fn let_go(&mut self, nodes: Vec<NodeId>) {
+        for old in nodes {
+            self.persist(
+                Key::Forgotten {
+                    node: old.to_string(),
+                }
+                .encode(),
+                None,
+            );
+            let Some(c) = &mut self.cluster else { return };
+            if c.knows(&old) {
+                continue;
+            }
+            for incarnation in c.inbox.forget(&old) {
+                let key = Key::InboxMark {
+                    origin: old.to_string(),
+                    incarnation,
+                };
+                self.persist(key.encode(), None);
+            }
+        }
+    }
+
+    /// After a restart: the forgotten nodes read from storage, oldest first; those that came
+    /// back before it are no longer forgotten, and the oldest beyond the bound are let go.
+    pub(in crate::broker) fn finish_cluster_restore(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        c.forgotten.make_contiguous().sort_by_key(|f| f.order);
+        let back: Vec<NodeId> = c
+            .forgotten
+            .iter()
+            .filter(|f| c.knows(&f.node))
+            .map(|f| f.node.clone())
+            .collect();
+        c.forgotten.retain(|f| !back.contains(&f.node));
+        let let_go = c.trim_forgotten();
+        for node in back {
+            self.persist(
+                Key::Forgotten {
+                    node: node.to_string(),
+                }
+                .encode(),
+                None,
+            );
+        }
+        self.let_go(let_go);
     }
 
     /// Another node's operator forgot `node`: forget it too, unless this node can reach it or

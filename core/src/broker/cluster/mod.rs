@@ -164,6 +164,8 @@ struct ForgottenNode {
     node: NodeId,
     incarnation: u64,
     next_seq: u64,
+    /// When it was forgotten, among the others (a counter): the oldest are let go first.
+    order: u64,
 }
 
 /// Retained messages held here on a node's account: those it wrote and sent, and those it
@@ -202,8 +204,10 @@ pub(super) struct Cluster {
     retained: LwwMap<RetainedCharge>,
     /// Per writer other than this node.
     retained_usage: BTreeMap<NodeId, RetainedUsage>,
-    /// Oldest first, at most [`membership::FORGOTTEN_KEPT`].
+    /// Oldest first, at most [`membership::FORGOTTEN_KEPT`]; kept in storage too.
     forgotten: VecDeque<ForgottenNode>,
+    /// The `order` the next forgotten node gets.
+    forget_count: u64,
     /// Nodes refused for the node count and reported (at most [`trust::REFUSED_NODES_KEPT`]).
     refused_nodes: std::collections::BTreeSet<NodeId>,
 }
@@ -237,6 +241,7 @@ impl Cluster {
             retained: LwwMap::new(),
             retained_usage: BTreeMap::new(),
             forgotten: VecDeque::new(),
+            forget_count: 0,
             refused_nodes: std::collections::BTreeSet::new(),
             config,
         }
@@ -283,15 +288,28 @@ impl Cluster {
             || self.peers.len() < self.config.max_nodes
     }
 
-    /// Remember a forgotten node; returns the nodes forgotten so long ago that they are let go
-    /// of entirely (their duplicate marks are dropped).
-    fn remember_forgotten(&mut self, node: NodeId, incarnation: u64, next_seq: u64) -> Vec<NodeId> {
+    /// Remember a forgotten node; returns its `order` and the nodes forgotten so long ago
+    /// that they are let go of entirely.
+    fn remember_forgotten(
+        &mut self,
+        node: NodeId,
+        incarnation: u64,
+        next_seq: u64,
+    ) -> (u64, Vec<NodeId>) {
+        let order = self.forget_count;
+        self.forget_count += 1;
         self.forgotten.retain(|f| f.node != node);
         self.forgotten.push_back(ForgottenNode {
             node,
             incarnation,
             next_seq,
+            order,
         });
+        (order, self.trim_forgotten())
+    }
+
+    /// Let go of the oldest forgotten nodes beyond [`membership::FORGOTTEN_KEPT`].
+    fn trim_forgotten(&mut self) -> Vec<NodeId> {
         let mut gone = Vec::new();
         while self.forgotten.len() > membership::FORGOTTEN_KEPT {
             if let Some(f) = self.forgotten.pop_front() {
@@ -299,6 +317,22 @@ impl Cluster {
             }
         }
         gone
+    }
+
+    /// Put back a forgotten node read from storage (in any order; sorted when restoring ends).
+    fn restore_forgotten(&mut self, node: NodeId, incarnation: u64, next_seq: u64, order: u64) {
+        self.forget_count = self.forget_count.max(order.saturating_add(1));
+        self.forgotten.push_back(ForgottenNode {
+            node,
+            incarnation,
+            next_seq,
+            order,
+        });
+    }
+
+    /// Whether this node holds state for `node` now (a link, an outbox or a route set).
+    fn knows(&self, node: &NodeId) -> bool {
+        self.peers.contains_key(node) || self.table.replica(node).is_some()
     }
 
     fn own_digest(&self) -> Frame {

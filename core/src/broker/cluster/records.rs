@@ -53,6 +53,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     | Key::RetainedStamp { .. }
                     | Key::ReplicaPosition { .. }
                     | Key::ReplicaFilter { .. }
+                    | Key::Forgotten { .. }
             ));
         };
         match key {
@@ -115,6 +116,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Key::ReplicaFilter { node, filter } => {
                 let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
                 c.table.restore_filter(&node, filter);
+                Ok(true)
+            }
+            Key::Forgotten { node } => {
+                let node = NodeId::new(node).map_err(|_| bad("forgotten node id"))?;
+                let words = <[u8; 24]>::try_from(value).map_err(|_| bad("forgotten node"))?;
+                let word = |i: usize| {
+                    let mut w = [0; 8];
+                    w.copy_from_slice(&words[i * 8..i * 8 + 8]);
+                    u64::from_be_bytes(w)
+                };
+                c.restore_forgotten(node, word(0), word(1), word(2));
                 Ok(true)
             }
             _ => Ok(false),
