@@ -266,6 +266,17 @@ fn another_user_can_neither_take_over_nor_resume_a_session() {
     let (s, ack) = w.connect_with(V5, "s", persistent("admin"));
     assert!(ack.session_present);
     assert_eq!(w.received_publishes(s).len(), 2);
+    // An operator may end it: then the client id is free for anyone.
+    assert!(w.broker.end_client_session(
+        meridian_core::Timestamp(w.now),
+        "s",
+        ReasonCode::ADMINISTRATIVE_ACTION
+    ));
+    w.drain();
+    assert!(w.is_closed(s));
+    let (_, ack) = w.connect_with(V5, "s", persistent("guest"));
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    assert!(!ack.session_present);
 }
 
 /// Connect and configure a persistent session.

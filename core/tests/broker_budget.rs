@@ -165,3 +165,42 @@ fn messages_in_flight_count_until_acknowledged() {
     assert_eq!(w.broker.stats().held_bytes, 0);
     assert_eq!(w.broker.held_bytes(), w.broker.held_bytes_recounted());
 }
+
+#[test]
+fn a_retained_delete_is_never_refused_for_the_budget() {
+    let mut w = world();
+    let publisher = w.connect(V5, "pub");
+    for i in 0..10 {
+        w.publish(
+            publisher,
+            &format!("r/{i:02}"),
+            b"123456",
+            QoS::AtMostOnce,
+            true,
+            0,
+        );
+    }
+    assert_eq!(w.broker.stats().held_bytes, 100);
+    w.publish(publisher, "r/00", b"", QoS::AtLeastOnce, true, 1);
+    assert_eq!(puback_reasons(&mut w, publisher), vec![ReasonCode::SUCCESS]);
+    assert_eq!(w.broker.stats().held_bytes, 90);
+}
+
+#[test]
+fn each_held_delivery_counts_so_a_fan_out_is_counted_per_subscriber() {
+    let mut w = world();
+    let subs: Vec<_> = (0..3)
+        .map(|i| {
+            let s = w.connect(V5, &format!("s{i}"));
+            w.subscribe(s, "t/#", QoS::AtLeastOnce);
+            s
+        })
+        .collect();
+    let publisher = w.connect(V5, "pub");
+    w.publish(publisher, "t/x", b"1234567", QoS::AtLeastOnce, false, 1);
+    // One message of 10 bytes, in flight to three subscribers: 30 held.
+    assert_eq!(w.broker.stats().held_bytes, 30);
+    for s in subs {
+        assert_eq!(w.received_publishes(s).len(), 1);
+    }
+}

@@ -17,6 +17,7 @@
 //! | `GET /api/clients/{id}` | one session, or 404 |
 //! | `GET /api/subscriptions` | JSON array of every subscription: `client_id`, `filter`, `qos`; `?offset=&limit=&q=` pages it |
 //! | `DELETE /api/clients/{id}` | disconnect the client (MQTT 5.0 gets DISCONNECT 0x98); 404 if not connected |
+//! | `DELETE /api/sessions/{id}` | end the client's session (disconnecting it): its subscriptions and messages go, and its client id is free for any user; 404 if none |
 //! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode) |
 //! | `GET /api/peers` | JSON array of the peer nodes: connected, region, RTT, routes, route lag, outbox, forwards |
 //! | `GET /api/peers/{peer_id}/routes` | the filters that peer has subscribers for, as replicated here |
@@ -49,7 +50,7 @@ use tokio::runtime::RuntimeMetrics;
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::mailbox::{DaemonCounters, EngineHandle};
+use crate::mailbox::{DaemonCounters, EngineHandle, Page};
 use crate::mesh::MeshStats;
 
 /// What the admin API says about this node itself.
@@ -343,7 +344,8 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
             .header(
                 "content-security-policy",
                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                 connect-src 'self'; img-src 'self' data:",
+                 connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; \
+                 base-uri 'none'; form-action 'none'",
             )
             .body(Full::new(Bytes::from_static(STATUS_PAGE.as_bytes())))
             .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
@@ -461,63 +463,60 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
                 None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
             }
         }
-        (Method::GET, "/api/clients") => match engine.clients().await {
-            Some(mut list) => {
-                let page = Page::of(req.uri().query());
-                if let Some(q) = &page.filter {
-                    list.retain(|c| c.client_id.contains(q.as_str()));
+        (Method::GET, "/api/clients") => {
+            match engine.clients_page(page_of(req.uri().query())).await {
+                Some((list, total)) => {
+                    let mut r = json(
+                        StatusCode::OK,
+                        serde_json::Value::Array(list.iter().map(client_json).collect()),
+                    );
+                    r.headers_mut()
+                        .insert("x-total-count", hyper::header::HeaderValue::from(total));
+                    r
                 }
-                let total = list.len();
-                let mut r = json(
-                    StatusCode::OK,
-                    serde_json::Value::Array(
-                        list.iter()
-                            .skip(page.offset)
-                            .take(page.limit)
-                            .map(client_json)
-                            .collect(),
-                    ),
-                );
-                r.headers_mut()
-                    .insert("x-total-count", hyper::header::HeaderValue::from(total));
-                r
+                None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
             }
-            None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
-        },
-        (Method::GET, "/api/subscriptions") => match engine.clients().await {
-            Some(list) => {
-                let page = Page::of(req.uri().query());
-                let all: Vec<serde_json::Value> = list
-                    .iter()
-                    .flat_map(|c| {
-                        c.subscriptions.iter().map(|(f, q)| {
-                            serde_json::json!({
-                                "client_id": c.client_id,
-                                "filter": f,
-                                "qos": *q as u8,
-                            })
-                        })
-                    })
-                    .filter(|s| {
-                        page.filter.as_deref().is_none_or(|q| {
-                            s["filter"].as_str().is_some_and(|f| f.contains(q))
-                                || s["client_id"].as_str().is_some_and(|c| c.contains(q))
-                        })
-                    })
-                    .collect();
-                let total = all.len();
-                let mut r = json(
-                    StatusCode::OK,
-                    serde_json::Value::Array(
-                        all.into_iter().skip(page.offset).take(page.limit).collect(),
-                    ),
-                );
-                r.headers_mut()
-                    .insert("x-total-count", hyper::header::HeaderValue::from(total));
-                r
+        }
+        (Method::GET, "/api/subscriptions") => {
+            match engine.subscriptions_page(page_of(req.uri().query())).await {
+                Some((list, total)) => {
+                    let mut r = json(
+                        StatusCode::OK,
+                        serde_json::Value::Array(
+                            list.into_iter()
+                                .map(|(client_id, filter, qos)| {
+                                    serde_json::json!({
+                                        "client_id": client_id,
+                                        "filter": filter,
+                                        "qos": qos as u8,
+                                    })
+                                })
+                                .collect(),
+                        ),
+                    );
+                    r.headers_mut()
+                        .insert("x-total-count", hyper::header::HeaderValue::from(total));
+                    r
+                }
+                None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
             }
-            None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
-        },
+        }
+        (Method::DELETE, p) if let Some(id) = p.strip_prefix("/api/sessions/") => {
+            let Some(id) = percent_decode(id) else {
+                return plain(StatusCode::BAD_REQUEST, "bad client id encoding\n");
+            };
+            match engine.end_session(id.clone()).await {
+                Some(true) => json(
+                    StatusCode::OK,
+                    serde_json::json!({"client_id": id, "session_ended": true}),
+                ),
+                Some(false) => json(
+                    StatusCode::NOT_FOUND,
+                    serde_json::json!({"error": "no such session"}),
+                ),
+                None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+            }
+        }
         (method, p) if p.starts_with("/api/clients/") => {
             let Some(id) = percent_decode(&p["/api/clients/".len()..]) else {
                 return plain(StatusCode::BAD_REQUEST, "bad client id encoding\n");
@@ -571,37 +570,26 @@ fn json(status: StatusCode, value: serde_json::Value) -> Response<Body> {
     r
 }
 
-/// `?offset=N&limit=N&q=TEXT` of a listing: a page of it, of the entries whose id holds TEXT.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Page {
-    offset: usize,
-    limit: usize,
-    filter: Option<String>,
-}
-
-impl Page {
-    fn of(query: Option<&str>) -> Self {
-        let mut page = Page {
-            offset: 0,
-            limit: usize::MAX,
-            filter: None,
-        };
-        for (key, value) in query
-            .unwrap_or("")
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-        {
-            match key {
-                "offset" => page.offset = value.parse().unwrap_or(0),
-                "limit" => page.limit = value.parse().unwrap_or(usize::MAX),
-                "q" => {
-                    page.filter = percent_decode(&value.replace('+', " ")).filter(|q| !q.is_empty())
-                }
-                _ => {}
-            }
+/// `?offset=N&limit=N&q=TEXT` of a listing: a page of it, of the entries that hold TEXT.
+fn page_of(query: Option<&str>) -> Page {
+    let mut page = Page {
+        offset: 0,
+        limit: usize::MAX,
+        filter: None,
+    };
+    for (key, value) in query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+    {
+        match key {
+            "offset" => page.offset = value.parse().unwrap_or(0),
+            "limit" => page.limit = value.parse().unwrap_or(usize::MAX),
+            "q" => page.filter = percent_decode(&value.replace('+', " ")).filter(|q| !q.is_empty()),
+            _ => {}
         }
-        page
     }
+    page
 }
 
 /// Every figure of the broker's [`Stats`], by field name; figures by QoS as arrays of three.

@@ -11,6 +11,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
+/// How long one request to the admin API may take.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where the node's admin API is, and how to be let in.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CtlArgs {
@@ -60,8 +63,21 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
         .enable_all()
         .build()
         .context("cannot start a runtime")?;
+    // A node that takes the connection and never answers does not hang the command.
     let call = |method: Method, path: String| {
-        runtime.block_on(request(args.admin, token.as_deref(), method, &path))
+        runtime.block_on(async {
+            tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                request(args.admin, token.as_deref(), method, &path),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                bail!(
+                    "{path}: no answer from {} within {REQUEST_TIMEOUT:?}",
+                    args.admin
+                )
+            })
+        })
     };
     match &args.command {
         CtlCommand::Peers(PeersCommand::List) => {
@@ -71,6 +87,7 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
                 "{:<54} {:<10} {:<9} {:>8} {:>10} {:>12}",
                 "PEER", "REGION", "LINK", "ROUTES", "OUTBOX", "OUTBOX_BYTES"
             )?;
+            let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
             for p in peers.as_array().into_iter().flatten() {
                 writeln!(
                     out,
@@ -82,13 +99,16 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
                     } else {
                         "down"
                     },
-                    p["routes"],
-                    p["outbox_messages"],
-                    p["outbox_bytes"],
+                    n(&p["routes"]),
+                    n(&p["outbox_messages"]),
+                    n(&p["outbox_bytes"]),
                 )?;
             }
         }
         CtlCommand::Peers(PeersCommand::Forget { peer_id }) => {
+            let peer_id: libp2p::PeerId = peer_id
+                .parse()
+                .with_context(|| format!("{peer_id:?} is not a peer id"))?;
             let answer = call(Method::DELETE, format!("/api/peers/{peer_id}"))?;
             writeln!(
                 out,

@@ -477,6 +477,29 @@ impl Engine {
             ToEngine::Clients(reply) => {
                 let _ = reply.send(self.broker.clients());
             }
+            ToEngine::ClientsPage { page, reply } => {
+                let _ = reply.send(self.broker.clients_page(
+                    page.offset,
+                    page.limit,
+                    page.filter.as_deref(),
+                ));
+            }
+            ToEngine::SubscriptionsPage { page, reply } => {
+                let _ = reply.send(self.broker.subscriptions_page(
+                    page.offset,
+                    page.limit,
+                    page.filter.as_deref(),
+                ));
+            }
+            ToEngine::EndSession { client_id, reply } => {
+                let ended = self.broker.end_client_session(
+                    now,
+                    &client_id,
+                    ReasonCode::ADMINISTRATIVE_ACTION,
+                );
+                self.drain();
+                let _ = reply.send(ended);
+            }
             ToEngine::Kick { client_id, reply } => {
                 let was = self.broker.disconnect_client(
                     now,

@@ -11,6 +11,7 @@ use meridian_core::broker::{
     AuthOutcome, Authenticator, Authorizer, ClientSummary, ForgetError, Forgotten, Message,
     PeerSummary, Stats,
 };
+use meridian_core::codec::QoS;
 use meridian_core::link::Frame;
 use meridian_core::routes::NodeId;
 use meridian_core::topic::TopicError;
@@ -68,6 +69,21 @@ pub enum ToEngine {
     },
     Stats(oneshot::Sender<Stats>),
     Clients(oneshot::Sender<Vec<ClientSummary>>),
+    /// A page of the sessions, of those whose client id holds the filter, and the total.
+    ClientsPage {
+        page: Page,
+        reply: oneshot::Sender<(Vec<ClientSummary>, usize)>,
+    },
+    /// A page of the subscriptions (client id, filter, QoS), and the total.
+    SubscriptionsPage {
+        page: Page,
+        reply: oneshot::Sender<(Vec<(String, String, QoS)>, usize)>,
+    },
+    /// End a client's session (an operator's decision); whether there was one.
+    EndSession {
+        client_id: String,
+        reply: oneshot::Sender<bool>,
+    },
     Kick {
         client_id: String,
         reply: oneshot::Sender<bool>,
@@ -208,6 +224,36 @@ impl EngineHandle {
     }
 
     /// Disconnect a client (0x98 Administrative action); whether it was connected.
+    pub async fn clients_page(&self, page: Page) -> Option<(Vec<ClientSummary>, usize)> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ToEngine::ClientsPage { page, reply })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn subscriptions_page(
+        &self,
+        page: Page,
+    ) -> Option<(Vec<(String, String, QoS)>, usize)> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ToEngine::SubscriptionsPage { page, reply })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn end_session(&self, client_id: String) -> Option<bool> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ToEngine::EndSession { client_id, reply })
+            .await
+            .ok()?;
+        rx.await.ok()
+    }
+
     pub async fn kick(&self, client_id: String) -> Option<bool> {
         let (reply, rx) = oneshot::channel();
         self.tx
@@ -235,4 +281,12 @@ pub enum MeshCmd {
     Gossip(Bytes),
     /// A node was forgotten: discovery stops dialling it.
     Forget(NodeId),
+}
+
+/// A page of a listing: `limit` entries from `offset`, of those that hold `filter`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub offset: usize,
+    pub limit: usize,
+    pub filter: Option<String>,
 }

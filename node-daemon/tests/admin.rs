@@ -70,6 +70,21 @@ async fn health_metrics_clients_and_kick() {
     assert_eq!(status, 404);
     let (status, _) = http(d.admin, "GET", "/nope").await;
     assert_eq!(status, 404);
+
+    // Pages of the listings, with the total.
+    let (status, body) = http(d.admin, "GET", "/api/clients?offset=0&limit=1&q=watch").await;
+    assert_eq!(status, 200);
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(page.as_array().map(Vec::len), Some(1));
+    assert_eq!(page[0]["client_id"], "watcher");
+
+    // Ending a session: the watcher is disconnected, and its session and subscription go.
+    let (status, body) = http(d.admin, "DELETE", "/api/sessions/watcher").await;
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = http(d.admin, "GET", "/api/subscriptions").await;
+    assert_eq!(body, "[]");
+    let (status, _) = http(d.admin, "DELETE", "/api/sessions/watcher").await;
+    assert_eq!(status, 404);
 }
 
 /// `storage.cache_bytes` reaches the store: 2 MiB of retained messages overflow a 1 MiB cache,

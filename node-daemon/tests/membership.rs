@@ -138,6 +138,8 @@ async fn a_node_killed_for_good_never_blocks_publishers_and_is_forgotten_by_comm
     );
     let (ok, out, _) = ctl(c.daemon.admin, &["peers", "list"]);
     assert!(ok && !out.contains(&a.peer_id), "{out}");
+    let (ok, _, err) = ctl(c.daemon.admin, &["peers", "forget", "not a peer?x"]);
+    assert!(!ok && err.contains("is not a peer id"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,10 +82,13 @@ macro_rules! with_config_fields {
                 /// Retained topics the broker keeps.
                 max_retained_messages: usize = 1_000_000,
                 /// Payload and topic bytes of every message the broker holds: retained, queued
-                /// and in flight, over all sessions. At the bound, a QoS 1/2 PUBLISH from an
-                /// MQTT 5.0 client is refused with 0x97, a delivery that would be queued or sent
-                /// and held is dropped, and a new retained message is not stored (each counted
-                /// in `Stats::dropped_memory_full`); QoS 0 deliveries are never held.
+                /// and in flight, over all sessions, each delivery counted (a message held for
+                /// 20 sessions counts 20 times, though they share its bytes: the count bounds
+                /// memory from above). At the bound, a QoS 1/2 PUBLISH from an MQTT 5.0 client
+                /// is refused with 0x97, a delivery that would be queued or sent and held is
+                /// dropped, and a new retained message is not stored (each counted in
+                /// `Stats::dropped_memory_full`); QoS 0 deliveries are never held, and retained
+                /// deletes always go through.
                 max_held_bytes: usize = 1024 * 1024 * 1024,
                 /// Aliases a client may use towards the broker. Advertised in CONNACK; 0
                 /// disables.

@@ -331,31 +331,84 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Every session, connected or not, for admin listings.
     pub fn clients(&self) -> Vec<ClientSummary> {
-        let mut list: Vec<ClientSummary> = self
+        self.clients_page(0, usize::MAX, None).0
+    }
+
+    /// A page of [`Broker::clients`]: `limit` sessions from `offset`, of those whose client id
+    /// holds `filter`, and how many there are in all. Only the page is summarised.
+    pub fn clients_page(
+        &self,
+        offset: usize,
+        limit: usize,
+        filter: Option<&str>,
+    ) -> (Vec<ClientSummary>, usize) {
+        let mut ids: Vec<&Session> = self
             .sessions
             .iter()
             .flatten()
-            .map(|s| ClientSummary {
-                client_id: s.client_id.to_string(),
-                username: s.username.as_deref().map(str::to_owned),
-                protocol: s.protocol,
-                connected: s.conn.is_some(),
-                conn: s.conn,
-                subscriptions: s
-                    .subscriptions
-                    .iter()
-                    .map(|(f, e)| (f.clone(), e.options.qos))
-                    .collect(),
-                inflight: s.inflight.len(),
-                queued: s.queue.len(),
-                congested: s
-                    .conn
-                    .and_then(|c| self.conns.get(&c))
-                    .is_some_and(|c| c.congested),
-            })
+            .filter(|s| filter.is_none_or(|f| s.client_id.contains(f)))
             .collect();
-        list.sort_by(|a, b| a.client_id.cmp(&b.client_id));
-        list
+        ids.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
+        let total = ids.len();
+        let page = ids
+            .into_iter()
+            .skip(offset)
+            .take(limit)
+            .map(|s| self.client_summary(s))
+            .collect();
+        (page, total)
+    }
+
+    /// Subscriptions, by client id then filter: `limit` from `offset` of those whose filter or
+    /// client id holds `filter`, as (client id, filter, QoS), and how many there are in all.
+    pub fn subscriptions_page(
+        &self,
+        offset: usize,
+        limit: usize,
+        filter: Option<&str>,
+    ) -> (Vec<(String, String, QoS)>, usize) {
+        let mut sessions: Vec<&Session> = self.sessions.iter().flatten().collect();
+        sessions.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
+        let mut total = 0;
+        let mut page = Vec::new();
+        for s in sessions {
+            let client_hit = filter.is_none_or(|f| s.client_id.contains(f));
+            let mut subs: Vec<(&String, QoS)> = s
+                .subscriptions
+                .iter()
+                .filter(|(f, _)| client_hit || filter.is_some_and(|q| f.contains(q)))
+                .map(|(f, e)| (f, e.options.qos))
+                .collect();
+            subs.sort_unstable();
+            for (f, qos) in subs {
+                if total >= offset && page.len() < limit {
+                    page.push((s.client_id.to_string(), f.clone(), qos));
+                }
+                total += 1;
+            }
+        }
+        (page, total)
+    }
+
+    fn client_summary(&self, s: &Session) -> ClientSummary {
+        ClientSummary {
+            client_id: s.client_id.to_string(),
+            username: s.username.as_deref().map(str::to_owned),
+            protocol: s.protocol,
+            connected: s.conn.is_some(),
+            conn: s.conn,
+            subscriptions: s
+                .subscriptions
+                .iter()
+                .map(|(f, e)| (f.clone(), e.options.qos))
+                .collect(),
+            inflight: s.inflight.len(),
+            queued: s.queue.len(),
+            congested: s
+                .conn
+                .and_then(|c| self.conns.get(&c))
+                .is_some_and(|c| c.congested),
+        }
     }
 
     /// Disconnect a client (MQTT 5.0 clients get DISCONNECT with `reason`). Returns whether it
@@ -378,6 +431,28 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             None => false,
         }
+    }
+
+    /// End the session of `client_id` (an operator's decision): its connection is closed with
+    /// `reason` (MQTT 5.0 clients get it in DISCONNECT), its will follows the usual rules, and
+    /// the session, its subscriptions and its messages are gone; the client id is free again
+    /// for anyone. Returns whether there was such a session.
+    pub fn end_client_session(
+        &mut self,
+        now: Timestamp,
+        client_id: &str,
+        reason: ReasonCode,
+    ) -> bool {
+        self.advance(now);
+        if !self.by_client_id.contains_key(client_id) {
+            return false;
+        }
+        self.disconnect_client(now, client_id, reason);
+        // A clean session ended with its connection already.
+        if let Some(&sid) = self.by_client_id.get(client_id) {
+            self.end_session(sid);
+        }
+        true
     }
 
     /// Graceful shutdown: every connection is closed (MQTT 5.0 clients get DISCONNECT 0x8B).

@@ -99,8 +99,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let weight = p.payload.len() + p.topic.len();
         // The broker holds as much as it may, or a node that wants the message has a full
         // outbox: refuse rather than lose it.
+        // A retained delete frees what it touches: never refused for the budget.
+        let frees = p.retain && p.payload.is_empty();
         if reason.is_none() && v5 && p.qos != QoS::AtMostOnce {
-            if self.over_budget(weight) {
+            if !frees && self.over_budget(weight) {
                 self.stats.dropped_memory_full += 1;
                 reason = Some(ReasonCode::QUOTA_EXCEEDED);
             } else if self.outbox_full_for(&p.topic, weight) {

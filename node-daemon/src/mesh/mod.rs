@@ -796,9 +796,12 @@ impl Driver {
         if let Ok(mut map) = self.stats.last_error.lock()
             && (map.len() < MAX_WARNED || map.contains_key(&peer.to_string()))
         {
-            let mut why = why;
-            why.truncate(200);
-            map.insert(peer.to_string(), why);
+            // At most 200 bytes, cut at a character boundary (addresses may name any host).
+            let mut cut = why.len().min(200);
+            while !why.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            map.insert(peer.to_string(), why[..cut].to_owned());
         }
     }
 
