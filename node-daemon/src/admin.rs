@@ -484,11 +484,11 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
                         StatusCode::OK,
                         serde_json::Value::Array(
                             list.into_iter()
-                                .map(|(client_id, filter, qos)| {
+                                .map(|s| {
                                     serde_json::json!({
-                                        "client_id": client_id,
-                                        "filter": filter,
-                                        "qos": qos as u8,
+                                        "client_id": s.client_id,
+                                        "filter": s.filter,
+                                        "qos": s.qos as u8,
                                     })
                                 })
                                 .collect(),

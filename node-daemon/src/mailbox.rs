@@ -9,9 +9,8 @@ use std::sync::atomic::AtomicU64;
 use bytes::Bytes;
 use meridian_core::broker::{
     AuthOutcome, Authenticator, Authorizer, ClientSummary, ForgetError, Forgotten, Message,
-    PeerSummary, Stats,
+    PeerSummary, Stats, SubscriptionSummary,
 };
-use meridian_core::codec::QoS;
 use meridian_core::link::Frame;
 use meridian_core::routes::NodeId;
 use meridian_core::topic::TopicError;
@@ -77,7 +76,7 @@ pub enum ToEngine {
     /// A page of the subscriptions (client id, filter, QoS), and the total.
     SubscriptionsPage {
         page: Page,
-        reply: oneshot::Sender<(Vec<(String, String, QoS)>, usize)>,
+        reply: oneshot::Sender<(Vec<SubscriptionSummary>, usize)>,
     },
     /// End a client's session (an operator's decision); whether there was one.
     EndSession {
@@ -236,7 +235,7 @@ impl EngineHandle {
     pub async fn subscriptions_page(
         &self,
         page: Page,
-    ) -> Option<(Vec<(String, String, QoS)>, usize)> {
+    ) -> Option<(Vec<SubscriptionSummary>, usize)> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(ToEngine::SubscriptionsPage { page, reply })

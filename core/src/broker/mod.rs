@@ -80,6 +80,17 @@ const OUTPUTS_KEPT: usize = 4_096;
 /// Hash maps with a fixed seed: deterministic, no OS randomness.
 pub(crate) type FixedMap<K, V> = std::collections::HashMap<K, V, FixedState>;
 
+/// One subscription, for admin listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionSummary {
+    /// The session's client id.
+    pub client_id: String,
+    /// The filter as subscribed (with its `$share/{group}/` prefix).
+    pub filter: String,
+    /// The QoS granted.
+    pub qos: QoS,
+}
+
 /// A summary of one session, for admin listings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientSummary {
@@ -360,13 +371,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// Subscriptions, by client id then filter: `limit` from `offset` of those whose filter or
-    /// client id holds `filter`, as (client id, filter, QoS), and how many there are in all.
+    /// client id holds `filter`, and how many there are in all.
     pub fn subscriptions_page(
         &self,
         offset: usize,
         limit: usize,
         filter: Option<&str>,
-    ) -> (Vec<(String, String, QoS)>, usize) {
+    ) -> (Vec<SubscriptionSummary>, usize) {
         let mut sessions: Vec<&Session> = self.sessions.iter().flatten().collect();
         sessions.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
         let mut total = 0;
@@ -382,7 +393,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             subs.sort_unstable();
             for (f, qos) in subs {
                 if total >= offset && page.len() < limit {
-                    page.push((s.client_id.to_string(), f.clone(), qos));
+                    page.push(SubscriptionSummary {
+                        client_id: s.client_id.to_string(),
+                        filter: f.clone(),
+                        qos,
+                    });
                 }
                 total += 1;
             }
