@@ -15,16 +15,6 @@ fn world() -> World {
     })
 }
 
-fn puback_reasons(w: &mut World, conn: meridian_core::ConnId) -> Vec<ReasonCode> {
-    w.recv(conn)
-        .iter()
-        .filter_map(|p| match p {
-            Packet::PubAck(a) => Some(a.reason),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Connect with a persistent session; returns the connection and what followed CONNACK (a
 /// resumed session's messages).
 fn persistent(w: &mut World, id: &str) -> (meridian_core::ConnId, Vec<Packet>) {
@@ -51,7 +41,7 @@ fn at_the_bound_qos1_is_refused_deliveries_are_dropped_and_qos0_still_flows() {
     for i in 1..=12u16 {
         w.publish(publisher, "t/x", b"1234567", QoS::AtLeastOnce, false, i);
     }
-    let reasons = puback_reasons(&mut w, publisher);
+    let reasons = w.puback_reasons(publisher);
     assert_eq!(reasons.len(), 12);
     assert!(
         reasons[..10].iter().all(|r| *r == ReasonCode::SUCCESS),
@@ -79,7 +69,7 @@ fn at_the_bound_qos1_is_refused_deliveries_are_dropped_and_qos0_still_flows() {
     // would be held is dropped.
     let v3 = w.connect(V3, "pub3");
     w.publish(v3, "t/x", b"1234567", QoS::AtLeastOnce, false, 1);
-    assert_eq!(puback_reasons(&mut w, v3), vec![ReasonCode::SUCCESS]);
+    assert_eq!(w.puback_reasons(v3), vec![ReasonCode::SUCCESS]);
     assert_eq!(w.broker.stats().dropped_memory_full, 3);
     assert_eq!(w.broker.stats().queued_messages, 10);
     // The subscriber comes back and acknowledges: the bytes go, and there is room again.
@@ -92,7 +82,7 @@ fn at_the_bound_qos1_is_refused_deliveries_are_dropped_and_qos0_still_flows() {
     }
     assert_eq!(w.broker.stats().held_bytes, 0);
     w.publish(publisher, "t/x", b"1234567", QoS::AtLeastOnce, false, 20);
-    assert_eq!(puback_reasons(&mut w, publisher), vec![ReasonCode::SUCCESS]);
+    assert_eq!(w.puback_reasons(publisher), vec![ReasonCode::SUCCESS]);
     assert_eq!(w.broker.held_bytes(), w.broker.held_bytes_recounted());
 }
 
@@ -182,7 +172,7 @@ fn a_retained_delete_is_never_refused_for_the_budget() {
     }
     assert_eq!(w.broker.stats().held_bytes, 100);
     w.publish(publisher, "r/00", b"", QoS::AtLeastOnce, true, 1);
-    assert_eq!(puback_reasons(&mut w, publisher), vec![ReasonCode::SUCCESS]);
+    assert_eq!(w.puback_reasons(publisher), vec![ReasonCode::SUCCESS]);
     assert_eq!(w.broker.stats().held_bytes, 90);
 }
 

@@ -65,16 +65,6 @@ fn faults(w: &World) -> Vec<(String, PeerFault)> {
         .collect()
 }
 
-fn puback_reasons(w: &mut World, conn: meridian_core::ConnId) -> Vec<ReasonCode> {
-    w.recv(conn)
-        .iter()
-        .filter_map(|p| match p {
-            Packet::PubAck(a) => Some(a.reason),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Three nodes; `a` has a subscriber to `a/#`, which `b` and `c` replicate.
 fn three() -> (Mesh, meridian_core::ConnId) {
     let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
@@ -312,7 +302,7 @@ fn a_node_that_left_is_forgotten_by_command_and_publishers_go_on() {
             .publish(publisher, "a/x", b"m", QoS::AtLeastOnce, false, i);
     }
     assert_eq!(
-        puback_reasons(mesh.node("c"), publisher),
+        mesh.node("c").puback_reasons(publisher),
         vec![ReasonCode::SUCCESS; 5],
         "a node that is not there never refuses a publisher"
     );
@@ -559,8 +549,8 @@ mod forged {
     }
 }
 
-#[test]
-fn a_peer_that_never_acknowledges_holds_publishers_back_only_until_the_stall_time() {
+/// a and c, c's outbox for a holding 2 messages, a stall time of 5 s, a subscribed to `f`.
+fn two_with_a_small_outbox() -> Mesh {
     let limits = OutboxLimits {
         window: 10,
         max_messages: 2,
@@ -573,6 +563,12 @@ fn a_peer_that_never_acknowledges_holds_publishers_back_only_until_the_stall_tim
     let sub = mesh.node("a").connect(V5, "sub");
     mesh.node("a").subscribe(sub, "f", QoS::AtLeastOnce);
     mesh.advance(50);
+    mesh
+}
+
+#[test]
+fn a_peer_that_never_acknowledges_holds_publishers_back_only_until_the_stall_time() {
+    let mut mesh = two_with_a_small_outbox();
     // a's link stays up, but nothing it is sent is ever acknowledged (nothing is carried).
     let publisher = mesh.node("c").connect(V5, "pub");
     for i in 1..=3u16 {
@@ -580,7 +576,7 @@ fn a_peer_that_never_acknowledges_holds_publishers_back_only_until_the_stall_tim
             .publish(publisher, "f", b"x", QoS::AtLeastOnce, false, i);
     }
     assert_eq!(
-        puback_reasons(mesh.node("c"), publisher),
+        mesh.node("c").puback_reasons(publisher),
         vec![
             ReasonCode::SUCCESS,
             ReasonCode::SUCCESS,
@@ -593,7 +589,7 @@ fn a_peer_that_never_acknowledges_holds_publishers_back_only_until_the_stall_tim
     mesh.node("c")
         .publish(publisher, "f", b"x", QoS::AtLeastOnce, false, 4);
     assert_eq!(
-        puback_reasons(mesh.node("c"), publisher),
+        mesh.node("c").puback_reasons(publisher),
         vec![ReasonCode::SUCCESS],
         "stalled: it no longer does"
     );
@@ -737,18 +733,7 @@ fn a_retained_write_the_store_keeps_out_is_not_taken_nor_counted() {
 
 #[test]
 fn a_peer_that_was_idle_is_not_taken_for_stalled_by_the_burst_that_follows() {
-    let limits = OutboxLimits {
-        window: 10,
-        max_messages: 2,
-        max_bytes: 1 << 20,
-    };
-    let mut mesh = Mesh::new(&["a", "c"], Config::default(), move |c| {
-        c.outbox = limits;
-        c.outbox_stall_ms = 5_000;
-    });
-    let sub = mesh.node("a").connect(V5, "sub");
-    mesh.node("a").subscribe(sub, "f", QoS::AtLeastOnce);
-    mesh.advance(50);
+    let mut mesh = two_with_a_small_outbox();
     // Quiet for longer than the stall time, then a burst faster than a can acknowledge.
     mesh.advance(20_000);
     let publisher = mesh.node("c").connect(V5, "pub");
@@ -757,7 +742,7 @@ fn a_peer_that_was_idle_is_not_taken_for_stalled_by_the_burst_that_follows() {
             .publish(publisher, "f", b"x", QoS::AtLeastOnce, false, i);
     }
     assert_eq!(
-        puback_reasons(mesh.node("c"), publisher),
+        mesh.node("c").puback_reasons(publisher),
         vec![
             ReasonCode::SUCCESS,
             ReasonCode::SUCCESS,

@@ -6,20 +6,16 @@ import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { Miniflare } from "miniflare";
+import { workerOptions } from "./worker.mjs";
 import mqtt from "mqtt";
 import WebSocket from "ws";
 
-const BUILD = fileURLToPath(new URL("../build", import.meta.url));
-/** The compatibility date of `wrangler.toml`, so that the tests run the worker as deployed. */
-const COMPATIBILITY_DATE = readFileSync(new URL("../wrangler.toml", import.meta.url), "utf8").match(
-  /^compatibility_date = "([0-9-]+)"/m,
-)[1];
 const DEADLINE_MS = 10000;
 
 const running = new Set();
@@ -54,17 +50,7 @@ async function startEdge({ persist = false, users, anonymous = true, acl } = {})
   let output = "";
   const watchers = [];
   const mf = new Miniflare({
-    modules: true,
-    scriptPath: path.join(BUILD, "index.js"),
-    modulesRoot: BUILD,
-    modulesRules: [{ type: "CompiledWasm", include: ["**/*.wasm"] }],
-    compatibilityDate: COMPATIBILITY_DATE,
-    durableObjects: { MQTT_BROKER: { className: "MqttBroker", useSQLite: true } },
-    durableObjectsPersist: persist,
-    bindings,
-    host: "127.0.0.1",
-    port: 0,
-    cf: false,
+    ...workerOptions({ bindings, persist }),
     handleRuntimeStdio(stdout, stderr) {
       for (const stream of [stdout, stderr]) {
         stream.setEncoding("utf8");

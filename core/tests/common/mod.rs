@@ -359,6 +359,17 @@ impl World {
     }
 
     /// Publishes received by a client (acks and other packets are dropped).
+    /// The reason codes of the PUBACKs a client received (other packets are dropped).
+    pub fn puback_reasons(&mut self, conn: ConnId) -> Vec<ReasonCode> {
+        self.recv(conn)
+            .iter()
+            .filter_map(|p| match p {
+                Packet::PubAck(a) => Some(a.reason),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn received_publishes(&mut self, conn: ConnId) -> Vec<Publish> {
         self.recv(conn)
             .into_iter()
