@@ -1,7 +1,6 @@
 //! The link to each peer: sessions up and down, and every frame a peer sends.
 
 use super::trust::{PeerFault, foreign_origin};
-use crate::broker::io::Output;
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::link::{DigestEntry, Frame, LINK_PROTOCOL_VERSION};
@@ -17,8 +16,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         if !c.admits(&peer) {
             self.peer_fault(&peer, PeerFault::TooManyNodes);
-            self.stats.peer_sessions_cut += 1;
-            self.outputs.push_back(Output::CutPeer { peer });
+            self.cut_peer(peer);
             return;
         }
         let p = c.peer(&peer);

@@ -70,12 +70,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 let (stamp, deleted) = crate::broker::persist::decode_stamp(value)?;
                 c.hlc.observe(stamp.hlc, 0);
                 // A stamp whose message is gone (expired while the node was down) is dropped.
-                let weight = self
-                    .retained
-                    .get(topic)
-                    .map(|m| m.topic.len() + m.payload.len());
+                let weight = self.retained.get(topic).map(|m| m.weight());
                 if deleted || weight.is_some() {
-                    let c = self.cluster.as_mut().expect("checked above");
+                    let Some(c) = &mut self.cluster else {
+                        return Ok(true);
+                    };
                     // Counted against its writer: who relayed it is not kept.
                     let charge = weight
                         .filter(|_| !deleted)

@@ -167,9 +167,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             });
         }
         if fault.cuts() {
-            self.stats.peer_sessions_cut += 1;
-            self.outputs
-                .push_back(Output::CutPeer { peer: peer.clone() });
+            self.cut_peer(peer.clone());
         }
+    }
+
+    /// End `peer`'s link session (the shell reports `PeerDown` once it has), counted.
+    pub(super) fn cut_peer(&mut self, peer: NodeId) {
+        self.stats.peer_sessions_cut += 1;
+        self.outputs.push_back(Output::CutPeer { peer });
     }
 }
