@@ -160,12 +160,15 @@ fn example_topology() -> std::path::PathBuf {
 }
 
 #[test]
-fn sim_writes_a_run_as_a_standalone_page() {
+fn sim_runs_a_topology_file_and_draws_its_timeline_and_a_page() {
     let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("timeline.svg");
     let html = dir.path().join("run.html");
     let out = meridian()
         .arg("sim")
         .arg(example_topology())
+        .arg("--svg")
+        .arg(&svg)
         .arg("--html")
         .arg(&html)
         .output()
@@ -175,6 +178,15 @@ fn sim_writes_a_run_as_a_standalone_page() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.starts_with("three-regions (seed 1)"), "{table}");
+    assert!(table.contains("all_subacks_ms"), "{table}");
+    assert!(table.contains("duplicated"), "{table}");
+    let drawing = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawing.starts_with("<svg") && drawing.trim_end().ends_with("</svg>"));
+    assert!(drawing.contains("link cpt-fra down") || drawing.contains("link fra-cpt down"));
+
+    // The same run as one standalone page.
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.starts_with("<!doctype html>") && page.trim_end().ends_with("</html>"));
     for region in ["eu-central", "ap-east", "af-south"] {
@@ -191,31 +203,6 @@ fn sim_writes_a_run_as_a_standalone_page() {
         "nothing fetched from elsewhere"
     );
     assert!(page.contains("fra"), "nodes beside their region");
-}
-
-#[test]
-fn sim_runs_a_topology_file_and_draws_its_timeline() {
-    let dir = tempfile::tempdir().unwrap();
-    let svg = dir.path().join("timeline.svg");
-    let out = meridian()
-        .arg("sim")
-        .arg(example_topology())
-        .arg("--svg")
-        .arg(&svg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8(out.stdout).unwrap();
-    assert!(table.starts_with("three-regions (seed 1)"), "{table}");
-    assert!(table.contains("all_subacks_ms"), "{table}");
-    assert!(table.contains("duplicated"), "{table}");
-    let drawing = std::fs::read_to_string(&svg).unwrap();
-    assert!(drawing.starts_with("<svg") && drawing.trim_end().ends_with("</svg>"));
-    assert!(drawing.contains("link cpt-fra down") || drawing.contains("link fra-cpt down"));
 
     let json = meridian()
         .arg("sim")
