@@ -62,23 +62,29 @@ fn settle(a: &mut Harness, b: &mut Harness) {
     }
 }
 
-#[wasm_bindgen_test]
-fn a_message_published_on_one_node_reaches_a_subscriber_on_the_other() {
+/// Nodes a and b, linked, with a client `sub` of a subscribed to `filter` at QoS 1 and the
+/// route carried to b; returns them and the client's connection.
+fn linked_with_subscriber(filter: &str) -> (Harness, Harness, f64) {
     let mut a = node("a");
     let mut b = node("b");
     a.broker.handle_peer_up("b".into(), a.now).unwrap();
     b.broker.handle_peer_up("a".into(), b.now).unwrap();
-    a.pump();
-    b.pump();
-
     let sub = a.connect("sub", 5);
     a.send(
         sub,
-        r#"{"type":"subscribe","packetId":1,"filters":[{"filter":"world/#","qos":1}]}"#,
+        &format!(
+            r#"{{"type":"subscribe","packetId":1,"filters":[{{"filter":"{filter}","qos":1}}]}}"#
+        ),
         5,
     );
     a.take(sub);
     settle(&mut a, &mut b);
+    (a, b, sub)
+}
+
+#[wasm_bindgen_test]
+fn a_message_published_on_one_node_reaches_a_subscriber_on_the_other() {
+    let (mut a, mut b, sub) = linked_with_subscriber("world/#");
     let peers = array(&b.broker.peers());
     assert_eq!(get_str(&peers[0], "node"), "a");
     assert!(get_bool(&peers[0], "connected"));
@@ -103,18 +109,7 @@ fn a_message_published_on_one_node_reaches_a_subscriber_on_the_other() {
 
 #[wasm_bindgen_test]
 fn a_congested_link_misses_qos0_forwards_until_drained() {
-    let mut a = node("a");
-    let mut b = node("b");
-    a.broker.handle_peer_up("b".into(), a.now).unwrap();
-    b.broker.handle_peer_up("a".into(), b.now).unwrap();
-    let sub = a.connect("sub", 5);
-    a.send(
-        sub,
-        r#"{"type":"subscribe","packetId":1,"filters":[{"filter":"w/#","qos":1}]}"#,
-        5,
-    );
-    a.take(sub);
-    settle(&mut a, &mut b);
+    let (mut a, mut b, sub) = linked_with_subscriber("w/#");
     let publisher = b.connect("pub", 5);
     let publish = |a: &mut Harness, b: &mut Harness, payload: &str| {
         b.send(
@@ -142,17 +137,7 @@ fn a_congested_link_misses_qos0_forwards_until_drained() {
 
 #[wasm_bindgen_test]
 fn a_node_that_left_is_forgotten_and_the_others_are_told() {
-    let mut a = node("a");
-    let mut b = node("b");
-    a.broker.handle_peer_up("b".into(), a.now).unwrap();
-    b.broker.handle_peer_up("a".into(), b.now).unwrap();
-    let sub = a.connect("sub", 5);
-    a.send(
-        sub,
-        r#"{"type":"subscribe","packetId":1,"filters":[{"filter":"w/#","qos":1}]}"#,
-        5,
-    );
-    settle(&mut a, &mut b);
+    let (_a, mut b, _) = linked_with_subscriber("w/#");
     assert!(
         b.broker.forget_peer("a".into()).is_err(),
         "a node whose link is up is not forgotten"
