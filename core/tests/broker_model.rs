@@ -2,7 +2,9 @@
 //! small reference model of who must receive what, at which QoS, exactly once, in order.
 //!
 //! Clients acknowledge everything at once, so nothing is in flight between operations; sessions
-//! with clean start 0 are persistent and queue QoS 1/2 messages while offline.
+//! with clean start 0 are persistent and queue QoS 1/2 messages while offline. With resumable
+//! connections, the broker may be rebuilt from its records between operations, every connection
+//! staying open: nothing a client sees may change.
 
 mod common;
 
@@ -45,6 +47,9 @@ enum Op {
         client: usize,
         congested: bool,
     },
+    /// The broker is rebuilt from its records with every connection still open (when
+    /// connections are resumable).
+    Wake,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -55,6 +60,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..CLIENTS, 0..FILTERS.len()).prop_map(|(client, filter)| Op::Unsubscribe { client, filter }),
         6 => (0..CLIENTS, 0..TOPICS.len(), 0..3u8).prop_map(|(client, topic, qos)| Op::Publish { client, topic, qos }),
         1 => (0..CLIENTS, any::<bool>()).prop_map(|(client, congested)| Op::Congest { client, congested }),
+        1 => Just(Op::Wake),
     ]
 }
 
@@ -80,8 +86,11 @@ struct Model {
     expected: BTreeMap<usize, Vec<(u32, QoS)>>,
 }
 
-fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut w = World::new();
+fn run(versions: &[ProtocolVersion], resumable: bool, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut w = World::with_config(meridian_core::Config {
+        resumable_connections: resumable,
+        ..Default::default()
+    });
     let mut m = Model::default();
     let mut received: BTreeMap<usize, Vec<(u32, QoS)>> = BTreeMap::new();
     let mut next_msg = 0u32;
@@ -195,6 +204,14 @@ fn run(versions: &[ProtocolVersion], ops: &[Op]) -> Result<(), TestCaseError> {
                     }
                 }
             }
+            Op::Wake if resumable => {
+                let open: Vec<_> = m.connected.values().copied().collect();
+                let report = w.wake(&open);
+                prop_assert_eq!(report.connections, open.len());
+                // Congestion is the shell's to report again.
+                m.congested.clear();
+            }
+            Op::Wake => {}
             Op::Congest { client, congested } => {
                 if let Some(&conn) = m.connected.get(&client) {
                     w.set_congested(conn, congested);
@@ -252,8 +269,9 @@ proptest! {
     #[test]
     fn broker_agrees_with_the_reference_model(
         versions in proptest::collection::vec(prop_oneof![Just(V3), Just(V5)], CLIENTS),
+        resumable in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..60),
     ) {
-        run(&versions, &ops)?;
+        run(&versions, resumable, &ops)?;
     }
 }

@@ -4,8 +4,8 @@ use meridian_core::Config;
 use meridian_core::acl::Acl;
 use wasm_bindgen::JsValue;
 use worker::{
-    Context, DurableObject, Env, Headers, Request, Response, Result, State, WebSocketPair,
-    durable_object, event,
+    Context, DurableObject, Env, Headers, Request, Response, Result, State, WebSocket,
+    WebSocketIncomingMessage, WebSocketPair, durable_object, event,
 };
 
 use crate::shell::{Edge, Hooks};
@@ -137,8 +137,9 @@ pub struct MqttBroker {
 
 impl DurableObject for MqttBroker {
     fn new(state: State, env: Env) -> Self {
+        let storage = state.storage();
         Self {
-            edge: Edge::new(edge_config(), hooks(&env), state.storage()),
+            edge: Edge::new(edge_config(), hooks(&env), state._inner(), storage),
         }
     }
 
@@ -149,6 +150,9 @@ impl DurableObject for MqttBroker {
         if let Err(error) = self.edge.ensure_started() {
             worker::console_error!("meridian: cannot start the broker: {error}");
             return Response::error("the broker cannot start; its log says why\n", 503);
+        }
+        if !self.edge.has_room() {
+            return Response::error("the broker holds as many connections as it may\n", 503);
         }
         let protocol = subprotocol(&req)?;
         let remote_addr = req.headers().get("CF-Connecting-IP")?;
@@ -163,6 +167,32 @@ impl DurableObject for MqttBroker {
             }
             None => response,
         })
+    }
+
+    async fn websocket_message(
+        &self,
+        ws: WebSocket,
+        message: WebSocketIncomingMessage,
+    ) -> Result<()> {
+        match message {
+            WebSocketIncomingMessage::Binary(data) => self.edge.message(&ws, Some(&data)),
+            WebSocketIncomingMessage::String(_) => self.edge.message(&ws, None),
+        }
+    }
+
+    async fn websocket_close(
+        &self,
+        ws: WebSocket,
+        code: usize,
+        _reason: String,
+        _was_clean: bool,
+    ) -> Result<()> {
+        self.edge
+            .socket_closed(&ws, Some(u16::try_from(code).unwrap_or(1000)))
+    }
+
+    async fn websocket_error(&self, ws: WebSocket, _error: worker::Error) -> Result<()> {
+        self.edge.socket_closed(&ws, None)
     }
 
     async fn alarm(&self) -> Result<Response> {

@@ -1,20 +1,28 @@
-//! The drive loop of one broker inside a Durable Object: WebSockets in, the core's outputs
-//! carried out, one timer for the core's next deadline.
+//! The drive loop of one broker inside a Durable Object: hibernatable WebSockets in, the
+//! core's outputs carried out, the object's alarm for the core's next deadline.
 //!
 //! Everything here translates IO; what MQTT does is the core's. Each input is fed with the
 //! shell borrowed, every output is applied before the borrow ends, and nothing awaits in
 //! between, so outputs leave in the order the core gave them.
+//!
+//! Client sockets go through the WebSocket Hibernation API: the runtime keeps them open while
+//! the object is evicted from memory between messages, and builds the object again for the
+//! next event. The core runs with resumable connections, so everything a connection needs to
+//! go on is in storage; each socket carries its connection id as its attachment, and a new
+//! instance hands the sockets still open to [`Broker::restore_open`]. No timer runs in the
+//! object (a pending timer keeps it from hibernating): the alarm stands at the core's next
+//! deadline.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::Duration;
 
-use js_sys::{ArrayBuffer, Uint8Array};
+use js_sys::Uint8Array;
 use meridian_core::acl::Acl;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 use wasm_bindgen::{JsCast, JsValue};
-use worker::{Date, Delay, ScheduledTime, Storage, WebSocket, web_sys};
+use worker::worker_sys::DurableObjectState;
+use worker::{Date, ScheduledTime, Storage, WebSocket};
 
 use crate::store::RecordStore;
 use crate::users::Users;
@@ -23,13 +31,12 @@ use crate::users::Users;
 const CLOSE_NORMAL: u16 = 1000;
 /// WebSocket close code for a text frame (MQTT travels in binary frames only).
 const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
-/// WebSocket close code when stored state could not be written: the client reconnects to a
-/// broker rebuilt from what was stored.
+/// WebSocket close code when stored state could not be read or written: the client reconnects
+/// to a broker rebuilt from what was stored.
 const CLOSE_INTERNAL_ERROR: u16 = 1011;
-/// While clients are connected, the Durable Object alarm stands at most this far ahead.
-const ALARM_BACKSTOP_MS: u64 = 60_000;
-/// The longest single wait of the in-memory timer.
-const MAX_TIMER_WAIT_MS: u64 = 3_600_000;
+/// Sockets open beyond the broker's sessions, for clients still connecting (each for at most
+/// the connect timeout). Past `max_sessions` plus these, new upgrades get 503.
+const CONNECTING_SOCKETS: usize = 1_000;
 
 /// Who may connect, and what they may do.
 #[derive(Debug, Clone)]
@@ -46,29 +53,47 @@ struct Shell {
     store: RecordStore,
     /// The latest time fed to the broker; the clock it reads never goes backwards.
     now: Timestamp,
-    /// The deadline the running timer waits for, if one runs.
-    timer: Option<Timestamp>,
-    /// The deadline the Durable Object alarm is set for, if set by this instance.
+    /// The deadline the Durable Object alarm is set for, if this instance set it.
     alarm: Option<Timestamp>,
 }
 
 impl Shell {
     /// A broker with every stored record restored, seeded from the platform's random source
-    /// (the client ids it assigns are not the same sequence on every start).
-    fn start(mut config: Config, hooks: Hooks, store: RecordStore) -> worker::Result<Self> {
+    /// (the client ids it assigns are not the same sequence on every start), and the
+    /// connections of `open` (sockets that outlived the previous instance) resumed.
+    fn start(
+        mut config: Config,
+        hooks: Hooks,
+        store: RecordStore,
+        open: Vec<WebSocket>,
+    ) -> worker::Result<Self> {
         let now = wall_clock();
         config.seed = random_seed()?;
+        config.resumable_connections = true;
         let mut broker = Broker::with_auth(config, now, hooks.users, hooks.acl);
         let records = store.load()?;
         let count = records.len();
-        let report = broker.restore(now, records);
+        let mut sockets = HashMap::new();
+        for ws in open {
+            match ws.deserialize_attachment::<u64>() {
+                Ok(Some(id)) => {
+                    sockets.insert(ConnId(id), ws);
+                }
+                _ => {
+                    let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("unknown connection"));
+                }
+            }
+        }
+        let report = broker.restore_open(now, records, sockets.keys().copied());
         if count > 0 {
             worker::console_log!(
-                "meridian: restored {count} records: {} sessions, {} subscriptions, {} queued and {} retained messages",
+                "meridian: restored {count} records: {} sessions, {} subscriptions, {} queued and {} retained messages; {} of {} open connections resumed",
                 report.sessions,
                 report.subscriptions,
                 report.messages,
-                report.retained
+                report.retained,
+                report.connections,
+                sockets.len()
             );
         }
         for (key, error) in &report.unreadable {
@@ -76,13 +101,13 @@ impl Shell {
         }
         let mut shell = Self {
             broker,
-            sockets: HashMap::new(),
+            sockets,
             store,
             now,
-            timer: None,
             alarm: None,
         };
-        // Restoring may delete records that belong to nothing.
+        // Restoring may close connections it cannot resume and delete records that belong
+        // to nothing.
         shell.drive()?;
         Ok(shell)
     }
@@ -112,7 +137,7 @@ impl Shell {
                 Output::Close { conn } => {
                     // Closed by the broker: its close event must not report it again.
                     if let Some(ws) = self.sockets.remove(&conn) {
-                        let _ = ws.close(Some(1000), Some("closed by the broker"));
+                        let _ = ws.close(Some(CLOSE_NORMAL), Some("closed by the broker"));
                     }
                 }
                 Output::Persist { key, value } => self.store.apply(&key, value.as_deref())?,
@@ -153,7 +178,7 @@ fn random_seed() -> worker::Result<u64> {
 }
 
 /// One broker and its connections, shared by the Durable Object's handlers and the tasks that
-/// read each socket and wait for deadlines.
+/// set its alarm.
 #[derive(Debug, Clone)]
 pub struct Edge {
     inner: Rc<Inner>,
@@ -164,26 +189,31 @@ struct Inner {
     config: Config,
     /// Who may connect and what they may do, or why they cannot be read.
     hooks: Result<Hooks, String>,
-    sql: worker::SqlStorage,
+    state: DurableObjectState,
     storage: Storage,
     /// `None` until started, and again after stored state could not be read or written.
     shell: RefCell<Option<Shell>>,
 }
 
 impl Edge {
-    pub fn new(config: Config, hooks: Result<Hooks, String>, storage: Storage) -> Self {
+    pub fn new(
+        config: Config,
+        hooks: Result<Hooks, String>,
+        state: DurableObjectState,
+        storage: Storage,
+    ) -> Self {
         Self {
             inner: Rc::new(Inner {
                 config,
                 hooks,
-                sql: storage.sql(),
+                state,
                 storage,
                 shell: RefCell::new(None),
             }),
         }
     }
 
-    /// Starts the broker from what is stored, unless it runs.
+    /// Starts the broker from what is stored, with the sockets still open, unless it runs.
     pub fn ensure_started(&self) -> worker::Result<()> {
         let mut slot = self.inner.shell.borrow_mut();
         if slot.is_none() {
@@ -197,103 +227,107 @@ impl Edge {
                     "meridian: MQTT_USERS is not set: every client is refused (set it, or ALLOW_ANONYMOUS = \"true\" for local development)"
                 );
             }
-            let store = RecordStore::open(self.inner.sql.clone())?;
-            *slot = Some(Shell::start(self.inner.config.clone(), hooks, store)?);
+            let store = RecordStore::open(self.inner.storage.sql())?;
+            let open = self.open_sockets()?;
+            *slot = Some(Shell::start(self.inner.config.clone(), hooks, store, open)?);
         }
         drop(slot);
         self.arm();
         Ok(())
     }
 
-    /// A new connection on `ws`: it is accepted, and its messages are read until it closes.
+    fn open_sockets(&self) -> worker::Result<Vec<WebSocket>> {
+        let sockets = self.inner.state.get_websockets()?;
+        Ok(sockets.into_iter().map(WebSocket::from).collect())
+    }
+
+    /// Whether one more socket may be opened.
+    pub fn has_room(&self) -> bool {
+        let open = self
+            .inner
+            .shell
+            .borrow()
+            .as_ref()
+            .map_or(0, |s| s.sockets.len());
+        open < self.inner.config.max_sessions + CONNECTING_SOCKETS
+    }
+
+    /// A new connection on `ws`, handed to the runtime as a hibernatable socket that carries
+    /// its connection id.
     pub fn accept(&self, ws: WebSocket, remote_addr: Option<String>) -> worker::Result<()> {
-        // Binary frames as ArrayBuffers, not Blobs (which would need a wait to read).
-        ws.as_ref()
-            .set_binary_type(web_sys::BinaryType::Arraybuffer);
-        ws.accept()?;
-        let conn = self.with_shell(|shell| {
+        self.inner.state.accept_websocket(ws.as_ref())?;
+        self.with_shell(|shell| {
             let now = shell.clock();
             let info = ConnInfo {
                 remote_addr,
                 ..ConnInfo::default()
             };
             let conn = shell.broker.accept(now, info);
-            shell.sockets.insert(conn, ws.clone());
+            ws.serialize_attachment(conn.0)?;
+            shell.sockets.insert(conn, ws);
             // Arms the connect timeout.
-            shell.drive()?;
-            Ok(conn)
-        })?;
-        let edge = self.clone();
-        wasm_bindgen_futures::spawn_local(async move { edge.read(conn, ws).await });
-        Ok(())
+            shell.drive()
+        })
     }
 
-    async fn read(&self, conn: ConnId, ws: WebSocket) {
-        use futures_util::StreamExt;
-        use worker::WebsocketEvent;
-
-        let mut events = match ws.events() {
-            Ok(events) => events,
-            Err(error) => {
-                worker::console_error!("meridian: cannot read a WebSocket: {error}");
-                let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("cannot read"));
-                self.closed(conn, &ws);
-                return;
-            }
+    /// A message on a client's socket.
+    pub fn message(&self, ws: &WebSocket, data: Option<&[u8]>) -> worker::Result<()> {
+        self.ensure_started()?;
+        let Some(conn) = connection_of(ws) else {
+            let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("unknown connection"));
+            return Ok(());
         };
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(WebsocketEvent::Message(message)) => {
-                    let data = message.as_ref().data();
-                    if let Some(buffer) = data.dyn_ref::<ArrayBuffer>() {
-                        let data = Uint8Array::new(buffer).to_vec();
-                        let _ = self.with_shell(|shell| {
-                            if shell.sockets.get(&conn) != Some(&ws) {
-                                // Closed by the broker (or a broker started again since, whose
-                                // connection of this number is another): ignored.
-                                return Ok(());
-                            }
-                            shell.feed(Input::Bytes { conn, data: &data })
-                        });
-                    } else {
-                        let _ = ws.close(
-                            Some(CLOSE_UNSUPPORTED_DATA),
-                            Some("MQTT needs binary frames"),
-                        );
-                        self.closed(conn, &ws);
-                    }
+        match data {
+            Some(data) => self.with_shell(|shell| {
+                if !shell.sockets.contains_key(&conn) {
+                    // Closed by the broker; a late message is ignored.
+                    return Ok(());
                 }
-                Ok(WebsocketEvent::Close(event)) => {
-                    // Answer the client's Close at once, with its code where one may be sent
-                    // back, so that a clean disconnect ends cleanly rather than timing out.
-                    let code = match event.code() {
-                        code @ (1000..=1003 | 1007..=1014 | 3000..=4999) => code,
-                        _ => CLOSE_NORMAL,
-                    };
-                    let _ = ws.close(Some(code), Some("closed by the client"));
-                    break;
-                }
-                Err(_) => break,
+                shell.feed(Input::Bytes { conn, data })
+            }),
+            None => {
+                let _ = ws.close(
+                    Some(CLOSE_UNSUPPORTED_DATA),
+                    Some("MQTT needs binary frames"),
+                );
+                self.closed(conn)
             }
         }
-        self.closed(conn, &ws);
     }
 
-    /// The connection on `ws` ended without the broker closing it.
-    fn closed(&self, conn: ConnId, ws: &WebSocket) {
-        let _ = self.with_shell(|shell| {
-            if shell.sockets.get(&conn) == Some(ws) {
-                shell.sockets.remove(&conn);
+    /// A client closed its socket (`code` from its Close frame), or the socket failed.
+    pub fn socket_closed(&self, ws: &WebSocket, code: Option<u16>) -> worker::Result<()> {
+        if let Some(code) = code {
+            // Answer the client's Close at once, with its code where one may be sent back,
+            // so that a clean disconnect ends cleanly rather than timing out. (A runtime
+            // that already answered refuses; that is fine.)
+            let code = match code {
+                code @ (1000..=1003 | 1007..=1014 | 3000..=4999) => code,
+                _ => CLOSE_NORMAL,
+            };
+            let _ = ws.close(Some(code), Some("closed by the client"));
+        }
+        self.ensure_started()?;
+        match connection_of(ws) {
+            Some(conn) => self.closed(conn),
+            None => Ok(()),
+        }
+    }
+
+    /// The connection ended without the broker closing it.
+    fn closed(&self, conn: ConnId) -> worker::Result<()> {
+        self.with_shell(|shell| {
+            if shell.sockets.remove(&conn).is_some() {
                 shell.feed(Input::Closed { conn })?;
             }
             Ok(())
-        });
+        })
     }
 
-    /// The Durable Object alarm rang: deadlines that passed while nothing ran (session expiry,
-    /// delayed wills) are handled.
+    /// The Durable Object alarm rang: the core's deadlines that are due (keep alive, connect
+    /// timeout, will delay, session and message expiry) are handled, and the alarm is set
+    /// for the next one.
     pub fn alarm(&self) -> worker::Result<()> {
-        worker::console_log!("meridian: woken by the alarm");
         self.ensure_started()?;
         self.with_shell(|shell| {
             shell.alarm = None;
@@ -301,8 +335,9 @@ impl Edge {
         })
     }
 
-    /// Runs `f` on the started broker, then re-arms the timer. A storage failure closes every
-    /// connection and drops the broker; the next request starts it again from storage.
+    /// Runs `f` on the started broker, then keeps the alarm at its next deadline. A storage
+    /// failure closes every connection and drops the broker; the next event starts it again
+    /// from storage.
     fn with_shell<T>(&self, f: impl FnOnce(&mut Shell) -> worker::Result<T>) -> worker::Result<T> {
         let mut slot = self.inner.shell.borrow_mut();
         let Some(shell) = slot.as_mut() else {
@@ -324,71 +359,40 @@ impl Edge {
         result
     }
 
-    /// Keeps the broker's next deadline covered. While connections are open, one timer waits
-    /// for it, and an alarm stands at most [`ALARM_BACKSTOP_MS`] ahead: if the object is reset
-    /// with clients connected, the alarm starts it again for their wills and session expiries.
-    /// With no connection open, the alarm is set to the deadline itself (the object may be
-    /// evicted meanwhile; the alarm starts it again).
+    /// Keeps the alarm at or before the broker's next deadline. It is set again only when the
+    /// deadline comes earlier than the alarm standing (not once per packet: a deadline that
+    /// moved later rings the alarm early, which finds nothing due and sets it again).
     fn arm(&self) {
         let mut slot = self.inner.shell.borrow_mut();
         let Some(shell) = slot.as_mut() else { return };
-        let now = shell.clock();
-        let deadline = shell.broker.poll_timeout();
-        if shell.sockets.is_empty() {
-            // The alarm takes over; a timer still running finds itself replaced.
-            shell.timer = None;
-            if let Some(deadline) = deadline
-                && shell.alarm != Some(deadline)
-            {
-                self.set_alarm(shell, deadline);
-            }
+        let Some(deadline) = shell.broker.poll_timeout() else {
+            return;
+        };
+        if shell.alarm.is_some_and(|at| at <= deadline) {
             return;
         }
-        let backstop = Timestamp::from_millis(now.as_millis() + ALARM_BACKSTOP_MS);
-        // Set again only when none stands within the backstop: not once per packet.
-        if shell.alarm.is_none_or(|at| at > backstop) {
-            self.set_alarm(shell, backstop);
-        }
-        let Some(deadline) = deadline else { return };
-        if shell.timer.is_some_and(|armed| armed <= deadline) {
-            return; // the running timer comes first; it re-arms when it fires
-        }
-        shell.timer = Some(deadline);
-        // At most an hour: a longer wait would overflow the runtime's timer. Waking early is
-        // harmless: nothing is due yet, and the timer is armed again.
-        let wait = deadline
-            .as_millis()
-            .saturating_sub(now.as_millis())
-            .min(MAX_TIMER_WAIT_MS);
-        let edge = self.clone();
-        wasm_bindgen_futures::spawn_local(async move {
-            Delay::from(Duration::from_millis(wait)).await;
-            let _ = edge.with_shell(|shell| {
-                // A timer replaced by an earlier one, or a broker restarted since, does nothing.
-                if shell.timer != Some(deadline) {
-                    return Ok(());
-                }
-                shell.timer = None;
-                shell.feed(Input::Timeout)
-            });
-        });
-    }
-
-    fn set_alarm(&self, shell: &mut Shell, at: Timestamp) {
-        shell.alarm = Some(at);
+        shell.alarm = Some(deadline);
         let edge = self.clone();
         wasm_bindgen_futures::spawn_local(async move {
             // An absolute time: a bare number would be an offset from now.
-            let date = js_sys::Date::new(&JsValue::from(at.as_millis() as f64));
+            let date = js_sys::Date::new(&JsValue::from(deadline.as_millis() as f64));
             if let Err(error) = edge.inner.storage.set_alarm(ScheduledTime::new(date)).await {
                 worker::console_error!("meridian: cannot set the alarm: {error}");
                 // Not set: the next turn tries again.
                 if let Some(shell) = edge.inner.shell.borrow_mut().as_mut()
-                    && shell.alarm == Some(at)
+                    && shell.alarm == Some(deadline)
                 {
                     shell.alarm = None;
                 }
             }
         });
     }
+}
+
+/// The connection a socket carries (its attachment), if it carries one.
+fn connection_of(ws: &WebSocket) -> Option<ConnId> {
+    ws.deserialize_attachment::<u64>()
+        .ok()
+        .flatten()
+        .map(ConnId)
 }

@@ -293,9 +293,8 @@ test("a delayed will goes out on the alarm when no client is connected", async (
       properties: { sessionExpiryInterval: 1 },
     });
     dying.stream.destroy();
-    // Nobody is connected: only the Durable Object alarm wakes the broker, which then sends
-    // the will and ends the session a second later.
-    await edge.waitForLog("meridian: woken by the alarm");
+    // Nobody is connected, and the object runs no timer: only its alarm wakes the broker,
+    // which then sends the will and ends the session a second later.
     await edge.waitForLog('SessionEnded { client_id: "dying" }');
     const { box, connack } = await connectWithConnack(edge, "watcher", 5, sessionOptions);
     assert.equal(connack.sessionPresent, true);
@@ -456,6 +455,73 @@ test("a client's WebSocket Close is answered at once", async () => {
   conn.ws.close(1000, "bye");
   // Without an answer the ws library waits 30 s and reports 1006.
   assert.equal(await within(conn.closed, "the broker's Close", 5000), 1000);
+  await edge.stop();
+});
+
+/** An MQTT 3.1.1 packet: the fixed header's first byte, then the body (under 128 bytes). */
+function packet(first, ...parts) {
+  const body = Buffer.concat(parts.map((p) => Buffer.from(p)));
+  assert.ok(body.length < 128);
+  return Buffer.concat([Buffer.from([first, body.length]), body]);
+}
+const u16 = (n) => [n >> 8, n & 0xff];
+const mqttString = (text) => [...u16(Buffer.byteLength(text)), ...Buffer.from(text)];
+const ack = (first, id) => packet(first, u16(id));
+const PUBACK = 0x40, PUBREC = 0x50, PUBREL = 0x62, PUBCOMP = 0x70;
+
+test("clients stay connected while the object hibernates; exchanges that span it complete once", async (t) => {
+  const edge = await startEdge();
+  // A 3.1.1 subscriber and publisher speaking raw MQTT, to hold acknowledgements across the
+  // hibernation; keep-alive 20 s, so the alarm for their keep-alive comes after the object
+  // has been idle long enough to be evicted (10 s in workerd).
+  const sub = await rawConnection(edge);
+  sub.ws.send(connectPacket("hib-sub", 20));
+  assert.deepEqual(await sub.next("CONNACK"), CONNACK_ACCEPTED);
+  sub.ws.send(packet(0x82, u16(1), mqttString("hib/#"), [2]));
+  assert.deepEqual(await sub.next("SUBACK"), packet(0x90, u16(1), [2]));
+  const pub = await rawConnection(edge);
+  pub.ws.send(connectPacket("hib-pub", 20));
+  assert.deepEqual(await pub.next("CONNACK"), CONNACK_ACCEPTED);
+  // An MQTT.js client too, which must never see its connection drop.
+  const watcher = await connect(edge, "hib-watcher", 5, { keepalive: 20 });
+  const box = inbox(watcher);
+  let reconnects = 0;
+  watcher.on("connect", () => reconnects++);
+  await watcher.subscribeAsync("hib/#", { qos: 1 });
+
+  // QoS 2 from the publisher: PUBREC, and no PUBREL yet. QoS 1 delivered, not acknowledged.
+  pub.ws.send(packet(0x34, mqttString("hib/two"), u16(7), Buffer.from("exactly once")));
+  assert.deepEqual(await pub.next("PUBREC"), ack(PUBREC, 7));
+  pub.ws.send(packet(0x32, mqttString("hib/one"), u16(8), Buffer.from("at least once")));
+  assert.deepEqual(await pub.next("PUBACK"), ack(PUBACK, 8));
+  const delivered = [await sub.next("the QoS 2 message"), await sub.next("the QoS 1 message")];
+  assert.equal(delivered[0][0], 0x34);
+  assert.equal(delivered[1][0], 0x32);
+  const idOf = (p) => p.readUInt16BE(4 + p.readUInt16BE(2));
+  const [twoId, oneId] = delivered.map(idOf);
+  assert.equal((await box.next("the watcher's copy")).topic, "hib/two");
+  assert.equal((await box.next("the watcher's copy")).topic, "hib/one");
+
+  // Idle: the object is evicted from memory, its sockets kept; the next event (the keep-alive
+  // alarm, or a client's ping) builds it again, which resumes both connections from storage.
+  await edge.waitForLog("of 3 open connections resumed", 90000);
+  assert.match(edge.output, /3 of 3 open connections resumed/);
+
+  // The exchanges complete on the same connections, each message once.
+  const started = performance.now();
+  pub.ws.send(ack(PUBREL, 7));
+  assert.deepEqual(await pub.next("PUBCOMP after the wake-up"), ack(PUBCOMP, 7));
+  t.diagnostic(`first answer after the wake-up: ${(performance.now() - started).toFixed(1)} ms`);
+  sub.ws.send(ack(PUBREC, twoId));
+  assert.deepEqual(await sub.next("PUBREL"), ack(PUBREL, twoId));
+  sub.ws.send(ack(PUBCOMP, twoId));
+  sub.ws.send(ack(PUBACK, oneId));
+  await watcher.publishAsync("hib/after", "still here", { qos: 1 });
+  const after = await sub.next("a message published after the wake-up");
+  assert.equal(after[0], 0x32, "the next packet is the new message, not a copy of an old one");
+  assert.match(after.toString("latin1"), /hib\/after/);
+  assert.equal((await box.next("the watcher's own message")).topic, "hib/after");
+  assert.equal(reconnects, 0, "MQTT.js kept its connection");
   await edge.stop();
 });
 

@@ -325,6 +325,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.cancel_session_timers(sid);
         let generation = self.next_generation();
         let had_records;
+        let resumable = self.config.resumable_connections;
         {
             let will = connect.will.as_ref().map(|w| Box::new(will_from(w)));
             // new_session / existing ids are live slots.
@@ -338,8 +339,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session.generation = generation;
             session.pending_will = None;
             session.will = will;
+            session.resumable = resumable;
         }
-        if had_records && expiry == 0 {
+        if had_records && !self.session(sid).is_some_and(Session::is_persistent) {
             self.unpersist_session(sid);
         }
         self.persist_session_meta(sid);
@@ -365,6 +367,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         conn.problem_information = props.request_problem_information.unwrap_or(true);
         conn.auth_method = props.authentication_method.as_deref().map(Box::from);
         conn.expiry_requested_zero = requested_expiry == 0;
+        self.persist_connection(conn_id);
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
         let max_packet_size = conn
             .info
             .max_packet_size

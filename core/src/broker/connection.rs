@@ -130,7 +130,20 @@ impl InboundAliases {
         self.topics.as_ref()?.get(usize::from(alias))?.as_ref()
     }
 
-    pub fn set(&mut self, alias: u16, topic: Arc<str>) {
+    /// Every alias set, with its topic.
+    pub fn iter(&self) -> impl Iterator<Item = (u16, &Arc<str>)> {
+        let topics = self.topics.iter().flat_map(|t| t.iter());
+        topics
+            .enumerate()
+            .filter_map(|(i, t)| Some((u16::try_from(i).ok()?, t.as_ref()?)))
+    }
+
+    /// Sets `alias` to `topic`; false if it already stood for that topic.
+    pub fn set(&mut self, alias: u16, topic: &str) -> bool {
+        if self.get(alias).is_some_and(|t| **t == *topic) {
+            return false;
+        }
+        let topic: Arc<str> = topic.into();
         let i = usize::from(alias);
         let topics = self.topics.get_or_insert_with(Box::default);
         if topics.len() <= i {
@@ -140,6 +153,7 @@ impl InboundAliases {
             *topics = grown.into_boxed_slice();
         }
         topics[i] = Some(topic);
+        true
     }
 }
 

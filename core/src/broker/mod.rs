@@ -13,6 +13,7 @@ mod message;
 mod persist;
 mod publish;
 mod restore;
+mod resume;
 mod session;
 mod stats;
 mod subscribe;
@@ -125,6 +126,8 @@ pub struct Broker<A = Box<dyn Authenticator>, Z = Box<dyn Authorizer>> {
     /// Boxed: a map of many connections keeps spare slots, which stay small this way.
     conns: FixedMap<ConnId, Box<Connection>>,
     next_conn: u64,
+    /// Ids up to this one are reserved in storage (resumable connections).
+    conn_ids_reserved: u64,
     sessions: Vec<Option<Session>>,
     free_sessions: Vec<SessionId>,
     by_client_id: FixedMap<Arc<str>, SessionId>,
@@ -192,6 +195,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         Self {
             conns: FixedMap::with_hasher(FixedState::with_seed(seed)),
             next_conn: 1,
+            conn_ids_reserved: 0,
             sessions: Vec::new(),
             free_sessions: Vec::new(),
             by_client_id: FixedMap::with_hasher(FixedState::with_seed(seed ^ 1)),
@@ -244,6 +248,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.advance(now);
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
+        self.reserve_conn_ids();
         let deadline = now.plus_ms(self.config.connect_timeout_ms);
         self.conns
             .insert(id, Box::new(Connection::new(info, now, deadline)));
@@ -691,6 +696,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         self.stats.bytes_received += data.len() as u64;
+        let had_partial = !conn.read_buf.is_empty();
         conn.read_buf.extend_from_slice(data);
         loop {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
@@ -707,10 +713,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let limit = conn.info.max_packet_size.map_or(max, |m| m.min(max));
             match codec::decode(&mut conn.read_buf, conn.protocol, limit) {
                 Ok(None) => {
-                    if conn.read_buf.is_empty() {
+                    let partial = !conn.read_buf.is_empty();
+                    if !partial {
                         // An idle connection keeps no buffer (an empty one would keep the
                         // last read's allocation alive, shared with the packets it held).
                         conn.read_buf = BytesMut::new();
+                    }
+                    if partial != had_partial {
+                        self.mark_partial_packet(conn_id, partial);
                     }
                     return;
                 }
@@ -865,6 +875,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Flush what was written to the connection, tell the shell to close it, forget it.
     fn finish_close(&mut self, conn_id: ConnId) {
         if let Some(mut conn) = self.conns.remove(&conn_id) {
+            if matches!(conn.state, ConnState::Connected { .. }) {
+                self.unpersist_connection(conn_id);
+            }
             conn.state = ConnState::Closed;
             self.timers
                 .remove(&(conn.connect_deadline, Timer::ConnectTimeout(conn_id)));

@@ -15,6 +15,9 @@
 //! | `O` peer seq(u64 BE) | a QoS 1/2 forward waiting in a peer's outbox (a link frame) |
 //! | `M` origin incarnation(u64 BE) | the highest forward delivered from an origin incarnation |
 //! | `T` topic | the stamp of a topic's last retained write (cluster mode), or its tombstone |
+//! | `C` conn(u64 BE) | an open connection's negotiated state ([`Config::resumable_connections`](crate::Config::resumable_connections)) |
+//! | `W` conn(u64 BE) | that connection holds part of a packet (no value but the format byte) |
+//! | `N` | the first connection id not yet given out, reserved ahead so that ids are never reused across rebuilds (resumable connections) |
 
 use std::sync::Arc;
 
@@ -91,6 +94,16 @@ pub(crate) enum Key {
     Forgotten {
         node: String,
     },
+    /// An open connection, kept so that it can be resumed.
+    Connection {
+        conn: u64,
+    },
+    /// An open connection holds part of a packet.
+    PartialPacket {
+        conn: u64,
+    },
+    /// Connection ids below this one may have been given out.
+    ConnectionIds,
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -100,6 +113,13 @@ fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
     k.put_u16(u16::try_from(client_id.len()).unwrap_or(u16::MAX));
     k.put_slice(client_id.as_bytes());
     k
+}
+
+fn with_number(kind: u8, n: u64) -> Bytes {
+    let mut k = BytesMut::with_capacity(9);
+    k.put_u8(kind);
+    k.put_u64(n);
+    k.freeze()
 }
 
 impl Key {
@@ -156,6 +176,9 @@ impl Key {
                 k.put_slice(topic.as_bytes());
                 k.freeze()
             }
+            Key::Connection { conn } => with_number(b'C', *conn),
+            Key::PartialPacket { conn } => with_number(b'W', *conn),
+            Key::ConnectionIds => Bytes::from_static(b"N"),
         }
     }
 
@@ -165,6 +188,20 @@ impl Key {
             return Err(e("empty key"));
         }
         let kind = k.get_u8();
+        if kind == b'N' && k.is_empty() {
+            return Ok(Key::ConnectionIds);
+        }
+        if kind == b'C' || kind == b'W' {
+            if k.len() != 8 {
+                return Err(e("bad connection number"));
+            }
+            let conn = k.get_u64();
+            return Ok(if kind == b'C' {
+                Key::Connection { conn }
+            } else {
+                Key::PartialPacket { conn }
+            });
+        }
         if kind == b'R' || kind == b'T' {
             let topic = String::from_utf8(k.to_vec()).map_err(|_| e("topic is not UTF-8"))?;
             return Ok(if kind == b'R' {
@@ -396,6 +433,86 @@ impl SessionRecord {
     }
 }
 
+/// What an open connection needs to go on in a broker rebuilt from storage: what CONNECT
+/// negotiated, what the shell told about it, and the topic aliases the client set. Its
+/// session, protocol and user are in the session's own records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConnRecord {
+    pub client_id: String,
+    pub remote_addr: Option<String>,
+    pub tls_identity: Option<String>,
+    /// The listener's packet-size limit ([`super::ConnInfo::max_packet_size`]).
+    pub listener_max_packet: Option<u32>,
+    pub keep_alive_secs: u16,
+    pub client_max_packet: u32,
+    pub send_window: u16,
+    pub outbound_alias_maximum: u16,
+    pub problem_information: bool,
+    pub expiry_requested_zero: bool,
+    pub auth_method: Option<String>,
+    /// Client-to-server topic aliases.
+    pub aliases: Vec<(u16, String)>,
+}
+
+impl ConnRecord {
+    pub fn encode(&self) -> Bytes {
+        let texts: usize = self.aliases.iter().map(|(_, t)| t.len() + 4).sum();
+        let mut v = BytesMut::with_capacity(64 + self.client_id.len() + texts);
+        v.put_u8(FORMAT);
+        put_string(&mut v, &self.client_id);
+        put_opt_string(&mut v, self.remote_addr.as_deref());
+        put_opt_string(&mut v, self.tls_identity.as_deref());
+        v.put_u32(self.listener_max_packet.unwrap_or(0));
+        v.put_u16(self.keep_alive_secs);
+        v.put_u32(self.client_max_packet);
+        v.put_u16(self.send_window);
+        v.put_u16(self.outbound_alias_maximum);
+        v.put_u8(u8::from(self.problem_information) | u8::from(self.expiry_requested_zero) << 1);
+        put_opt_string(&mut v, self.auth_method.as_deref());
+        // Aliases are bounded by Config::topic_alias_maximum, a u16.
+        v.put_u16(u16::try_from(self.aliases.len()).unwrap_or(u16::MAX));
+        for (alias, topic) in self.aliases.iter().take(usize::from(u16::MAX)) {
+            v.put_u16(*alias);
+            put_string(&mut v, topic);
+        }
+        v.freeze()
+    }
+
+    pub fn decode(value: &[u8]) -> Result<Self, RecordError> {
+        let mut r = Reader::new("connection", value)?;
+        let client_id = r.string()?;
+        let remote_addr = r.opt_string()?;
+        let tls_identity = r.opt_string()?;
+        let listener_max_packet = Some(r.u32()?).filter(|&m| m > 0);
+        let keep_alive_secs = r.u16()?;
+        let client_max_packet = r.u32()?;
+        let send_window = r.u16()?;
+        let outbound_alias_maximum = r.u16()?;
+        let flags = r.u8()?;
+        let auth_method = r.opt_string()?;
+        let n = r.u16()?;
+        let mut aliases = Vec::with_capacity(usize::from(n).min(64));
+        for _ in 0..n {
+            let alias = r.u16()?;
+            aliases.push((alias, r.string()?));
+        }
+        Ok(Self {
+            client_id,
+            remote_addr,
+            tls_identity,
+            listener_max_packet,
+            keep_alive_secs,
+            client_max_packet,
+            send_window,
+            outbound_alias_maximum,
+            problem_information: flags & 1 != 0,
+            expiry_requested_zero: flags & 2 != 0,
+            auth_method,
+            aliases,
+        })
+    }
+}
+
 pub(crate) fn encode_subscription(entry: &SubscriptionEntry) -> Bytes {
     let mut v = BytesMut::with_capacity(7);
     v.put_u8(FORMAT);
@@ -585,10 +702,36 @@ mod tests {
                 node: "n1".into(),
                 filter: "geo/+/#".into(),
             },
+            Key::Connection { conn: 42 },
+            Key::PartialPacket { conn: u64::MAX },
+            Key::ConnectionIds,
         ];
         for key in keys {
             let decoded = Key::decode(&key.encode()).expect("decodes");
             assert_eq!(decoded, key);
+        }
+    }
+
+    #[test]
+    fn a_connection_record_round_trips() {
+        let record = ConnRecord {
+            client_id: "sensor-1".into(),
+            remote_addr: Some("192.0.2.7".into()),
+            tls_identity: None,
+            listener_max_packet: Some(65_536),
+            keep_alive_secs: 30,
+            client_max_packet: 4096,
+            send_window: 20,
+            outbound_alias_maximum: 8,
+            problem_information: false,
+            expiry_requested_zero: true,
+            auth_method: Some("SCRAM-SHA-256".into()),
+            aliases: vec![(1, "a/b".into()), (7, "c".into())],
+        };
+        let encoded = record.encode();
+        assert_eq!(ConnRecord::decode(&encoded), Ok(record));
+        for cut in 0..encoded.len() {
+            assert!(ConnRecord::decode(&encoded[..cut]).is_err(), "cut at {cut}");
         }
     }
 }

@@ -40,8 +40,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         );
                     }
                 }
-            } else {
-                conn.inbound_aliases.set(alias, p.topic.as_str().into());
+            } else if conn.inbound_aliases.set(alias, &p.topic) {
+                self.persist_connection(conn_id);
             }
         }
         if p.qos > self.config.maximum_qos {

@@ -1,11 +1,12 @@
 //! Rebuilding state from persisted records after a restart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
-use super::io::Timestamp;
-use super::persist::{self, Key, QueuedRecord, RecordError, SessionRecord};
+use super::io::{ConnId, Timestamp};
+use super::persist::{self, ConnRecord, Key, QueuedRecord, RecordError, SessionRecord};
+use super::resume::Resuming;
 use super::session::{Inflight, Queued, SessionId, SubscriptionEntry};
 use super::subscriptions::Subscriber;
 use super::{Authenticator, Authorizer, Broker, Timer};
@@ -23,6 +24,8 @@ pub struct RestoreReport {
     pub messages: usize,
     /// Retained messages restored (expired ones are deleted instead).
     pub retained: usize,
+    /// Open connections resumed ([`Broker::restore_open`]).
+    pub connections: usize,
     /// Records that could not be read: the key and why.
     pub unreadable: Vec<(Bytes, RecordError)>,
 }
@@ -35,6 +38,9 @@ struct Records {
     subscriptions: Vec<(String, TopicFilter, SubscriptionEntry)>,
     queued: BTreeMap<(String, u64), QueuedRecord>,
     incoming: Vec<(String, u16)>,
+    connections: BTreeMap<u64, ConnRecord>,
+    /// Connections that held part of a packet.
+    partial: BTreeSet<u64>,
 }
 
 /// What is left to do once every session is back.
@@ -57,14 +63,34 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         now: Timestamp,
         records: impl IntoIterator<Item = (Bytes, Bytes)>,
     ) -> RestoreReport {
+        self.restore_open(now, records, [])
+    }
+
+    /// [`Broker::restore`] in a shell whose network connections outlived the broker (with
+    /// [`Config::resumable_connections`](crate::Config::resumable_connections)): `open` lists
+    /// the connections still open, by the ids the previous broker gave them. Each one whose
+    /// records were stored goes on where it stood, connected to its session, without a new
+    /// CONNECT; the others get [`Output::Close`](crate::Output::Close), and their sessions see
+    /// a lost connection. Later connections get ids after every id seen.
+    pub fn restore_open(
+        &mut self,
+        now: Timestamp,
+        records: impl IntoIterator<Item = (Bytes, Bytes)>,
+        open: impl IntoIterator<Item = ConnId>,
+    ) -> RestoreReport {
         self.advance(now);
         let mut report = RestoreReport::default();
-        let records = self.read_records(records, &mut report);
+        let mut records = self.read_records(records, &mut report);
         self.finish_cluster_restore();
-        let pending = self.restore_sessions(records.sessions, &mut report);
+        let open: BTreeSet<ConnId> = open.into_iter().collect();
+        let connections = std::mem::take(&mut records.connections);
+        let resuming =
+            self.match_connections(connections, &records.partial, &records.sessions, &open);
+        let pending = self.restore_sessions(records.sessions, &resuming, &mut report);
         self.restore_subscriptions(records.subscriptions, &mut report);
         self.restore_messages(records.queued, &mut report);
         self.restore_incoming(records.incoming);
+        report.connections = self.resume_connections(resuming, &open);
         // The rules may have changed while the node was down.
         let sessions: Vec<SessionId> = self.by_client_id.values().copied().collect();
         for sid in sessions {
@@ -116,6 +142,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         client_id,
                         packet_id,
                     } => out.incoming.push((client_id, packet_id)),
+                    Key::Connection { conn } => {
+                        out.connections.insert(conn, ConnRecord::decode(&value)?);
+                    }
+                    Key::PartialPacket { conn } => {
+                        out.partial.insert(conn);
+                    }
+                    Key::ConnectionIds => self.restore_conn_ids(&value)?,
                     Key::Retained { topic } => {
                         let message = persist::decode_retained(&value)?;
                         if message.is_expired(self.now) {
@@ -144,6 +177,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     fn restore_sessions(
         &mut self,
         sessions: BTreeMap<String, SessionRecord>,
+        resuming: &Resuming,
         report: &mut RestoreReport,
     ) -> Pending {
         let now = self.now;
@@ -151,6 +185,20 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for (client_id, record) in sessions {
             let sid = self.new_session(&client_id, record.protocol);
             let generation = self.next_generation();
+            report.sessions += 1;
+            if let Some((conn, _)) = resuming.get(&client_id) {
+                // Still connected: its will waits for the connection to end.
+                let resumable = self.config.resumable_connections;
+                let session = self.session_mut(sid).expect("session just created");
+                session.username = record.username.map(String::into_boxed_str);
+                session.expiry_secs = record.expiry_secs;
+                session.conn = Some(*conn);
+                session.generation = generation;
+                session.persisted = true;
+                session.resumable = resumable;
+                session.will = record.will.map(|(will, _)| Box::new(will));
+                continue;
+            }
             // A session connected at the crash lost its connection now.
             let disconnected_at = record.disconnected_at.unwrap_or(now);
             if record.disconnected_at.is_none() {
@@ -180,7 +228,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     },
                 ));
             }
-            report.sessions += 1;
         }
         pending
     }

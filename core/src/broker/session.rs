@@ -249,6 +249,17 @@ impl InflightWindow {
         }
     }
 
+    /// The connection was resumed in a rebuilt broker: every entry restored was sent on it
+    /// (its record is stored before it is written), and must not be sent again.
+    pub fn mark_all_sent(&mut self) {
+        if let Some(s) = self.store.as_mut() {
+            for m in &mut s.entries {
+                m.sent = true;
+            }
+            s.unsent = 0;
+        }
+    }
+
     /// The session lost its connection: what is in flight may now wait long, so each message
     /// gets bytes of its own ([`Message::detach`]).
     pub fn detach_messages(&mut self) {
@@ -423,6 +434,9 @@ pub(crate) struct Session {
     pub generation: u64,
     /// Whether records of this session may be in storage (so ending it must delete them).
     pub persisted: bool,
+    /// Stored while connected whatever its expiry, so that its connection can be resumed in
+    /// a rebuilt broker ([`crate::Config::resumable_connections`]).
+    pub resumable: bool,
     /// Bytes of its queued and in-flight messages as last counted in the broker's total
     /// ([`Session::held_bytes`]).
     pub accounted: usize,
@@ -453,6 +467,7 @@ impl Session {
             pending_will: None,
             generation: 0,
             persisted: false,
+            resumable: false,
             accounted: 0,
             touched: false,
         }
@@ -465,9 +480,10 @@ impl Session {
             .map(|at| at.plus_secs(self.expiry_secs))
     }
 
-    /// Persistent sessions outlive their connection and are written to storage.
+    /// Persistent sessions outlive their connection and are written to storage, and so is
+    /// a resumable one while connected (without an expiry, it ends with its connection).
     pub fn is_persistent(&self) -> bool {
-        self.expiry_secs > 0
+        self.expiry_secs > 0 || self.resumable
     }
 
     pub fn take_seq(&mut self) -> u64 {

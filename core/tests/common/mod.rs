@@ -102,6 +102,47 @@ impl World {
 
     /// Simulate a crash and restart: a new broker restored from what was persisted.
     pub fn restart(&mut self) {
+        self.rebuild();
+        self.inbox.clear();
+        self.pending.clear();
+        self.closed.clear();
+        let records = self.records();
+        let report = self.broker.restore(Timestamp(self.now), records);
+        assert!(
+            report.unreadable.is_empty(),
+            "unreadable records: {:?}",
+            report.unreadable
+        );
+        self.drain();
+    }
+
+    /// Simulate a shell whose process is rebuilt while the network connections `open` stay
+    /// open (a Durable Object woken from hibernation): a new broker restored from what was
+    /// persisted, told which connections are still open. Clients keep what they had received.
+    pub fn wake(&mut self, open: &[ConnId]) -> meridian_core::broker::RestoreReport {
+        self.rebuild();
+        let records = self.records();
+        let report = self
+            .broker
+            .restore_open(Timestamp(self.now), records, open.iter().copied());
+        assert!(
+            report.unreadable.is_empty(),
+            "unreadable records: {:?}",
+            report.unreadable
+        );
+        self.drain();
+        report
+    }
+
+    fn records(&self) -> Vec<(Bytes, Bytes)> {
+        self.store
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// A new broker in place of the old one, which is dropped with everything in memory.
+    fn rebuild(&mut self) {
         let mut broker = match &self.acl {
             Some(acl) => Broker::with_auth(
                 self.config.clone(),
@@ -118,21 +159,6 @@ impl World {
         self.peer_out.clear();
         let old = std::mem::replace(&mut self.broker, broker);
         drop(old);
-        self.inbox.clear();
-        self.pending.clear();
-        self.closed.clear();
-        let records: Vec<(Bytes, Bytes)> = self
-            .store
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let report = self.broker.restore(Timestamp(self.now), records);
-        assert!(
-            report.unreadable.is_empty(),
-            "unreadable records: {:?}",
-            report.unreadable
-        );
-        self.drain();
     }
 
     pub fn drain(&mut self) {

@@ -1,0 +1,208 @@
+//! Connections that outlive their broker: with [`Config::resumable_connections`], what an open
+//! connection needs to go on is stored beside its session (which is stored too, whatever its
+//! expiry), so that a shell whose process is rebuilt while the network connections stay open
+//! (a Durable Object woken from hibernation) hands [`Broker::restore_open`] the connections
+//! still open and the broker carries on with each where it stood.
+//!
+//! What is kept: the connection's record (what CONNECT negotiated, the client's topic aliases),
+//! written at CONNACK and whenever the client sets an alias to a new topic; a marker while a
+//! packet is partly received. What is not: the time of the last packet (keep alive counts again
+//! from the resumption) and the topic aliases the broker chose towards the client (it sends a
+//! topic with its alias again, which the client takes as a new mapping).
+//!
+//! [`Config::resumable_connections`]: crate::Config::resumable_connections
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::{Bytes, BytesMut};
+
+use super::connection::{ConnState, Connection, InboundAliases, OutboundAliases, Peer};
+use super::io::{ConnId, Output};
+use super::persist::{ConnRecord, Key, RecordError, SessionRecord, marker};
+use super::{Authenticator, Authorizer, Broker, Timer};
+
+/// Connection ids reserved in storage at a time.
+const CONN_ID_BLOCK: u64 = 1024;
+
+/// Connections to resume, by the client id of their session.
+pub(super) type Resuming = BTreeMap<String, (ConnId, ConnRecord)>;
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Keeps connection ids unique across rebuilds: ids are reserved in storage a block at a
+    /// time, and a rebuilt broker starts after the last reservation.
+    pub(super) fn reserve_conn_ids(&mut self) {
+        if self.config.resumable_connections && self.next_conn > self.conn_ids_reserved {
+            self.conn_ids_reserved = self.next_conn.saturating_add(CONN_ID_BLOCK);
+            let value = Bytes::copy_from_slice(&self.conn_ids_reserved.to_be_bytes());
+            self.persist(Key::ConnectionIds.encode(), Some(value));
+        }
+    }
+
+    /// A reservation read back: later ids start after it.
+    pub(super) fn restore_conn_ids(&mut self, value: &[u8]) -> Result<(), RecordError> {
+        let reserved = <[u8; 8]>::try_from(value).map_err(|_| RecordError {
+            kind: "connection ids",
+            detail: "not a u64",
+        })?;
+        self.next_conn = self.next_conn.max(u64::from_be_bytes(reserved));
+        Ok(())
+    }
+
+    /// Stores what a connected connection needs to be resumed.
+    pub(super) fn persist_connection(&mut self, conn_id: ConnId) {
+        if !self.config.resumable_connections {
+            return;
+        }
+        let Some(conn) = self.conns.get(&conn_id) else {
+            return;
+        };
+        let Some(session) = conn.session().and_then(|sid| self.session(sid)) else {
+            return;
+        };
+        let record = ConnRecord {
+            client_id: session.client_id.to_string(),
+            remote_addr: conn.info.remote_addr.as_deref().map(str::to_owned),
+            tls_identity: conn.info.tls_identity.as_deref().map(str::to_owned),
+            listener_max_packet: conn.info.max_packet_size,
+            keep_alive_secs: conn.keep_alive_secs,
+            client_max_packet: conn.client_max_packet,
+            send_window: conn.send_window,
+            outbound_alias_maximum: conn.outbound_aliases.maximum,
+            problem_information: conn.problem_information,
+            expiry_requested_zero: conn.expiry_requested_zero,
+            auth_method: conn.auth_method.as_deref().map(str::to_owned),
+            aliases: conn
+                .inbound_aliases
+                .iter()
+                .map(|(alias, topic)| (alias, topic.to_string()))
+                .collect(),
+        };
+        let key = Key::Connection { conn: conn_id.0 }.encode();
+        self.persist(key, Some(record.encode()));
+    }
+
+    /// Deletes a closed connection's records.
+    pub(super) fn unpersist_connection(&mut self, conn_id: ConnId) {
+        if !self.config.resumable_connections {
+            return;
+        }
+        self.persist(Key::Connection { conn: conn_id.0 }.encode(), None);
+        self.persist(Key::PartialPacket { conn: conn_id.0 }.encode(), None);
+    }
+
+    /// Records whether a connected connection holds part of a packet: such a connection
+    /// cannot be resumed (the bytes are not stored), and is closed instead, as one the network
+    /// lost. Written when a packet starts to span reads and when it is complete, not per read.
+    pub(super) fn mark_partial_packet(&mut self, conn_id: ConnId, partial: bool) {
+        if !self.config.resumable_connections
+            || !self
+                .conns
+                .get(&conn_id)
+                .is_some_and(|c| matches!(c.state, ConnState::Connected { .. }))
+        {
+            return;
+        }
+        let key = Key::PartialPacket { conn: conn_id.0 }.encode();
+        self.persist(key, partial.then(marker));
+    }
+
+    /// Pairs the stored connections with the ones the shell still has open and with their
+    /// sessions (stored as connected). Records of any other connection are deleted; the
+    /// broker's next connection number comes after every number seen.
+    pub(super) fn match_connections(
+        &mut self,
+        connections: BTreeMap<u64, ConnRecord>,
+        partial: &BTreeSet<u64>,
+        sessions: &BTreeMap<String, SessionRecord>,
+        open: &BTreeSet<ConnId>,
+    ) -> Resuming {
+        let last = connections.keys().copied().chain(partial.iter().copied());
+        let last = last.chain(open.iter().map(|c| c.0)).max().unwrap_or(0);
+        self.next_conn = self.next_conn.max(last.saturating_add(1));
+        self.reserve_conn_ids();
+        let mut resuming = Resuming::new();
+        for (conn, record) in connections {
+            let connected = sessions
+                .get(&record.client_id)
+                .is_some_and(|s| s.disconnected_at.is_none());
+            if connected
+                && open.contains(&ConnId(conn))
+                && !partial.contains(&conn)
+                && !resuming.contains_key(&record.client_id)
+            {
+                resuming.insert(record.client_id.clone(), (ConnId(conn), record));
+            } else {
+                self.persist(Key::Connection { conn }.encode(), None);
+            }
+        }
+        for &conn in partial {
+            self.persist(Key::PartialPacket { conn }.encode(), None);
+        }
+        resuming
+    }
+
+    /// Attaches each connection to resume to its restored session, armed with a fresh keep
+    /// alive. Open connections with nothing to resume are closed ([`Output::Close`]).
+    pub(super) fn resume_connections(
+        &mut self,
+        resuming: Resuming,
+        open: &BTreeSet<ConnId>,
+    ) -> usize {
+        let now = self.now;
+        let mut resumed = BTreeSet::new();
+        for (client_id, (conn_id, record)) in resuming {
+            let Some(&sid) = self.by_client_id.get(client_id.as_str()) else {
+                continue;
+            };
+            let Some(session) = self.session_mut(sid) else {
+                continue;
+            };
+            // Every message restored in flight was sent on this connection: its record is
+            // stored before it is written.
+            session.inflight.mark_all_sent();
+            let protocol = session.protocol;
+            let mut inbound_aliases = InboundAliases::default();
+            for (alias, topic) in &record.aliases {
+                inbound_aliases.set(*alias, topic);
+            }
+            let keep_alive_timer = (record.keep_alive_secs > 0)
+                .then(|| now.plus_ms(u64::from(record.keep_alive_secs) * 1500));
+            let conn = Connection {
+                info: Peer {
+                    remote_addr: record.remote_addr.map(String::into_boxed_str),
+                    tls_identity: record.tls_identity.map(String::into_boxed_str),
+                    max_packet_size: record.listener_max_packet,
+                },
+                state: ConnState::Connected { session: sid },
+                protocol,
+                read_buf: BytesMut::new(),
+                write_buf: BytesMut::new(),
+                dirty: false,
+                congested: false,
+                last_packet_at: now,
+                connect_deadline: now,
+                keep_alive_timer,
+                keep_alive_secs: record.keep_alive_secs,
+                client_max_packet: record.client_max_packet,
+                send_window: record.send_window,
+                problem_information: record.problem_information,
+                inbound_aliases,
+                outbound_aliases: OutboundAliases::with_maximum(record.outbound_alias_maximum),
+                auth_method: record.auth_method.map(String::into_boxed_str),
+                expiry_requested_zero: record.expiry_requested_zero,
+            };
+            self.conns.insert(conn_id, Box::new(conn));
+            if let Some(at) = keep_alive_timer {
+                self.timers.insert((at, Timer::KeepAlive(conn_id)));
+            }
+            resumed.insert(conn_id);
+        }
+        for &conn in open.difference(&resumed) {
+            self.outputs.push_back(Output::Close { conn });
+        }
+        if let Some(sys) = &mut self.sys {
+            sys.connections(self.conns.len());
+        }
+        resumed.len()
+    }
+}
