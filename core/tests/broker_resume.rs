@@ -1,6 +1,7 @@
 //! Resumable connections: a broker rebuilt from its records while its network connections
-//! stay open (a Durable Object woken from hibernation) goes on with each connection where it
-//! stood, without a new CONNECT, a lost message or a duplicate.
+//! stay open (a Durable Object woken from hibernation, which happens only after it was quiet,
+//! so after a checkpoint) goes on with each connection where it stood, without a new CONNECT,
+//! a lost message or a duplicate.
 
 mod common;
 
@@ -121,6 +122,12 @@ fn a_connection_keeps_its_topic_aliases_and_limits() {
     let got = w.received_publishes(publisher);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].payload, "y");
+    w.ack(publisher, &got[0]);
+    // The alias records go with their connection.
+    w.close(publisher);
+    w.close(sub);
+    let left: Vec<_> = w.store.keys().collect();
+    assert_eq!(left, [&Bytes::from_static(b"N")], "records left");
 }
 
 #[test]
@@ -264,4 +271,50 @@ fn without_the_option_nothing_of_a_connection_is_stored() {
     let report = w.wake(&[sub, publisher]);
     assert_eq!(report.connections, 0);
     assert!(w.is_closed(sub) && w.is_closed(publisher));
+}
+
+#[test]
+fn clean_sessions_are_written_at_the_checkpoint_not_per_message() {
+    let mut w = World::with_config(resumable());
+    let sub = w.connect(V5, "sub");
+    w.subscribe(sub, "t", QoS::ExactlyOnce);
+    let publisher = w.connect(V5, "pub");
+    let writes = w.log.len();
+    for i in 1..=5u16 {
+        w.publish(publisher, "t", &[i as u8], QoS::AtLeastOnce, false, i);
+    }
+    let stored = w.log[writes..]
+        .iter()
+        .filter(|o| matches!(o, meridian_core::Output::Persist { .. }))
+        .count();
+    assert_eq!(stored, 0, "nothing stored per message");
+    w.broker.checkpoint();
+    w.drain();
+    let checkpoints: Vec<_> = w
+        .store
+        .keys()
+        .filter(|k| k.first() == Some(&b'K'))
+        .collect();
+    assert_eq!(checkpoints.len(), 2, "one record per changed clean session");
+    // A second checkpoint with nothing changed writes nothing.
+    let before = w.log.len();
+    w.broker.checkpoint();
+    w.drain();
+    assert_eq!(w.log.len(), before);
+}
+
+#[test]
+fn without_a_checkpoint_clean_sessions_are_lost_connections() {
+    let mut w = World::with_config(resumable());
+    let sub = w.connect(V5, "sub");
+    w.subscribe(sub, "t", QoS::AtLeastOnce);
+    let (persistent, _) = w.connect_with(V5, "kept", |c| {
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(60);
+    });
+    let report = w.wake_without_checkpoint(&[sub, persistent]);
+    // The persistent session was stored as it changed; the clean one never was.
+    assert_eq!(report.connections, 1);
+    assert!(w.is_closed(sub));
+    assert!(!w.is_closed(persistent));
 }

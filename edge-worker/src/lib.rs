@@ -7,8 +7,9 @@
 //!   new object near a region (`weur`, `enam`, `apac`, ...).
 //! - The Durable Object keeps the broker in memory, stores its sessions, subscriptions,
 //!   queued and retained messages in its SQLite storage (restored when the object starts
-//!   again), and wakes for the broker's deadlines with a timer while clients are connected and
-//!   with an alarm when none are.
+//!   again), and wakes for the broker's deadlines with its alarm. Client sockets are
+//!   hibernatable: the object may be evicted between messages while they stay open, and
+//!   resumes every connection from storage when it is built again.
 //!
 //! - The `MQTT_USERS` secret (one `user:password` per line, see [`users`]) lists who may
 //!   connect; without it, nobody may, unless the variable `ALLOW_ANONYMOUS = "true"` lets

@@ -9,20 +9,23 @@
 //! the object is evicted from memory between messages, and builds the object again for the
 //! next event. The core runs with resumable connections, so everything a connection needs to
 //! go on is in storage; each socket carries its connection id as its attachment, and a new
-//! instance hands the sockets still open to [`Broker::restore_open`]. No timer runs in the
-//! object (a pending timer keeps it from hibernating): the alarm stands at the core's next
-//! deadline.
+//! instance hands the sockets still open to [`Broker::restore_open`]. Once the object has been
+//! quiet for [`CHECKPOINT_QUIET_MS`], it writes the core's checkpoint of its clean sessions:
+//! the runtime hibernates an object only after it was quiet longer than that (and never while
+//! a timer is pending, as the one that waits for the checkpoint is). The core's deadlines are
+//! kept by the object's alarm, not by timers.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Duration;
 
 use js_sys::Uint8Array;
 use meridian_core::acl::Acl;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 use wasm_bindgen::{JsCast, JsValue};
 use worker::worker_sys::DurableObjectState;
-use worker::{Date, ScheduledTime, Storage, WebSocket};
+use worker::{Date, Delay, ScheduledTime, Storage, WebSocket};
 
 use crate::store::RecordStore;
 use crate::users::Users;
@@ -37,6 +40,9 @@ const CLOSE_INTERNAL_ERROR: u16 = 1011;
 /// Sockets open beyond the broker's sessions, for clients still connecting (each for at most
 /// the connect timeout). Past `max_sessions` plus these, new upgrades get 503.
 const CONNECTING_SOCKETS: usize = 1_000;
+/// How long the object waits without an event before it writes its checkpoint: well under the
+/// 10 s of quiet after which workerd may evict it with its sockets kept.
+const CHECKPOINT_QUIET_MS: u64 = 2_000;
 
 /// Who may connect, and what they may do.
 #[derive(Debug, Clone)]
@@ -55,6 +61,10 @@ struct Shell {
     now: Timestamp,
     /// The deadline the Durable Object alarm is set for, if this instance set it.
     alarm: Option<Timestamp>,
+    /// When the last event came.
+    last_event: Timestamp,
+    /// A timer waits to write the checkpoint once the object is quiet.
+    checkpoint_pending: bool,
 }
 
 impl Shell {
@@ -105,6 +115,8 @@ impl Shell {
             store,
             now,
             alarm: None,
+            last_event: now,
+            checkpoint_pending: false,
         };
         // Restoring may close connections it cannot resume and delete records that belong
         // to nothing.
@@ -345,18 +357,47 @@ impl Edge {
         };
         let result = f(shell);
         if let Err(error) = &result {
-            worker::console_error!(
-                "meridian: stored state failed ({error}); closing every connection"
-            );
-            for (_, ws) in shell.sockets.drain() {
-                let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("storage failed"));
-            }
-            *slot = None;
+            stop(&mut slot, error);
             return result;
         }
+        shell.last_event = shell.now;
         drop(slot);
         self.arm();
+        self.checkpoint_when_quiet();
         result
+    }
+
+    /// Writes the core's checkpoint once no event came for [`CHECKPOINT_QUIET_MS`]: one timer
+    /// at a time, which waits again for as long as events keep coming.
+    fn checkpoint_when_quiet(&self) {
+        let mut slot = self.inner.shell.borrow_mut();
+        let Some(shell) = slot.as_mut() else { return };
+        if shell.checkpoint_pending {
+            return;
+        }
+        shell.checkpoint_pending = true;
+        drop(slot);
+        let edge = self.clone();
+        wasm_bindgen_futures::spawn_local(async move {
+            let mut wait = CHECKPOINT_QUIET_MS;
+            loop {
+                Delay::from(Duration::from_millis(wait)).await;
+                let mut slot = edge.inner.shell.borrow_mut();
+                let Some(shell) = slot.as_mut() else { return };
+                let quiet =
+                    (shell.clock().as_millis()).saturating_sub(shell.last_event.as_millis());
+                if quiet < CHECKPOINT_QUIET_MS {
+                    wait = CHECKPOINT_QUIET_MS - quiet;
+                    continue;
+                }
+                shell.checkpoint_pending = false;
+                shell.broker.checkpoint();
+                if let Err(error) = shell.drive() {
+                    stop(&mut slot, &error);
+                }
+                return;
+            }
+        });
     }
 
     /// Keeps the alarm at or before the broker's next deadline. It is set again only when the
@@ -387,6 +428,18 @@ impl Edge {
             }
         });
     }
+}
+
+/// Stored state could not be read or written: every connection is closed and the broker
+/// dropped; the next event starts it again from storage.
+fn stop(slot: &mut Option<Shell>, error: &worker::Error) {
+    worker::console_error!("meridian: stored state failed ({error}); closing every connection");
+    if let Some(shell) = slot.as_mut() {
+        for (_, ws) in shell.sockets.drain() {
+            let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("storage failed"));
+        }
+    }
+    *slot = None;
 }
 
 /// The connection a socket carries (its attachment), if it carries one.

@@ -1,8 +1,8 @@
 // What a wake-up from hibernation costs: the built worker in Miniflare (workerd), N clients
 // connected over raw WebSockets (MQTT 3.1.1, keep-alive off, one subscription each), then the
 // round trip of a PINGREQ while the object is in memory against one that finds it evicted
-// (workerd evicts an object idle for 10 s; its sockets stay open) and must build it again from
-// storage and resume every connection first.
+// (workerd evicts an object quiet for 10 s, which it is 2 s after it wrote its checkpoint; its
+// sockets stay open) and must build it again from storage and resume every connection first.
 //
 //   node edge-worker/test/wake-bench.mjs [CLIENTS...]     (default: 10 100 1000)
 //
@@ -14,7 +14,7 @@ import { once } from "node:events";
 import { setTimeout as idle } from "node:timers/promises";
 import { workerOptions } from "./worker.mjs";
 
-const IDLE_MS = 12_000;
+const IDLE_MS = 15_000;
 const WARM_PINGS = 20;
 const WAKE_UPS = 4;
 const counts = process.argv.slice(2).map(Number);

@@ -134,11 +134,12 @@ macro_rules! with_config_fields {
                 /// simulator pass a fixed one.
                 seed: u64 = 0x6d65_7269_6469_616e,
                 /// Store what each open connection needs to go on (what CONNECT negotiated, the
-                /// client's topic aliases) and the session of every open connection, clean ones
-                /// included, so that a shell whose process is rebuilt while its network
-                /// connections stay open (a Durable Object woken from hibernation) resumes them
-                /// with `Broker::restore_open`. Costs a record per connection and the records
-                /// of clean sessions while they are connected.
+                /// client's topic aliases) as it changes, and the clean sessions of open
+                /// connections at each `Broker::checkpoint`, so that a shell whose process is
+                /// rebuilt while its network connections stay open (a Durable Object woken from
+                /// hibernation) resumes them with `Broker::restore_open`. Costs a record per
+                /// connection and alias, and a record per changed clean session at each
+                /// checkpoint.
                 resumable_connections: bool = false,
             }
         }

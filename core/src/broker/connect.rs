@@ -325,7 +325,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.cancel_session_timers(sid);
         let generation = self.next_generation();
         let had_records;
-        let resumable = self.config.resumable_connections;
         {
             let will = connect.will.as_ref().map(|w| Box::new(will_from(w)));
             // new_session / existing ids are live slots.
@@ -339,10 +338,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session.generation = generation;
             session.pending_will = None;
             session.will = will;
-            session.resumable = resumable;
         }
-        if had_records && !self.session(sid).is_some_and(Session::is_persistent) {
+        if had_records && expiry == 0 {
             self.unpersist_session(sid);
+        }
+        if expiry > 0 {
+            // Stored record by record from now on.
+            self.drop_checkpoint(sid);
         }
         self.persist_session_meta(sid);
 
@@ -608,6 +610,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.remove_subscription(sid, &filter);
         }
         self.unpersist_session(sid);
+        self.drop_checkpoint(sid);
         // Its bytes leave the count (counted first, so that no changed session is left on
         // the list); a later session in the same slot starts from none.
         self.count_held();
@@ -636,17 +639,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         s.persisted = true;
         let s = &*s;
-        let record = SessionRecord {
-            protocol: s.protocol,
-            expiry_secs: s.expiry_secs,
-            username: s.username.as_deref().map(str::to_owned),
-            disconnected_at: s.disconnected_at,
-            will: match (&s.will, &s.pending_will) {
-                (Some(w), _) => Some((Will::clone(w), None)),
-                (None, Some((w, due))) => Some((Will::clone(w), Some(*due))),
-                (None, None) => None,
-            },
-        };
+        let record = SessionRecord::of(s);
         let key = Key::Session {
             client_id: s.client_id.to_string(),
         }

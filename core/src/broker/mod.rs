@@ -142,6 +142,8 @@ pub struct Broker<A = Box<dyn Authenticator>, Z = Box<dyn Authorizer>> {
     held: usize,
     /// Sessions changed since their bytes were last counted.
     touched: Vec<SessionId>,
+    /// Sessions changed since the last checkpoint (resumable connections).
+    unsaved: Vec<SessionId>,
     /// Bytes of the retained messages stored.
     retained_bytes: usize,
     /// Connections with bytes in their write buffer, in the order they were first written.
@@ -206,6 +208,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             outputs: VecDeque::new(),
             held: 0,
             touched: Vec::new(),
+            unsaved: Vec::new(),
             retained_bytes: 0,
             dirty: Vec::new(),
             timers,
@@ -521,16 +524,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session.touched = true;
             self.touched.push(id);
         }
+        if self.config.resumable_connections && !session.checkpoint.is_unsaved() {
+            session.checkpoint = session.checkpoint.with_unsaved(true);
+            self.unsaved.push(id);
+        }
         Some(session)
     }
 
     /// Put a session on the list of those to count again (for code that borrows it directly).
     fn touch(&mut self, id: SessionId) {
-        if let Some(session) = self.sessions.get_mut(id as usize).and_then(Option::as_mut)
-            && !session.touched
-        {
-            session.touched = true;
-            self.touched.push(id);
+        if let Some(session) = self.sessions.get_mut(id as usize).and_then(Option::as_mut) {
+            if !session.touched {
+                session.touched = true;
+                self.touched.push(id);
+            }
+            if self.config.resumable_connections && !session.checkpoint.is_unsaved() {
+                session.checkpoint = session.checkpoint.with_unsaved(true);
+                self.unsaved.push(id);
+            }
         }
     }
 
@@ -876,7 +887,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     fn finish_close(&mut self, conn_id: ConnId) {
         if let Some(mut conn) = self.conns.remove(&conn_id) {
             if matches!(conn.state, ConnState::Connected { .. }) {
-                self.unpersist_connection(conn_id);
+                self.unpersist_connection(conn_id, &conn.inbound_aliases);
             }
             conn.state = ConnState::Closed;
             self.timers

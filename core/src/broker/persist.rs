@@ -17,6 +17,8 @@
 //! | `T` topic | the stamp of a topic's last retained write (cluster mode), or its tombstone |
 //! | `C` conn(u64 BE) | an open connection's negotiated state ([`Config::resumable_connections`](crate::Config::resumable_connections)) |
 //! | `W` conn(u64 BE) | that connection holds part of a packet (no value but the format byte) |
+//! | `A` conn(u64 BE) alias(u16 BE) | the topic a topic alias of that connection's client stands for |
+//! | `K` cid | a clean session of an open connection as of the last checkpoint: the records above it would have (`S`, `U`, `Q`, `I`), in one value |
 //! | `N` | the first connection id not yet given out, reserved ahead so that ids are never reused across rebuilds (resumable connections) |
 
 use std::sync::Arc;
@@ -104,6 +106,15 @@ pub(crate) enum Key {
     },
     /// Connection ids below this one may have been given out.
     ConnectionIds,
+    /// A topic alias the client of an open connection set.
+    TopicAlias {
+        conn: u64,
+        alias: u16,
+    },
+    /// A clean session's records, as of the last checkpoint.
+    Checkpoint {
+        client_id: String,
+    },
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -159,6 +170,7 @@ impl Key {
             }
             Key::ReplicaPosition { node } => with_client(b'P', node, 0).freeze(),
             Key::Forgotten { node } => with_client(b'G', node, 0).freeze(),
+            Key::Checkpoint { client_id } => with_client(b'K', client_id, 0).freeze(),
             Key::ReplicaFilter { node, filter } => {
                 let mut k = with_client(b'F', node, filter.len());
                 k.put_slice(filter.as_bytes());
@@ -179,6 +191,11 @@ impl Key {
             Key::Connection { conn } => with_number(b'C', *conn),
             Key::PartialPacket { conn } => with_number(b'W', *conn),
             Key::ConnectionIds => Bytes::from_static(b"N"),
+            Key::TopicAlias { conn, alias } => {
+                let mut k = BytesMut::from(&with_number(b'A', *conn)[..]);
+                k.put_u16(*alias);
+                k.freeze()
+            }
         }
     }
 
@@ -190,6 +207,15 @@ impl Key {
         let kind = k.get_u8();
         if kind == b'N' && k.is_empty() {
             return Ok(Key::ConnectionIds);
+        }
+        if kind == b'A' {
+            if k.len() != 10 {
+                return Err(e("bad topic alias key"));
+            }
+            return Ok(Key::TopicAlias {
+                conn: k.get_u64(),
+                alias: k.get_u16(),
+            });
         }
         if kind == b'C' || kind == b'W' {
             if k.len() != 8 {
@@ -244,6 +270,7 @@ impl Key {
             },
             b'P' if k.is_empty() => Key::ReplicaPosition { node: client_id },
             b'G' if k.is_empty() => Key::Forgotten { node: client_id },
+            b'K' if k.is_empty() => Key::Checkpoint { client_id },
             b'F' => Key::ReplicaFilter {
                 node: client_id,
                 filter: String::from_utf8(k.to_vec()).map_err(|_| e("filter is not UTF-8"))?,
@@ -375,6 +402,21 @@ pub(crate) struct SessionRecord {
 }
 
 impl SessionRecord {
+    /// The record of a session as it stands.
+    pub fn of(s: &super::session::Session) -> Self {
+        Self {
+            protocol: s.protocol,
+            expiry_secs: s.expiry_secs,
+            username: s.username.as_deref().map(str::to_owned),
+            disconnected_at: s.disconnected_at,
+            will: match (&s.will, &s.pending_will) {
+                (Some(w), _) => Some((Will::clone(w), None)),
+                (None, Some((w, due))) => Some((Will::clone(w), Some(*due))),
+                (None, None) => None,
+            },
+        }
+    }
+
     pub fn encode(&self) -> Bytes {
         let mut v = BytesMut::with_capacity(32);
         v.put_u8(FORMAT);
@@ -434,8 +476,8 @@ impl SessionRecord {
 }
 
 /// What an open connection needs to go on in a broker rebuilt from storage: what CONNECT
-/// negotiated, what the shell told about it, and the topic aliases the client set. Its
-/// session, protocol and user are in the session's own records.
+/// negotiated and what the shell told about it. Its session, protocol and user are in the
+/// session's records, the topic aliases its client set in records of their own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ConnRecord {
     pub client_id: String,
@@ -450,14 +492,11 @@ pub(crate) struct ConnRecord {
     pub problem_information: bool,
     pub expiry_requested_zero: bool,
     pub auth_method: Option<String>,
-    /// Client-to-server topic aliases.
-    pub aliases: Vec<(u16, String)>,
 }
 
 impl ConnRecord {
     pub fn encode(&self) -> Bytes {
-        let texts: usize = self.aliases.iter().map(|(_, t)| t.len() + 4).sum();
-        let mut v = BytesMut::with_capacity(64 + self.client_id.len() + texts);
+        let mut v = BytesMut::with_capacity(64 + self.client_id.len());
         v.put_u8(FORMAT);
         put_string(&mut v, &self.client_id);
         put_opt_string(&mut v, self.remote_addr.as_deref());
@@ -469,12 +508,6 @@ impl ConnRecord {
         v.put_u16(self.outbound_alias_maximum);
         v.put_u8(u8::from(self.problem_information) | u8::from(self.expiry_requested_zero) << 1);
         put_opt_string(&mut v, self.auth_method.as_deref());
-        // Aliases are bounded by Config::topic_alias_maximum, a u16.
-        v.put_u16(u16::try_from(self.aliases.len()).unwrap_or(u16::MAX));
-        for (alias, topic) in self.aliases.iter().take(usize::from(u16::MAX)) {
-            v.put_u16(*alias);
-            put_string(&mut v, topic);
-        }
         v.freeze()
     }
 
@@ -490,11 +523,8 @@ impl ConnRecord {
         let outbound_alias_maximum = r.u16()?;
         let flags = r.u8()?;
         let auth_method = r.opt_string()?;
-        let n = r.u16()?;
-        let mut aliases = Vec::with_capacity(usize::from(n).min(64));
-        for _ in 0..n {
-            let alias = r.u16()?;
-            aliases.push((alias, r.string()?));
+        if !r.buf.is_empty() {
+            return Err(err("connection", "trailing bytes"));
         }
         Ok(Self {
             client_id,
@@ -508,7 +538,6 @@ impl ConnRecord {
             problem_information: flags & 1 != 0,
             expiry_requested_zero: flags & 2 != 0,
             auth_method,
-            aliases,
         })
     }
 }
@@ -656,6 +685,47 @@ pub(crate) fn decode_stamp(value: &[u8]) -> Result<(crate::retained::Stamp, bool
     ))
 }
 
+/// Records packed into one value: each key and value after its length.
+pub(crate) fn pack(records: &[(Bytes, Bytes)]) -> Bytes {
+    let size: usize = records.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
+    let mut out = BytesMut::with_capacity(1 + size);
+    out.put_u8(FORMAT);
+    for (key, value) in records {
+        // Keys and values are a session's records, far below u32::MAX bytes.
+        out.put_u32(u32::try_from(key.len()).unwrap_or(u32::MAX));
+        out.put_slice(key);
+        out.put_u32(u32::try_from(value.len()).unwrap_or(u32::MAX));
+        out.put_slice(value);
+    }
+    out.freeze()
+}
+
+/// The records of a value made by [`pack`].
+pub(crate) fn unpack(value: &Bytes) -> Result<Vec<(Bytes, Bytes)>, RecordError> {
+    let bad = |detail| err("checkpoint", detail);
+    if value.first() != Some(&FORMAT) {
+        return Err(bad("unknown format version"));
+    }
+    let mut rest = value.slice(1..);
+    let mut records = Vec::new();
+    let take = |rest: &mut Bytes| -> Result<Bytes, RecordError> {
+        if rest.len() < 4 {
+            return Err(bad("truncated"));
+        }
+        let n = rest.get_u32() as usize;
+        if rest.len() < n {
+            return Err(bad("truncated"));
+        }
+        Ok(rest.split_to(n))
+    };
+    while !rest.is_empty() {
+        let key = take(&mut rest)?;
+        let value = take(&mut rest)?;
+        records.push((key, value));
+    }
+    Ok(records)
+}
+
 /// The flag byte of an empty record (incoming QoS 2 ids carry nothing but their key).
 pub(crate) fn marker() -> Bytes {
     Bytes::from_static(&[FORMAT])
@@ -705,10 +775,28 @@ mod tests {
             Key::Connection { conn: 42 },
             Key::PartialPacket { conn: u64::MAX },
             Key::ConnectionIds,
+            Key::TopicAlias { conn: 3, alias: 64 },
         ];
         for key in keys {
             let decoded = Key::decode(&key.encode()).expect("decodes");
             assert_eq!(decoded, key);
+        }
+    }
+
+    #[test]
+    fn packed_records_round_trip_and_truncation_is_an_error() {
+        let records = vec![
+            (Bytes::from_static(b"key"), Bytes::from_static(b"value")),
+            (Bytes::from_static(b"k2"), Bytes::new()),
+        ];
+        let packed = pack(&records);
+        assert_eq!(unpack(&packed).as_ref(), Ok(&records));
+        // Cut anywhere, it is refused, or read as the records before the cut.
+        for at in 0..packed.len() {
+            match unpack(&packed.slice(..at)) {
+                Ok(read) => assert!(read.len() < records.len() && records.starts_with(&read)),
+                Err(_) => {}
+            }
         }
     }
 
@@ -726,7 +814,6 @@ mod tests {
             problem_information: false,
             expiry_requested_zero: true,
             auth_method: Some("SCRAM-SHA-256".into()),
-            aliases: vec![(1, "a/b".into()), (7, "c".into())],
         };
         let encoded = record.encode();
         assert_eq!(ConnRecord::decode(&encoded), Ok(record));

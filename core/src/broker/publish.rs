@@ -41,7 +41,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     }
                 }
             } else if conn.inbound_aliases.set(alias, &p.topic) {
-                self.persist_connection(conn_id);
+                self.persist_topic_alias(conn_id, alias, &p.topic);
             }
         }
         if p.qos > self.config.maximum_qos {

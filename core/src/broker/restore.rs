@@ -41,6 +41,9 @@ struct Records {
     connections: BTreeMap<u64, ConnRecord>,
     /// Connections that held part of a packet.
     partial: BTreeSet<u64>,
+    aliases: BTreeMap<(u64, u16), String>,
+    /// Clean sessions read from a checkpoint.
+    checkpointed: BTreeSet<String>,
 }
 
 /// What is left to do once every session is back.
@@ -84,13 +87,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.finish_cluster_restore();
         let open: BTreeSet<ConnId> = open.into_iter().collect();
         let connections = std::mem::take(&mut records.connections);
-        let resuming =
-            self.match_connections(connections, &records.partial, &records.sessions, &open);
-        let pending = self.restore_sessions(records.sessions, &resuming, &mut report);
+        let aliases = std::mem::take(&mut records.aliases);
+        let resuming = self.match_connections(
+            connections,
+            &aliases,
+            &records.partial,
+            &records.sessions,
+            &open,
+        );
+        let pending = self.restore_sessions(
+            records.sessions,
+            &records.checkpointed,
+            &resuming,
+            &mut report,
+        );
         self.restore_subscriptions(records.subscriptions, &mut report);
         self.restore_messages(records.queued, &mut report);
         self.restore_incoming(records.incoming);
-        report.connections = self.resume_connections(resuming, &open);
+        report.connections = self.resume_connections(resuming, aliases, &open);
         // The rules may have changed while the node was down.
         let sessions: Vec<SessionId> = self.by_client_id.values().copied().collect();
         for sid in sessions {
@@ -111,72 +125,111 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let mut records: Vec<(Bytes, Bytes)> = records.into_iter().collect();
         records.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (key, value) in records {
-            let parsed = Key::decode(&key).and_then(|k| {
-                match k {
-                    k @ (Key::Outbox { .. }
-                    | Key::InboxMark { .. }
-                    | Key::RetainedStamp { .. }
-                    | Key::ReplicaPosition { .. }
-                    | Key::ReplicaFilter { .. }
-                    | Key::Forgotten { .. }) => {
-                        self.restore_cluster_record(&k, &value)?;
-                    }
-                    Key::Session { client_id } => {
-                        out.sessions
-                            .insert(client_id, SessionRecord::decode(&value)?);
-                    }
-                    Key::Subscription { client_id, filter } => {
-                        let entry = persist::decode_subscription(&value)?;
-                        let filter =
-                            TopicFilter::new(filter.as_str()).map_err(|_| RecordError {
-                                kind: "subscription",
-                                detail: "invalid filter",
-                            })?;
-                        out.subscriptions.push((client_id, filter, entry));
-                    }
-                    Key::Queued { client_id, seq } => {
-                        out.queued
-                            .insert((client_id, seq), persist::decode_queued(&value)?);
-                    }
-                    Key::Incoming {
-                        client_id,
-                        packet_id,
-                    } => out.incoming.push((client_id, packet_id)),
-                    Key::Connection { conn } => {
-                        out.connections.insert(conn, ConnRecord::decode(&value)?);
-                    }
-                    Key::PartialPacket { conn } => {
-                        out.partial.insert(conn);
-                    }
-                    Key::ConnectionIds => self.restore_conn_ids(&value)?,
-                    Key::Retained { topic } => {
-                        let message = persist::decode_retained(&value)?;
-                        if message.is_expired(self.now) {
-                            self.persist(key.clone(), None);
-                        } else {
-                            let message = std::sync::Arc::new(message);
-                            self.retained_bytes += message.weight();
-                            if let Some(old) = self.retained.insert(&topic, message.clone()) {
-                                self.retained_bytes -= old.weight();
-                            }
-                            self.arm_retained_expiry(&message);
-                            report.retained += 1;
-                        }
-                    }
-                }
-                Ok(())
-            });
-            if let Err(e) = parsed {
+            if let Err(e) = self.read_record(&key, &value, &mut out, report) {
                 report.unreadable.push((key, e));
             }
         }
         out
     }
 
+    /// Decode one record into `out` (or put it back at once: retained messages, cluster
+    /// records).
+    fn read_record(
+        &mut self,
+        key: &Bytes,
+        value: &Bytes,
+        out: &mut Records,
+        report: &mut RestoreReport,
+    ) -> Result<(), RecordError> {
+        match Key::decode(key)? {
+            k @ (Key::Outbox { .. }
+            | Key::InboxMark { .. }
+            | Key::RetainedStamp { .. }
+            | Key::ReplicaPosition { .. }
+            | Key::ReplicaFilter { .. }
+            | Key::Forgotten { .. }) => {
+                self.restore_cluster_record(&k, value)?;
+            }
+            Key::Checkpoint { client_id } => {
+                let records = persist::unpack(value)?;
+                // Only the records of that one session.
+                for (inner, _) in &records {
+                    let own = match Key::decode(inner)? {
+                        Key::Session { client_id: c }
+                        | Key::Subscription { client_id: c, .. }
+                        | Key::Queued { client_id: c, .. }
+                        | Key::Incoming { client_id: c, .. } => c == client_id,
+                        _ => false,
+                    };
+                    if !own {
+                        return Err(RecordError {
+                            kind: "checkpoint",
+                            detail: "a record of something else",
+                        });
+                    }
+                }
+                for (inner, inner_value) in &records {
+                    self.read_record(inner, inner_value, out, report)?;
+                }
+                out.checkpointed.insert(client_id);
+            }
+            Key::Session { client_id } => {
+                out.sessions
+                    .insert(client_id, SessionRecord::decode(value)?);
+            }
+            Key::Subscription { client_id, filter } => {
+                let entry = persist::decode_subscription(value)?;
+                let filter = TopicFilter::new(filter.as_str()).map_err(|_| RecordError {
+                    kind: "subscription",
+                    detail: "invalid filter",
+                })?;
+                out.subscriptions.push((client_id, filter, entry));
+            }
+            Key::Queued { client_id, seq } => {
+                out.queued
+                    .insert((client_id, seq), persist::decode_queued(value)?);
+            }
+            Key::Incoming {
+                client_id,
+                packet_id,
+            } => out.incoming.push((client_id, packet_id)),
+            Key::Connection { conn } => {
+                out.connections.insert(conn, ConnRecord::decode(value)?);
+            }
+            Key::PartialPacket { conn } => {
+                out.partial.insert(conn);
+            }
+            Key::ConnectionIds => self.restore_conn_ids(value)?,
+            Key::TopicAlias { conn, alias } => {
+                let topic = String::from_utf8(value.to_vec()).map_err(|_| RecordError {
+                    kind: "topic alias",
+                    detail: "topic is not UTF-8",
+                })?;
+                out.aliases.insert((conn, alias), topic);
+            }
+            Key::Retained { topic } => {
+                let message = persist::decode_retained(value)?;
+                if message.is_expired(self.now) {
+                    self.persist(key.clone(), None);
+                } else {
+                    let message = std::sync::Arc::new(message);
+                    self.retained_bytes += message.weight();
+                    if let Some(old) = self.retained.insert(&topic, message.clone()) {
+                        self.retained_bytes -= old.weight();
+                    }
+                    self.arm_retained_expiry(&message);
+                    report.retained += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every session, disconnected, with its expiry timer; wills are collected, not armed.
     fn restore_sessions(
         &mut self,
         sessions: BTreeMap<String, SessionRecord>,
+        checkpointed: &BTreeSet<String>,
         resuming: &Resuming,
         report: &mut RestoreReport,
     ) -> Pending {
@@ -186,16 +239,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let sid = self.new_session(&client_id, record.protocol);
             let generation = self.next_generation();
             report.sessions += 1;
+            // Stored in one checkpoint record, or record by record.
+            let from_checkpoint = checkpointed.contains(&client_id);
             if let Some((conn, _)) = resuming.get(&client_id) {
                 // Still connected: its will waits for the connection to end.
-                let resumable = self.config.resumable_connections;
                 let session = self.session_mut(sid).expect("session just created");
                 session.username = record.username.map(String::into_boxed_str);
                 session.expiry_secs = record.expiry_secs;
                 session.conn = Some(*conn);
                 session.generation = generation;
-                session.persisted = true;
-                session.resumable = resumable;
+                session.persisted = !from_checkpoint;
+                session.checkpoint = session.checkpoint.with_stored(from_checkpoint);
                 session.will = record.will.map(|(will, _)| Box::new(will));
                 continue;
             }
@@ -214,7 +268,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session.expiry_secs = record.expiry_secs;
             session.disconnected_at = Some(disconnected_at);
             session.generation = generation;
-            session.persisted = true;
+            session.persisted = !from_checkpoint;
+            session.checkpoint = session.checkpoint.with_stored(from_checkpoint);
             if let Some((will, due)) = pending_will {
                 session.pending_will = Some((Box::new(will), due));
                 pending.wills.push((due, sid, generation));

@@ -4,9 +4,13 @@
 //! (a Durable Object woken from hibernation) hands [`Broker::restore_open`] the connections
 //! still open and the broker carries on with each where it stood.
 //!
-//! What is kept: the connection's record (what CONNECT negotiated, the client's topic aliases),
-//! written at CONNACK and whenever the client sets an alias to a new topic; a marker while a
-//! packet is partly received. What is not: the time of the last packet (keep alive counts again
+//! What is kept: the connection's record (what CONNECT negotiated), written at CONNACK; a record
+//! per topic alias the client sets, written when it names a new topic; a marker while a packet
+//! is partly received. Persistent sessions are stored as they change, as always; a clean
+//! session is written whole at each [`Broker::checkpoint`] if it changed, which the shell calls
+//! once its connections have been quiet for a moment (a runtime that hibernates only evicts a
+//! quiet process): storing every message of a clean session as it passes would cost a write
+//! per delivery and per acknowledgement for state no restart keeps. What is not: the time of the last packet (keep alive counts again
 //! from the resumption) and the topic aliases the broker chose towards the client (it sends a
 //! topic with its alias again, which the client takes as a new mapping).
 //!
@@ -18,7 +22,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::connection::{ConnState, Connection, InboundAliases, OutboundAliases, Peer};
 use super::io::{ConnId, Output};
-use super::persist::{ConnRecord, Key, RecordError, SessionRecord, marker};
+use super::persist::{self, ConnRecord, Key, RecordError, SessionRecord, marker};
+use super::session::{Session, SessionId};
 use super::{Authenticator, Authorizer, Broker, Timer};
 
 /// Connection ids reserved in storage at a time.
@@ -48,6 +53,45 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         Ok(())
     }
 
+    /// Stores every clean session of an open connection that changed since the last
+    /// checkpoint, as one record of the records it would have if it were persistent
+    /// (persistent sessions are stored record by record as they change). A shell whose
+    /// process may be rebuilt with its connections kept calls it once they have been quiet
+    /// for a moment, before the runtime may evict it: resuming then finds every clean session
+    /// as it stood. Without resumable connections it does nothing.
+    pub fn checkpoint(&mut self) {
+        for sid in std::mem::take(&mut self.unsaved) {
+            let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            session.checkpoint = session.checkpoint.with_unsaved(false);
+            if session.conn.is_none() || session.is_persistent() {
+                continue;
+            }
+            session.checkpoint = session.checkpoint.with_stored(true);
+            let records = session_records(session);
+            let key = Key::Checkpoint {
+                client_id: session.client_id.to_string(),
+            };
+            self.persist(key.encode(), Some(persist::pack(&records)));
+        }
+    }
+
+    /// Deletes a session's checkpoint, if one may be stored.
+    pub(super) fn drop_checkpoint(&mut self, sid: SessionId) {
+        let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if !session.checkpoint.is_stored() {
+            return;
+        }
+        session.checkpoint = session.checkpoint.with_stored(false);
+        let key = Key::Checkpoint {
+            client_id: session.client_id.to_string(),
+        };
+        self.persist(key.encode(), None);
+    }
+
     /// Stores what a connected connection needs to be resumed.
     pub(super) fn persist_connection(&mut self, conn_id: ConnId) {
         if !self.config.resumable_connections {
@@ -71,23 +115,33 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             problem_information: conn.problem_information,
             expiry_requested_zero: conn.expiry_requested_zero,
             auth_method: conn.auth_method.as_deref().map(str::to_owned),
-            aliases: conn
-                .inbound_aliases
-                .iter()
-                .map(|(alias, topic)| (alias, topic.to_string()))
-                .collect(),
         };
         let key = Key::Connection { conn: conn_id.0 }.encode();
         self.persist(key, Some(record.encode()));
     }
 
+    /// Stores the topic a client's alias stands for now.
+    pub(super) fn persist_topic_alias(&mut self, conn_id: ConnId, alias: u16, topic: &str) {
+        if self.config.resumable_connections {
+            let key = Key::TopicAlias {
+                conn: conn_id.0,
+                alias,
+            };
+            self.persist(key.encode(), Some(Bytes::copy_from_slice(topic.as_bytes())));
+        }
+    }
+
     /// Deletes a closed connection's records.
-    pub(super) fn unpersist_connection(&mut self, conn_id: ConnId) {
+    pub(super) fn unpersist_connection(&mut self, conn_id: ConnId, aliases: &InboundAliases) {
         if !self.config.resumable_connections {
             return;
         }
-        self.persist(Key::Connection { conn: conn_id.0 }.encode(), None);
-        self.persist(Key::PartialPacket { conn: conn_id.0 }.encode(), None);
+        let conn = conn_id.0;
+        self.persist(Key::Connection { conn }.encode(), None);
+        self.persist(Key::PartialPacket { conn }.encode(), None);
+        for (alias, _) in aliases.iter() {
+            self.persist(Key::TopicAlias { conn, alias }.encode(), None);
+        }
     }
 
     /// Records whether a connected connection holds part of a packet: such a connection
@@ -112,6 +166,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn match_connections(
         &mut self,
         connections: BTreeMap<u64, ConnRecord>,
+        aliases: &BTreeMap<(u64, u16), String>,
         partial: &BTreeSet<u64>,
         sessions: &BTreeMap<String, SessionRecord>,
         open: &BTreeSet<ConnId>,
@@ -138,6 +193,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for &conn in partial {
             self.persist(Key::PartialPacket { conn }.encode(), None);
         }
+        let resumed: BTreeSet<u64> = resuming.values().map(|(c, _)| c.0).collect();
+        for &(conn, alias) in aliases.keys() {
+            if !resumed.contains(&conn) {
+                self.persist(Key::TopicAlias { conn, alias }.encode(), None);
+            }
+        }
         resuming
     }
 
@@ -146,6 +207,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn resume_connections(
         &mut self,
         resuming: Resuming,
+        aliases: BTreeMap<(u64, u16), String>,
         open: &BTreeSet<ConnId>,
     ) -> usize {
         let now = self.now;
@@ -162,8 +224,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session.inflight.mark_all_sent();
             let protocol = session.protocol;
             let mut inbound_aliases = InboundAliases::default();
-            for (alias, topic) in &record.aliases {
-                inbound_aliases.set(*alias, topic);
+            let limit = self.config.topic_alias_maximum;
+            let theirs = aliases.range((conn_id.0, 1)..=(conn_id.0, u16::MAX));
+            for (&(_, alias), topic) in theirs {
+                if alias <= limit {
+                    inbound_aliases.set(alias, topic);
+                }
             }
             let keep_alive_timer = (record.keep_alive_secs > 0)
                 .then(|| now.plus_ms(u64::from(record.keep_alive_secs) * 1500));
@@ -205,4 +271,47 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         resumed.len()
     }
+}
+
+/// The records a session would have if it were persistent: its own, its subscriptions, its
+/// messages in flight and queued, the QoS 2 packet ids it received and has not released.
+fn session_records(s: &Session) -> Vec<(Bytes, Bytes)> {
+    let client_id = || s.client_id.to_string();
+    let mut records = vec![(
+        Key::Session {
+            client_id: client_id(),
+        }
+        .encode(),
+        SessionRecord::of(s).encode(),
+    )];
+    for (filter, entry) in s.subscriptions.iter() {
+        let key = Key::Subscription {
+            client_id: client_id(),
+            filter: filter.clone(),
+        };
+        records.push((key.encode(), persist::encode_subscription(entry)));
+    }
+    for m in s.inflight.iter() {
+        let key = Key::Queued {
+            client_id: client_id(),
+            seq: m.seq,
+        };
+        let value = persist::encode_queued(Some((m.packet_id, m.state)), &m.delivery);
+        records.push((key.encode(), value));
+    }
+    for q in s.queue.iter() {
+        let key = Key::Queued {
+            client_id: client_id(),
+            seq: q.seq,
+        };
+        records.push((key.encode(), persist::encode_queued(None, &q.delivery)));
+    }
+    for packet_id in s.incoming_qos2.iter() {
+        let key = Key::Incoming {
+            client_id: client_id(),
+            packet_id,
+        };
+        records.push((key.encode(), marker()));
+    }
+    records
 }

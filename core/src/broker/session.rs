@@ -402,6 +402,46 @@ impl PacketIdSet {
     }
 }
 
+/// Whether a checkpoint of a session may be in storage, and whether it changed since: one
+/// byte, so that it fits beside the session's other small fields.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Checkpoint {
+    #[default]
+    None,
+    Unsaved,
+    Stored,
+    StoredUnsaved,
+}
+
+impl Checkpoint {
+    /// A checkpoint of it may be in storage (so ending it must delete it).
+    pub fn is_stored(self) -> bool {
+        matches!(self, Self::Stored | Self::StoredUnsaved)
+    }
+
+    /// Changed since the last checkpoint.
+    pub fn is_unsaved(self) -> bool {
+        matches!(self, Self::Unsaved | Self::StoredUnsaved)
+    }
+
+    pub fn with_stored(self, stored: bool) -> Self {
+        Self::of(stored, self.is_unsaved())
+    }
+
+    pub fn with_unsaved(self, unsaved: bool) -> Self {
+        Self::of(self.is_stored(), unsaved)
+    }
+
+    fn of(stored: bool, unsaved: bool) -> Self {
+        match (stored, unsaved) {
+            (false, false) => Self::None,
+            (false, true) => Self::Unsaved,
+            (true, false) => Self::Stored,
+            (true, true) => Self::StoredUnsaved,
+        }
+    }
+}
+
 /// A will message waiting for its connection to end or its delay to pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Will {
@@ -434,9 +474,8 @@ pub(crate) struct Session {
     pub generation: u64,
     /// Whether records of this session may be in storage (so ending it must delete them).
     pub persisted: bool,
-    /// Stored while connected whatever its expiry, so that its connection can be resumed in
-    /// a rebuilt broker ([`crate::Config::resumable_connections`]).
-    pub resumable: bool,
+    /// Where it stands against [`super::Broker::checkpoint`] (resumable connections only).
+    pub checkpoint: Checkpoint,
     /// Bytes of its queued and in-flight messages as last counted in the broker's total
     /// ([`Session::held_bytes`]).
     pub accounted: usize,
@@ -467,7 +506,7 @@ impl Session {
             pending_will: None,
             generation: 0,
             persisted: false,
-            resumable: false,
+            checkpoint: Checkpoint::default(),
             accounted: 0,
             touched: false,
         }
@@ -480,10 +519,9 @@ impl Session {
             .map(|at| at.plus_secs(self.expiry_secs))
     }
 
-    /// Persistent sessions outlive their connection and are written to storage, and so is
-    /// a resumable one while connected (without an expiry, it ends with its connection).
+    /// Persistent sessions outlive their connection and are written to storage.
     pub fn is_persistent(&self) -> bool {
-        self.expiry_secs > 0 || self.resumable
+        self.expiry_secs > 0
     }
 
     pub fn take_seq(&mut self) -> u64 {

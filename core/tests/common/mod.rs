@@ -117,9 +117,20 @@ impl World {
     }
 
     /// Simulate a shell whose process is rebuilt while the network connections `open` stay
-    /// open (a Durable Object woken from hibernation): a new broker restored from what was
-    /// persisted, told which connections are still open. Clients keep what they had received.
+    /// open (a Durable Object woken from hibernation): the broker's checkpoint once things
+    /// went quiet, then a new broker restored from what was persisted, told which connections
+    /// are still open. Clients keep what they had received.
     pub fn wake(&mut self, open: &[ConnId]) -> meridian_core::broker::RestoreReport {
+        self.broker.checkpoint();
+        self.drain();
+        self.wake_without_checkpoint(open)
+    }
+
+    /// [`World::wake`] without the checkpoint (a process lost while busy).
+    pub fn wake_without_checkpoint(
+        &mut self,
+        open: &[ConnId],
+    ) -> meridian_core::broker::RestoreReport {
         self.rebuild();
         let records = self.records();
         let report = self
