@@ -793,9 +793,8 @@ mod tests {
         assert_eq!(unpack(&packed).as_ref(), Ok(&records));
         // Cut anywhere, it is refused, or read as the records before the cut.
         for at in 0..packed.len() {
-            match unpack(&packed.slice(..at)) {
-                Ok(read) => assert!(read.len() < records.len() && records.starts_with(&read)),
-                Err(_) => {}
+            if let Ok(read) = unpack(&packed.slice(..at)) {
+                assert!(read.len() < records.len() && records.starts_with(&read));
             }
         }
     }
