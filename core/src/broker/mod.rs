@@ -518,20 +518,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.sessions.get(id as usize)?.as_ref()
     }
 
+    /// The session, put on the lists of those changed ([`Broker::touch`]).
     fn session_mut(&mut self, id: SessionId) -> Option<&mut Session> {
-        let session = self.sessions.get_mut(id as usize)?.as_mut()?;
-        if !session.touched {
-            session.touched = true;
-            self.touched.push(id);
-        }
-        if self.config.resumable_connections && !session.checkpoint.is_unsaved() {
-            session.checkpoint = session.checkpoint.with_unsaved(true);
-            self.unsaved.push(id);
-        }
-        Some(session)
+        self.touch(id);
+        self.sessions.get_mut(id as usize)?.as_mut()
     }
 
-    /// Put a session on the list of those to count again (for code that borrows it directly).
+    /// Put a session on the list of those to count again, and of those changed since the
+    /// last checkpoint (for code that borrows it directly).
     fn touch(&mut self, id: SessionId) {
         if let Some(session) = self.sessions.get_mut(id as usize).and_then(Option::as_mut) {
             if !session.touched {

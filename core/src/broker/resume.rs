@@ -1,8 +1,8 @@
 //! Connections that outlive their broker: with [`Config::resumable_connections`], what an open
-//! connection needs to go on is stored beside its session (which is stored too, whatever its
-//! expiry), so that a shell whose process is rebuilt while the network connections stay open
-//! (a Durable Object woken from hibernation) hands [`Broker::restore_open`] the connections
-//! still open and the broker carries on with each where it stood.
+//! connection needs to go on is stored, so that a shell whose process is rebuilt while the
+//! network connections stay open (a Durable Object woken from hibernation) hands
+//! [`Broker::restore_open`] the connections still open and the broker carries on with each where
+//! it stood.
 //!
 //! What is kept: the connection's record (what CONNECT negotiated), written at CONNACK; a record
 //! per topic alias the client sets, written when it names a new topic; a marker while a packet
@@ -10,9 +10,11 @@
 //! session is written whole at each [`Broker::checkpoint`] if it changed, which the shell calls
 //! once its connections have been quiet for a moment (a runtime that hibernates only evicts a
 //! quiet process): storing every message of a clean session as it passes would cost a write
-//! per delivery and per acknowledgement for state no restart keeps. What is not: the time of the last packet (keep alive counts again
-//! from the resumption) and the topic aliases the broker chose towards the client (it sends a
-//! topic with its alias again, which the client takes as a new mapping).
+//! per delivery and per acknowledgement for state no restart keeps.
+//!
+//! What is not kept: the time of the last packet (keep alive counts again from the
+//! resumption) and the topic aliases the broker chose towards the client (it sends a topic
+//! with its alias again, which the client takes as a new mapping).
 //!
 //! [`Config::resumable_connections`]: crate::Config::resumable_connections
 
