@@ -684,3 +684,27 @@ fn a_node_that_was_away_or_restarted_catches_up_on_retained_messages() {
         vec![("r/2".to_owned(), b"y".to_vec())]
     );
 }
+
+#[test]
+fn a_restarted_node_shows_its_whole_route_set_from_the_first_contact() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |_| {});
+    let (sub, _) = mesh.node("a").connect_with(V5, "sub", persistent);
+    mesh.node("a").subscribe(sub, "r/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    mesh.crash_and_restart("a");
+    // No route batch has passed since the restart: what b publishes now still reaches a.
+    mesh.settle();
+    let publisher = mesh.node("b").connect(V5, "pub");
+    mesh.node("b").publish(
+        publisher,
+        "r/1",
+        &7u32.to_be_bytes(),
+        QoS::AtLeastOnce,
+        false,
+        1,
+    );
+    mesh.settle();
+    let (back, ack) = mesh.node("a").connect_with(V5, "sub", persistent);
+    assert!(ack.session_present);
+    assert_eq!(payloads(mesh.node("a"), back), vec![7]);
+}

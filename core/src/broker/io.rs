@@ -159,8 +159,10 @@ pub enum Output {
         /// The frame; [`crate::link::encode`] turns it into bytes.
         frame: Frame,
     },
-    /// Send this frame to every peer node (route deltas, digests and forget announcements:
-    /// the kinds [`crate::link::FrameKind::is_broadcast`] names; gossip is fine).
+    /// Send this frame to every peer node of the mesh (route deltas, digests and forget
+    /// announcements: the kinds [`crate::link::FrameKind::is_broadcast`] names; gossip is
+    /// fine), not to this node's leaves ([`crate::Broker::add_leaf`]): they get their own
+    /// frames through [`Output::ToPeer`].
     Broadcast {
         /// The frame; [`crate::link::encode`] turns it into bytes.
         frame: Frame,

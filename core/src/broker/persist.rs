@@ -18,6 +18,7 @@
 //! | `C` conn(u64 BE) | an open connection's negotiated state ([`Config::resumable_connections`](crate::Config::resumable_connections)) |
 //! | `W` conn(u64 BE) | that connection holds part of a packet (no value but the format byte) |
 //! | `A` conn(u64 BE) alias(u16 BE) | the topic a topic alias of that connection's client stands for |
+//! | `L` node | a leaf of this node (cluster mode; no value but the format byte) |
 //! | `K` cid | a clean session of an open connection as of the last checkpoint: the records above it would have (`S`, `U`, `Q`, `I`), in one value |
 //! | `N` | the first connection id not yet given out, reserved ahead so that ids are never reused across rebuilds (resumable connections) |
 
@@ -115,6 +116,10 @@ pub(crate) enum Key {
     Checkpoint {
         client_id: String,
     },
+    /// A node that is a leaf of this one.
+    Leaf {
+        node: String,
+    },
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -171,6 +176,7 @@ impl Key {
             Key::ReplicaPosition { node } => with_client(b'P', node, 0).freeze(),
             Key::Forgotten { node } => with_client(b'G', node, 0).freeze(),
             Key::Checkpoint { client_id } => with_client(b'K', client_id, 0).freeze(),
+            Key::Leaf { node } => with_client(b'L', node, 0).freeze(),
             Key::ReplicaFilter { node, filter } => {
                 let mut k = with_client(b'F', node, filter.len());
                 k.put_slice(filter.as_bytes());
@@ -271,6 +277,7 @@ impl Key {
             b'P' if k.is_empty() => Key::ReplicaPosition { node: client_id },
             b'G' if k.is_empty() => Key::Forgotten { node: client_id },
             b'K' if k.is_empty() => Key::Checkpoint { client_id },
+            b'L' if k.is_empty() => Key::Leaf { node: client_id },
             b'F' => Key::ReplicaFilter {
                 node: client_id,
                 filter: String::from_utf8(k.to_vec()).map_err(|_| e("filter is not UTF-8"))?,
@@ -776,6 +783,12 @@ mod tests {
             Key::PartialPacket { conn: u64::MAX },
             Key::ConnectionIds,
             Key::TopicAlias { conn: 3, alias: 64 },
+            Key::Checkpoint {
+                client_id: "c".into(),
+            },
+            Key::Leaf {
+                node: "edge-eu".into(),
+            },
         ];
         for key in keys {
             let decoded = Key::decode(&key.encode()).expect("decodes");

@@ -147,7 +147,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             | Key::RetainedStamp { .. }
             | Key::ReplicaPosition { .. }
             | Key::ReplicaFilter { .. }
-            | Key::Forgotten { .. }) => {
+            | Key::Forgotten { .. }
+            | Key::Leaf { .. }) => {
                 self.restore_cluster_record(&k, value)?;
             }
             Key::Checkpoint { client_id } => {
@@ -386,6 +387,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// restart does not start their expiry (or will delay) over again; arm the wills; fire
     /// what is already due.
     fn finish_restore(&mut self, pending: Pending) {
+        if self.routes_pending() {
+            // The route set is whole before any peer sees it: a peer that asks for it when the
+            // link comes up must not be given the empty set of a node still restoring, or what
+            // it publishes meanwhile would not be forwarded here.
+            self.fire_route_flush();
+        }
         for sid in pending.crashed {
             self.persist_session_meta(sid);
         }

@@ -65,6 +65,21 @@ impl RouteLog {
         self.live.iter().map(|f| &**f)
     }
 
+    /// The set as it stands with the current batch applied: the flushed live set, less what
+    /// the batch removes, and what it adds.
+    pub fn wanted(&self) -> impl Iterator<Item = &str> {
+        let kept = self
+            .live
+            .iter()
+            .filter(|f| self.pending.get(*f) != Some(&RouteOp::Remove));
+        let added = self
+            .pending
+            .iter()
+            .filter(|(_, op)| **op == RouteOp::Add)
+            .map(|(f, _)| f);
+        kept.chain(added).map(|f| &**f)
+    }
+
     /// Changes kept for peers (tombstones included).
     pub fn retained_changes(&self) -> usize {
         self.log.len()

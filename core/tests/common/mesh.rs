@@ -21,6 +21,9 @@ pub struct Mesh {
     wire: BTreeMap<(NodeId, NodeId), VecDeque<Frame>>,
     /// Frames delivered per directed link (every frame goes through the real codec).
     pub carried: BTreeMap<(NodeId, NodeId), usize>,
+    /// Each leaf and the node it hangs off: that node's broadcasts (its own route set, meant
+    /// for the mesh) do not go to it, as a shell keeps its mesh broadcasts off leaf links.
+    pub leaf_of: BTreeMap<NodeId, NodeId>,
 }
 
 pub fn id(s: &str) -> NodeId {
@@ -49,12 +52,36 @@ impl Mesh {
             up: BTreeSet::new(),
             wire: BTreeMap::new(),
             carried: BTreeMap::new(),
+            leaf_of: BTreeMap::new(),
         };
         let ids: Vec<NodeId> = mesh.nodes.keys().cloned().collect();
         for (i, a) in ids.iter().enumerate() {
             for b in &ids[i + 1..] {
                 mesh.link_up(a, b);
             }
+        }
+        mesh.settle();
+        mesh
+    }
+
+    /// The mesh nodes `names`, all linked, and `leaves` as (leaf, the mesh node it hangs
+    /// off), each linked to its node only.
+    pub fn with_leaves(
+        names: &[&str],
+        leaves: &[(&str, &str)],
+        config: Config,
+        tweak: impl Fn(&mut ClusterConfig),
+    ) -> Self {
+        let mut mesh = Self::new(names, config.clone(), &tweak);
+        for (leaf, hub) in leaves {
+            let mut cluster = ClusterConfig::new(id(leaf), 1, format!("edge-{leaf}"));
+            tweak(&mut cluster);
+            mesh.nodes
+                .insert(id(leaf), World::node(config.clone(), cluster));
+            mesh.node(hub).broker.add_leaf(&id(leaf));
+            mesh.node(hub).drain();
+            mesh.leaf_of.insert(id(leaf), id(hub));
+            mesh.link_up(&id(leaf), &id(hub));
         }
         mesh.settle();
         mesh
@@ -130,7 +157,11 @@ impl Mesh {
             for (to, frame) in out {
                 let targets: Vec<NodeId> = match to {
                     Some(t) => vec![t],
-                    None => ids.iter().filter(|n| *n != from).cloned().collect(),
+                    None => ids
+                        .iter()
+                        .filter(|n| *n != from && self.leaf_of.get(*n) != Some(from))
+                        .cloned()
+                        .collect(),
                 };
                 for t in targets {
                     if self.is_up(from, &t) {

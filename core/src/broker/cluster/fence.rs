@@ -40,7 +40,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else {
             return Some((suback, retained));
         };
-        let peers = c.connected_peers();
+        // Mesh nodes only: a leaf's view is not this node's own route set.
+        let mut peers = c.connected_peers();
+        peers.retain(|p| !c.leaves.is_leaf(p));
         let earlier_held = c.fences.iter().any(|f| f.conn == conn);
         let wanted = c.config.subscribe_fence && granted && !peers.is_empty();
         if !(wanted || earlier_held) || c.fences.len() >= c.config.subscribe_fence_max_held {

@@ -47,10 +47,25 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Send a locally published message to every node that has a matching subscriber, once.
     pub(in crate::broker) fn forward(&mut self, message: &Arc<Message>) {
+        self.forward_from(message, None);
+    }
+
+    /// Send a message on to the nodes that want it: all of them for a local publisher
+    /// (`from` is `None`); for one a peer forwarded here, only where that may go on
+    /// ([`super::leaves`]): from a mesh node to the leaves, from a leaf to the mesh and the
+    /// other leaves.
+    fn forward_from(&mut self, message: &Arc<Message>, from: Option<&NodeId>) {
         let now = self.now;
         let Some(c) = &mut self.cluster else { return };
         let mut nodes = std::mem::take(&mut c.scratch);
         c.table.nodes_for(&message.topic, &mut nodes);
+        if let Some(from) = from {
+            if c.leaves.is_leaf(from) {
+                nodes.retain(|n| n != from);
+            } else {
+                nodes.retain(|n| c.leaves.is_leaf(n));
+            }
+        }
         if nodes.is_empty() {
             c.scratch = nodes;
             return;
@@ -133,8 +148,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// A message forwarded by a peer: delivered to local subscribers only (never forwarded
-    /// again, so nothing loops), once.
+    /// A message forwarded by a peer: delivered to local subscribers, once, and sent on only
+    /// between the mesh and this node's leaves ([`super::leaves`]), so nothing loops.
     pub(super) fn on_forward(&mut self, peer: NodeId, forward: Forward) {
         let now = self.now;
         let Some(c) = &mut self.cluster else { return };
@@ -152,7 +167,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             properties: p.properties.into(),
             origin: None,
         };
+        let relays = !c.leaves.is_empty();
         if p.qos == QoS::AtMostOnce {
+            if relays {
+                self.forward_from(&Arc::new(message.clone()), Some(&peer));
+            }
             self.deliver_local(message);
             return;
         }
@@ -161,6 +180,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let arrival = c.inbox.arrive(&origin, seq);
         self.delete_forgotten_marks();
         if arrival == Arrival::Deliver {
+            if relays {
+                // In the same batch as the duplicate mark: stored together, or not at all.
+                self.forward_from(&Arc::new(message.clone()), Some(&peer));
+            }
             self.deliver_local(message);
             let key = Key::InboxMark {
                 origin: origin.node.to_string(),

@@ -24,18 +24,21 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         p.congested = false;
         p.last_heard = Some(now);
         p.acked_at = now;
-        c.routes.add_peer(peer.clone());
+        c.log_for_mut(&peer).add_peer(peer.clone());
         let hello = Frame::Hello {
             node: c.owner.node.clone(),
             incarnation: c.owner.incarnation,
             protocol: LINK_PROTOCOL_VERSION,
             region: c.config.region.clone(),
         };
-        let digest = c.own_digest();
-        let RetainedDigest { hash, entries } = c.retained.digest();
+        let digest = c.digest_for(&peer);
+        // Retained messages replicate between mesh nodes only.
+        let retained = (!c.leaves.is_leaf(&peer)).then(|| c.retained.digest());
         self.send_to_peer(peer.clone(), hello);
         self.send_to_peer(peer.clone(), digest);
-        self.send_to_peer(peer.clone(), Frame::RetainedDigest { hash, entries });
+        if let Some(RetainedDigest { hash, entries }) = retained {
+            self.send_to_peer(peer.clone(), Frame::RetainedDigest { hash, entries });
+        }
         self.pump_outbox(&peer);
     }
 
@@ -78,6 +81,20 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.peer_fault(&peer, PeerFault::NotOwner(kind));
             return;
         }
+        if c.leaves.is_leaf(&peer) {
+            match frame {
+                // A leaf speaks for its own routes and messages only.
+                Frame::Forget { .. } => {
+                    self.peer_fault(&peer, PeerFault::NotOwner(frame.kind()));
+                    return;
+                }
+                // Retained messages replicate between mesh nodes only.
+                Frame::Retained(_) | Frame::RetainedDigest { .. } | Frame::RetainedSnapshot(_) => {
+                    return;
+                }
+                _ => {}
+            }
+        }
         c.peer(&peer).last_heard = Some(now);
         match frame {
             Frame::Hello {
@@ -117,7 +134,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             Frame::RouteAck { owner, version } => {
                 if owner == c.owner {
-                    c.routes.ack(&peer, version);
+                    c.log_for_mut(&peer).ack(&peer, version);
                     if !c.fences.is_empty() {
                         self.release_fences();
                     }
@@ -186,15 +203,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn on_digest_entry(&mut self, peer: &NodeId, entry: DigestEntry) {
         let Some(c) = &mut self.cluster else { return };
         if entry.owner.node == c.owner.node {
-            // About our own routes: help the peer catch up.
+            // About our own routes (as this peer sees them): help the peer catch up.
             let same = entry.owner.incarnation == c.owner.incarnation;
-            if same && entry.version == c.routes.version() && entry.hash == c.routes.hash() {
+            let log = c.log_for(peer);
+            if same && entry.version == log.version() && entry.hash == log.hash() {
                 return;
             }
-            let delta = (same && entry.version <= c.routes.version())
-                .then(|| c.routes.delta_since(entry.version))
+            let delta = (same && entry.version <= log.version())
+                .then(|| log.delta_since(entry.version))
                 .flatten()
-                .filter(|_| entry.version < c.routes.version());
+                .filter(|_| entry.version < log.version());
             match delta {
                 Some(delta) => {
                     let per_frame = c.config.snapshot_chunk_filters;
@@ -233,7 +251,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     pub(super) fn send_snapshot(&mut self, peer: &NodeId) {
         let Some(c) = &self.cluster else { return };
-        let chunks = c.routes.snapshot(c.config.snapshot_chunk_filters);
+        let chunks = c.log_for(peer).snapshot(c.config.snapshot_chunk_filters);
         for chunk in chunks {
             self.send_to_peer(peer.clone(), Frame::SnapshotChunk(chunk));
         }

@@ -58,7 +58,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// waiting for it (counted), and tell the other nodes to do the same. Refused for a node
     /// whose link is up.
     pub fn forget_peer(&mut self, node: &NodeId) -> Result<Forgotten, ForgetError> {
+        let leaf = self.is_leaf(node);
         let forgotten = self.forget(node, ForgetReason::Command)?;
+        if leaf {
+            // The mesh never knew it.
+            return Ok(forgotten);
+        }
         let incarnation = self
             .cluster
             .as_ref()
@@ -138,6 +143,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         );
         self.let_go(let_go);
         self.persist_replica(node, false);
+        self.forget_leaf(node);
         self.persist(
             Key::ReplicaPosition {
                 node: node.to_string(),
@@ -235,7 +241,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(in crate::broker) fn fire_peer_expiry(&mut self) {
         let now = self.now;
         let Some(c) = &mut self.cluster else { return };
-        let expiry = c.config.peer_expiry_ms;
+        let (peer_expiry, leaf_expiry) = (c.config.peer_expiry_ms, c.config.leaf_expiry_ms);
         // Route sets restored from storage of nodes that never came back count as absent too.
         let orphans: Vec<NodeId> = c
             .table
@@ -248,6 +254,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let mut expired = Vec::new();
         for (node, p) in c.peers.iter_mut().filter(|(_, p)| !p.connected) {
+            let expiry = if c.leaves.is_leaf(node) {
+                leaf_expiry
+            } else {
+                peer_expiry
+            };
             match p.last_heard {
                 Some(at) if now.millis_since(at) >= expiry => expired.push(node.clone()),
                 Some(_) => {}
@@ -255,7 +266,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 None => p.last_heard = Some(now),
             }
         }
-        let next = now.plus_ms(expiry_check_ms(expiry));
+        let next = now.plus_ms(expiry_check_ms(peer_expiry.min(leaf_expiry)));
         self.timers.insert((next, Timer::PeerExpiry));
         for node in expired {
             let _ = self.forget(&node, ForgetReason::Expired);
@@ -265,7 +276,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Arm the first expiry check.
     pub(super) fn arm_peer_expiry(&mut self, now: Timestamp) {
         if let Some(c) = &self.cluster {
-            let at = now.plus_ms(expiry_check_ms(c.config.peer_expiry_ms));
+            let expiry = c.config.peer_expiry_ms.min(c.config.leaf_expiry_ms);
+            let at = now.plus_ms(expiry_check_ms(expiry));
             self.timers.insert((at, Timer::PeerExpiry));
         }
     }

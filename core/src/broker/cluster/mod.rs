@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 mod fence;
 use fence::Fence;
 mod forward;
+mod leaves;
 mod links;
 mod membership;
 mod records;
@@ -65,6 +66,10 @@ pub struct ClusterConfig {
     /// A node without a link to this one for this long is forgotten: its routes withdrawn,
     /// what waited for it dropped ([`Broker::forget_peer`] does it at once).
     pub peer_expiry_ms: u64,
+    /// A leaf ([`Broker::add_leaf`]) without a link to this node for this long is forgotten:
+    /// its routes leave this node's route set and what waited for it is dropped (counted in
+    /// `Stats::dropped_peer_forgotten`).
+    pub leaf_expiry_ms: u64,
     /// Retained writes stamped further than this ahead of this node's clock are refused, so
     /// that a node with a wrong clock cannot make its writes win for ever.
     pub max_clock_drift_ms: u64,
@@ -104,6 +109,7 @@ impl ClusterConfig {
             max_nodes: 256,
             peer_limits: PeerLimits::default(),
             peer_expiry_ms: 24 * 60 * 60 * 1000,
+            leaf_expiry_ms: 60 * 60 * 1000,
             max_clock_drift_ms: 60_000,
             subscribe_fence: false,
             subscribe_fence_max_ms: 10_000,
@@ -136,6 +142,8 @@ pub struct PeerSummary {
     pub forwarded_to: u64,
     /// Messages the peer forwarded here since the broker started, duplicates included.
     pub forwarded_from: u64,
+    /// Whether it is a leaf of this node ([`Broker::add_leaf`]) rather than a mesh member.
+    pub leaf: bool,
 }
 
 #[derive(Debug)]
@@ -210,6 +218,8 @@ pub(super) struct Cluster {
     forget_count: u64,
     /// Nodes refused for the node count and reported (at most [`trust::REFUSED_NODES_KEPT`]).
     refused_nodes: std::collections::BTreeSet<NodeId>,
+    /// Nodes that hang off this one outside the mesh.
+    leaves: leaves::Leaves,
 }
 
 impl Peer {
@@ -243,6 +253,7 @@ impl Cluster {
             forgotten: VecDeque::new(),
             forget_count: 0,
             refused_nodes: std::collections::BTreeSet::new(),
+            leaves: leaves::Leaves::default(),
             config,
         }
     }
@@ -335,6 +346,26 @@ impl Cluster {
         self.peers.contains_key(node) || self.table.replica(node).is_some()
     }
 
+    /// This node's route set as `peer` sees it: its own (a mesh node), or the leaf's view.
+    fn log_for(&self, peer: &NodeId) -> &RouteLog {
+        self.leaves.view(peer).unwrap_or(&self.routes)
+    }
+
+    fn log_for_mut(&mut self, peer: &NodeId) -> &mut RouteLog {
+        match self.leaves.view_mut(peer) {
+            Some(view) => view,
+            None => &mut self.routes,
+        }
+    }
+
+    /// A digest of this node's route set as `peer` sees it.
+    fn digest_for(&self, peer: &NodeId) -> Frame {
+        match self.leaves.view(peer) {
+            Some(view) => leaves::view_digest(self, view),
+            None => self.own_digest(),
+        }
+    }
+
     fn own_digest(&self) -> Frame {
         Frame::Digest(vec![DigestEntry {
             owner: self.owner.clone(),
@@ -376,6 +407,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     outbox_bytes: p.outbox.bytes(),
                     forwarded_to: p.forwarded_to,
                     forwarded_from: p.forwarded_from,
+                    leaf: c.leaves.is_leaf(node),
                 }
             })
             .collect()
@@ -431,10 +463,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         Some(r.position())
     }
 
-    /// Whether route changes wait for the next batch.
+    /// Whether route changes (of this node's own route set, or of a leaf's view of it) wait
+    /// for the next batch.
     pub fn routes_pending(&self) -> bool {
         self.cluster
             .as_ref()
-            .is_some_and(|c| c.routes.has_pending())
+            .is_some_and(|c| c.routes.has_pending() || c.leaves.has_pending())
     }
 }

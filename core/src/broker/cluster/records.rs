@@ -19,6 +19,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         let position = c.table.replica(node).map(|r| r.position());
+        // Leaves see what the mesh and the other leaves want.
+        for (owner, filter, present) in &changes {
+            c.replica_interest(owner, filter, *present);
+        }
         for (owner, filter, present) in changes {
             let key = Key::ReplicaFilter {
                 node: owner.to_string(),
@@ -26,6 +30,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             };
             self.persist(key.encode(), present.then(Bytes::new));
         }
+        self.arm_route_flush();
         if let Some(position) = position {
             let key = Key::ReplicaPosition {
                 node: node.to_string(),
@@ -54,6 +59,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     | Key::ReplicaPosition { .. }
                     | Key::ReplicaFilter { .. }
                     | Key::Forgotten { .. }
+                    | Key::Leaf { .. }
             ));
         };
         match key {
@@ -115,6 +121,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Key::ReplicaFilter { node, filter } => {
                 let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
                 c.table.restore_filter(&node, filter);
+                Ok(true)
+            }
+            Key::Leaf { node } => {
+                let node = NodeId::new(node).map_err(|_| bad("leaf node id"))?;
+                self.restore_leaf(&node);
                 Ok(true)
             }
             Key::Forgotten { node } => {

@@ -23,7 +23,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             filter: filter.to_owned(),
         });
         if let Some(c) = &mut self.cluster {
-            c.routes.add(filter);
+            if c.leaves.is_empty() {
+                c.routes.add(filter);
+            } else {
+                c.local_interest(filter, true);
+            }
             self.arm_route_flush();
         }
     }
@@ -34,7 +38,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             filter: filter.to_owned(),
         });
         if let Some(c) = &mut self.cluster {
-            c.routes.remove(filter);
+            if c.leaves.is_empty() {
+                c.routes.remove(filter);
+            } else {
+                c.local_interest(filter, false);
+            }
             self.arm_route_flush();
         }
     }
@@ -42,7 +50,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn arm_route_flush(&mut self) {
         let now = self.now;
         let Some(c) = &mut self.cluster else { return };
-        if !c.flush_armed && c.routes.has_pending() {
+        if !c.flush_armed && (c.routes.has_pending() || c.leaves.has_pending()) {
             c.flush_armed = true;
             self.timers
                 .insert((now.plus_ms(c.config.route_batch_ms), Timer::RouteFlush));
@@ -63,6 +71,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.outputs.push_back(Output::Broadcast { frame });
             }
         }
+        self.flush_views();
         self.release_fences();
     }
 
@@ -71,6 +80,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let frame = c.own_digest();
         let next = self.now.plus_ms(c.config.digest_interval_ms);
         self.outputs.push_back(Output::Broadcast { frame });
+        self.send_view_digests();
         self.timers.insert((next, Timer::Digest));
     }
 }

@@ -1,0 +1,295 @@
+//! Leaves: nodes that hang off this one without being members of the mesh (the edge objects of
+//! a region, linked to their home daemon as NATS leaf nodes are to their hub).
+//!
+//! - A leaf's filters join this node's own route set: the mesh sees this node wanting what its
+//!   leaves want, and never learns of the leaves, so edge objects coming and going touch the
+//!   rest of the deployment only through this node's route changes.
+//! - Each leaf sees this node as one peer whose route set (its *view*) is everything wanted
+//!   elsewhere: this node's local filters, every mesh node's, and the other leaves'. A leaf
+//!   therefore forwards up only what someone beyond it wants. A view is a route log of its own,
+//!   under this node's owner id, replicated to that leaf alone by the same deltas, digests and
+//!   snapshots as between mesh nodes.
+//! - A message forwarded by a mesh node goes on to the leaves that want it; one forwarded by a
+//!   leaf goes on to the mesh nodes and the other leaves that want it, never back to its leaf;
+//!   this node's own publishers reach mesh nodes and leaves alike. A leaf never forwards what it
+//!   receives, and a mesh node never forwards what a mesh node sent it, so nothing loops. QoS
+//!   1/2 go on through this node's durable outboxes, numbered as its own forwards.
+//! - A leaf holds no authority over the mesh: what it says of other nodes (`Forget`) is
+//!   refused and counted. Retained messages replicate between mesh nodes only: a leaf's are
+//!   ignored here, and none are sent to it.
+//!
+//! Who wants each filter is counted only while there are leaves; a node without leaves pays
+//! nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::Cluster;
+use crate::broker::persist::Key;
+use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::link::Frame;
+use crate::routes::{NodeId, RouteLog};
+
+/// The leaves of this node and who wants each filter.
+#[derive(Debug, Default)]
+pub(super) struct Leaves {
+    /// Each leaf's view of this node's route set.
+    views: BTreeMap<NodeId, RouteLog>,
+    /// Who wants each filter, while there are leaves.
+    interest: BTreeMap<Arc<str>, Interest>,
+}
+
+/// Who wants one filter.
+#[derive(Debug, Default)]
+struct Interest {
+    /// A local subscriber.
+    local: bool,
+    /// Mesh nodes (not leaves) with the filter in their route set.
+    mesh: u32,
+    /// Leaves with the filter in their route set.
+    leaves: Vec<NodeId>,
+}
+
+impl Interest {
+    fn is_empty(&self) -> bool {
+        !self.local && self.mesh == 0 && self.leaves.is_empty()
+    }
+
+    /// Whether this node's own route set (what the mesh sees) holds the filter.
+    fn in_own(&self) -> bool {
+        self.local || !self.leaves.is_empty()
+    }
+
+    /// Whether the view of `leaf` holds the filter: someone other than that leaf wants it.
+    fn in_view_of(&self, leaf: &NodeId) -> bool {
+        self.local || self.mesh > 0 || self.leaves.iter().any(|l| l != leaf)
+    }
+}
+
+impl Leaves {
+    pub(super) fn is_leaf(&self, node: &NodeId) -> bool {
+        self.views.contains_key(node)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.views.is_empty()
+    }
+
+    pub(super) fn view(&self, leaf: &NodeId) -> Option<&RouteLog> {
+        self.views.get(leaf)
+    }
+
+    pub(super) fn view_mut(&mut self, leaf: &NodeId) -> Option<&mut RouteLog> {
+        self.views.get_mut(leaf)
+    }
+
+    pub(super) fn has_pending(&self) -> bool {
+        self.views.values().any(RouteLog::has_pending)
+    }
+}
+
+impl Cluster {
+    /// Brings the routes of `filter` up to date after who wants it changed: this node's own
+    /// set and every view (staging is idempotent: a filter already where it should be is left).
+    fn refresh(&mut self, filter: &Arc<str>) {
+        let Some(interest) = self.leaves.interest.get(filter) else {
+            return;
+        };
+        if interest.in_own() {
+            self.routes.add(filter);
+        } else {
+            self.routes.remove(filter);
+        }
+        for (leaf, view) in &mut self.leaves.views {
+            if interest.in_view_of(leaf) {
+                view.add(filter);
+            } else {
+                view.remove(filter);
+            }
+        }
+        if interest.is_empty() {
+            self.leaves.interest.remove(filter);
+        }
+    }
+
+    /// A local subscriber came or went for `filter` while there are leaves.
+    pub(super) fn local_interest(&mut self, filter: &str, present: bool) {
+        let filter: Arc<str> = filter.into();
+        self.leaves
+            .interest
+            .entry(filter.clone())
+            .or_default()
+            .local = present;
+        self.refresh(&filter);
+    }
+
+    /// `node`'s route set (a mesh node's or a leaf's) gained or lost `filter`.
+    pub(super) fn replica_interest(&mut self, node: &NodeId, filter: &Arc<str>, present: bool) {
+        if self.leaves.is_empty() {
+            return;
+        }
+        let leaf = self.leaves.is_leaf(node);
+        let interest = self.leaves.interest.entry(filter.clone()).or_default();
+        match (leaf, present) {
+            (true, true) if !interest.leaves.contains(node) => interest.leaves.push(node.clone()),
+            (true, false) => interest.leaves.retain(|l| l != node),
+            (false, true) => interest.mesh += 1,
+            (false, false) => interest.mesh = interest.mesh.saturating_sub(1),
+            (true, true) => {}
+        }
+        self.refresh(filter);
+    }
+
+    /// Makes `node` a leaf. The first leaf starts the count of who wants what, from this
+    /// node's own route set (all local until now) and the replicas held.
+    fn make_leaf(&mut self, node: &NodeId) {
+        if self.leaves.is_leaf(node) {
+            return;
+        }
+        if self.leaves.is_empty() {
+            for filter in self.routes.wanted() {
+                self.leaves.interest.entry(filter.into()).or_default().local = true;
+            }
+            for (owner, replica) in self.table.replicas() {
+                if owner == node {
+                    continue;
+                }
+                for filter in replica.filters() {
+                    self.leaves.interest.entry(filter.into()).or_default().mesh += 1;
+                }
+            }
+        } else if let Some(replica) = self.table.replica(node) {
+            // Counted as a mesh node's until now.
+            for filter in replica.filters() {
+                if let Some(i) = self.leaves.interest.get_mut(filter) {
+                    i.mesh = i.mesh.saturating_sub(1);
+                }
+            }
+        }
+        if let Some(replica) = self.table.replica(node) {
+            for filter in replica.filters() {
+                let i = self.leaves.interest.entry(filter.into()).or_default();
+                i.leaves.push(node.clone());
+            }
+        }
+        let view = RouteLog::new(self.owner.clone(), self.config.tombstone_budget);
+        self.leaves.views.insert(node.clone(), view);
+        let filters: Vec<Arc<str>> = self.leaves.interest.keys().cloned().collect();
+        for filter in &filters {
+            self.refresh(filter);
+        }
+    }
+
+    /// `node` is no longer a leaf (it was forgotten; its replica is already withdrawn).
+    fn drop_leaf(&mut self, node: &NodeId) {
+        if self.leaves.views.remove(node).is_none() {
+            return;
+        }
+        if self.leaves.is_empty() {
+            // Back to this node's own set being its local filters alone.
+            let filters: Vec<Arc<str>> = self.leaves.interest.keys().cloned().collect();
+            for filter in filters {
+                let local = self.leaves.interest.get(&filter).is_some_and(|i| i.local);
+                if !local {
+                    self.routes.remove(&filter);
+                }
+            }
+            self.leaves.interest.clear();
+        }
+    }
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Makes `node` a leaf of this node: call before its link comes up
+    /// ([`crate::Input::PeerUp`]), once the shell has authenticated it as an edge object
+    /// rather than a member of the mesh. Remembered in storage.
+    pub fn add_leaf(&mut self, node: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        if *node == c.owner.node || c.leaves.is_leaf(node) {
+            return;
+        }
+        c.make_leaf(node);
+        self.persist(
+            Key::Leaf {
+                node: node.to_string(),
+            }
+            .encode(),
+            Some(crate::broker::persist::marker()),
+        );
+        self.arm_route_flush();
+    }
+
+    /// Whether `node` is a leaf of this node.
+    pub fn is_leaf(&self, node: &NodeId) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.leaves.is_leaf(node))
+    }
+
+    /// A leaf read back from storage.
+    pub(super) fn restore_leaf(&mut self, node: &NodeId) {
+        if let Some(c) = &mut self.cluster {
+            c.make_leaf(node);
+        }
+    }
+
+    /// A forgotten leaf: its view goes, and its record.
+    pub(super) fn forget_leaf(&mut self, node: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        if !c.leaves.is_leaf(node) {
+            return;
+        }
+        c.drop_leaf(node);
+        self.persist(
+            Key::Leaf {
+                node: node.to_string(),
+            }
+            .encode(),
+            None,
+        );
+        self.arm_route_flush();
+    }
+
+    /// The view's changes since the last batch, to each leaf whose link is up (one that is
+    /// down catches up from its digest when it comes back).
+    pub(super) fn flush_views(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        let per_frame = c.config.snapshot_chunk_filters;
+        let mut frames = Vec::new();
+        for (leaf, view) in &mut c.leaves.views {
+            let Some(delta) = view.flush() else { continue };
+            if c.peers.get(leaf).is_some_and(|p| p.connected) {
+                for frame in super::routes::delta_frames(delta, per_frame) {
+                    frames.push((leaf.clone(), frame));
+                }
+            }
+        }
+        for (leaf, frame) in frames {
+            self.send_to_peer(leaf, frame);
+        }
+    }
+
+    /// Each connected leaf's view digest.
+    pub(super) fn send_view_digests(&mut self) {
+        let Some(c) = &self.cluster else { return };
+        let frames: Vec<(NodeId, Frame)> = c
+            .leaves
+            .views
+            .iter()
+            .filter(|(leaf, _)| c.peers.get(*leaf).is_some_and(|p| p.connected))
+            .map(|(leaf, view)| (leaf.clone(), view_digest(c, view)))
+            .collect();
+        for (leaf, frame) in frames {
+            self.send_to_peer(leaf, frame);
+        }
+    }
+}
+
+/// A digest of a leaf's view, under this node's owner id.
+pub(super) fn view_digest(c: &Cluster, view: &RouteLog) -> Frame {
+    Frame::Digest(vec![crate::link::DigestEntry {
+        owner: c.owner.clone(),
+        version: view.version(),
+        hash: view.hash(),
+    }])
+}

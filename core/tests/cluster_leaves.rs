@@ -1,0 +1,284 @@
+//! Leaves: nodes that hang off a mesh node (edge objects off their home region) without being
+//! members of the mesh. Their interest joins their node's route set, each sees everything
+//! wanted elsewhere, and messages cross between the mesh and the leaves only towards interest,
+//! exactly once.
+//!
+//! The deployment in every test: mesh nodes `hub` and `far` (two regions), leaves `eu` and `as`
+//! off `hub`.
+
+mod common;
+
+use common::mesh::{Mesh, id};
+use common::*;
+use meridian_core::Config;
+use meridian_core::codec::QoS;
+use meridian_core::link::Frame;
+
+fn deployment() -> Mesh {
+    Mesh::with_leaves(
+        &["far", "hub"],
+        &[("as", "hub"), ("eu", "hub")],
+        Config::default(),
+        |_| {},
+    )
+}
+
+fn payloads(w: &mut World, conn: meridian_core::ConnId) -> Vec<Vec<u8>> {
+    let got = w.received_publishes(conn);
+    for p in &got {
+        w.ack(conn, p);
+    }
+    got.iter().map(|p| p.payload.to_vec()).collect()
+}
+
+/// Two route batches: a leaf's to its hub, then the hub's to the mesh and the other leaves.
+fn routes_settle(mesh: &mut Mesh) {
+    mesh.advance(100);
+    mesh.advance(100);
+}
+
+/// How many frames went from `from` to `to`.
+fn carried(mesh: &Mesh, from: &str, to: &str) -> usize {
+    mesh.carried.get(&(id(from), id(to))).copied().unwrap_or(0)
+}
+
+#[test]
+fn a_leafs_interest_joins_its_nodes_route_set_and_the_mesh_never_learns_the_leaf() {
+    let mut mesh = deployment();
+    let sub = mesh.node("eu").connect(V5, "sub");
+    mesh.node("eu").subscribe(sub, "news/#", QoS::AtLeastOnce);
+    routes_settle(&mut mesh);
+    assert!(
+        mesh.node("hub")
+            .broker
+            .route_set()
+            .contains(&"news/#".to_owned())
+    );
+    assert_eq!(
+        mesh.node("far").broker.replicated_routes(&id("hub")),
+        ["news/#"]
+    );
+    assert!(
+        mesh.node("far")
+            .broker
+            .peers()
+            .iter()
+            .all(|p| p.node != id("eu"))
+    );
+    assert!(
+        mesh.node("far")
+            .broker
+            .replicated_routes(&id("eu"))
+            .is_empty()
+    );
+    // The other leaf sees it as the hub's; the leaf itself does not see its own interest.
+    assert_eq!(
+        mesh.node("as").broker.replicated_routes(&id("hub")),
+        ["news/#"]
+    );
+    assert!(
+        mesh.node("eu")
+            .broker
+            .replicated_routes(&id("hub"))
+            .is_empty()
+    );
+    let hub_peers = mesh.node("hub").broker.peers();
+    assert!(hub_peers.iter().any(|p| p.node == id("eu") && p.leaf));
+    assert!(hub_peers.iter().any(|p| p.node == id("far") && !p.leaf));
+
+    // Gone from the leaf, gone everywhere.
+    mesh.node("eu").unsubscribe(sub, "news/#");
+    routes_settle(&mut mesh);
+    assert!(
+        mesh.node("far")
+            .broker
+            .replicated_routes(&id("hub"))
+            .is_empty()
+    );
+    assert!(
+        mesh.node("as")
+            .broker
+            .replicated_routes(&id("hub"))
+            .is_empty()
+    );
+}
+
+#[test]
+fn each_leaf_sees_what_the_mesh_and_the_other_leaves_want() {
+    let mut mesh = deployment();
+    let far = mesh.node("far").connect(V5, "far-sub");
+    mesh.node("far").subscribe(far, "far/#", QoS::AtLeastOnce);
+    let hub = mesh.node("hub").connect(V5, "hub-sub");
+    mesh.node("hub").subscribe(hub, "hub/#", QoS::AtLeastOnce);
+    let asia = mesh.node("as").connect(V5, "as-sub");
+    mesh.node("as").subscribe(asia, "as/#", QoS::AtLeastOnce);
+    routes_settle(&mut mesh);
+    assert_eq!(
+        mesh.node("eu").broker.replicated_routes(&id("hub")),
+        ["as/#", "far/#", "hub/#"]
+    );
+    assert_eq!(
+        mesh.node("as").broker.replicated_routes(&id("hub")),
+        ["far/#", "hub/#"]
+    );
+    // The mesh sees the hub's local and leaf interest, not its own coming back.
+    assert_eq!(
+        mesh.node("far").broker.replicated_routes(&id("hub")),
+        ["as/#", "hub/#"]
+    );
+}
+
+#[test]
+fn messages_cross_between_the_mesh_and_the_leaves_exactly_once() {
+    let mut mesh = deployment();
+    let eu = mesh.node("eu").connect(V5, "eu-sub");
+    mesh.node("eu").subscribe(eu, "t/#", QoS::ExactlyOnce);
+    let far = mesh.node("far").connect(V3, "far-sub");
+    mesh.node("far").subscribe(far, "t/#", QoS::AtLeastOnce);
+    routes_settle(&mut mesh);
+
+    // From the far region to the leaf, and from the other leaf to both.
+    let far_pub = mesh.node("far").connect(V5, "far-pub");
+    mesh.node("far")
+        .publish(far_pub, "t/1", b"from far", QoS::ExactlyOnce, false, 1);
+    mesh.settle();
+    let as_pub = mesh.node("as").connect(V5, "as-pub");
+    mesh.node("as")
+        .publish(as_pub, "t/2", b"from as", QoS::AtLeastOnce, false, 1);
+    mesh.settle();
+    let eu_pub = mesh.node("eu").connect(V5, "eu-pub");
+    mesh.node("eu")
+        .publish(eu_pub, "t/3", b"from eu", QoS::AtLeastOnce, false, 1);
+    mesh.settle();
+    let eu_got = payloads(mesh.node("eu"), eu);
+    assert_eq!(
+        eu_got,
+        [
+            b"from far".to_vec(),
+            b"from as".to_vec(),
+            b"from eu".to_vec()
+        ]
+    );
+    let far_got = payloads(mesh.node("far"), far);
+    assert_eq!(
+        far_got,
+        [
+            b"from far".to_vec(),
+            b"from as".to_vec(),
+            b"from eu".to_vec()
+        ]
+    );
+    mesh.advance(1_000);
+    assert!(payloads(mesh.node("eu"), eu).is_empty(), "nothing twice");
+    assert!(payloads(mesh.node("far"), far).is_empty(), "nothing twice");
+    // The leaf's own message came back to it from nowhere: the hub never returns it.
+    let hub_peers = mesh.node("hub").broker.peers();
+    let to_eu = hub_peers.iter().find(|p| p.node == id("eu")).unwrap();
+    assert_eq!(to_eu.forwarded_to, 2, "from far and from as, not its own");
+}
+
+#[test]
+fn a_topic_nobody_wants_elsewhere_stays_on_its_leaf() {
+    let mut mesh = deployment();
+    let eu = mesh.node("eu").connect(V5, "eu-sub");
+    mesh.node("eu").subscribe(eu, "local/#", QoS::AtLeastOnce);
+    routes_settle(&mut mesh);
+    let before = carried(&mesh, "eu", "hub");
+    let publisher = mesh.node("eu").connect(V5, "eu-pub");
+    for i in 1..=5u16 {
+        mesh.node("eu")
+            .publish(publisher, "local/x", b"stay", QoS::AtLeastOnce, false, i);
+    }
+    mesh.settle();
+    assert_eq!(payloads(mesh.node("eu"), eu).len(), 5);
+    assert_eq!(
+        carried(&mesh, "eu", "hub"),
+        before,
+        "nothing crossed to the hub"
+    );
+    let hub_peers = mesh.node("hub").broker.peers();
+    let from_eu = hub_peers.iter().find(|p| p.node == id("eu")).unwrap();
+    assert_eq!(from_eu.forwarded_from, 0);
+}
+
+#[test]
+fn a_cut_between_the_hub_and_the_mesh_delays_what_a_leaf_sent_and_never_duplicates_it() {
+    let mut mesh = deployment();
+    let far = mesh.node("far").connect(V5, "far-sub");
+    mesh.node("far").subscribe(far, "up/#", QoS::ExactlyOnce);
+    routes_settle(&mut mesh);
+    mesh.link_down(&id("hub"), &id("far"));
+    let publisher = mesh.node("eu").connect(V5, "eu-pub");
+    for i in 1..=3u16 {
+        mesh.node("eu")
+            .publish(publisher, "up/x", &[i as u8], QoS::ExactlyOnce, false, i);
+        mesh.settle();
+        mesh.node("eu").recv(publisher);
+        mesh.node("eu").send(
+            publisher,
+            meridian_core::codec::Packet::PubRel(meridian_core::codec::Ack::new(i)),
+        );
+    }
+    mesh.settle();
+    assert!(payloads(mesh.node("far"), far).is_empty());
+    // The hub crashes with the messages in its outbox, then the link comes back.
+    mesh.crash_and_restart("hub");
+    mesh.link_up(&id("hub"), &id("far"));
+    routes_settle(&mut mesh);
+    assert_eq!(
+        payloads(mesh.node("far"), far),
+        [vec![1u8], vec![2u8], vec![3u8]]
+    );
+    mesh.advance(1_000);
+    assert!(payloads(mesh.node("far"), far).is_empty(), "nothing twice");
+    // The hub still knows its leaves after the restart.
+    assert!(mesh.node("hub").broker.is_leaf(&id("eu")));
+}
+
+#[test]
+fn a_leaf_gone_past_its_bound_is_forgotten_by_its_hub_alone() {
+    let mut mesh = Mesh::with_leaves(&["far", "hub"], &[("eu", "hub")], Config::default(), |c| {
+        c.leaf_expiry_ms = 60_000
+    });
+    let eu = mesh.node("eu").connect(V5, "eu-sub");
+    mesh.node("eu").subscribe(eu, "gone/#", QoS::AtLeastOnce);
+    routes_settle(&mut mesh);
+    assert_eq!(
+        mesh.node("far").broker.replicated_routes(&id("hub")),
+        ["gone/#"]
+    );
+    mesh.link_down(&id("eu"), &id("hub"));
+    // A message for it waits at the hub, then is dropped with the leaf.
+    let publisher = mesh.node("far").connect(V5, "far-pub");
+    mesh.node("far")
+        .publish(publisher, "gone/x", b"late", QoS::AtLeastOnce, false, 1);
+    mesh.settle();
+    mesh.advance(90_000);
+    assert!(!mesh.node("hub").broker.is_leaf(&id("eu")));
+    assert_eq!(mesh.node("hub").broker.stats().dropped_peer_forgotten, 1);
+    assert!(
+        mesh.node("far")
+            .broker
+            .replicated_routes(&id("hub"))
+            .is_empty()
+    );
+    // The mesh heard nothing of it: no announcement, and the far node forgot nobody.
+    assert_eq!(mesh.node("far").broker.stats().peers_forgotten, 0);
+}
+
+#[test]
+fn a_leaf_cannot_speak_for_the_mesh() {
+    let mut mesh = deployment();
+    mesh.link_down(&id("far"), &id("hub"));
+    mesh.inject(
+        "eu",
+        "hub",
+        Frame::Forget {
+            node: id("far"),
+            incarnation: 1,
+        },
+    );
+    let hub = mesh.node("hub");
+    assert_eq!(hub.broker.stats().peer_frames_not_owner, 1);
+    assert!(hub.broker.peers().iter().any(|p| p.node == id("far")));
+}
