@@ -645,6 +645,7 @@ fn peer_json(p: &PeerSummary, rtt: Option<&std::time::Duration>) -> serde_json::
         "outbox_bytes": p.outbox_bytes,
         "forwarded_to": p.forwarded_to,
         "forwarded_from": p.forwarded_from,
+        "leaf": p.leaf,
     })
 }
 
@@ -782,6 +783,16 @@ pub fn render_metrics(
             ("token", load(&d.admin_refused_token)),
             ("host", load(&d.admin_refused_host)),
             ("header_timeout", load(&d.admin_header_timeouts)),
+        ],
+    );
+    family(
+        &mut r,
+        "edge_links_refused",
+        "Edge links refused: no or a wrong token, before the upgrade (token); a leaf named as \
+         this node or a mesh member (node)",
+        &[
+            ("token", load(&d.edge_links_refused_token)),
+            ("node", load(&d.edge_links_refused_node)),
         ],
     );
     counter(

@@ -86,6 +86,77 @@ pub struct ClusterSection {
     pub peer_max_snapshot_bytes: usize,
     pub peer_max_retained_messages: usize,
     pub peer_max_retained_bytes: usize,
+    /// `[cluster.edge]`: the leaves of this node.
+    pub edge: EdgeSection,
+}
+
+/// `[cluster.edge]`: edge links, over which the edge worker's Durable Objects (or any other
+/// leaf) hang off this node (`crate::edge`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeSection {
+    /// The listener's address, `ip:port`; empty: no edge links.
+    pub listen: String,
+    /// The tokens that let an edge link in, one per line.
+    pub token_file: PathBuf,
+    /// TLS certificate and key (PEM), for `wss://`; required off loopback.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Edge links open at once.
+    pub max_links: usize,
+    /// A leaf without a link for this long is forgotten.
+    pub leaf_expiry_ms: u64,
+}
+
+impl EdgeSection {
+    /// The listener's address, when edge links are on (checked by validation).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen.parse().ok()
+    }
+
+    /// Whether the listener speaks TLS.
+    pub fn tls(&self) -> bool {
+        !self.cert.as_os_str().is_empty()
+    }
+
+    fn validate(&self, cluster_enabled: bool) -> Result<(), String> {
+        if self.listen.is_empty() {
+            return Ok(());
+        }
+        let Ok(addr) = self.listen.parse::<SocketAddr>() else {
+            return Err(format!(
+                "cluster.edge.listen: an ip:port address, not {:?}",
+                self.listen
+            ));
+        };
+        if !cluster_enabled {
+            return Err(
+                "cluster.edge.listen: edge links make leaves of this node, which needs                  [cluster] enabled (--p2p)"
+                    .to_owned(),
+            );
+        }
+        if self.token_file.as_os_str().is_empty() {
+            return Err(
+                "cluster.edge.token_file: edge links need tokens (--edge-token-file FILE)"
+                    .to_owned(),
+            );
+        }
+        if self.cert.as_os_str().is_empty() != self.key.as_os_str().is_empty() {
+            return Err("cluster.edge.cert and cluster.edge.key: set both, or neither".to_owned());
+        }
+        if !addr.ip().is_loopback() && !self.tls() {
+            return Err(format!(
+                "cluster.edge.listen is {addr} (not loopback) but cluster.edge.cert is not set:                  edge tokens would cross the network in the clear. Set cluster.edge.cert and                  cluster.edge.key, or listen on 127.0.0.1"
+            ));
+        }
+        if self.max_links == 0 || self.leaf_expiry_ms == 0 {
+            return Err(
+                "cluster.edge.max_links and cluster.edge.leaf_expiry_ms: must be at least 1"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A libp2p multiaddr in the configuration (`/ip4/127.0.0.1/tcp/7001`).
@@ -489,6 +560,7 @@ const MAX_LINK_QUEUE_FRAMES: usize = 1 << 24;
 
 impl ClusterSection {
     fn validate(&self) -> Result<(), String> {
+        self.edge.validate(self.enabled)?;
         if !self.enabled {
             return Ok(());
         }
@@ -761,6 +833,15 @@ partial!(PCluster {
     peer_max_snapshot_bytes: usize,
     peer_max_retained_messages: usize,
     peer_max_retained_bytes: usize,
+    edge: PEdge,
+});
+partial!(PEdge {
+    listen: String,
+    token_file: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    max_links: usize,
+    leaf_expiry_ms: u64,
 });
 
 #[cfg(test)]
@@ -970,6 +1051,59 @@ mod tests {
                 .to_string();
             assert!(e.contains(key), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn edge_links_need_the_mesh_tokens_and_tls_off_loopback() {
+        let cluster = "[cluster]\nenabled = true\nkey_file = \"k\"\n";
+        let ok =
+            format!("{cluster}[cluster.edge]\nlisten = \"127.0.0.1:7100\"\ntoken_file = \"t\"\n");
+        let c = DaemonConfig::parse(&ok, "x.toml").unwrap();
+        assert_eq!(
+            c.cluster.edge.listen_addr(),
+            Some("127.0.0.1:7100".parse().unwrap())
+        );
+        for (text, key) in [
+            (
+                "[cluster.edge]\nlisten = \"127.0.0.1:7100\"\ntoken_file = \"t\"\n".to_owned(),
+                "[cluster] enabled",
+            ),
+            (
+                format!("{cluster}[cluster.edge]\nlisten = \"127.0.0.1:7100\"\n"),
+                "cluster.edge.token_file",
+            ),
+            (
+                format!("{cluster}[cluster.edge]\nlisten = \"0.0.0.0:7100\"\ntoken_file = \"t\"\n"),
+                "cluster.edge.cert",
+            ),
+            (
+                format!("{cluster}[cluster.edge]\nlisten = \"here\"\ntoken_file = \"t\"\n"),
+                "cluster.edge.listen",
+            ),
+        ] {
+            let e = DaemonConfig::parse(&text, "x.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        let tls = format!(
+            "{cluster}[cluster.edge]\nlisten = \"0.0.0.0:7100\"\ntoken_file = \"t\"\n\
+             cert = \"c.pem\"\nkey = \"k.pem\"\n"
+        );
+        assert!(
+            DaemonConfig::parse(&tls, "x.toml")
+                .unwrap()
+                .cluster
+                .edge
+                .tls()
+        );
+        let e = DaemonConfig::parse("[cluster.edge]\nlisen = \"x\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2"),
+            "an unknown key is named with its line: {e}"
+        );
     }
 
     #[test]

@@ -135,6 +135,8 @@ pub struct Engine {
 struct PeerLink {
     session: u64,
     writer: PeerWriter,
+    /// A leaf's edge link: broadcasts (meant for the mesh) do not go on it.
+    leaf: bool,
     /// The broker was told ([`Input::PeerCongested`]) and not yet told it drained.
     congested: bool,
     /// Frames for the peer in this batch, and their bytes, not yet queued on the session.
@@ -519,25 +521,35 @@ impl Engine {
                 session,
                 writer,
             } => {
-                let old = self.links.insert(
-                    peer.clone(),
-                    PeerLink {
-                        session,
-                        writer,
-                        congested: false,
-                        batch_frames: 0,
-                        batch_bytes: 0,
-                    },
-                );
-                if let Some(old) = old {
-                    // A new session replaces the old one: the core re-sends what was in flight.
-                    old.writer.kill.notify_one();
-                    self.broker
-                        .handle_input(now, Input::PeerDown { peer: peer.clone() });
+                if self.broker.is_leaf(&peer) {
+                    // A leaf links at the edge-link listener only.
+                    warn!(peer = %peer, "a leaf of this node opened a mesh session: ended");
+                    writer.kill.notify_one();
+                    return;
                 }
-                info!(peer = %peer, session, "link session up");
-                self.broker.handle_input(now, Input::PeerUp { peer });
-                self.drain();
+                self.session_up(now, peer, session, writer, false);
+            }
+            ToEngine::LeafUp {
+                leaf,
+                session,
+                writer,
+                accepted,
+            } => {
+                let mesh_member = !self.broker.is_leaf(&leaf)
+                    && (self.broker.peers().iter().any(|p| p.node == leaf)
+                        || self.links.get(&leaf).is_some_and(|l| !l.leaf));
+                // Not this node, nor a mesh member (a leaf cannot take a member's place).
+                let allowed = self
+                    .broker
+                    .node_id()
+                    .is_some_and(|own| *own != leaf && !mesh_member);
+                let _ = accepted.send(allowed);
+                if !allowed {
+                    warn!(leaf = %leaf, "edge link refused: the name of this node or a mesh member");
+                    return;
+                }
+                self.broker.add_leaf(&leaf);
+                self.session_up(now, leaf, session, writer, true);
             }
             ToEngine::PeerFrame { peer, frame } => {
                 // A snapshot chunk (10,000 routes, or a batch of retained messages) takes tens
@@ -591,6 +603,37 @@ impl Engine {
         }
     }
 
+    /// A link session to `peer` (a mesh member, or a leaf) started; it replaces any earlier one.
+    fn session_up(
+        &mut self,
+        now: Timestamp,
+        peer: NodeId,
+        session: u64,
+        writer: PeerWriter,
+        leaf: bool,
+    ) {
+        let old = self.links.insert(
+            peer.clone(),
+            PeerLink {
+                session,
+                writer,
+                leaf,
+                congested: false,
+                batch_frames: 0,
+                batch_bytes: 0,
+            },
+        );
+        if let Some(old) = old {
+            // A new session replaces the old one: the core re-sends what was in flight.
+            old.writer.kill.notify_one();
+            self.broker
+                .handle_input(now, Input::PeerDown { peer: peer.clone() });
+        }
+        info!(peer = %peer, session, leaf, "link session up");
+        self.broker.handle_input(now, Input::PeerUp { peer });
+        self.drain();
+    }
+
     fn encode_frame(&mut self, frame: &Frame) -> Option<Bytes> {
         self.frame_buf.clear();
         match link::encode(frame, &mut self.frame_buf) {
@@ -634,9 +677,14 @@ impl Engine {
         self.write_to_every_peer(&bytes);
     }
 
-    /// Queue an encoded frame on every open session.
+    /// Queue an encoded frame on every open session to a mesh member.
     fn write_to_every_peer(&mut self, frame: &Bytes) {
-        let peers: Vec<NodeId> = self.links.keys().cloned().collect();
+        let peers: Vec<NodeId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| !l.leaf)
+            .map(|(p, _)| p.clone())
+            .collect();
         for peer in peers {
             self.write_to_peer(&peer, frame.clone());
         }

@@ -26,6 +26,7 @@ mod auth;
 pub mod client;
 pub mod config;
 mod ctl;
+mod edge;
 mod engine;
 mod mailbox;
 mod mesh;

@@ -97,6 +97,15 @@ pub enum ToEngine {
         session: u64,
         writer: PeerWriter,
     },
+    /// An edge link named its leaf ([`crate::edge`]): the broker task answers whether it may
+    /// link (not this node, nor a mesh member) and, if so, makes it a leaf and starts its
+    /// session (it replaces any earlier one).
+    LeafUp {
+        leaf: NodeId,
+        session: u64,
+        writer: PeerWriter,
+        accepted: oneshot::Sender<bool>,
+    },
     /// A frame from a peer node (from its session or from gossip).
     PeerFrame {
         peer: NodeId,
@@ -155,6 +164,10 @@ pub struct DaemonCounters {
     pub admin_refused_host: AtomicU64,
     /// Admin connections closed because their request headers took too long.
     pub admin_header_timeouts: AtomicU64,
+    /// Edge links refused: no or a wrong token (HTTP 401).
+    pub edge_links_refused_token: AtomicU64,
+    /// ... a leaf named as this node or a mesh member.
+    pub edge_links_refused_node: AtomicU64,
 }
 
 /// A cheap handle to the broker task.

@@ -113,6 +113,12 @@ struct RunArgs {
     /// cluster.advertise).
     #[arg(long, value_name = "MULTIADDR")]
     advertise: Vec<libp2p::Multiaddr>,
+    /// Serve edge links (leaves of this node) on this address (cluster.edge.listen).
+    #[arg(long, value_name = "ADDR")]
+    edge_link: Option<SocketAddr>,
+    /// The tokens edge links present, one per line (cluster.edge.token_file).
+    #[arg(long, value_name = "FILE")]
+    edge_token_file: Option<PathBuf>,
     /// Print the full default configuration file and exit.
     #[arg(long)]
     print_default_config: bool,
@@ -252,6 +258,12 @@ fn load_config(args: &RunArgs) -> anyhow::Result<DaemonConfig> {
     cluster
         .advertise
         .extend(args.advertise.iter().cloned().map(P2pAddr));
+    if let Some(a) = args.edge_link {
+        cluster.edge.listen = a.to_string();
+    }
+    if let Some(f) = args.edge_token_file.clone() {
+        cluster.edge.token_file = f;
+    }
     config.validate_cluster("command line")?;
     Ok(config)
 }

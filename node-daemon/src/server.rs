@@ -311,6 +311,47 @@ impl Server {
                     .await?,
                 );
             }
+            if let Some(addr) = cluster.edge.listen_addr().filter(|_| cluster.enabled) {
+                let edge = &cluster.edge;
+                let text = std::fs::read_to_string(&edge.token_file).with_context(|| {
+                    format!(
+                        "cluster.edge.token_file: cannot read {}",
+                        edge.token_file.display()
+                    )
+                })?;
+                let tokens = crate::edge::EdgeTokens::parse(
+                    &text,
+                    &format!("cluster.edge.token_file {}", edge.token_file.display()),
+                )
+                .map_err(anyhow::Error::msg)?;
+                let tls = if edge.tls() {
+                    Some(
+                        crate::transport::tls::server_acceptor(&edge.cert, &edge.key)
+                            .context("cluster.edge: cannot load the TLS certificate or key")?,
+                    )
+                } else {
+                    None
+                };
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cluster.edge.listen: cannot bind {addr}"))?;
+                let local = listener.local_addr()?;
+                info!(addr = %local, tls = edge.tls(), "edge links listening");
+                addrs.push(("edge", local));
+                let settings = crate::edge::EdgeSettings {
+                    tokens,
+                    tls,
+                    max_links: edge.max_links,
+                    limits: cluster.link_limits(),
+                };
+                tokio::spawn(crate::edge::serve(
+                    listener,
+                    settings,
+                    handle.tx.clone(),
+                    handle.counters.clone(),
+                    stop_rx.clone(),
+                ));
+            }
             if config.admin.enabled {
                 let listener = TcpListener::bind(config.admin.bind)
                     .await
@@ -569,6 +610,7 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
     };
     config.outbox_stall_ms = c.outbox_stall_ms;
     config.peer_expiry_ms = c.peer_expiry_ms;
+    config.leaf_expiry_ms = c.edge.leaf_expiry_ms;
     config.max_nodes = c.max_nodes;
     config.max_clock_drift_ms = c.max_clock_drift_ms;
     config.peer_limits = PeerLimits {

@@ -1,5 +1,6 @@
-//! TLS for the `tls` and `wss` listeners (rustls with PEM files).
+//! TLS for the `tls` and `wss` listeners and the edge-link listener (rustls with PEM files).
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -15,6 +16,21 @@ use crate::config::ListenerConfig;
 pub fn acceptor(l: &ListenerConfig) -> anyhow::Result<TlsAcceptor> {
     let cert_path = l.cert.as_ref().context("no cert configured")?;
     let key_path = l.key.as_ref().context("no key configured")?;
+    let client_ca = l.client_ca.as_deref().filter(|p| !p.as_os_str().is_empty());
+    build(cert_path, key_path, client_ca, l.require_client_cert)
+}
+
+/// A TLS acceptor that asks for no client certificate.
+pub fn server_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+    build(cert, key, None, false)
+}
+
+fn build(
+    cert_path: &Path,
+    key_path: &Path,
+    client_ca: Option<&Path>,
+    require_client_cert: bool,
+) -> anyhow::Result<TlsAcceptor> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
         .with_context(|| format!("cannot read {}", cert_path.display()))?
         .collect::<Result<_, _>>()
@@ -30,7 +46,7 @@ pub fn acceptor(l: &ListenerConfig) -> anyhow::Result<TlsAcceptor> {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
-    let builder = match l.client_ca.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+    let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca_path) => {
             let mut roots = RootCertStore::empty();
@@ -43,7 +59,7 @@ pub fn acceptor(l: &ListenerConfig) -> anyhow::Result<TlsAcceptor> {
                     .with_context(|| format!("bad CA certificate in {}", ca_path.display()))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-            let verifier = if l.require_client_cert {
+            let verifier = if require_client_cert {
                 verifier
             } else {
                 verifier.allow_unauthenticated()

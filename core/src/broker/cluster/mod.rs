@@ -387,6 +387,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.arm_peer_expiry(self.now);
     }
 
+    /// This node's id in its deployment (cluster mode).
+    pub fn node_id(&self) -> Option<&NodeId> {
+        self.cluster.as_ref().map(|c| &c.owner.node)
+    }
+
     /// Peers this node knows, for admin listings and metrics.
     pub fn peers(&self) -> Vec<PeerSummary> {
         let Some(c) = &self.cluster else {

@@ -1,0 +1,344 @@
+//! Edge links: the leaves of this node (the edge worker's Durable Objects) link to it over
+//! WebSocket at `/link`, each binary message one of the core's link frames. The core makes
+//! each linked node a leaf ([`meridian_core::Broker::add_leaf`]): its interest joins this
+//! node's route set, it sees everything wanted elsewhere, and messages cross between it and
+//! the mesh only towards interest (`docs/geo.md`, "Leaves").
+//!
+//! Who may link: a client that presents one of the tokens of `cluster.edge.token_file` as
+//! `Authorization: Bearer TOKEN` in its upgrade request. A wrong or missing token is refused
+//! with 401 before the upgrade, so before any frame is read
+//! (`meridian_edge_links_refused_total{reason="token"}`). The first frame names the leaf
+//! (`Hello`); a name that is this node's or a mesh member's is refused (`reason="node"`), and
+//! one session per leaf stands at a time (a new one replaces the old). A link that sends no
+//! `Hello` within [`HELLO_TIMEOUT`], or a frame that does not decode, is closed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_rustls::TlsAcceptor;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::StatusCode;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tracing::{debug, info, warn};
+
+use crate::mailbox::{DaemonCounters, ToEngine};
+use crate::mesh::queue::{LinkLimits, PeerWriter};
+
+/// The path edge links upgrade on.
+pub const LINK_PATH: &str = "/link";
+/// How long a connection may take to complete TLS and the WebSocket upgrade.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new link may take to send its `Hello`.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Shortest token accepted in the token file.
+const MIN_TOKEN_LEN: usize = 16;
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1 << 48);
+
+/// The tokens that let an edge link in.
+#[derive(Clone)]
+pub struct EdgeTokens(Arc<Vec<String>>);
+
+impl std::fmt::Debug for EdgeTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EdgeTokens({} tokens)", self.0.len())
+    }
+}
+
+impl EdgeTokens {
+    /// The tokens of a token file: one per line, `#` comments and blank lines skipped, each at
+    /// least 16 characters. `file` names the file in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Self, String> {
+        let mut tokens = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let token = line.trim();
+            if token.is_empty() || token.starts_with('#') {
+                continue;
+            }
+            if token.len() < MIN_TOKEN_LEN || token.chars().any(char::is_whitespace) {
+                return Err(format!(
+                    "{file}: line {}: a token is {MIN_TOKEN_LEN} characters or more, without spaces",
+                    i + 1
+                ));
+            }
+            tokens.push(token.to_owned());
+        }
+        if tokens.is_empty() {
+            return Err(format!("{file}: no token (one per line)"));
+        }
+        Ok(Self(Arc::new(tokens)))
+    }
+
+    /// Whether `given` is one of the tokens; every token is compared, each in a time that
+    /// depends on the lengths only.
+    fn admits(&self, given: &str) -> bool {
+        self.0.iter().fold(false, |found, t| {
+            found | constant_time_eq(given.as_bytes(), t.as_bytes())
+        })
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// What the edge-link listener needs.
+#[derive(Clone)]
+pub struct EdgeSettings {
+    pub tokens: EdgeTokens,
+    /// TLS (wss), required off loopback.
+    pub tls: Option<TlsAcceptor>,
+    /// Links open at once, handshakes included.
+    pub max_links: usize,
+    pub limits: LinkLimits,
+}
+
+/// Accept edge links on `listener` until `stop` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    settings: EdgeSettings,
+    engine: mpsc::Sender<ToEngine>,
+    counters: Arc<DaemonCounters>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(settings.max_links));
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.changed() => return,
+        };
+        let (stream, addr) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "edge link: accept failed");
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            debug!(%addr, "edge link refused: max_links reached");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let settings = settings.clone();
+        let engine = engine.clone();
+        let counters = counters.clone();
+        tokio::spawn(async move {
+            match &settings.tls {
+                Some(tls) => {
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await
+                    else {
+                        debug!(%addr, "edge link: TLS handshake failed");
+                        return;
+                    };
+                    link(stream, &settings, engine, &counters).await;
+                }
+                None => link(stream, &settings, engine, &counters).await,
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// One edge link: the upgrade (path and token checked), the `Hello`, then the session.
+async fn link<S>(
+    stream: S,
+    settings: &EdgeSettings,
+    engine: mpsc::Sender<ToEngine>,
+    counters: &DaemonCounters,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let refuse = |status: StatusCode, text: &str| -> ErrorResponse {
+        let mut r = ErrorResponse::new(Some(text.to_owned()));
+        *r.status_mut() = status;
+        r
+    };
+    // The library's callback type returns its own error response by value.
+    #[allow(clippy::result_large_err)]
+    let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+        if req.uri().path() != LINK_PATH {
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "edge links upgrade at /link\n",
+            ));
+        }
+        let token = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map_or("", str::trim);
+        if !settings.tokens.admits(token) {
+            counters
+                .edge_links_refused_token
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(refuse(
+                StatusCode::UNAUTHORIZED,
+                "an edge link token is required (Authorization: Bearer TOKEN)\n",
+            ));
+        }
+        Ok(resp)
+    };
+    let max = usize::try_from(DEFAULT_MAX_FRAME_LEN).unwrap_or(usize::MAX);
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max));
+    let ws = match tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(config)),
+    )
+    .await
+    {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => {
+            debug!(error = %e, "edge link: upgrade refused or failed");
+            return;
+        }
+        Err(_) => {
+            debug!("edge link: upgrade timed out");
+            return;
+        }
+    };
+    let (mut sink, mut stream) = ws.split();
+    // The first frame names the leaf.
+    let first = tokio::time::timeout(HELLO_TIMEOUT, next_frames(&mut stream)).await;
+    let mut frames = match first {
+        Ok(Some(Ok(frames))) => frames,
+        _ => {
+            debug!("edge link: no Hello in time, or a bad first frame");
+            return;
+        }
+    };
+    let Some(Frame::Hello { node, .. }) = frames.first() else {
+        debug!("edge link: the first frame is not a Hello");
+        return;
+    };
+    let leaf = node.clone();
+    let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let (writer, mut rx, queued_bytes) = PeerWriter::channel(settings.limits);
+    let kill = writer.kill.clone();
+    let (accepted_tx, accepted_rx) = tokio::sync::oneshot::channel();
+    let up = ToEngine::LeafUp {
+        leaf: leaf.clone(),
+        session,
+        writer,
+        accepted: accepted_tx,
+    };
+    if engine.send(up).await.is_err() || !accepted_rx.await.unwrap_or(false) {
+        counters
+            .edge_links_refused_node
+            .fetch_add(1, Ordering::Relaxed);
+        let _ = sink.close().await;
+        return;
+    }
+    info!(%leaf, session, "edge link up");
+    let why = {
+        let read = async {
+            loop {
+                for frame in frames.drain(..) {
+                    let msg = ToEngine::PeerFrame {
+                        peer: leaf.clone(),
+                        frame: Box::new(frame),
+                    };
+                    if engine.send(msg).await.is_err() {
+                        return "broker stopping";
+                    }
+                }
+                match next_frames(&mut stream).await {
+                    Some(Ok(more)) => frames = more,
+                    Some(Err(why)) => return why,
+                    None => return "closed by the leaf",
+                }
+            }
+        };
+        let write = async {
+            while let Some(first) = rx.recv().await {
+                let len = first.len();
+                if sink.feed(WsMessage::Binary(first)).await.is_err() {
+                    return "write failed";
+                }
+                queued_bytes.fetch_sub(len, Ordering::AcqRel);
+                while let Ok(more) = rx.try_recv() {
+                    let len = more.len();
+                    if sink.feed(WsMessage::Binary(more)).await.is_err() {
+                        return "write failed";
+                    }
+                    queued_bytes.fetch_sub(len, Ordering::AcqRel);
+                }
+                if sink.flush().await.is_err() {
+                    return "write failed";
+                }
+            }
+            "ended by the broker"
+        };
+        tokio::select! {
+            why = read => why,
+            why = write => why,
+            () = kill.notified() => "cut by the broker",
+        }
+    };
+    info!(%leaf, session, why, "edge link ended");
+    let _ = engine
+        .send(ToEngine::PeerDown {
+            peer: leaf,
+            session,
+        })
+        .await;
+}
+
+/// The frames of the next binary message (`None`: the link closed). A text message, or bytes
+/// that are not whole frames, end the link.
+async fn next_frames<S>(stream: &mut S) -> Option<Result<Vec<Frame>, &'static str>>
+where
+    S: futures_util::Stream<Item = Result<WsMessage, tokio_tungstenite::tungstenite::Error>>
+        + Unpin,
+{
+    loop {
+        let message = match stream.next().await? {
+            Ok(m) => m,
+            Err(_) => return None,
+        };
+        let data: Bytes = match message {
+            WsMessage::Binary(data) => data,
+            WsMessage::Close(_) => return None,
+            WsMessage::Text(_) => return Some(Err("a text message")),
+            // Pings are answered by the library.
+            _ => continue,
+        };
+        let mut buf = BytesMut::from(&data[..]);
+        let mut frames = Vec::new();
+        loop {
+            match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+                Ok(Some(frame)) => frames.push(frame),
+                Ok(None) if buf.is_empty() => return Some(Ok(frames)),
+                Ok(None) => return Some(Err("a partial frame")),
+                Err(_) => return Some(Err("a malformed frame")),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_files_name_their_bad_line() {
+        let ok = EdgeTokens::parse("# edge objects\n\n0123456789abcdef0123\n", "tokens").unwrap();
+        assert!(ok.admits("0123456789abcdef0123"));
+        assert!(!ok.admits("0123456789abcdef012"));
+        assert!(!ok.admits(""));
+        let short = EdgeTokens::parse("0123456789abcdef\nshort\n", "tokens").unwrap_err();
+        assert!(short.contains("line 2"), "{short}");
+        assert!(EdgeTokens::parse("# none\n", "tokens").is_err());
+    }
+}
