@@ -7,8 +7,8 @@
 #
 # Steps: toolchain (rustup wasm target, wasm-bindgen-cli at Cargo.lock's wasm-bindgen version,
 # worker-build, npm packages: Miniflare, MQTT.js, esbuild, binaryen) -> clippy for wasm32 ->
-# `worker-build --release` -> the built worker in Miniflare (workerd), driven by MQTT.js and
-# raw WebSockets. Every step has a time limit; the first failure stops the script.
+# `worker-build --release` -> the meridian daemon (a region to link to) -> the built worker in
+# Miniflare (workerd), driven by MQTT.js and raw WebSockets. Every step has a time limit; the first failure stops the script.
 # A fresh machine's installs take long: wasm-bindgen-cli ~5-15 min, worker-build ~6 min.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -70,6 +70,12 @@ export WASM_OPT_BIN="$TESTS/node_modules/.bin/wasm-opt"
 run 30 worker-build --release
 wasm="$EDGE/build/index_bg.wasm"
 echo "wasm size: $(wc -c <"$wasm") bytes, $(gzip -9 -c "$wasm" | wc -c) bytes gzipped"
+
+step "the meridian daemon (the region the edge link tests link to)"
+# Built where the workspace's own tests build it (scripts/test-all has, so this is quick there).
+MERIDIAN_TARGET="${MERIDIAN_TARGET_DIR:-$HOME/.cache/meridian/target}"
+(cd "$ROOT" && CARGO_TARGET_DIR="$MERIDIAN_TARGET" run 30 cargo build -p meridian-daemon --bin meridian --locked)
+export MERIDIAN_BIN="$MERIDIAN_TARGET/debug/meridian"
 
 step "the worker in Miniflare, and under npx wrangler dev, driven by MQTT.js"
 # wrangler dev runs wrangler.toml's build command (worker-build) with the tools above.

@@ -8,6 +8,7 @@ use worker::{
     WebSocketIncomingMessage, WebSocketPair, durable_object, event,
 };
 
+use crate::link::LinkConfig;
 use crate::shell::{Edge, Hooks};
 use crate::users::Users;
 
@@ -19,6 +20,10 @@ const USERS_SECRET: &str = "MQTT_USERS";
 const ALLOW_ANONYMOUS: &str = "ALLOW_ANONYMOUS";
 /// The secret or variable that holds the access rules (see [`crate::rules`]).
 const ACL_SECRET: &str = "MQTT_ACL";
+/// The variable naming the daemon this broker is a leaf of (see [`crate::link`]).
+const UPSTREAM_VAR: &str = "MERIDIAN_UPSTREAM";
+/// The secret token the daemon's edge-link listener takes.
+const LINK_TOKEN_SECRET: &str = "MERIDIAN_LINK_TOKEN";
 /// The path MQTT clients connect to, as Mosquitto's and EMQX's WebSocket listeners use.
 const MQTT_PATH: &str = "/mqtt";
 
@@ -108,7 +113,18 @@ fn hooks(env: &Env) -> std::result::Result<Hooks, String> {
         Some(text) => crate::rules::parse(&text)?,
         None => Acl::default(),
     };
-    Ok(Hooks { users, acl })
+    let upstream = match text_binding(env, UPSTREAM_VAR)?.filter(|u| !u.is_empty()) {
+        Some(url) => Some(LinkConfig::parse(
+            &url,
+            text_binding(env, LINK_TOKEN_SECRET)?.as_deref(),
+        )?),
+        None => None,
+    };
+    Ok(Hooks {
+        users,
+        acl,
+        upstream,
+    })
 }
 
 /// Limits for a broker inside one Durable Object, whose isolate has about 128 MB: smaller

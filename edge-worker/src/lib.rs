@@ -15,13 +15,16 @@
 //!   connect; without it, nobody may, unless the variable `ALLOW_ANONYMOUS = "true"` lets
 //!   everyone in on purpose (local development does).
 //! - `MQTT_ACL` (see [`rules`]) holds access rules in the daemon's `[acl]` format.
+//! - `MERIDIAN_UPSTREAM` and the secret `MERIDIAN_LINK_TOKEN` (see [`link`]) make the broker a
+//!   leaf of a daemon's region: its subscribers' interest joins the region's.
 //!
 //! Everything MQTT (3.1.1 and 5.0) is `meridian-core`'s; this crate translates IO. The Worker
 //! builds for `wasm32-unknown-unknown` (`worker-build --release`); on other targets only
-//! [`users`] and [`rules`] are built, for their tests.
+//! [`users`], [`rules`] and [`link`] are built, for their tests.
 
 #[cfg(target_arch = "wasm32")]
 mod entry;
+pub mod link;
 pub mod rules;
 #[cfg(target_arch = "wasm32")]
 mod shell;

@@ -20,13 +20,19 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use js_sys::Uint8Array;
+use bytes::BytesMut;
+use js_sys::{ArrayBuffer, Uint8Array};
 use meridian_core::acl::Acl;
+use meridian_core::broker::{ClusterConfig, PeerLimits};
+use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, OutboxLimits};
+use meridian_core::routes::NodeId;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
+use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 use worker::worker_sys::DurableObjectState;
-use worker::{Date, Delay, ScheduledTime, Storage, WebSocket};
+use worker::{Date, Delay, ScheduledTime, Storage, WebSocket, web_sys};
 
+use crate::link::LinkConfig;
 use crate::store::RecordStore;
 use crate::users::Users;
 
@@ -34,6 +40,8 @@ use crate::users::Users;
 const CLOSE_NORMAL: u16 = 1000;
 /// WebSocket close code for a text frame (MQTT travels in binary frames only).
 const CLOSE_UNSUPPORTED_DATA: u16 = 1003;
+/// WebSocket close code for a link frame that cannot be read.
+const CLOSE_PROTOCOL_ERROR: u16 = 1002;
 /// WebSocket close code when stored state could not be read or written: the client reconnects
 /// to a broker rebuilt from what was stored.
 const CLOSE_INTERNAL_ERROR: u16 = 1011;
@@ -43,12 +51,55 @@ const CONNECTING_SOCKETS: usize = 1_000;
 /// How long the object waits without an event before it writes its checkpoint: well under the
 /// 10 s of quiet after which workerd may evict it with its sockets kept.
 const CHECKPOINT_QUIET_MS: u64 = 2_000;
+/// The wait before dialling the home region again after a failure: doubling from the first to
+/// the second.
+const DIAL_BACKOFF_MIN_MS: u64 = 500;
+const DIAL_BACKOFF_MAX_MS: u64 = 30_000;
 
-/// Who may connect, and what they may do.
+/// The bounds of the broker as a leaf: one peer, its home region, and what that peer may make
+/// an object of 128 MB hold.
+fn leaf_cluster_config(node: NodeId, incarnation: u64, region: &str) -> ClusterConfig {
+    let mut c = ClusterConfig::new(node, incarnation, format!("edge-{region}"));
+    c.max_nodes = 4;
+    c.tombstone_budget = 10_000;
+    c.snapshot_chunk_filters = 1_000;
+    c.outbox = OutboxLimits {
+        window: 256,
+        max_messages: 10_000,
+        max_bytes: 8 * 1024 * 1024,
+    };
+    c.peer_limits = PeerLimits {
+        max_filters: 100_000,
+        max_pending_delta_bytes: 4 * 1024 * 1024,
+        max_snapshot_bytes: 16 * 1024 * 1024,
+        max_retained_messages: 1_000,
+        max_retained_bytes: 4 * 1024 * 1024,
+    };
+    c
+}
+
+/// Who may connect, what they may do, and the region the broker links to.
 #[derive(Debug, Clone)]
 pub struct Hooks {
     pub users: Users,
     pub acl: Acl,
+    /// `MERIDIAN_UPSTREAM`: the broker is a leaf of that daemon.
+    pub upstream: Option<LinkConfig>,
+}
+
+/// The link to the home region, while its WebSocket is open.
+struct Upstream {
+    ws: WebSocket,
+    /// The daemon at its other end, as its upgrade named it.
+    hub: NodeId,
+    /// The socket's handlers, kept for as long as it is open.
+    _handlers: [Closure<dyn FnMut(JsValue)>; 3],
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").field("hub", &self.hub).finish()
+    }
 }
 
 /// The broker and the sockets of its connections.
@@ -65,6 +116,14 @@ struct Shell {
     last_event: Timestamp,
     /// A timer waits to write the checkpoint once the object is quiet.
     checkpoint_pending: bool,
+    /// Where the broker links to (a leaf of that daemon), if anywhere.
+    link: Option<LinkConfig>,
+    /// The link, while it is open.
+    upstream: Option<Upstream>,
+    /// A dial (or the wait before the next) is under way.
+    dialing: bool,
+    /// The wait before the next dial after a failure.
+    backoff_ms: u64,
 }
 
 impl Shell {
@@ -76,11 +135,19 @@ impl Shell {
         hooks: Hooks,
         store: RecordStore,
         open: Vec<WebSocket>,
+        name: &str,
     ) -> worker::Result<Self> {
         let now = wall_clock();
         config.seed = random_seed()?;
         config.resumable_connections = true;
         let mut broker = Broker::with_auth(config, now, hooks.users, hooks.acl);
+        if hooks.upstream.is_some() {
+            // A new incarnation per start: the daemon replaces the routes of the last one.
+            let incarnation = store.next_incarnation()?;
+            let node = NodeId::new(&format!("edge-{name}"))
+                .map_err(|e| worker::Error::RustError(e.to_string()))?;
+            broker.enable_cluster(leaf_cluster_config(node, incarnation, name));
+        }
         let records = store.load()?;
         let count = records.len();
         let mut sockets = HashMap::new();
@@ -117,6 +184,10 @@ impl Shell {
             alarm: None,
             last_event: now,
             checkpoint_pending: false,
+            link: hooks.upstream,
+            upstream: None,
+            dialing: false,
+            backoff_ms: DIAL_BACKOFF_MIN_MS,
         };
         // Restoring may close connections it cannot resume and delete records that belong
         // to nothing.
@@ -154,8 +225,23 @@ impl Shell {
                 }
                 Output::Persist { key, value } => self.store.apply(&key, value.as_deref())?,
                 Output::Event(event) => log_event(&event),
-                // Not in cluster mode: the edge runs one broker of its own.
-                Output::ToPeer { .. } | Output::Broadcast { .. } | Output::CutPeer { .. } => {}
+                // The one peer is the home region: what the core sends to peers goes there.
+                Output::ToPeer { frame, .. } | Output::Broadcast { frame } => {
+                    if let Some(up) = &self.upstream {
+                        let mut bytes = BytesMut::new();
+                        if link::encode(&frame, &mut bytes).is_ok() {
+                            // A link that is closing refuses; its close event tells the broker.
+                            let _ = up.ws.send_with_bytes(&bytes);
+                        }
+                    }
+                }
+                Output::CutPeer { .. } => {
+                    if let Some(up) = &self.upstream {
+                        let _ = up
+                            .ws
+                            .close(Some(CLOSE_INTERNAL_ERROR), Some("cut by the broker"));
+                    }
+                }
             }
         }
         Ok(())
@@ -241,11 +327,165 @@ impl Edge {
             }
             let store = RecordStore::open(self.inner.storage.sql())?;
             let open = self.open_sockets()?;
-            *slot = Some(Shell::start(self.inner.config.clone(), hooks, store, open)?);
+            let id = self.inner.state.id()?;
+            let name = id.name().map_or_else(|| id.to_string(), Ok)?;
+            *slot = Some(Shell::start(
+                self.inner.config.clone(),
+                hooks,
+                store,
+                open,
+                &name,
+            )?);
         }
         drop(slot);
         self.arm();
+        self.dial();
         Ok(())
+    }
+
+    /// Opens the link to the home region, if the broker has one and it is not open or being
+    /// opened: an upgrade to the daemon's `/link` with the token; the daemon names itself in
+    /// its answer. A failure is tried again after a wait that doubles up to 30 s.
+    fn dial(&self) {
+        let mut slot = self.inner.shell.borrow_mut();
+        let Some(shell) = slot.as_mut() else { return };
+        let Some(config) = shell.link.clone() else {
+            return;
+        };
+        if shell.upstream.is_some() || shell.dialing {
+            return;
+        }
+        shell.dialing = true;
+        drop(slot);
+        let weak = Rc::downgrade(&self.inner);
+        wasm_bindgen_futures::spawn_local(async move {
+            let opened = open_link(&config).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let edge = Edge { inner };
+            match opened {
+                Ok((ws, hub)) => {
+                    if let Err(error) = edge.linked(ws, hub) {
+                        worker::console_error!("meridian: the link to the region failed: {error}");
+                    }
+                }
+                Err(error) => {
+                    worker::console_warn!("meridian: cannot link to the region: {error}");
+                    edge.dial_later();
+                }
+            }
+        });
+    }
+
+    /// Dials again after the backoff.
+    fn dial_later(&self) {
+        let wait = {
+            let mut slot = self.inner.shell.borrow_mut();
+            let Some(shell) = slot.as_mut() else { return };
+            shell.dialing = true;
+            let wait = shell.backoff_ms;
+            shell.backoff_ms = (wait * 2).min(DIAL_BACKOFF_MAX_MS);
+            wait
+        };
+        let weak = Rc::downgrade(&self.inner);
+        wasm_bindgen_futures::spawn_local(async move {
+            Delay::from(Duration::from_millis(wait)).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let edge = Edge { inner };
+            if let Some(shell) = edge.inner.shell.borrow_mut().as_mut() {
+                shell.dialing = false;
+            }
+            edge.dial();
+        });
+    }
+
+    /// The link is open: its frames go to the broker, which now has its peer.
+    fn linked(&self, ws: WebSocket, hub: NodeId) -> worker::Result<()> {
+        ws.as_ref()
+            .set_binary_type(web_sys::BinaryType::Arraybuffer);
+        let weak = Rc::downgrade(&self.inner);
+        let on_message = Closure::<dyn FnMut(JsValue)>::new({
+            let weak = weak.clone();
+            move |event: JsValue| {
+                let Some(inner) = weak.upgrade() else { return };
+                let data = event
+                    .dyn_ref::<web_sys::MessageEvent>()
+                    .map(web_sys::MessageEvent::data);
+                match data.as_ref().and_then(|d| d.dyn_ref::<ArrayBuffer>()) {
+                    Some(buffer) => Edge { inner }.upstream_data(&Uint8Array::new(buffer).to_vec()),
+                    None => Edge { inner }.upstream_closed(Some("a text message")),
+                }
+            }
+        });
+        let on_end = || {
+            let weak = weak.clone();
+            Closure::<dyn FnMut(JsValue)>::new(move |_: JsValue| {
+                if let Some(inner) = weak.upgrade() {
+                    Edge { inner }.upstream_closed(None);
+                }
+            })
+        };
+        let (on_close, on_error) = (on_end(), on_end());
+        let socket: &web_sys::WebSocket = ws.as_ref();
+        socket.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+        socket.set_onclose(Some(on_close.as_ref().unchecked_ref()));
+        socket.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+        worker::console_log!("meridian: linked to the region ({hub})");
+        self.with_shell(|shell| {
+            shell.dialing = false;
+            shell.backoff_ms = DIAL_BACKOFF_MIN_MS;
+            shell.upstream = Some(Upstream {
+                ws,
+                hub: hub.clone(),
+                _handlers: [on_message, on_close, on_error],
+            });
+            shell.feed(Input::PeerUp { peer: hub })
+        })
+    }
+
+    /// Bytes from the region: whole link frames, each fed to the broker.
+    fn upstream_data(&self, data: &[u8]) {
+        let malformed = self
+            .with_shell(|shell| {
+                let Some(hub) = shell.upstream.as_ref().map(|u| u.hub.clone()) else {
+                    return Ok(false);
+                };
+                let mut buf = BytesMut::from(data);
+                loop {
+                    match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
+                        Ok(Some(frame)) => shell.feed(Input::PeerFrame {
+                            peer: hub.clone(),
+                            frame: Box::new(frame),
+                        })?,
+                        Ok(None) if buf.is_empty() => return Ok(false),
+                        _ => return Ok(true),
+                    }
+                }
+            })
+            .unwrap_or(false);
+        if malformed {
+            self.upstream_closed(Some("a malformed link frame"));
+        }
+    }
+
+    /// The link closed (or failed, or sent what cannot be read): the broker loses its peer
+    /// until the next dial.
+    fn upstream_closed(&self, why: Option<&str>) {
+        let gone = self.with_shell(|shell| {
+            let Some(up) = shell.upstream.take() else {
+                return Ok(false);
+            };
+            if let Some(why) = why {
+                let _ = up.ws.close(Some(CLOSE_PROTOCOL_ERROR), Some(why));
+            }
+            let hub = up.hub.clone();
+            retire(up);
+            shell.feed(Input::PeerDown { peer: hub })?;
+            Ok(true)
+        });
+        if gone.unwrap_or(false) {
+            worker::console_warn!("meridian: the link to the region closed; dialling again");
+            self.dial_later();
+        }
     }
 
     fn open_sockets(&self) -> worker::Result<Vec<WebSocket>> {
@@ -438,8 +678,41 @@ fn stop(slot: &mut Option<Shell>, error: &worker::Error) {
         for (_, ws) in shell.sockets.drain() {
             let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("storage failed"));
         }
+        if let Some(up) = shell.upstream.take() {
+            let _ = up
+                .ws
+                .close(Some(CLOSE_INTERNAL_ERROR), Some("storage failed"));
+            retire(up);
+        }
     }
     *slot = None;
+}
+
+/// Lets go of a link whose handlers may be running now: they are dropped once this turn ends.
+fn retire(up: Upstream) {
+    wasm_bindgen_futures::spawn_local(async move { drop(up) });
+}
+
+/// An upgrade to the daemon's edge-link listener, with the token; the daemon's answer names
+/// it (`meridian-node`).
+async fn open_link(config: &LinkConfig) -> worker::Result<(WebSocket, NodeId)> {
+    let headers = worker::Headers::new();
+    headers.set("Upgrade", "websocket")?;
+    headers.set("Authorization", &format!("Bearer {}", config.token))?;
+    let mut init = worker::RequestInit::new();
+    init.with_headers(headers);
+    let request = worker::Request::new_with_init(&config.url, &init)?;
+    let response = worker::Fetch::Request(request).send().await?;
+    let status = response.status_code();
+    let hub = response.headers().get("meridian-node")?;
+    let ws = response
+        .websocket()
+        .ok_or_else(|| worker::Error::RustError(format!("the daemon answered {status}")))?;
+    let hub = hub
+        .and_then(|h| NodeId::new(&h).ok())
+        .ok_or_else(|| worker::Error::RustError("the daemon did not name itself".into()))?;
+    ws.accept()?;
+    Ok((ws, hub))
 }
 
 /// The connection a socket carries (its attachment), if it carries one.

@@ -43,6 +43,29 @@ impl RecordStore {
         Ok(())
     }
 
+    /// The next incarnation of the broker as a leaf of its region: one more than at the last
+    /// start (kept beside the records).
+    pub fn next_incarnation(&self) -> worker::Result<u64> {
+        self.sql.exec(
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+            None,
+        )?;
+        let rows = self.sql.exec(
+            "INSERT INTO meta (key, value) VALUES ('incarnation', 1) \
+             ON CONFLICT(key) DO UPDATE SET value = value + 1 RETURNING value",
+            None,
+        )?;
+        for row in rows.raw() {
+            if let Ok([SqlStorageValue::Integer(n)]) = <[SqlStorageValue; 1]>::try_from(row?) {
+                return u64::try_from(n)
+                    .map_err(|_| worker::Error::RustError("a negative incarnation".into()));
+            }
+        }
+        Err(worker::Error::RustError(
+            "the incarnation counter did not answer".into(),
+        ))
+    }
+
     /// Every stored record, for [`meridian_core::Broker::restore`].
     pub fn load(&self) -> worker::Result<Vec<(Bytes, Bytes)>> {
         let mut records = Vec::new();

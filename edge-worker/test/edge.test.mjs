@@ -4,9 +4,9 @@
 // Every wait has a deadline; nothing sleeps.
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -41,9 +41,11 @@ function within(promise, what, ms = DEADLINE_MS) {
  * MQTT_USERS secret; without it, `anonymous` sets ALLOW_ANONYMOUS = "true" (as local
  * development does), and `false` leaves it unset. `acl`: the MQTT_ACL secret.
  */
-async function startEdge({ persist = false, users, anonymous = true, acl } = {}) {
+async function startEdge({ persist = false, users, anonymous = true, acl, upstream, linkToken } = {}) {
   // Secrets reach a worker as string bindings, as `wrangler secret put MQTT_USERS` gives them.
   const bindings = {};
+  if (upstream !== undefined) bindings.MERIDIAN_UPSTREAM = upstream;
+  if (linkToken !== undefined) bindings.MERIDIAN_LINK_TOKEN = linkToken;
   if (users !== undefined) bindings.MQTT_USERS = users;
   else if (anonymous) bindings.ALLOW_ANONYMOUS = "true";
   if (acl !== undefined) bindings.MQTT_ACL = acl;
@@ -138,9 +140,19 @@ function inbox(client) {
     else queue.push(m);
   });
   return {
-    next(what = "a message") {
+    /** The next message, within `ms`; a wait that times out takes nothing later. */
+    next(what = "a message", ms = DEADLINE_MS) {
       if (queue.length) return Promise.resolve(queue.shift());
-      return within(new Promise((resolve) => waiting.push(resolve)), what);
+      let resolver;
+      const arrival = new Promise((resolve) => {
+        resolver = resolve;
+        waiting.push(resolve);
+      });
+      return within(arrival, what, ms).catch((e) => {
+        const at = waiting.indexOf(resolver);
+        if (at >= 0) waiting.splice(at, 1);
+        throw e;
+      });
     },
   };
 }
@@ -554,6 +566,137 @@ async function freePort() {
   await once(server, "close");
   return port;
 }
+
+/**
+ * A `meridian` daemon (test.sh builds it and names it in MERIDIAN_BIN): one region of a mesh,
+ * with an edge-link listener that takes `token`. Stopped after the tests.
+ */
+async function startRegion(token) {
+  const bin = process.env.MERIDIAN_BIN;
+  assert.ok(bin, "MERIDIAN_BIN names the meridian binary (edge-worker/test.sh sets it)");
+  const dir = mkdtempSync(path.join(tmpdir(), "meridian-region-"));
+  const key = path.join(dir, "cluster.key");
+  const keygen = spawnSync(bin, ["keygen", "--cluster-key", key]);
+  assert.equal(keygen.status, 0, String(keygen.stderr));
+  const tokens = path.join(dir, "edge-tokens");
+  writeFileSync(tokens, `# edge objects\n${token}\n`);
+  const [mqttPort, admin, p2p, edgeLink] = [await freePort(), await freePort(), await freePort(), await freePort()];
+  const daemon = spawn(
+    bin,
+    [
+      "run",
+      "--mqtt", `127.0.0.1:${mqttPort}`,
+      "--admin", `127.0.0.1:${admin}`,
+      "--data-dir", path.join(dir, "data"),
+      "--region", "euc1",
+      "--p2p", `/ip4/127.0.0.1/tcp/${p2p}`,
+      "--cluster-key", key,
+      "--edge-link", `127.0.0.1:${edgeLink}`,
+      "--edge-token-file", tokens,
+    ],
+    { stdio: ["ignore", "pipe", "pipe"] },
+  );
+  let log = "";
+  for (const s of [daemon.stdout, daemon.stderr]) s.setEncoding("utf8").on("data", (c) => (log += c));
+  const region = {
+    mqtt: `mqtt://127.0.0.1:${mqttPort}`,
+    upstream: `ws://127.0.0.1:${edgeLink}/link`,
+    get log() {
+      return log;
+    },
+    async api(pathname) {
+      const r = await fetch(`http://127.0.0.1:${admin}${pathname}`);
+      assert.equal(r.status, 200, pathname);
+      return r.json();
+    },
+    async metrics() {
+      return (await fetch(`http://127.0.0.1:${admin}/metrics`)).text();
+    },
+    /** Waits until `cond()` holds, asking every 25 ms. */
+    async until(what, cond) {
+      const deadline = Date.now() + 30000;
+      while (!(await cond().catch(() => false))) {
+        if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}\n${log}`);
+        await new Promise((r) => setTimeout(r, 25));
+      }
+    },
+    async stop() {
+      daemon.kill("SIGTERM");
+      if (daemon.exitCode === null) await within(once(daemon, "exit"), "the daemon to stop").catch(() => daemon.kill("SIGKILL"));
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+  // Ready once its MQTT listener (bound last) accepts.
+  await region.until("the daemon to listen", async () => {
+    const c = await mqtt.connectAsync(region.mqtt, { reconnectPeriod: 0, connectTimeout: 1000 });
+    await c.endAsync();
+    return true;
+  });
+  return region;
+}
+
+test("an edge object linked to its region exchanges messages with it, towards interest only", async () => {
+  const token = "edge-link-token-0123456789";
+  const region = await startRegion(token);
+  try {
+    const edge = await startEdge({ upstream: region.upstream, linkToken: token });
+    // An edge subscriber: its object starts, links to the region, and the region wants what
+    // it wants.
+    const edgeSub = await connect(edge, "edge-sub", 5);
+    const edgeBox = inbox(edgeSub);
+    await edgeSub.subscribeAsync("edge/#", { qos: 1 });
+    await edge.waitForLog("linked to the region", 30000);
+    await region.until("the edge subscriber's filter in the region's route set", async () =>
+      (await region.api("/api/routes")).includes("edge/#"),
+    );
+    const peers = await region.api("/api/peers");
+    assert.ok(peers.some((p) => p.leaf === true && p.peer_id.startsWith("edge-")), JSON.stringify(peers));
+
+    // From a client of the region to the edge.
+    const regionPub = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-pub", reconnectPeriod: 0 }), "a region client");
+    clients.add(regionPub);
+    await regionPub.publishAsync("edge/1", "from the region", { qos: 1 });
+    const m = await edgeBox.next("the region's message at the edge");
+    assert.deepEqual([m.topic, m.payload, m.packet.qos], ["edge/1", "from the region", 1]);
+
+    // From the edge to a subscriber of the region, once the edge knows the region wants it.
+    const regionSub = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-sub", reconnectPeriod: 0 }), "a region client");
+    clients.add(regionSub);
+    const regionBox = inbox(regionSub);
+    await regionSub.subscribeAsync("up/#", { qos: 1 });
+    const edgePub = await connect(edge, "edge-pub", 4);
+    let got;
+    for (let attempt = 0; !got; attempt++) {
+      await edgePub.publishAsync("up/1", `from the edge ${attempt}`, { qos: 1 });
+      got = await regionBox.next("the edge's message in the region", 1000).catch(() => undefined);
+      assert.ok(got || attempt < 20, "the edge's messages never reached the region");
+    }
+    assert.equal(got.topic, "up/1");
+
+    // What nobody in the region wants stays at the edge.
+    const leafBefore = (await region.api("/api/peers")).find((p) => p.leaf).forwarded_from;
+    for (let i = 0; i < 5; i++) await edgePub.publishAsync("nobody/wants/this", "stay", { qos: 1 });
+    await regionPub.publishAsync("edge/2", "after", { qos: 1 });
+    assert.equal((await edgeBox.next("a later message")).topic, "edge/2");
+    const leafAfter = (await region.api("/api/peers")).find((p) => p.leaf).forwarded_from;
+    assert.equal(leafAfter, leafBefore, "nothing unwanted crossed");
+    await Promise.all([edgeSub.endAsync(), edgePub.endAsync(), regionPub.endAsync(), regionSub.endAsync()]);
+    await edge.stop();
+
+    // A wrong token is refused by the region, and the edge says so.
+    const refused = await startEdge({ upstream: region.upstream, linkToken: "not-the-token-0123456789" });
+    const lone = await connect(refused, "lone", 5);
+    await refused.waitForLog("cannot link to the region", 30000);
+    assert.match(refused.output, /the daemon answered 401/);
+    await region.until("the refusal counted", async () =>
+      /meridian_edge_links_refused_total\{reason="token"\} [1-9]/.test(await region.metrics()),
+    );
+    await lone.endAsync();
+    await refused.stop();
+  } finally {
+    await region.stop();
+  }
+});
 
 test("`npx wrangler dev` in edge-worker/ serves the broker on loopback, with no account", async () => {
   const port = await freePort();

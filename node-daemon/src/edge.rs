@@ -7,7 +7,8 @@
 //! Who may link: a client that presents one of the tokens of `cluster.edge.token_file` as
 //! `Authorization: Bearer TOKEN` in its upgrade request. A wrong or missing token is refused
 //! with 401 before the upgrade, so before any frame is read
-//! (`meridian_edge_links_refused_total{reason="token"}`). The first frame names the leaf
+//! (`meridian_edge_links_refused_total{reason="token"}`). An accepted upgrade names this node
+//! in its `meridian-node` header. The first frame names the leaf
 //! (`Hello`); a name that is this node's or a mesh member's is refused (`reason="node"`), and
 //! one session per leaf stands at a time (a new one replaces the old). A link that sends no
 //! `Hello` within [`HELLO_TIMEOUT`], or a frame that does not decode, is closed.
@@ -90,9 +91,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The response header of an accepted upgrade that names this node, so that the leaf knows
+/// its hub before any frame.
+pub const NODE_HEADER: &str = "meridian-node";
+
 /// What the edge-link listener needs.
 #[derive(Clone)]
 pub struct EdgeSettings {
+    /// This node's id, told to each leaf ([`NODE_HEADER`]).
+    pub node: String,
     pub tokens: EdgeTokens,
     /// TLS (wss), required off loopback.
     pub tls: Option<TlsAcceptor>,
@@ -164,7 +171,7 @@ async fn link<S>(
     };
     // The library's callback type returns its own error response by value.
     #[allow(clippy::result_large_err)]
-    let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+    let callback = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
         if req.uri().path() != LINK_PATH {
             return Err(refuse(
                 StatusCode::NOT_FOUND,
@@ -185,6 +192,9 @@ async fn link<S>(
                 StatusCode::UNAUTHORIZED,
                 "an edge link token is required (Authorization: Bearer TOKEN)\n",
             ));
+        }
+        if let Ok(node) = settings.node.parse() {
+            resp.headers_mut().insert(NODE_HEADER, node);
         }
         Ok(resp)
     };

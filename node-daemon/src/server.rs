@@ -209,6 +209,7 @@ impl Server {
             tx,
             counters: counters.clone(),
         };
+        let node_id = p2p.as_ref().map(|p| p.node.to_string());
         let core_cluster = p2p.as_ref().map(|p| {
             (
                 core_cluster_config(cluster, p.node.clone()),
@@ -338,7 +339,9 @@ impl Server {
                 let local = listener.local_addr()?;
                 info!(addr = %local, tls = edge.tls(), "edge links listening");
                 addrs.push(("edge", local));
+                let node = node_id.clone().unwrap_or_default();
                 let settings = crate::edge::EdgeSettings {
+                    node,
                     tokens,
                     tls,
                     max_links: edge.max_links,

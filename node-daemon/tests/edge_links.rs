@@ -65,7 +65,8 @@ async fn hub(dir: &std::path::Path) -> (Node, u16) {
     (node, edge)
 }
 
-async fn open(port: u16, token: &str) -> Result<WebSocketStream<TcpStream>, u16> {
+/// An edge link with `token`: the socket and the hub it names, or the refusal's status.
+async fn open(port: u16, token: &str) -> Result<(WebSocketStream<TcpStream>, String), u16> {
     let mut request = format!("ws://127.0.0.1:{port}/link")
         .into_client_request()
         .unwrap();
@@ -76,7 +77,15 @@ async fn open(port: u16, token: &str) -> Result<WebSocketStream<TcpStream>, u16>
         .await
         .expect("the edge-link listener accepts");
     match tokio_tungstenite::client_async(request, tcp).await {
-        Ok((ws, _)) => Ok(ws),
+        Ok((ws, response)) => {
+            let hub = response
+                .headers()
+                .get("meridian-node")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            Ok((ws, hub))
+        }
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
             Err(response.status().as_u16())
         }
@@ -97,7 +106,8 @@ struct Leaf {
 
 impl Leaf {
     async fn link(port: u16, name: &str, hub: &str) -> Self {
-        let ws = open(port, TOKEN).await.expect("the edge link opens");
+        let (ws, named) = open(port, TOKEN).await.expect("the edge link opens");
+        assert_eq!(named, hub, "the upgrade names the hub");
         let mut broker = Broker::new(Config::default(), now());
         broker.enable_cluster(ClusterConfig::new(NodeId::new(name).unwrap(), 1, "edge-eu"));
         let client = broker.accept(now(), ConnInfo::default());
@@ -304,7 +314,7 @@ async fn a_wrong_token_or_a_stolen_name_is_refused() {
         2.0
     );
     // A leaf that names itself as the hub is closed after its Hello.
-    let mut ws = open(edge, TOKEN).await.expect("the upgrade succeeds");
+    let (mut ws, _) = open(edge, TOKEN).await.expect("the upgrade succeeds");
     let hello = Frame::Hello {
         node: NodeId::new(&hub.peer_id).unwrap(),
         incarnation: 1,
