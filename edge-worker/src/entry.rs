@@ -9,6 +9,7 @@ use worker::{
 };
 
 use crate::link::LinkConfig;
+use crate::placement::Placement;
 use crate::shell::{Edge, Hooks};
 use crate::users::Users;
 
@@ -27,30 +28,74 @@ const LINK_TOKEN_SECRET: &str = "MERIDIAN_LINK_TOKEN";
 /// The path MQTT clients connect to, as Mosquitto's and EMQX's WebSocket listeners use.
 const MQTT_PATH: &str = "/mqtt";
 
+/// The path of an object's state (`?location=NAME`).
+const STATUS_PATH: &str = "/status";
+
 #[event(fetch)]
 async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
-    match req.path().as_str() {
-        MQTT_PATH => {
-            if !is_websocket_upgrade(&req)? {
+    let path = req.path();
+    match path.as_str() {
+        MQTT_PATH | STATUS_PATH => {
+            if path == MQTT_PATH && !is_websocket_upgrade(&req)? {
                 return Response::error(
                     "MQTT over WebSocket: connect with a WebSocket client (subprotocol mqtt)\n",
                     426,
                 );
             }
-            let name = optional_var(&env, "BROKER_NAME").unwrap_or_else(|| "meridian".into());
+            let placement = match placement(&env) {
+                Ok(p) => p,
+                Err(error) => {
+                    worker::console_error!("meridian: {error}");
+                    return Response::error(
+                        "the broker's placement is misconfigured; its log says why\n",
+                        503,
+                    );
+                }
+            };
+            let pinned = req
+                .url()?
+                .query_pairs()
+                .find(|(k, _)| k == "location")
+                .map(|(_, v)| v.into_owned());
+            let (country, continent) = req
+                .cf()
+                .map_or((None, None), |cf| (cf.country(), cf.continent()));
+            let target =
+                match placement.target(pinned.as_deref(), country.as_deref(), continent.as_deref())
+                {
+                    Ok(t) => t,
+                    Err(why) => return Response::error(format!("{why}\n"), 404),
+                };
             let namespace = env.durable_object(BINDING)?;
-            let id = namespace.id_from_name(&name)?;
-            let stub = match optional_var(&env, "LOCATION_HINT") {
+            let id = namespace.id_from_name(&target.object)?;
+            let hint = target
+                .hint
+                .map(str::to_owned)
+                .or_else(|| optional_var(&env, "LOCATION_HINT"));
+            let stub = match hint {
                 Some(hint) => id.get_stub_with_location_hint(&hint)?,
                 None => id.get_stub()?,
             };
             stub.fetch_with_request(req).await
         }
         "/" => Response::ok(format!(
-            "Meridian edge broker: MQTT over WebSocket at {MQTT_PATH} (subprotocol mqtt)\n"
+            "Meridian edge broker: MQTT over WebSocket at {MQTT_PATH} (subprotocol mqtt), \
+             an object's state at {STATUS_PATH}?location=NAME\n"
         )),
         _ => Response::error("not found\n", 404),
     }
+}
+
+/// How clients are spread over objects (see [`crate::placement`]).
+fn placement(env: &Env) -> std::result::Result<Placement, String> {
+    let name = optional_var(env, "BROKER_NAME").unwrap_or_else(|| "meridian".into());
+    let linked = optional_var(env, UPSTREAM_VAR).is_some();
+    Placement::parse(
+        text_binding(env, "PLACEMENT")?.as_deref(),
+        text_binding(env, "EDGE_LOCATIONS")?.as_deref(),
+        &name,
+        linked,
+    )
 }
 
 fn optional_var(env: &Env, name: &str) -> Option<String> {
@@ -160,6 +205,17 @@ impl DurableObject for MqttBroker {
     }
 
     async fn fetch(&self, req: Request) -> Result<Response> {
+        if req.path() == STATUS_PATH {
+            if let Err(error) = self.edge.ensure_started() {
+                worker::console_error!("meridian: cannot start the broker: {error}");
+                return Response::error("the broker cannot start; its log says why\n", 503);
+            }
+            let mut response = Response::ok(self.edge.status_json())?;
+            response
+                .headers_mut()
+                .set("content-type", "application/json")?;
+            return Ok(response);
+        }
         if !is_websocket_upgrade(&req)? {
             return Response::error("expected a WebSocket upgrade\n", 426);
         }

@@ -2,9 +2,9 @@
 //! core, for MQTT clients over WebSocket.
 //!
 //! - The Worker answers `GET /mqtt` WebSocket upgrades (subprotocol `mqtt`) by handing them to
-//!   one Durable Object, named by the `BROKER_NAME` variable (default `meridian`); every client
-//!   of that name meets the same broker. `LOCATION_HINT` (optional) asks Cloudflare to place a
-//!   new object near a region (`weur`, `enam`, `apac`, ...).
+//!   a Durable Object: the object of the client's edge location (see [`placement`]), or one
+//!   object named by the `BROKER_NAME` variable (default `meridian`) for every client.
+//!   `GET /status?location=NAME` answers an object's state.
 //! - The Durable Object keeps the broker in memory, stores its sessions, subscriptions,
 //!   queued and retained messages in its SQLite storage (restored when the object starts
 //!   again), and wakes for the broker's deadlines with its alarm. Client sockets are
@@ -25,6 +25,7 @@
 #[cfg(target_arch = "wasm32")]
 mod entry;
 pub mod link;
+pub mod placement;
 pub mod rules;
 #[cfg(target_arch = "wasm32")]
 mod shell;

@@ -144,8 +144,13 @@ impl Shell {
         if hooks.upstream.is_some() {
             // A new incarnation per start: the daemon replaces the routes of the last one.
             let incarnation = store.next_incarnation()?;
-            let node = NodeId::new(&format!("edge-{name}"))
-                .map_err(|e| worker::Error::RustError(e.to_string()))?;
+            // Objects of a location are named edge-<location> already.
+            let node = if name.starts_with("edge-") {
+                name.to_owned()
+            } else {
+                format!("edge-{name}")
+            };
+            let node = NodeId::new(&node).map_err(|e| worker::Error::RustError(e.to_string()))?;
             broker.enable_cluster(leaf_cluster_config(node, incarnation, name));
         }
         let records = store.load()?;
@@ -493,6 +498,36 @@ impl Edge {
         Ok(sockets.into_iter().map(WebSocket::from).collect())
     }
 
+    /// The object's state as JSON, for `GET /status`: its name, its link to the region, its
+    /// clients. Nothing secret.
+    pub fn status_json(&self) -> String {
+        let slot = self.inner.shell.borrow();
+        let Some(shell) = slot.as_ref() else {
+            return "{\"running\":false}".to_owned();
+        };
+        let stats = shell.broker.stats();
+        let hub = shell.upstream.as_ref().map(|u| u.hub.clone());
+        let outbox = hub.as_ref().map_or(0, |hub| {
+            shell
+                .broker
+                .peers()
+                .iter()
+                .find(|p| &p.node == hub)
+                .map_or(0, |p| p.outbox_messages)
+        });
+        format!(
+            "{{\"running\":true,\"node\":{},\"linked\":{},\"hub\":{},\"connections\":{},\
+             \"sessions\":{},\"subscriptions\":{},\"outbox_messages\":{}}}",
+            json_string_or_null(shell.broker.node_id().map(NodeId::as_str)),
+            hub.is_some(),
+            json_string_or_null(hub.as_ref().map(NodeId::as_str)),
+            stats.connections,
+            stats.sessions,
+            stats.subscriptions,
+            outbox
+        )
+    }
+
     /// Whether one more socket may be opened.
     pub fn has_room(&self) -> bool {
         let open = self
@@ -686,6 +721,25 @@ fn stop(slot: &mut Option<Shell>, error: &worker::Error) {
         }
     }
     *slot = None;
+}
+
+/// A JSON string (or `null`).
+fn json_string_or_null(s: Option<&str>) -> String {
+    let Some(s) = s else {
+        return "null".to_owned();
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Lets go of a link whose handlers may be running now: they are dropped once this turn ends.

@@ -41,9 +41,9 @@ function within(promise, what, ms = DEADLINE_MS) {
  * MQTT_USERS secret; without it, `anonymous` sets ALLOW_ANONYMOUS = "true" (as local
  * development does), and `false` leaves it unset. `acl`: the MQTT_ACL secret.
  */
-async function startEdge({ persist = false, users, anonymous = true, acl, upstream, linkToken } = {}) {
+async function startEdge({ persist = false, users, anonymous = true, acl, upstream, linkToken, vars = {} } = {}) {
   // Secrets reach a worker as string bindings, as `wrangler secret put MQTT_USERS` gives them.
-  const bindings = {};
+  const bindings = { ...vars };
   if (upstream !== undefined) bindings.MERIDIAN_UPSTREAM = upstream;
   if (linkToken !== undefined) bindings.MERIDIAN_LINK_TOKEN = linkToken;
   if (users !== undefined) bindings.MQTT_USERS = users;
@@ -67,6 +67,15 @@ async function startEdge({ persist = false, users, anonymous = true, acl, upstre
   const edge = {
     http: url.href,
     ws: new URL("/mqtt", url).href.replace(/^http/, "ws"),
+    /** The same worker, its clients pinned to a location (`/mqtt?location=NAME`). */
+    at(location) {
+      return { ...edge, ws: `${edge.ws}?location=${location}` };
+    },
+    /** An object's state (`GET /status?location=NAME`). */
+    async status(location) {
+      const r = await fetch(new URL(`/status?location=${location}`, url));
+      return { code: r.status, body: r.status === 200 ? await r.json() : await r.text() };
+    },
     get output() {
       return output;
     },
@@ -567,6 +576,31 @@ async function freePort() {
   return port;
 }
 
+test("clients are placed by location: pinned with ?location, unknown ones refused", async () => {
+  // Without a region to link to, the worker runs one object unless told otherwise.
+  const single = await startEdge();
+  const refused = await single.status("eu");
+  assert.equal(refused.code, 404);
+  assert.match(refused.body, /one broker/);
+  await single.stop();
+
+  const edge = await startEdge({ vars: { PLACEMENT: "continent", EDGE_LOCATIONS: "DE=eu-central" } });
+  const unknown = await edge.status("mars");
+  assert.equal(unknown.code, 404);
+  assert.match(unknown.body, /unknown location "mars"; known: .*eu-central/);
+  const ws = new WebSocket(`${edge.at("mars").ws}`, "mqtt");
+  const [, response] = await within(once(ws, "unexpected-response"), "the refusal of an unknown location");
+  assert.equal(response.statusCode, 404);
+  // Each location is an object of its own (with nothing to link them, each a broker alone).
+  const eu = await connect(edge.at("eu-central"), "in-frankfurt", 5);
+  const as = await connect(edge.at("as"), "in-tokyo", 4);
+  assert.equal((await edge.status("eu-central")).body.connections, 1);
+  assert.equal((await edge.status("as")).body.connections, 1);
+  assert.equal((await edge.status("eu-central")).body.linked, false);
+  await Promise.all([eu.endAsync(), as.endAsync()]);
+  await edge.stop();
+});
+
 /**
  * A `meridian` daemon (test.sh builds it and names it in MERIDIAN_BIN): one region of a mesh,
  * with an edge-link listener that takes `token`. Stopped after the tests.
@@ -639,10 +673,11 @@ test("an edge object linked to its region exchanges messages with it, towards in
   const token = "edge-link-token-0123456789";
   const region = await startRegion(token);
   try {
+    // Linked, the worker places clients by location: one object each, both leaves of the region.
     const edge = await startEdge({ upstream: region.upstream, linkToken: token });
-    // An edge subscriber: its object starts, links to the region, and the region wants what
-    // it wants.
-    const edgeSub = await connect(edge, "edge-sub", 5);
+    // An edge subscriber in Europe: its object starts, links to the region, and the region
+    // wants what it wants.
+    const edgeSub = await connect(edge.at("eu"), "edge-sub", 5);
     const edgeBox = inbox(edgeSub);
     await edgeSub.subscribeAsync("edge/#", { qos: 1 });
     await edge.waitForLog("linked to the region", 30000);
@@ -650,7 +685,13 @@ test("an edge object linked to its region exchanges messages with it, towards in
       (await region.api("/api/routes")).includes("edge/#"),
     );
     const peers = await region.api("/api/peers");
-    assert.ok(peers.some((p) => p.leaf === true && p.peer_id.startsWith("edge-")), JSON.stringify(peers));
+    assert.ok(peers.some((p) => p.leaf === true && p.peer_id === "edge-eu"), JSON.stringify(peers));
+    const status = await edge.status("eu");
+    assert.equal(status.code, 200);
+    assert.equal(status.body.node, "edge-eu");
+    assert.equal(status.body.linked, true);
+    assert.equal(status.body.connections, 1);
+    assert.ok(status.body.hub.length > 10, JSON.stringify(status.body));
 
     // From a client of the region to the edge.
     const regionPub = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-pub", reconnectPeriod: 0 }), "a region client");
@@ -664,7 +705,9 @@ test("an edge object linked to its region exchanges messages with it, towards in
     clients.add(regionSub);
     const regionBox = inbox(regionSub);
     await regionSub.subscribeAsync("up/#", { qos: 1 });
-    const edgePub = await connect(edge, "edge-pub", 4);
+    // A publisher in Asia, at another object: through the region to the region's subscriber,
+    // and to the European edge subscriber.
+    const edgePub = await connect(edge.at("as"), "edge-pub", 4);
     let got;
     for (let attempt = 0; !got; attempt++) {
       await edgePub.publishAsync("up/1", `from the edge ${attempt}`, { qos: 1 });
@@ -672,14 +715,17 @@ test("an edge object linked to its region exchanges messages with it, towards in
       assert.ok(got || attempt < 20, "the edge's messages never reached the region");
     }
     assert.equal(got.topic, "up/1");
+    await edgePub.publishAsync("edge/from-asia", "via the region", { qos: 1 });
+    const m2 = await edgeBox.next("the Asian edge's message in Europe");
+    assert.deepEqual([m2.topic, m2.payload], ["edge/from-asia", "via the region"]);
 
     // What nobody in the region wants stays at the edge.
-    const leafBefore = (await region.api("/api/peers")).find((p) => p.leaf).forwarded_from;
+    const fromAsia = async () => (await region.api("/api/peers")).find((p) => p.peer_id === "edge-as").forwarded_from;
+    const leafBefore = await fromAsia();
     for (let i = 0; i < 5; i++) await edgePub.publishAsync("nobody/wants/this", "stay", { qos: 1 });
     await regionPub.publishAsync("edge/2", "after", { qos: 1 });
     assert.equal((await edgeBox.next("a later message")).topic, "edge/2");
-    const leafAfter = (await region.api("/api/peers")).find((p) => p.leaf).forwarded_from;
-    assert.equal(leafAfter, leafBefore, "nothing unwanted crossed");
+    assert.equal(await fromAsia(), leafBefore, "nothing unwanted crossed");
     await Promise.all([edgeSub.endAsync(), edgePub.endAsync(), regionPub.endAsync(), regionSub.endAsync()]);
     await edge.stop();
 

@@ -97,7 +97,7 @@ pub enum ToEngine {
         session: u64,
         writer: PeerWriter,
     },
-    /// An edge link named its leaf ([`crate::edge`]): the broker task answers whether it may
+    /// An edge link named its leaf (the `edge` module): the broker task answers whether it may
     /// link (not this node, nor a mesh member) and, if so, makes it a leaf and starts its
     /// session (it replaces any earlier one).
     LeafUp {
