@@ -58,8 +58,10 @@ const DIAL_BACKOFF_MAX_MS: u64 = 30_000;
 
 /// The bounds of the broker as a leaf: one peer, its home region, and what that peer may make
 /// an object of 128 MB hold.
-fn leaf_cluster_config(node: NodeId, incarnation: u64, region: &str) -> ClusterConfig {
-    let mut c = ClusterConfig::new(node, incarnation, format!("edge-{region}"));
+fn leaf_cluster_config(node: NodeId, incarnation: u64) -> ClusterConfig {
+    // Its region, as the daemon's listings show it, is its own name.
+    let region = node.to_string();
+    let mut c = ClusterConfig::new(node, incarnation, region);
     c.max_nodes = 4;
     c.tombstone_budget = 10_000;
     c.snapshot_chunk_filters = 1_000;
@@ -151,7 +153,7 @@ impl Shell {
                 format!("edge-{name}")
             };
             let node = NodeId::new(&node).map_err(|e| worker::Error::RustError(e.to_string()))?;
-            broker.enable_cluster(leaf_cluster_config(node, incarnation, name));
+            broker.enable_cluster(leaf_cluster_config(node, incarnation));
         }
         let records = store.load()?;
         let count = records.len();
@@ -333,7 +335,10 @@ impl Edge {
             let store = RecordStore::open(self.inner.storage.sql())?;
             let open = self.open_sockets()?;
             let id = self.inner.state.id()?;
-            let name = id.name().map_or_else(|| id.to_string(), Ok)?;
+            let name = match store.name(id.name())? {
+                Some(name) => name,
+                None => id.to_string()?,
+            };
             *slot = Some(Shell::start(
                 self.inner.config.clone(),
                 hooks,

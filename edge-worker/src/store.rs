@@ -43,13 +43,40 @@ impl RecordStore {
         Ok(())
     }
 
+    /// The object's name, as first given (`given`, from the request that created it) and kept
+    /// beside the records: an object started by its alarm is not told its name.
+    pub fn name(&self, given: Option<String>) -> worker::Result<Option<String>> {
+        self.meta_table()?;
+        if let Some(name) = given {
+            self.sql.exec_raw(
+                "INSERT INTO meta (key, value) VALUES ('name', ?) ON CONFLICT(key) DO NOTHING",
+                vec![JsValue::from(name.as_str())],
+            )?;
+        }
+        for row in self
+            .sql
+            .exec("SELECT value FROM meta WHERE key = 'name'", None)?
+            .raw()
+        {
+            if let Ok([SqlStorageValue::String(name)]) = <[SqlStorageValue; 1]>::try_from(row?) {
+                return Ok(Some(name));
+            }
+        }
+        Ok(None)
+    }
+
+    fn meta_table(&self) -> worker::Result<()> {
+        self.sql.exec(
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value ANY NOT NULL) STRICT",
+            None,
+        )?;
+        Ok(())
+    }
+
     /// The next incarnation of the broker as a leaf of its region: one more than at the last
     /// start (kept beside the records).
     pub fn next_incarnation(&self) -> worker::Result<u64> {
-        self.sql.exec(
-            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-            None,
-        )?;
+        self.meta_table()?;
         let rows = self.sql.exec(
             "INSERT INTO meta (key, value) VALUES ('incarnation', 1) \
              ON CONFLICT(key) DO UPDATE SET value = value + 1 RETURNING value",

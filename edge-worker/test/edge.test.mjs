@@ -615,23 +615,24 @@ async function startRegion(token) {
   const tokens = path.join(dir, "edge-tokens");
   writeFileSync(tokens, `# edge objects\n${token}\n`);
   const [mqttPort, admin, p2p, edgeLink] = [await freePort(), await freePort(), await freePort(), await freePort()];
-  const daemon = spawn(
-    bin,
-    [
-      "run",
-      "--mqtt", `127.0.0.1:${mqttPort}`,
-      "--admin", `127.0.0.1:${admin}`,
-      "--data-dir", path.join(dir, "data"),
-      "--region", "euc1",
-      "--p2p", `/ip4/127.0.0.1/tcp/${p2p}`,
-      "--cluster-key", key,
-      "--edge-link", `127.0.0.1:${edgeLink}`,
-      "--edge-token-file", tokens,
-    ],
-    { stdio: ["ignore", "pipe", "pipe"] },
-  );
+  const args = [
+    "run",
+    "--mqtt", `127.0.0.1:${mqttPort}`,
+    "--admin", `127.0.0.1:${admin}`,
+    "--data-dir", path.join(dir, "data"),
+    "--region", "euc1",
+    "--p2p", `/ip4/127.0.0.1/tcp/${p2p}`,
+    "--cluster-key", key,
+    "--edge-link", `127.0.0.1:${edgeLink}`,
+    "--edge-token-file", tokens,
+  ];
   let log = "";
-  for (const s of [daemon.stdout, daemon.stderr]) s.setEncoding("utf8").on("data", (c) => (log += c));
+  let daemon;
+  const launch = () => {
+    daemon = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] });
+    for (const s of [daemon.stdout, daemon.stderr]) s.setEncoding("utf8").on("data", (c) => (log += c));
+  };
+  launch();
   const region = {
     mqtt: `mqtt://127.0.0.1:${mqttPort}`,
     upstream: `ws://127.0.0.1:${edgeLink}/link`,
@@ -654,18 +655,34 @@ async function startRegion(token) {
         await new Promise((r) => setTimeout(r, 25));
       }
     },
+    /** Killed outright (kill -9): nothing flushed, nothing said to anyone. */
+    async kill9() {
+      const exited = once(daemon, "exit");
+      daemon.kill("SIGKILL");
+      await within(exited, "the daemon to die");
+    },
+    /** Started again on the same data directory and ports. */
+    async restart() {
+      launch();
+      await region.ready();
+    },
+    /** Ready once its MQTT listener (bound last) accepts. */
+    async ready() {
+      await region.until("the daemon to listen", async () => {
+        const c = await mqtt.connectAsync(region.mqtt, { reconnectPeriod: 0, connectTimeout: 1000 });
+        await c.endAsync();
+        return true;
+      });
+    },
     async stop() {
-      daemon.kill("SIGTERM");
-      if (daemon.exitCode === null) await within(once(daemon, "exit"), "the daemon to stop").catch(() => daemon.kill("SIGKILL"));
+      if (daemon.exitCode === null) {
+        daemon.kill("SIGTERM");
+        await within(once(daemon, "exit"), "the daemon to stop").catch(() => daemon.kill("SIGKILL"));
+      }
       rmSync(dir, { recursive: true, force: true });
     },
   };
-  // Ready once its MQTT listener (bound last) accepts.
-  await region.until("the daemon to listen", async () => {
-    const c = await mqtt.connectAsync(region.mqtt, { reconnectPeriod: 0, connectTimeout: 1000 });
-    await c.endAsync();
-    return true;
-  });
+  await region.ready();
   return region;
 }
 
@@ -741,6 +758,91 @@ test("an edge object linked to its region exchanges messages with it, towards in
     await refused.stop();
   } finally {
     await region.stop();
+  }
+});
+
+test("a region killed and restarted, and an edge object restarted with a backlog: each message once, in order", async () => {
+  const token = "edge-link-token-0123456789";
+  const region = await startRegion(token);
+  const dir = mkdtempSync(path.join(tmpdir(), "meridian-edge-"));
+  const persistent = { clean: false, properties: { sessionExpiryInterval: 3600 } };
+  try {
+    let edge = await startEdge({ persist: dir, upstream: region.upstream, linkToken: token });
+    // A persistent subscriber in the region, one at the edge; each side learns the other's
+    // interest.
+    let regionSub = await within(
+      mqtt.connectAsync(region.mqtt, { clientId: "region-sub", protocolVersion: 5, reconnectPeriod: 0, ...persistent }),
+      "the region's subscriber",
+    );
+    await regionSub.subscribeAsync("up/#", { qos: 1 });
+    await regionSub.endAsync();
+    const edgeSub = await connect(edge.at("eu"), "edge-sub", 5);
+    const edgeBox = inbox(edgeSub);
+    await edgeSub.subscribeAsync("down/#", { qos: 1 });
+    await region.until("the edge's interest in the region", async () =>
+      (await region.api("/api/routes")).includes("down/#"),
+    );
+    let edgePub = await connect(edge.at("eu"), "edge-pub", 5);
+    // The edge knows the region wants up/# once a first message gets there.
+    let primed = false;
+    for (let i = 0; !primed && i < 100; i++) {
+      await edgePub.publishAsync("up/prime", "x", { qos: 1 });
+      primed = ((await region.api("/api/peers")).find((p) => p.leaf)?.forwarded_from ?? 0) > 0;
+      if (!primed) await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.ok(primed, "the edge never learnt the region's interest");
+
+    // The region dies: the edge's messages wait in its outbox, kept in its storage.
+    await region.kill9();
+    for (let i = 1; i <= 5; i++) await edgePub.publishAsync("up/x", `edge ${i}`, { qos: 1 });
+    await edgePub.endAsync();
+    await edgeSub.endAsync();
+    // The edge object restarts too, with that backlog in its storage.
+    await edge.stop();
+    edge = await startEdge({ persist: dir, upstream: region.upstream, linkToken: token });
+    const again = await connect(edge.at("eu"), "edge-sub", 5, persistent);
+    const againBox = inbox(again);
+    await again.subscribeAsync("down/#", { qos: 1 });
+    await region.restart();
+    await edge.waitForLog("linked to the region", 60000);
+    // The region's subscriber gets the edge's messages, once each, in order.
+    // Its queue arrives right after CONNACK: collected from the start.
+    regionSub = mqtt.connect(region.mqtt, { clientId: "region-sub", protocolVersion: 5, reconnectPeriod: 0, ...persistent });
+    clients.add(regionSub);
+    const regionBox = inbox(regionSub);
+    await within(once(regionSub, "connect"), "the region's subscriber again");
+    const got = [];
+    for (;;) {
+      const m = await regionBox.next("the edge's backlog in the region", 30000).catch(async (e) => {
+        // What both ends saw, for the failure's report.
+        const status = JSON.stringify((await edge.status("eu")).body);
+        const peers = JSON.stringify(await region.api("/api/peers"));
+        e.message += `\nreceived ${JSON.stringify(got)}\nedge ${status}\nregion peers ${peers}\n` +
+          `edge log:\n${edge.output.slice(-3000)}\nregion log:\n${region.log.slice(-5000)}`;
+        throw e;
+      });
+      if (m.topic === "up/prime") continue;
+      got.push(m.payload);
+      if (got.length === 5) break;
+    }
+    assert.deepEqual(got, ["edge 1", "edge 2", "edge 3", "edge 4", "edge 5"]);
+    // And the region reaches the edge again.
+    await region.until("the edge's interest in the restarted region", async () =>
+      (await region.api("/api/routes")).includes("down/#"),
+    );
+    const regionPub = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-pub", reconnectPeriod: 0 }), "a region client");
+    clients.add(regionPub);
+    for (let i = 1; i <= 3; i++) await regionPub.publishAsync("down/x", `region ${i}`, { qos: 1 });
+    const down = [];
+    while (down.length < 3) down.push((await againBox.next("the region's messages at the edge")).payload);
+    assert.deepEqual(down, ["region 1", "region 2", "region 3"]);
+    const extra = await regionBox.next("nothing more", 1000).catch(() => null);
+    assert.equal(extra, null, "nothing twice");
+    await Promise.all([regionSub.endAsync(), regionPub.endAsync(), again.endAsync()]);
+    await edge.stop();
+  } finally {
+    await region.stop();
+    rmSync(dir, { recursive: true, force: true });
   }
 });
 
