@@ -205,3 +205,36 @@ async fn with_a_token_required_the_page_shows_a_prompt_and_no_data() {
     );
     assert!(dom.contains("<ul id=\"errors\"></ul>"), "{dom}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_draws_edge_leaves_beside_the_regions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hub, edge) = common::leaf::hub(dir.path()).await;
+    let mut leaf = common::leaf::Leaf::link(edge, "edge-eu", &hub.peer_id).await;
+    let deadline = tokio::time::Instant::now() + MESH_DEADLINE;
+    loop {
+        leaf.run_for(20).await;
+        let peers = hub.peers().await;
+        if peers
+            .iter()
+            .any(|p| p["peer_id"] == "edge-eu" && p["connected"] == true && p["leaf"] == true)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leaf never showed: {peers:?}"
+        );
+    }
+    let dom = load(&format!("http://127.0.0.1:{}/", hub.daemon.admin), None).await;
+    assert!(dom.contains("<ul id=\"errors\"></ul>"), "{dom}");
+    let link = "class=\"link\" data-peer=\"edge-eu\" data-state=\"up\" data-kind=\"leaf\"";
+    assert!(dom.contains(link), "no {link}:\n{dom}");
+    assert!(
+        dom.contains("euc1 → edge-eu (edge leaf): up"),
+        "the leaf is named as the operator names it:\n{dom}"
+    );
+    let row = "data-peer=\"edge-eu\" data-region=\"edge-eu\" data-connected=\"true\"";
+    assert!(dom.contains(row), "no {row}:\n{dom}");
+    assert!(dom.contains("data-kind=\"leaf\"><td class=\"up\">up</td><td>edge-eu (edge)</td>"));
+}

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod leaf;
 pub mod mesh;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
