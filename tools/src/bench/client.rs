@@ -82,6 +82,25 @@ impl Target {
         })
     }
 
+    /// Where subscribers connect when it is not where publishers do (`--sub-port`,
+    /// `--sub-ws`).
+    pub fn subscribers(&self, c: &Common) -> anyhow::Result<Option<Self>> {
+        let mut t = self.clone();
+        match (c.sub_port, &c.sub_ws) {
+            (None, None) => return Ok(None),
+            (Some(port), _) => {
+                t.port = port;
+                t.ws = None;
+            }
+            (None, Some(url)) => {
+                let want = if c.tls { "wss://" } else { "ws://" };
+                anyhow::ensure!(url.starts_with(want), "--sub-ws {url}: expected a {want} URL");
+                t.ws = Some(url.clone());
+            }
+        }
+        Ok(Some(t))
+    }
+
     pub fn describe(&self) -> String {
         match (&self.ws, &self.tls) {
             (Some(url), _) => url.clone(),
@@ -179,6 +198,8 @@ impl Shared {
 #[derive(Debug)]
 pub struct RunCfg {
     pub target: Target,
+    /// Where subscribers that do not publish connect, if elsewhere.
+    pub sub_target: Option<Target>,
     pub gate: Gate,
     pub qos: QoS,
     pub size: usize,
@@ -361,7 +382,11 @@ pub async fn run_client(
     let permit = cfg.gate.enter(spec.index).await;
     let t = Instant::now();
     let deadline = t + cfg.connect_timeout;
-    let (client, mut el) = AsyncClient::new(cfg.target.options(&spec.client_id, cfg.inflight), 16);
+    let target = match &cfg.sub_target {
+        Some(t) if spec.publish.is_none() => t,
+        _ => &cfg.target,
+    };
+    let (client, mut el) = AsyncClient::new(target.options(&spec.client_id, cfg.inflight), 16);
     let mut net = el.network_options();
     // No Nagle delay on small PUBLISHes; a slow broker gets the run's bound to accept.
     net.set_tcp_nodelay(true);
@@ -568,6 +593,7 @@ mod tests {
         let shared = Arc::new(Shared::new());
         let cfg = Arc::new(RunCfg {
             target: Target::new(&common).unwrap(),
+            sub_target: None,
             gate: Gate::new(1, 0.0),
             qos: QoS::AtLeastOnce,
             size: HEADER,

@@ -63,6 +63,13 @@ pub struct Common {
     /// MQTT over WebSocket at this URL instead (ws://HOST:PORT/PATH, or wss:// with TLS).
     #[arg(long, value_name = "URL")]
     pub ws: Option<String>,
+    /// Subscribers connect to this port of --host instead (another broker of the same
+    /// deployment: what a message takes to cross between them).
+    #[arg(long, value_name = "PORT")]
+    pub sub_port: Option<u16>,
+    /// Subscribers connect to this WebSocket URL instead (an edge broker, another region's).
+    #[arg(long, value_name = "URL", conflicts_with = "sub_port")]
+    pub sub_ws: Option<String>,
     /// TLS (MQTT over TLS on --port, or wss:// with --ws).
     #[arg(long)]
     pub tls: bool,

@@ -166,10 +166,12 @@ fn start_clients(
     plan: &Plan,
 ) -> anyhow::Result<Started> {
     let target = Target::new(common)?;
+    let sub_target = target.subscribers(common)?;
     let (start_tx, start) = watch::channel(false);
     let (stop_tx, stop) = watch::channel(false);
     let cfg = Arc::new(RunCfg {
         target,
+        sub_target,
         gate: Gate::new(common.concurrency, common.connect_rate),
         qos: client::qos(qos),
         size: load.map_or(0, |l| l.size),
@@ -197,6 +199,15 @@ fn start_clients(
         stop: stop_tx,
         tasks,
         ready,
+    })
+}
+
+/// Where the run's clients connect, as the report names it.
+fn describe(common: &Common) -> anyhow::Result<String> {
+    let target = Target::new(common)?;
+    Ok(match target.subscribers(common)? {
+        Some(subs) => format!("{} (subscribers at {})", target.describe(), subs.describe()),
+        None => target.describe(),
     })
 }
 
@@ -335,7 +346,7 @@ async fn connect_only(
     let broker = Broker::new(common.broker_pid, before, after, 0, up);
     Ok(Report {
         scenario: name.to_owned(),
-        target: Target::new(common)?.describe(),
+        target: describe(common)?,
         clients: n,
         publishers: 0,
         subscribers: plan.subscribers,
@@ -451,7 +462,7 @@ async fn flow(plan: Plan, common: &Common, load: &Load) -> anyhow::Result<Report
     let broker = Broker::new(common.broker_pid, before, after, delivered, up);
     Ok(Report {
         scenario: plan.name.to_owned(),
-        target: Target::new(common)?.describe(),
+        target: describe(common)?,
         clients: n,
         publishers: plan.publishers,
         subscribers: plan.subscribers,
