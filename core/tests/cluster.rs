@@ -25,13 +25,7 @@ fn peer<'a>(peers: &'a [PeerSummary], name: &str) -> &'a PeerSummary {
 }
 
 fn payloads(w: &mut World, conn: meridian_core::ConnId) -> Vec<u32> {
-    let got = w.received_publishes(conn);
-    for p in &got {
-        w.ack(conn, p);
-    }
-    got.iter()
-        .map(|p| u32::from_be_bytes(p.payload[..4].try_into().unwrap()))
-        .collect()
+    w.read_numbers(conn)
 }
 
 #[test]

@@ -55,15 +55,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Reads and acknowledges what a subscriber received (QoS 2 with PUBREC, PUBREL, PUBCOMP).
 fn read(w: &mut World, conn: ConnId) -> Vec<u32> {
-    let got = w.received_publishes(conn);
-    for p in &got {
-        w.ack(conn, p);
-    }
-    got.iter()
-        .map(|p| u32::from_be_bytes(p.payload[..4].try_into().unwrap()))
-        .collect()
+    w.read_numbers(conn)
 }
 
 fn run(subs: &[(usize, usize)], ops: &[Op]) -> Result<(), TestCaseError> {

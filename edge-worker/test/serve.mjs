@@ -4,13 +4,20 @@
 //
 // prints `ready ws://127.0.0.1:PORT/mqtt workerd-pid=PID` once it serves, and runs until it
 // is stopped (SIGINT or SIGTERM). Anonymous clients are let in (ALLOW_ANONYMOUS), as under
-// `wrangler dev`. docs/benchmarks.md, "The edge broker", uses it.
+// `wrangler dev`; MERIDIAN_UPSTREAM and MERIDIAN_LINK_TOKEN in the environment link it to a
+// region. docs/benchmarks.md, "The edge broker", uses it.
 import { execFileSync } from "node:child_process";
 import { Miniflare } from "miniflare";
 import { workerOptions } from "./worker.mjs";
 
 const port = Number(process.argv[2] ?? 0);
-const mf = new Miniflare(workerOptions({ bindings: { ALLOW_ANONYMOUS: "true" }, port }));
+// MERIDIAN_UPSTREAM and MERIDIAN_LINK_TOKEN from the environment, if set: the broker links to
+// that region (edge-worker/README.md, "Link to a region").
+const bindings = { ALLOW_ANONYMOUS: "true" };
+for (const name of ["MERIDIAN_UPSTREAM", "MERIDIAN_LINK_TOKEN", "PLACEMENT"]) {
+  if (process.env[name]) bindings[name] = process.env[name];
+}
+const mf = new Miniflare(workerOptions({ bindings, port }));
 const url = await mf.ready;
 // The workerd process serving it: the youngest child of this process named workerd.
 let workerd = "";

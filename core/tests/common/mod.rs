@@ -417,6 +417,18 @@ impl World {
             .collect()
     }
 
+    /// The messages a subscriber received, each acknowledged (QoS 2 with PUBREC, PUBREL,
+    /// PUBCOMP), as the numbers their payloads start with (big-endian `u32`).
+    pub fn read_numbers(&mut self, conn: ConnId) -> Vec<u32> {
+        let got = self.received_publishes(conn);
+        for p in &got {
+            self.ack(conn, p);
+        }
+        got.iter()
+            .map(|p| u32::from_be_bytes(p.payload[..4].try_into().unwrap()))
+            .collect()
+    }
+
     pub fn ack(&mut self, conn: ConnId, p: &Publish) {
         if p.qos == QoS::AtMostOnce {
             return;

@@ -94,7 +94,10 @@ impl Target {
             }
             (None, Some(url)) => {
                 let want = if c.tls { "wss://" } else { "ws://" };
-                anyhow::ensure!(url.starts_with(want), "--sub-ws {url}: expected a {want} URL");
+                anyhow::ensure!(
+                    url.starts_with(want),
+                    "--sub-ws {url}: expected a {want} URL"
+                );
                 t.ws = Some(url.clone());
             }
         }

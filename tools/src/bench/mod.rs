@@ -64,7 +64,8 @@ pub struct Common {
     #[arg(long, value_name = "URL")]
     pub ws: Option<String>,
     /// Subscribers connect to this port of --host instead (another broker of the same
-    /// deployment: what a message takes to cross between them).
+    /// deployment: what a message takes to cross between them). Publishing starts 0.5 s after
+    /// the last SUBACK, for the subscriptions to reach the publishers' broker.
     #[arg(long, value_name = "PORT")]
     pub sub_port: Option<u16>,
     /// Subscribers connect to this WebSocket URL instead (an edge broker, another region's).

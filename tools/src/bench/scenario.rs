@@ -202,6 +202,10 @@ fn start_clients(
     })
 }
 
+/// The wait between the last SUBACK and the first PUBLISH when subscribers are at another
+/// broker (`--sub-port`, `--sub-ws`): a few route batches and link crossings.
+const CROSSING_SETTLE: Duration = Duration::from_millis(500);
+
 /// Where the run's clients connect, as the report names it.
 fn describe(common: &Common) -> anyhow::Result<String> {
     let target = Target::new(common)?;
@@ -388,6 +392,11 @@ async fn flow(plan: Plan, common: &Common, load: &Load) -> anyhow::Result<Report
         );
     }
 
+    if s.cfg.sub_target.is_some() {
+        // Subscribers at another broker: their subscriptions reach the publishers' broker a
+        // route batch and a link later than their SUBACKs. Publishing starts after that.
+        tokio::time::sleep(CROSSING_SETTLE).await;
+    }
     let shared = s.cfg.shared.clone();
     let before = sample(common.broker_pid)?;
     let start_ns = shared.now_ns();
