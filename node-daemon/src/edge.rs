@@ -9,7 +9,8 @@
 //! with 401 before the upgrade, so before any frame is read
 //! (`meridian_edge_links_refused_total{reason="token"}`). An accepted upgrade names this node
 //! in its `meridian-node` header. The first frame names the leaf
-//! (`Hello`); a name that is this node's or a mesh member's is refused (`reason="node"`), and
+//! (`Hello`); a name that does not start with `edge-`, or is a mesh member's, is refused
+//! (`reason="node"`), and
 //! one session per leaf stands at a time (a new one replaces the old). A link that sends no
 //! `Hello` within [`HELLO_TIMEOUT`], or a frame that does not decode, is closed.
 
@@ -33,6 +34,9 @@ use tracing::{debug, info, warn};
 use crate::mailbox::{DaemonCounters, ToEngine};
 use crate::mesh::queue::{LinkLimits, PeerWriter};
 
+/// What a leaf's name starts with. Mesh members are named by their libp2p peer ids, which
+/// never do: the two never meet.
+pub const LEAF_PREFIX: &str = "edge-";
 /// The path edge links upgrade on.
 pub const LINK_PATH: &str = "/link";
 /// How long a connection may take to complete TLS and the WebSocket upgrade.

@@ -538,11 +538,14 @@ impl Engine {
                 let mesh_member = !self.broker.is_leaf(&leaf)
                     && (self.broker.peers().iter().any(|p| p.node == leaf)
                         || self.links.get(&leaf).is_some_and(|l| !l.leaf));
-                // Not this node, nor a mesh member (a leaf cannot take a member's place).
-                let allowed = self
-                    .broker
-                    .node_id()
-                    .is_some_and(|own| *own != leaf && !mesh_member);
+                // Named as a leaf (`edge-…`: mesh members are named by their peer ids, so a
+                // leaf cannot squat a member's name before it joins), and not a mesh member
+                // already.
+                let allowed = leaf.as_str().starts_with(crate::edge::LEAF_PREFIX)
+                    && self
+                        .broker
+                        .node_id()
+                        .is_some_and(|own| *own != leaf && !mesh_member);
                 let _ = accepted.send(allowed);
                 if !allowed {
                     warn!(leaf = %leaf, "edge link refused: the name of this node or a mesh member");
