@@ -646,6 +646,8 @@ fn peer_json(p: &PeerSummary, rtt: Option<&std::time::Duration>) -> serde_json::
         "forwarded_to": p.forwarded_to,
         "forwarded_from": p.forwarded_from,
         "leaf": p.leaf,
+        // Unix milliseconds (the broker's clock is the wall clock).
+        "connected_since_ms": p.up_since.map(|t| t.as_millis()),
     })
 }
 

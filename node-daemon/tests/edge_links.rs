@@ -40,9 +40,12 @@ async fn a_leaf_and_the_hubs_clients_exchange_messages_towards_interest() {
     loop {
         leaf.run_for(20).await;
         let peers = hub.peers().await;
-        let listed = peers
-            .iter()
-            .any(|p| p["peer_id"] == "edge-eu" && p["leaf"] == true && p["routes"] == 1);
+        let listed = peers.iter().any(|p| {
+            p["peer_id"] == "edge-eu"
+                && p["leaf"] == true
+                && p["routes"] == 1
+                && p["connected_since_ms"].as_u64().is_some()
+        });
         let (status, own) = common::http(hub.daemon.admin, "GET", "/api/routes").await;
         if listed && status == 200 && own.contains("edge/#") {
             break;

@@ -24,6 +24,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         p.congested = false;
         p.last_heard = Some(now);
         p.acked_at = now;
+        p.up_since = Some(now);
         c.log_for_mut(&peer).add_peer(peer.clone());
         let hello = Frame::Hello {
             node: c.owner.node.clone(),
@@ -58,6 +59,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             p.connected = false;
             p.congested = false;
             p.last_heard = Some(now);
+            p.up_since = None;
             p.outbox.link_down();
         }
         if !c.fences.is_empty() {

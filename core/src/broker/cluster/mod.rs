@@ -144,6 +144,8 @@ pub struct PeerSummary {
     pub forwarded_from: u64,
     /// Whether it is a leaf of this node ([`Broker::add_leaf`]) rather than a mesh member.
     pub leaf: bool,
+    /// When its link came up, while it is up.
+    pub up_since: Option<Timestamp>,
 }
 
 #[derive(Debug)]
@@ -161,6 +163,8 @@ struct Peer {
     last_heard: Option<Timestamp>,
     /// When the link came up or the peer last acknowledged a forward.
     acked_at: Timestamp,
+    /// When the link came up, while it is up.
+    up_since: Option<Timestamp>,
     /// Kinds of [`PeerFault`] already reported.
     faults_reported: u8,
 }
@@ -286,6 +290,7 @@ impl Cluster {
                 forwarded_from: 0,
                 last_heard: None,
                 acked_at: Timestamp::default(),
+                up_since: None,
                 faults_reported: 0,
             }
         })
@@ -413,6 +418,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     forwarded_to: p.forwarded_to,
                     forwarded_from: p.forwarded_from,
                     leaf: c.leaves.is_leaf(node),
+                    up_since: p.up_since,
                 }
             })
             .collect()
