@@ -83,6 +83,7 @@ node.enableCluster({
   region: "eu",
   routeBatchMs: 20,
   peerExpiryMs: 3_600_000,
+  leafExpiryMs: 600_000,
   outboxStallMs: 30_000,
   peerMaxFilters: 100_000,
 });
@@ -91,8 +92,11 @@ node.handlePeerBytes("us-1", new Uint8Array(0), now);
 node.handlePeerCongested("us-1", now);
 node.handlePeerDrained("us-1", now);
 node.handlePeerDown("us-1", now);
+node.addLeaf("edge-eu");
 const peerRegions: Array<string | null> = node.peers().map((p) => p.region);
 void peerRegions;
+const leaves: Array<[boolean, number | null]> = node.peers().map((p) => [p.leaf, p.upSinceMs]);
+void leaves;
 const forgotten: ForgottenPeer = node.forgetPeer("us-1");
 const withdrawn: number = forgotten.routes + forgotten.droppedMessages;
 void withdrawn;

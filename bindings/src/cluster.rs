@@ -61,6 +61,9 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     if let Some(ms) = f.uint("peerExpiryMs", js::MAX_SAFE_INTEGER)? {
         c.peer_expiry_ms = ms;
     }
+    if let Some(ms) = f.uint("leafExpiryMs", js::MAX_SAFE_INTEGER)? {
+        c.leaf_expiry_ms = ms;
+    }
     if let Some(ms) = f.uint("maxClockDriftMs", js::MAX_SAFE_INTEGER)? {
         c.max_clock_drift_ms = ms;
     }
@@ -97,7 +100,13 @@ fn peer_summary(p: &PeerSummary) -> JsValue {
         .set("outboxMessages", p.outbox_messages)
         .set("outboxBytes", p.outbox_bytes)
         .set("forwardedTo", js::num(p.forwarded_to))
-        .set("forwardedFrom", js::num(p.forwarded_from));
+        .set("forwardedFrom", js::num(p.forwarded_from))
+        .set("leaf", p.leaf)
+        .set(
+            "upSinceMs",
+            p.up_since
+                .map_or(JsValue::NULL, |t| JsValue::from_f64(t.as_millis() as f64)),
+        );
     o.into_js()
 }
 
@@ -231,6 +240,20 @@ impl JsBroker {
         o.set("routes", forgotten.routes)
             .set("droppedMessages", forgotten.dropped_messages);
         Ok(o.into_js())
+    }
+
+    /// Make node `leaf` a leaf of this one (an edge broker hanging off it outside the mesh):
+    /// call before its `handlePeerUp`. Its interest joins this node's route set, it is told
+    /// what the rest of the deployment wants, and messages go on between it and the mesh.
+    /// Outputs of kind `broadcast` are for mesh peers: a leaf gets its frames as `toPeer`.
+    #[wasm_bindgen(js_name = addLeaf)]
+    pub fn add_leaf(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "string")] leaf: JsValue,
+    ) -> Result<(), JsValue> {
+        let leaf = node_id(&leaf, "leaf")?;
+        self.inner.add_leaf(&leaf);
+        Ok(())
     }
 
     /// The peer nodes this node knows (empty unless `enableCluster` was called).

@@ -236,6 +236,8 @@ export interface ClusterConfig {
   maxNodes?: number;
   /** A node with no link for this long is forgotten. */
   peerExpiryMs?: number;
+  /** A leaf (`addLeaf`) without a link for this long is forgotten. */
+  leafExpiryMs?: number;
   /** Retained writes stamped further ahead of this node's clock are refused. */
   maxClockDriftMs?: number;
   /** What one peer may make this node hold. */
@@ -263,6 +265,10 @@ export interface PeerSummary {
   outboxBytes: number;
   forwardedTo: number;
   forwardedFrom: number;
+  /** A leaf of this node (`addLeaf`) rather than a member of the mesh. */
+  leaf: boolean;
+  /** When its link came up (ms, the clock fed in), while it is up. */
+  upSinceMs: number | null;
 }
 
 /** A message published by the embedding app. */
