@@ -797,6 +797,17 @@ pub fn render_metrics(
             ("node", load(&d.edge_links_refused_node)),
         ],
     );
+    let frames = Family::<Vec<(String, String)>, Counter>::default();
+    for (direction, c) in [("in", &d.edge_frames_in), ("out", &d.edge_frames_out)] {
+        frames
+            .get_or_create(&vec![("direction".to_owned(), direction.to_owned())])
+            .inc_by(load(c));
+    }
+    r.register(
+        "edge_link_frames",
+        "Link frames read from edge links (in) and written to them (out)",
+        frames,
+    );
     counter(
         &mut r,
         "protocol_errors",

@@ -258,6 +258,9 @@ async fn link<S>(
     let why = {
         let read = async {
             loop {
+                counters
+                    .edge_frames_in
+                    .fetch_add(frames.len() as u64, Ordering::Relaxed);
                 for frame in frames.drain(..) {
                     let msg = ToEngine::PeerFrame {
                         peer: leaf.clone(),
@@ -281,13 +284,18 @@ async fn link<S>(
                     return "write failed";
                 }
                 queued_bytes.fetch_sub(len, Ordering::AcqRel);
+                let mut written = 1;
                 while let Ok(more) = rx.try_recv() {
                     let len = more.len();
                     if sink.feed(WsMessage::Binary(more)).await.is_err() {
                         return "write failed";
                     }
                     queued_bytes.fetch_sub(len, Ordering::AcqRel);
+                    written += 1;
                 }
+                counters
+                    .edge_frames_out
+                    .fetch_add(written, Ordering::Relaxed);
                 if sink.flush().await.is_err() {
                     return "write failed";
                 }

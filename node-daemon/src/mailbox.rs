@@ -168,6 +168,9 @@ pub struct DaemonCounters {
     pub edge_links_refused_token: AtomicU64,
     /// ... a leaf named as this node or a mesh member.
     pub edge_links_refused_node: AtomicU64,
+    /// Link frames read from edge links, and written to them.
+    pub edge_frames_in: AtomicU64,
+    pub edge_frames_out: AtomicU64,
 }
 
 /// A cheap handle to the broker task.

@@ -105,6 +105,11 @@ async fn a_leaf_and_the_hubs_clients_exchange_messages_towards_interest() {
         .find(|p| p.node == leaf.hub)
         .map_or(0, |p| p.forwarded_to);
     assert_eq!(sent_after, sent_before);
+    let page = hub.metrics().await;
+    for direction in ["in", "out"] {
+        let series = format!("meridian_edge_link_frames_total{{direction=\"{direction}\"}}");
+        assert!(metric(&page, &series) > 0.0, "{series} counted");
+    }
     publisher.disconnect().await;
     subscriber.disconnect().await;
 }
