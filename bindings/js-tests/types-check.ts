@@ -84,6 +84,7 @@ node.enableCluster({
   routeBatchMs: 20,
   peerExpiryMs: 3_600_000,
   leafExpiryMs: 600_000,
+  leafMaxFilters: 10_000,
   outboxStallMs: 30_000,
   peerMaxFilters: 100_000,
 });

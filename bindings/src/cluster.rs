@@ -64,6 +64,9 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     if let Some(ms) = f.uint("leafExpiryMs", js::MAX_SAFE_INTEGER)? {
         c.leaf_expiry_ms = ms;
     }
+    if let Some(n) = f.usize("leafMaxFilters")? {
+        c.leaf_max_filters = n;
+    }
     if let Some(ms) = f.uint("maxClockDriftMs", js::MAX_SAFE_INTEGER)? {
         c.max_clock_drift_ms = ms;
     }

@@ -238,6 +238,8 @@ export interface ClusterConfig {
   peerExpiryMs?: number;
   /** A leaf (`addLeaf`) without a link for this long is forgotten. */
   leafExpiryMs?: number;
+  /** Filters one leaf may bring (they join this node's route set). */
+  leafMaxFilters?: number;
   /** Retained writes stamped further ahead of this node's clock are refused. */
   maxClockDriftMs?: number;
   /** What one peer may make this node hold. */

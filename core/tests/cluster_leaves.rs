@@ -13,6 +13,7 @@ use common::*;
 use meridian_core::Config;
 use meridian_core::codec::QoS;
 use meridian_core::link::Frame;
+use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp};
 
 fn deployment() -> Mesh {
     Mesh::with_leaves(
@@ -281,4 +282,50 @@ fn a_leaf_cannot_speak_for_the_mesh() {
     let hub = mesh.node("hub");
     assert_eq!(hub.broker.stats().peer_frames_not_owner, 1);
     assert!(hub.broker.peers().iter().any(|p| p.node == id("far")));
+}
+
+#[test]
+fn a_leaf_brings_no_more_interest_than_its_bound() {
+    let mut mesh = Mesh::with_leaves(&["far", "hub"], &[("eu", "hub")], Config::default(), |c| {
+        c.leaf_max_filters = 2
+    });
+    let sub = mesh.node("eu").connect(V5, "sub");
+    for filter in ["a/#", "b/#"] {
+        mesh.node("eu").subscribe(sub, filter, QoS::AtLeastOnce);
+    }
+    routes_settle(&mut mesh);
+    assert_eq!(
+        mesh.node("far").broker.replicated_routes(&id("hub")),
+        ["a/#", "b/#"]
+    );
+    // A delta that would take the leaf past its bound: refused, its session cut, and nothing
+    // of it reaches the mesh (the session that follows carries the leaf's real two).
+    let at = mesh.node("eu").broker.route_position().unwrap();
+    let change = |n: u64, filter: &str| RouteChange {
+        version: at.version + n,
+        filter: filter.into(),
+        op: RouteOp::Add,
+    };
+    let delta = RouteDelta {
+        owner: Owner {
+            node: id("eu"),
+            incarnation: at.incarnation,
+        },
+        after: at.version,
+        changes: vec![change(1, "c/#"), change(2, "d/#")],
+        hash: 0,
+    };
+    mesh.inject("eu", "hub", Frame::RouteDelta(delta));
+    let hub = mesh.node("hub").broker.stats();
+    assert_eq!(hub.peer_frames_over_limit, 1, "{hub:?}");
+    routes_settle(&mut mesh);
+    assert_eq!(mesh.node("hub").broker.stats().peer_sessions_cut, 1);
+    assert_eq!(
+        mesh.node("hub").broker.replicated_routes(&id("eu")),
+        ["a/#", "b/#"]
+    );
+    assert_eq!(
+        mesh.node("far").broker.replicated_routes(&id("hub")),
+        ["a/#", "b/#"]
+    );
 }

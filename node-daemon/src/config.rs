@@ -106,6 +106,8 @@ pub struct EdgeSection {
     pub max_links: usize,
     /// A leaf without a link for this long is forgotten.
     pub leaf_expiry_ms: u64,
+    /// Filters one leaf may bring.
+    pub max_filters: usize,
 }
 
 impl EdgeSection {
@@ -149,9 +151,9 @@ impl EdgeSection {
                 "cluster.edge.listen is {addr} (not loopback) but cluster.edge.cert is not set:                  edge tokens would cross the network in the clear. Set cluster.edge.cert and                  cluster.edge.key, or listen on 127.0.0.1"
             ));
         }
-        if self.max_links == 0 || self.leaf_expiry_ms == 0 {
+        if self.max_links == 0 || self.leaf_expiry_ms == 0 || self.max_filters == 0 {
             return Err(
-                "cluster.edge.max_links and cluster.edge.leaf_expiry_ms: must be at least 1"
+                "cluster.edge.max_links, leaf_expiry_ms and max_filters: must be at least 1"
                     .to_owned(),
             );
         }
@@ -842,6 +844,7 @@ partial!(PEdge {
     key: PathBuf,
     max_links: usize,
     leaf_expiry_ms: u64,
+    max_filters: usize,
 });
 
 #[cfg(test)]

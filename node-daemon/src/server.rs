@@ -614,6 +614,7 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
     config.outbox_stall_ms = c.outbox_stall_ms;
     config.peer_expiry_ms = c.peer_expiry_ms;
     config.leaf_expiry_ms = c.edge.leaf_expiry_ms;
+    config.leaf_max_filters = c.edge.max_filters;
     config.max_nodes = c.max_nodes;
     config.max_clock_drift_ms = c.max_clock_drift_ms;
     config.peer_limits = PeerLimits {

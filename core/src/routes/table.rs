@@ -174,6 +174,8 @@ pub struct RouteTable {
     /// replicas in storage ([`RouteTable::journal`]); `None` when nobody reads it.
     journal: Option<Vec<(NodeId, Arc<str>, bool)>>,
     limits: ReplicaLimits,
+    /// Owners held within other limits than `limits` (a node's leaves).
+    owner_limits: BTreeMap<NodeId, ReplicaLimits>,
 }
 
 impl RouteTable {
@@ -185,7 +187,20 @@ impl RouteTable {
             trie: FilterTrie::new(seed),
             journal: None,
             limits: ReplicaLimits::UNBOUNDED,
+            owner_limits: BTreeMap::new(),
         }
+    }
+
+    /// Hold `owner`'s replica within `limits` rather than the table's (`None`: the table's).
+    pub fn set_owner_limits(&mut self, owner: &NodeId, limits: Option<ReplicaLimits>) {
+        match limits {
+            Some(l) => self.owner_limits.insert(owner.clone(), l),
+            None => self.owner_limits.remove(owner),
+        };
+    }
+
+    fn limits_for(&self, owner: &NodeId) -> ReplicaLimits {
+        self.owner_limits.get(owner).copied().unwrap_or(self.limits)
     }
 
     /// Hold every owner's replica within `limits`.
@@ -266,6 +281,7 @@ impl RouteTable {
     /// Apply a delta from its owner.
     pub fn apply_delta(&mut self, delta: &RouteDelta) -> DeltaOutcome {
         let node = &delta.owner.node;
+        let limits = self.limits_for(node);
         let replica = self.replicas.entry(node.clone()).or_default();
         if delta.owner.incarnation < replica.incarnation {
             return DeltaOutcome::Stale;
@@ -290,7 +306,7 @@ impl RouteTable {
                 return DeltaOutcome::NeedSnapshot;
             }
             let bytes = weight(delta.changes.iter().map(|c| &c.filter));
-            if replica.early_bytes.saturating_add(bytes) > self.limits.max_pending_bytes {
+            if replica.early_bytes.saturating_add(bytes) > limits.max_pending_bytes {
                 // As for too many deltas out of order: what is held goes, and a snapshot
                 // (in bounded chunks) repairs the replica; an honest owner that sent a large
                 // batch over a lossy path is not cut for it.
@@ -348,13 +364,14 @@ impl RouteTable {
     /// Whether applying `delta` would take the replica past [`ReplicaLimits::max_filters`].
     fn over_limit(&self, node: &NodeId, delta: &RouteDelta) -> Option<ReplicaLimit> {
         let replica = self.replicas.get(node)?;
+        let max_filters = self.limits_for(node).max_filters;
         let mut len = replica.filters.len();
         for change in delta.changes.iter().filter(|c| c.version > replica.version) {
             match change.op {
                 RouteOp::Add => len += 1,
                 RouteOp::Remove => len = len.saturating_sub(1),
             }
-            if len > self.limits.max_filters {
+            if len > max_filters {
                 return Some(ReplicaLimit::Filters);
             }
         }
@@ -398,6 +415,7 @@ impl RouteTable {
     /// Apply one snapshot chunk; the replica switches to the snapshot once all chunks are in.
     pub fn apply_snapshot_chunk(&mut self, chunk: &SnapshotChunk) -> SnapshotOutcome {
         let node = &chunk.owner.node;
+        let limits = self.limits_for(node);
         let replica = self.replicas.entry(node.clone()).or_default();
         if chunk.owner.incarnation < replica.incarnation
             || (chunk.owner.incarnation == replica.incarnation && chunk.version < replica.version)
@@ -427,9 +445,9 @@ impl RouteTable {
         }
         assembly.bytes = assembly.bytes.saturating_add(bytes);
         assembly.filters += chunk.filters.len();
-        let limit = if assembly.filters > self.limits.max_filters {
+        let limit = if assembly.filters > limits.max_filters {
             Some(ReplicaLimit::Filters)
-        } else if assembly.bytes > self.limits.max_snapshot_bytes {
+        } else if assembly.bytes > limits.max_snapshot_bytes {
             Some(ReplicaLimit::SnapshotBytes)
         } else {
             None

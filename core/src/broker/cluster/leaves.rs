@@ -174,6 +174,9 @@ impl Cluster {
         }
         let view = RouteLog::new(self.owner.clone(), self.config.tombstone_budget);
         self.leaves.views.insert(node.clone(), view);
+        let mut limits = self.config.peer_limits.replica();
+        limits.max_filters = limits.max_filters.min(self.config.leaf_max_filters);
+        self.table.set_owner_limits(node, Some(limits));
         let filters: Vec<Arc<str>> = self.leaves.interest.keys().cloned().collect();
         for filter in &filters {
             self.refresh(filter);
@@ -185,6 +188,7 @@ impl Cluster {
         if self.leaves.views.remove(node).is_none() {
             return;
         }
+        self.table.set_owner_limits(node, None);
         if self.leaves.is_empty() {
             // Back to this node's own set being its local filters alone.
             let filters: Vec<Arc<str>> = self.leaves.interest.keys().cloned().collect();

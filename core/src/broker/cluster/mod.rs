@@ -70,6 +70,10 @@ pub struct ClusterConfig {
     /// its routes leave this node's route set and what waited for it is dropped (counted in
     /// `Stats::dropped_peer_forgotten`).
     pub leaf_expiry_ms: u64,
+    /// Filters a leaf's route set may hold here (they join this node's own route set, which
+    /// the mesh replicates): a leaf past it has its frame refused and its session cut, as a
+    /// peer past [`PeerLimits`] is.
+    pub leaf_max_filters: usize,
     /// Retained writes stamped further than this ahead of this node's clock are refused, so
     /// that a node with a wrong clock cannot make its writes win for ever.
     pub max_clock_drift_ms: u64,
@@ -110,6 +114,7 @@ impl ClusterConfig {
             peer_limits: PeerLimits::default(),
             peer_expiry_ms: 24 * 60 * 60 * 1000,
             leaf_expiry_ms: 60 * 60 * 1000,
+            leaf_max_filters: 100_000,
             max_clock_drift_ms: 60_000,
             subscribe_fence: false,
             subscribe_fence_max_ms: 10_000,
