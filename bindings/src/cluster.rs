@@ -249,14 +249,16 @@ impl JsBroker {
     /// call before its `handlePeerUp`. Its interest joins this node's route set, it is told
     /// what the rest of the deployment wants, and messages go on between it and the mesh.
     /// Outputs of kind `broadcast` are for mesh peers: a leaf gets its frames as `toPeer`.
+    /// Throws for this node's own name or a mesh member's.
     #[wasm_bindgen(js_name = addLeaf)]
     pub fn add_leaf(
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "string")] leaf: JsValue,
     ) -> Result<(), JsValue> {
         let leaf = node_id(&leaf, "leaf")?;
-        self.inner.add_leaf(&leaf);
-        Ok(())
+        self.inner
+            .add_leaf(&leaf)
+            .map_err(|e| js::error(&format!("addLeaf: {e}")))
     }
 
     /// The peer nodes this node knows (empty unless `enableCluster` was called).

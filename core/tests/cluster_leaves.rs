@@ -329,3 +329,14 @@ fn a_leaf_brings_no_more_interest_than_its_bound() {
         ["a/#", "b/#"]
     );
 }
+
+#[test]
+fn a_leaf_cannot_take_a_members_name_or_its_hubs() {
+    use meridian_core::broker::LeafError;
+    let mut mesh = deployment();
+    let hub = &mut mesh.node("hub").broker;
+    assert_eq!(hub.add_leaf(&id("hub")), Err(LeafError::Myself));
+    assert_eq!(hub.add_leaf(&id("far")), Err(LeafError::MeshMember));
+    assert!(!hub.is_leaf(&id("far")));
+    assert_eq!(hub.add_leaf(&id("eu")), Ok(()), "a leaf already is one");
+}

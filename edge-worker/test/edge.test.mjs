@@ -784,13 +784,10 @@ test("a region killed and restarted, and an edge object restarted with a backlog
     );
     let edgePub = await connect(edge.at("eu"), "edge-pub", 5);
     // The edge knows the region wants up/# once a first message gets there.
-    let primed = false;
-    for (let i = 0; !primed && i < 100; i++) {
+    await region.until("the edge to learn the region's interest", async () => {
       await edgePub.publishAsync("up/prime", "x", { qos: 1 });
-      primed = ((await region.api("/api/peers")).find((p) => p.leaf)?.forwarded_from ?? 0) > 0;
-      if (!primed) await new Promise((r) => setTimeout(r, 50));
-    }
-    assert.ok(primed, "the edge never learnt the region's interest");
+      return ((await region.api("/api/peers")).find((p) => p.leaf)?.forwarded_from ?? 0) > 0;
+    });
 
     // The region dies: the edge's messages wait in its outbox, kept in its storage.
     await region.kill9();

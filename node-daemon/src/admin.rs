@@ -52,6 +52,7 @@ use tracing::debug;
 
 use crate::mailbox::{DaemonCounters, EngineHandle, Page};
 use crate::mesh::MeshStats;
+use crate::passwd::constant_time_eq;
 
 /// What the admin API says about this node itself.
 #[derive(Debug, Clone)]
@@ -232,11 +233,6 @@ impl Drop for AddressSlot {
             }
         }
     }
-}
-
-/// Equal bytes, compared in a time that depends on their lengths only.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// What the admin API answers from.

@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::mailbox::{DaemonCounters, ToEngine};
 use crate::mesh::queue::{LinkLimits, PeerWriter};
+use crate::passwd::constant_time_eq;
 
 /// What a leaf's name starts with. Mesh members are named by their libp2p peer ids, which
 /// never do: the two never meet.
@@ -89,10 +90,6 @@ impl EdgeTokens {
             found | constant_time_eq(given.as_bytes(), t.as_bytes())
         })
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The response header of an accepted upgrade that names this node, so that the leaf knows

@@ -535,23 +535,22 @@ impl Engine {
                 writer,
                 accepted,
             } => {
-                let mesh_member = !self.broker.is_leaf(&leaf)
-                    && (self.broker.peers().iter().any(|p| p.node == leaf)
-                        || self.links.get(&leaf).is_some_and(|l| !l.leaf));
                 // Named as a leaf (`edge-…`: mesh members are named by their peer ids, so a
-                // leaf cannot squat a member's name before it joins), and not a mesh member
-                // already.
-                let allowed = leaf.as_str().starts_with(crate::edge::LEAF_PREFIX)
-                    && self
-                        .broker
-                        .node_id()
-                        .is_some_and(|own| *own != leaf && !mesh_member);
-                let _ = accepted.send(allowed);
-                if !allowed {
-                    warn!(leaf = %leaf, "edge link refused: the name of this node or a mesh member");
+                // leaf cannot squat a member's name before it joins); the core refuses this
+                // node's name and a member's it knows.
+                let added = if leaf.as_str().starts_with(crate::edge::LEAF_PREFIX) {
+                    self.broker.add_leaf(&leaf).map_err(|e| e.to_string())
+                } else {
+                    Err(format!(
+                        "a leaf's name starts with {}",
+                        crate::edge::LEAF_PREFIX
+                    ))
+                };
+                let _ = accepted.send(added.is_ok());
+                if let Err(why) = added {
+                    warn!(leaf = %leaf, why, "edge link refused");
                     return;
                 }
-                self.broker.add_leaf(&leaf);
                 self.session_up(now, leaf, session, writer, true);
             }
             ToEngine::PeerFrame { peer, frame } => {

@@ -46,6 +46,11 @@ pub fn hash(password: &[u8]) -> anyhow::Result<String> {
 }
 
 /// Whether `password` matches the PHC string `hash`.
+/// Equal bytes, compared in a time that depends on their lengths only (bearer tokens).
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 pub fn verify(password: &[u8], hash: &str) -> bool {
     use argon2::password_hash::PasswordVerifier;
     Argon2::default().verify_password(password, hash).is_ok()

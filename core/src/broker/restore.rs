@@ -240,38 +240,30 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let sid = self.new_session(&client_id, record.protocol);
             let generation = self.next_generation();
             report.sessions += 1;
-            // Stored in one checkpoint record, or record by record.
-            let from_checkpoint = checkpointed.contains(&client_id);
-            if let Some((conn, _)) = resuming.get(&client_id) {
-                // Still connected: its will waits for the connection to end.
-                let session = self.session_mut(sid).expect("session just created");
-                session.username = record.username.map(String::into_boxed_str);
-                session.expiry_secs = record.expiry_secs;
-                session.conn = Some(*conn);
-                session.generation = generation;
-                session.persisted = !from_checkpoint;
-                session.checkpoint = session.checkpoint.with_stored(from_checkpoint);
-                session.will = record.will.map(|(will, _)| Box::new(will));
-                continue;
-            }
-            // A session connected at the crash lost its connection now.
-            let disconnected_at = record.disconnected_at.unwrap_or(now);
-            if record.disconnected_at.is_none() {
+            let resumed = resuming.get(&client_id).map(|(conn, _)| *conn);
+            // A session connected at the crash (and not resumed) lost its connection now.
+            if resumed.is_none() && record.disconnected_at.is_none() {
                 pending.crashed.push(sid);
             }
-            let pending_will = record.will.map(|(will, due)| {
-                let due = due.unwrap_or_else(|| now.plus_secs(will.delay_secs));
-                (will, due)
-            });
-            // Just created.
-            let session = self.session_mut(sid).expect("session just created");
+            // Stored in one checkpoint record, or record by record.
+            let from_checkpoint = checkpointed.contains(&client_id);
+            let Some(session) = self.session_mut(sid) else {
+                continue;
+            };
             session.username = record.username.map(String::into_boxed_str);
             session.expiry_secs = record.expiry_secs;
-            session.disconnected_at = Some(disconnected_at);
             session.generation = generation;
             session.persisted = !from_checkpoint;
             session.checkpoint = session.checkpoint.with_stored(from_checkpoint);
-            if let Some((will, due)) = pending_will {
+            if let Some(conn) = resumed {
+                // Still connected: its will waits for the connection to end.
+                session.conn = Some(conn);
+                session.will = record.will.map(|(will, _)| Box::new(will));
+                continue;
+            }
+            session.disconnected_at = Some(record.disconnected_at.unwrap_or(now));
+            if let Some((will, due)) = record.will {
+                let due = due.unwrap_or_else(|| now.plus_secs(will.delay_secs));
                 session.pending_will = Some((Box::new(will), due));
                 pending.wills.push((due, sid, generation));
             }

@@ -20,10 +20,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
-use super::connection::{ConnState, Connection, InboundAliases, OutboundAliases, Peer};
-use super::io::{ConnId, Output};
+use super::connection::{ConnState, Connection, InboundAliases, OutboundAliases};
+use super::io::{ConnId, ConnInfo, Output};
 use super::persist::{self, ConnRecord, Key, RecordError, SessionRecord, marker};
 use super::session::{Session, SessionId};
 use super::{Authenticator, Authorizer, Broker, Timer};
@@ -235,30 +235,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             let keep_alive_timer = (record.keep_alive_secs > 0)
                 .then(|| now.plus_ms(u64::from(record.keep_alive_secs) * 1500));
-            let conn = Connection {
-                info: Peer {
-                    remote_addr: record.remote_addr.map(String::into_boxed_str),
-                    tls_identity: record.tls_identity.map(String::into_boxed_str),
-                    max_packet_size: record.listener_max_packet,
-                },
-                state: ConnState::Connected { session: sid },
-                protocol,
-                read_buf: BytesMut::new(),
-                write_buf: BytesMut::new(),
-                dirty: false,
-                congested: false,
-                last_packet_at: now,
-                connect_deadline: now,
-                keep_alive_timer,
-                keep_alive_secs: record.keep_alive_secs,
-                client_max_packet: record.client_max_packet,
-                send_window: record.send_window,
-                problem_information: record.problem_information,
-                inbound_aliases,
-                outbound_aliases: OutboundAliases::with_maximum(record.outbound_alias_maximum),
-                auth_method: record.auth_method.map(String::into_boxed_str),
-                expiry_requested_zero: record.expiry_requested_zero,
+            let info = ConnInfo {
+                remote_addr: record.remote_addr,
+                tls_identity: record.tls_identity,
+                max_packet_size: record.listener_max_packet,
             };
+            // A fresh connection (no connect timer: it is connected), then what CONNECT set.
+            let mut conn = Connection::new(info, now, now);
+            conn.state = ConnState::Connected { session: sid };
+            conn.protocol = protocol;
+            conn.keep_alive_timer = keep_alive_timer;
+            conn.keep_alive_secs = record.keep_alive_secs;
+            conn.client_max_packet = record.client_max_packet;
+            conn.send_window = record.send_window;
+            conn.problem_information = record.problem_information;
+            conn.inbound_aliases = inbound_aliases;
+            conn.outbound_aliases = OutboundAliases::with_maximum(record.outbound_alias_maximum);
+            conn.auth_method = record.auth_method.map(String::into_boxed_str);
+            conn.expiry_requested_zero = record.expiry_requested_zero;
             self.conns.insert(conn_id, Box::new(conn));
             if let Some(at) = keep_alive_timer {
                 self.timers.insert((at, Timer::KeepAlive(conn_id)));

@@ -78,7 +78,10 @@ impl Mesh {
             tweak(&mut cluster);
             mesh.nodes
                 .insert(id(leaf), World::node(config.clone(), cluster));
-            mesh.node(hub).broker.add_leaf(&id(leaf));
+            mesh.node(hub)
+                .broker
+                .add_leaf(&id(leaf))
+                .expect("a new name may be a leaf");
             mesh.node(hub).drain();
             mesh.leaf_of.insert(id(leaf), id(hub));
             mesh.link_up(&id(leaf), &id(hub));

@@ -203,14 +203,37 @@ impl Cluster {
     }
 }
 
+/// Why a node cannot be made a leaf.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeafError {
+    /// The broker is not a node of a deployment.
+    #[error("this broker is not clustered")]
+    NotClustered,
+    /// This node's own name.
+    #[error("a leaf cannot take this node's name")]
+    Myself,
+    /// A member of the mesh this node knows: a leaf cannot take its place.
+    #[error("a leaf cannot take a mesh member's name")]
+    MeshMember,
+}
+
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Makes `node` a leaf of this node: call before its link comes up
     /// ([`crate::Input::PeerUp`]), once the shell has authenticated it as an edge object
-    /// rather than a member of the mesh. Remembered in storage.
-    pub fn add_leaf(&mut self, node: &NodeId) {
-        let Some(c) = &mut self.cluster else { return };
-        if *node == c.owner.node || c.leaves.is_leaf(node) {
-            return;
+    /// rather than a member of the mesh. Remembered in storage. Refused for this node's own
+    /// name and for a mesh member this node knows; a leaf already is one.
+    pub fn add_leaf(&mut self, node: &NodeId) -> Result<(), LeafError> {
+        let Some(c) = &mut self.cluster else {
+            return Err(LeafError::NotClustered);
+        };
+        if *node == c.owner.node {
+            return Err(LeafError::Myself);
+        }
+        if c.leaves.is_leaf(node) {
+            return Ok(());
+        }
+        if c.knows(node) {
+            return Err(LeafError::MeshMember);
         }
         c.make_leaf(node);
         self.persist(
@@ -221,6 +244,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Some(crate::broker::persist::marker()),
         );
         self.arm_route_flush();
+        Ok(())
     }
 
     /// Whether `node` is a leaf of this node.

@@ -19,6 +19,7 @@ mod retained;
 mod routes;
 mod trust;
 
+pub use leaves::LeafError;
 pub use membership::{ForgetError, ForgetReason, Forgotten};
 pub use trust::{PeerFault, PeerLimit, PeerLimits};
 
