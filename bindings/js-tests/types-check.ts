@@ -85,6 +85,7 @@ node.enableCluster({
   peerExpiryMs: 3_600_000,
   leafExpiryMs: 600_000,
   leafMaxFilters: 10_000,
+  maxRouteFilters: 10_000,
   outboxStallMs: 30_000,
   peerMaxFilters: 100_000,
 });

@@ -67,6 +67,9 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     if let Some(n) = f.usize("leafMaxFilters")? {
         c.leaf_max_filters = n;
     }
+    if let Some(n) = f.usize("maxRouteFilters")? {
+        c.max_route_filters = n;
+    }
     if let Some(ms) = f.uint("maxClockDriftMs", js::MAX_SAFE_INTEGER)? {
         c.max_clock_drift_ms = ms;
     }

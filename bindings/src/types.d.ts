@@ -240,6 +240,11 @@ export interface ClusterConfig {
   leafExpiryMs?: number;
   /** Filters one leaf may bring (they join this node's route set). */
   leafMaxFilters?: number;
+  /**
+   * Distinct filters this node's route set may hold for a SUBSCRIBE to add one (past it,
+   * SUBACK 0x97); default `peerMaxFilters`' default.
+   */
+  maxRouteFilters?: number;
   /** Retained writes stamped further ahead of this node's clock are refused. */
   maxClockDriftMs?: number;
   /** What one peer may make this node hold. */

@@ -186,3 +186,24 @@ fn peer_input_is_checked() {
         0
     );
 }
+
+#[wasm_bindgen_test]
+fn a_route_set_at_its_bound_refuses_new_filters() {
+    let mut h = Harness::with_broker(JsBroker::new(None, Some(T0), None).unwrap());
+    h.broker
+        .enable_cluster(js(
+            r#"{"node":"edge-a","incarnation":1,"region":"r","maxRouteFilters":1}"#,
+        ))
+        .unwrap();
+    let c = h.connect("c", 5);
+    h.send(
+        c,
+        r#"{"type":"subscribe","packetId":1,"filters":[{"filter":"a/#","qos":1},{"filter":"b","qos":1},{"filter":"$share/g/a/#","qos":0}]}"#,
+        5,
+    );
+    let codes: Vec<f64> = array(&get(&h.take(c)[0], "reasonCodes"))
+        .iter()
+        .filter_map(JsValue::as_f64)
+        .collect();
+    assert_eq!(codes, [1.0, 151.0, 0.0]);
+}

@@ -3,8 +3,8 @@
 //! wanted elsewhere, and messages cross between the mesh and the leaves only towards interest,
 //! exactly once.
 //!
-//! The deployment in every test: mesh nodes `hub` and `far` (two regions), leaves `eu` and `as`
-//! off `hub`.
+//! The deployment in every test: mesh nodes `hub` and `far` (two regions), leaves `edge-eu` and
+//! `edge-as` off `hub`.
 
 mod common;
 
@@ -18,7 +18,7 @@ use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp};
 fn deployment() -> Mesh {
     Mesh::with_leaves(
         &["far", "hub"],
-        &[("as", "hub"), ("eu", "hub")],
+        &[("edge-as", "hub"), ("edge-eu", "hub")],
         Config::default(),
         |_| {},
     )
@@ -46,8 +46,9 @@ fn carried(mesh: &Mesh, from: &str, to: &str) -> usize {
 #[test]
 fn a_leafs_interest_joins_its_nodes_route_set_and_the_mesh_never_learns_the_leaf() {
     let mut mesh = deployment();
-    let sub = mesh.node("eu").connect(V5, "sub");
-    mesh.node("eu").subscribe(sub, "news/#", QoS::AtLeastOnce);
+    let sub = mesh.node("edge-eu").connect(V5, "sub");
+    mesh.node("edge-eu")
+        .subscribe(sub, "news/#", QoS::AtLeastOnce);
     routes_settle(&mut mesh);
     assert!(
         mesh.node("hub")
@@ -64,31 +65,31 @@ fn a_leafs_interest_joins_its_nodes_route_set_and_the_mesh_never_learns_the_leaf
             .broker
             .peers()
             .iter()
-            .all(|p| p.node != id("eu"))
+            .all(|p| p.node != id("edge-eu"))
     );
     assert!(
         mesh.node("far")
             .broker
-            .replicated_routes(&id("eu"))
+            .replicated_routes(&id("edge-eu"))
             .is_empty()
     );
     // The other leaf sees it as the hub's; the leaf itself does not see its own interest.
     assert_eq!(
-        mesh.node("as").broker.replicated_routes(&id("hub")),
+        mesh.node("edge-as").broker.replicated_routes(&id("hub")),
         ["news/#"]
     );
     assert!(
-        mesh.node("eu")
+        mesh.node("edge-eu")
             .broker
             .replicated_routes(&id("hub"))
             .is_empty()
     );
     let hub_peers = mesh.node("hub").broker.peers();
-    assert!(hub_peers.iter().any(|p| p.node == id("eu") && p.leaf));
+    assert!(hub_peers.iter().any(|p| p.node == id("edge-eu") && p.leaf));
     assert!(hub_peers.iter().any(|p| p.node == id("far") && !p.leaf));
 
     // Gone from the leaf, gone everywhere.
-    mesh.node("eu").unsubscribe(sub, "news/#");
+    mesh.node("edge-eu").unsubscribe(sub, "news/#");
     routes_settle(&mut mesh);
     assert!(
         mesh.node("far")
@@ -97,7 +98,7 @@ fn a_leafs_interest_joins_its_nodes_route_set_and_the_mesh_never_learns_the_leaf
             .is_empty()
     );
     assert!(
-        mesh.node("as")
+        mesh.node("edge-as")
             .broker
             .replicated_routes(&id("hub"))
             .is_empty()
@@ -111,15 +112,16 @@ fn each_leaf_sees_what_the_mesh_and_the_other_leaves_want() {
     mesh.node("far").subscribe(far, "far/#", QoS::AtLeastOnce);
     let hub = mesh.node("hub").connect(V5, "hub-sub");
     mesh.node("hub").subscribe(hub, "hub/#", QoS::AtLeastOnce);
-    let asia = mesh.node("as").connect(V5, "as-sub");
-    mesh.node("as").subscribe(asia, "as/#", QoS::AtLeastOnce);
+    let asia = mesh.node("edge-as").connect(V5, "as-sub");
+    mesh.node("edge-as")
+        .subscribe(asia, "as/#", QoS::AtLeastOnce);
     routes_settle(&mut mesh);
     assert_eq!(
-        mesh.node("eu").broker.replicated_routes(&id("hub")),
+        mesh.node("edge-eu").broker.replicated_routes(&id("hub")),
         ["as/#", "far/#", "hub/#"]
     );
     assert_eq!(
-        mesh.node("as").broker.replicated_routes(&id("hub")),
+        mesh.node("edge-as").broker.replicated_routes(&id("hub")),
         ["far/#", "hub/#"]
     );
     // The mesh sees the hub's local and leaf interest, not its own coming back.
@@ -132,8 +134,8 @@ fn each_leaf_sees_what_the_mesh_and_the_other_leaves_want() {
 #[test]
 fn messages_cross_between_the_mesh_and_the_leaves_exactly_once() {
     let mut mesh = deployment();
-    let eu = mesh.node("eu").connect(V5, "eu-sub");
-    mesh.node("eu").subscribe(eu, "t/#", QoS::ExactlyOnce);
+    let eu = mesh.node("edge-eu").connect(V5, "eu-sub");
+    mesh.node("edge-eu").subscribe(eu, "t/#", QoS::ExactlyOnce);
     let far = mesh.node("far").connect(V3, "far-sub");
     mesh.node("far").subscribe(far, "t/#", QoS::AtLeastOnce);
     routes_settle(&mut mesh);
@@ -143,15 +145,15 @@ fn messages_cross_between_the_mesh_and_the_leaves_exactly_once() {
     mesh.node("far")
         .publish(far_pub, "t/1", b"from far", QoS::ExactlyOnce, false, 1);
     mesh.settle();
-    let as_pub = mesh.node("as").connect(V5, "as-pub");
-    mesh.node("as")
+    let as_pub = mesh.node("edge-as").connect(V5, "as-pub");
+    mesh.node("edge-as")
         .publish(as_pub, "t/2", b"from as", QoS::AtLeastOnce, false, 1);
     mesh.settle();
-    let eu_pub = mesh.node("eu").connect(V5, "eu-pub");
-    mesh.node("eu")
+    let eu_pub = mesh.node("edge-eu").connect(V5, "eu-pub");
+    mesh.node("edge-eu")
         .publish(eu_pub, "t/3", b"from eu", QoS::AtLeastOnce, false, 1);
     mesh.settle();
-    let eu_got = payloads(mesh.node("eu"), eu);
+    let eu_got = payloads(mesh.node("edge-eu"), eu);
     assert_eq!(
         eu_got,
         [
@@ -170,35 +172,39 @@ fn messages_cross_between_the_mesh_and_the_leaves_exactly_once() {
         ]
     );
     mesh.advance(1_000);
-    assert!(payloads(mesh.node("eu"), eu).is_empty(), "nothing twice");
+    assert!(
+        payloads(mesh.node("edge-eu"), eu).is_empty(),
+        "nothing twice"
+    );
     assert!(payloads(mesh.node("far"), far).is_empty(), "nothing twice");
     // The leaf's own message came back to it from nowhere: the hub never returns it.
     let hub_peers = mesh.node("hub").broker.peers();
-    let to_eu = hub_peers.iter().find(|p| p.node == id("eu")).unwrap();
+    let to_eu = hub_peers.iter().find(|p| p.node == id("edge-eu")).unwrap();
     assert_eq!(to_eu.forwarded_to, 2, "from far and from as, not its own");
 }
 
 #[test]
 fn a_topic_nobody_wants_elsewhere_stays_on_its_leaf() {
     let mut mesh = deployment();
-    let eu = mesh.node("eu").connect(V5, "eu-sub");
-    mesh.node("eu").subscribe(eu, "local/#", QoS::AtLeastOnce);
+    let eu = mesh.node("edge-eu").connect(V5, "eu-sub");
+    mesh.node("edge-eu")
+        .subscribe(eu, "local/#", QoS::AtLeastOnce);
     routes_settle(&mut mesh);
-    let before = carried(&mesh, "eu", "hub");
-    let publisher = mesh.node("eu").connect(V5, "eu-pub");
+    let before = carried(&mesh, "edge-eu", "hub");
+    let publisher = mesh.node("edge-eu").connect(V5, "eu-pub");
     for i in 1..=5u16 {
-        mesh.node("eu")
+        mesh.node("edge-eu")
             .publish(publisher, "local/x", b"stay", QoS::AtLeastOnce, false, i);
     }
     mesh.settle();
-    assert_eq!(payloads(mesh.node("eu"), eu).len(), 5);
+    assert_eq!(payloads(mesh.node("edge-eu"), eu).len(), 5);
     assert_eq!(
-        carried(&mesh, "eu", "hub"),
+        carried(&mesh, "edge-eu", "hub"),
         before,
         "nothing crossed to the hub"
     );
     let hub_peers = mesh.node("hub").broker.peers();
-    let from_eu = hub_peers.iter().find(|p| p.node == id("eu")).unwrap();
+    let from_eu = hub_peers.iter().find(|p| p.node == id("edge-eu")).unwrap();
     assert_eq!(from_eu.forwarded_from, 0);
 }
 
@@ -209,13 +215,13 @@ fn a_cut_between_the_hub_and_the_mesh_delays_what_a_leaf_sent_and_never_duplicat
     mesh.node("far").subscribe(far, "up/#", QoS::ExactlyOnce);
     routes_settle(&mut mesh);
     mesh.link_down(&id("hub"), &id("far"));
-    let publisher = mesh.node("eu").connect(V5, "eu-pub");
+    let publisher = mesh.node("edge-eu").connect(V5, "eu-pub");
     for i in 1..=3u16 {
-        mesh.node("eu")
+        mesh.node("edge-eu")
             .publish(publisher, "up/x", &[i as u8], QoS::ExactlyOnce, false, i);
         mesh.settle();
-        mesh.node("eu").recv(publisher);
-        mesh.node("eu").send(
+        mesh.node("edge-eu").recv(publisher);
+        mesh.node("edge-eu").send(
             publisher,
             meridian_core::codec::Packet::PubRel(meridian_core::codec::Ack::new(i)),
         );
@@ -233,29 +239,33 @@ fn a_cut_between_the_hub_and_the_mesh_delays_what_a_leaf_sent_and_never_duplicat
     mesh.advance(1_000);
     assert!(payloads(mesh.node("far"), far).is_empty(), "nothing twice");
     // The hub still knows its leaves after the restart.
-    assert!(mesh.node("hub").broker.is_leaf(&id("eu")));
+    assert!(mesh.node("hub").broker.is_leaf(&id("edge-eu")));
 }
 
 #[test]
 fn a_leaf_gone_past_its_bound_is_forgotten_by_its_hub_alone() {
-    let mut mesh = Mesh::with_leaves(&["far", "hub"], &[("eu", "hub")], Config::default(), |c| {
-        c.leaf_expiry_ms = 60_000
-    });
-    let eu = mesh.node("eu").connect(V5, "eu-sub");
-    mesh.node("eu").subscribe(eu, "gone/#", QoS::AtLeastOnce);
+    let mut mesh = Mesh::with_leaves(
+        &["far", "hub"],
+        &[("edge-eu", "hub")],
+        Config::default(),
+        |c| c.leaf_expiry_ms = 60_000,
+    );
+    let eu = mesh.node("edge-eu").connect(V5, "eu-sub");
+    mesh.node("edge-eu")
+        .subscribe(eu, "gone/#", QoS::AtLeastOnce);
     routes_settle(&mut mesh);
     assert_eq!(
         mesh.node("far").broker.replicated_routes(&id("hub")),
         ["gone/#"]
     );
-    mesh.link_down(&id("eu"), &id("hub"));
+    mesh.link_down(&id("edge-eu"), &id("hub"));
     // A message for it waits at the hub, then is dropped with the leaf.
     let publisher = mesh.node("far").connect(V5, "far-pub");
     mesh.node("far")
         .publish(publisher, "gone/x", b"late", QoS::AtLeastOnce, false, 1);
     mesh.settle();
     mesh.advance(90_000);
-    assert!(!mesh.node("hub").broker.is_leaf(&id("eu")));
+    assert!(!mesh.node("hub").broker.is_leaf(&id("edge-eu")));
     assert_eq!(mesh.node("hub").broker.stats().dropped_peer_forgotten, 1);
     assert!(
         mesh.node("far")
@@ -272,7 +282,7 @@ fn a_leaf_cannot_speak_for_the_mesh() {
     let mut mesh = deployment();
     mesh.link_down(&id("far"), &id("hub"));
     mesh.inject(
-        "eu",
+        "edge-eu",
         "hub",
         Frame::Forget {
             node: id("far"),
@@ -286,12 +296,16 @@ fn a_leaf_cannot_speak_for_the_mesh() {
 
 #[test]
 fn a_leaf_brings_no_more_interest_than_its_bound() {
-    let mut mesh = Mesh::with_leaves(&["far", "hub"], &[("eu", "hub")], Config::default(), |c| {
-        c.leaf_max_filters = 2
-    });
-    let sub = mesh.node("eu").connect(V5, "sub");
+    let mut mesh = Mesh::with_leaves(
+        &["far", "hub"],
+        &[("edge-eu", "hub")],
+        Config::default(),
+        |c| c.leaf_max_filters = 2,
+    );
+    let sub = mesh.node("edge-eu").connect(V5, "sub");
     for filter in ["a/#", "b/#"] {
-        mesh.node("eu").subscribe(sub, filter, QoS::AtLeastOnce);
+        mesh.node("edge-eu")
+            .subscribe(sub, filter, QoS::AtLeastOnce);
     }
     routes_settle(&mut mesh);
     assert_eq!(
@@ -300,7 +314,7 @@ fn a_leaf_brings_no_more_interest_than_its_bound() {
     );
     // A delta that would take the leaf past its bound: refused, its session cut, and nothing
     // of it reaches the mesh (the session that follows carries the leaf's real two).
-    let at = mesh.node("eu").broker.route_position().unwrap();
+    let at = mesh.node("edge-eu").broker.route_position().unwrap();
     let change = |n: u64, filter: &str| RouteChange {
         version: at.version + n,
         filter: filter.into(),
@@ -308,20 +322,20 @@ fn a_leaf_brings_no_more_interest_than_its_bound() {
     };
     let delta = RouteDelta {
         owner: Owner {
-            node: id("eu"),
+            node: id("edge-eu"),
             incarnation: at.incarnation,
         },
         after: at.version,
         changes: vec![change(1, "c/#"), change(2, "d/#")],
         hash: 0,
     };
-    mesh.inject("eu", "hub", Frame::RouteDelta(delta));
+    mesh.inject("edge-eu", "hub", Frame::RouteDelta(delta));
     let hub = mesh.node("hub").broker.stats();
     assert_eq!(hub.peer_frames_over_limit, 1, "{hub:?}");
     routes_settle(&mut mesh);
     assert_eq!(mesh.node("hub").broker.stats().peer_sessions_cut, 1);
     assert_eq!(
-        mesh.node("hub").broker.replicated_routes(&id("eu")),
+        mesh.node("hub").broker.replicated_routes(&id("edge-eu")),
         ["a/#", "b/#"]
     );
     assert_eq!(
@@ -331,12 +345,68 @@ fn a_leaf_brings_no_more_interest_than_its_bound() {
 }
 
 #[test]
-fn a_leaf_cannot_take_a_members_name_or_its_hubs() {
+fn a_leaf_is_named_as_one_and_cannot_take_a_members_name_or_its_hubs() {
     use meridian_core::broker::LeafError;
     let mut mesh = deployment();
     let hub = &mut mesh.node("hub").broker;
-    assert_eq!(hub.add_leaf(&id("hub")), Err(LeafError::Myself));
-    assert_eq!(hub.add_leaf(&id("far")), Err(LeafError::MeshMember));
+    assert_eq!(hub.add_leaf(&id("far")), Err(LeafError::NotLeafName));
     assert!(!hub.is_leaf(&id("far")));
-    assert_eq!(hub.add_leaf(&id("eu")), Ok(()), "a leaf already is one");
+    assert_eq!(
+        hub.add_leaf(&id("edge-eu")),
+        Ok(()),
+        "a leaf already is one"
+    );
+    // A hub or a member may carry a leaf's kind of name (an edge object that is a hub does).
+    let mut mesh = Mesh::new(&["edge-hub", "edge-far"], Config::default(), |_| {});
+    let hub = &mut mesh.node("edge-hub").broker;
+    assert_eq!(hub.add_leaf(&id("edge-hub")), Err(LeafError::Myself));
+    assert_eq!(hub.add_leaf(&id("edge-far")), Err(LeafError::MeshMember));
+    assert!(!hub.is_leaf(&id("edge-far")));
+}
+
+#[test]
+fn a_subscribe_that_would_take_the_route_set_past_its_bound_is_refused() {
+    use meridian_core::codec::ReasonCode;
+    let mut mesh = Mesh::with_leaves(
+        &["far", "hub"],
+        &[("edge-eu", "hub")],
+        Config::default(),
+        |c| c.max_route_filters = 3,
+    );
+    let granted = vec![ReasonCode(1)];
+    let full = vec![ReasonCode::QUOTA_EXCEEDED];
+    let eu = mesh.node("edge-eu");
+    let a = eu.connect(V5, "a");
+    for filter in ["t/1", "t/2", "t/+"] {
+        assert_eq!(
+            eu.subscribe(a, filter, QoS::AtLeastOnce),
+            granted,
+            "{filter}"
+        );
+    }
+    assert_eq!(eu.subscribe(a, "t/3", QoS::AtLeastOnce), full);
+    // Filters the route set holds already cost nothing: the same one from another client,
+    // a shared subscription to it, one unsubscribed to make room.
+    let b = eu.connect(V5, "b");
+    assert_eq!(eu.subscribe(b, "t/1", QoS::AtLeastOnce), granted);
+    assert_eq!(eu.subscribe(b, "$share/g/t/2", QoS::AtLeastOnce), granted);
+    eu.unsubscribe(a, "t/+");
+    assert_eq!(eu.subscribe(a, "t/3", QoS::AtLeastOnce), granted);
+    assert_eq!(eu.broker.stats().subscriptions_route_set_full, 1);
+    routes_settle(&mut mesh);
+
+    // The hub's route set holds its leaf's three filters: a new one of its own is refused, one
+    // its leaf wants is not, and the leaf's stay taken past the bound.
+    let hub = mesh.node("hub");
+    assert_eq!(hub.broker.route_set().len(), 3);
+    let h = hub.connect(V5, "h");
+    assert_eq!(hub.subscribe(h, "x", QoS::AtLeastOnce), full);
+    assert_eq!(hub.subscribe(h, "t/3", QoS::AtLeastOnce), granted);
+    let eu = mesh.node("edge-eu");
+    eu.unsubscribe(b, "t/1");
+    eu.unsubscribe(a, "t/1");
+    routes_settle(&mut mesh);
+    let hub = mesh.node("hub");
+    assert_eq!(hub.subscribe(h, "x", QoS::AtLeastOnce), granted);
+    assert_eq!(hub.broker.stats().subscriptions_route_set_full, 1);
 }

@@ -16,8 +16,8 @@ use meridian_core::{Config, ConnId};
 use proptest::prelude::*;
 
 const MESH: &[&str] = &["a", "b"];
-const LEAVES: &[(&str, &str)] = &[("a1", "a"), ("a2", "a"), ("b1", "b")];
-const NODES: &[&str] = &["a", "b", "a1", "a2", "b1"];
+const LEAVES: &[(&str, &str)] = &[("edge-a1", "a"), ("edge-a2", "a"), ("edge-b1", "b")];
+const NODES: &[&str] = &["a", "b", "edge-a1", "edge-a2", "edge-b1"];
 const FILTERS: &[&str] = &["t/#", "t/+/x", "t/a/x", "u/#", "#"];
 const TOPICS: &[&str] = &["t/a/x", "t/b/x", "t/a/y", "u/v", "w"];
 

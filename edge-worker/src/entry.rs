@@ -8,7 +8,8 @@ use worker::{
     WebSocketIncomingMessage, WebSocketPair, durable_object, event,
 };
 
-use crate::link::LinkConfig;
+use crate::link::Uplink;
+use crate::links::HUB_LINK_PATH;
 use crate::placement::Placement;
 use crate::shell::{Edge, Hooks};
 use crate::users::Users;
@@ -25,6 +26,8 @@ const ACL_SECRET: &str = "MQTT_ACL";
 const UPSTREAM_VAR: &str = "MERIDIAN_UPSTREAM";
 /// The secret token the daemon's edge-link listener takes.
 const LINK_TOKEN_SECRET: &str = "MERIDIAN_LINK_TOKEN";
+/// The variable naming the location whose object is the hub of an edge-only deployment.
+const HUB_VAR: &str = "EDGE_HUB";
 /// The path MQTT clients connect to, as Mosquitto's and EMQX's WebSocket listeners use.
 const MQTT_PATH: &str = "/mqtt";
 
@@ -89,7 +92,7 @@ async fn fetch(req: Request, env: Env, _ctx: Context) -> Result<Response> {
 /// How clients are spread over objects (see [`crate::placement`]).
 fn placement(env: &Env) -> std::result::Result<Placement, String> {
     let name = optional_var(env, "BROKER_NAME").unwrap_or_else(|| "meridian".into());
-    let linked = optional_var(env, UPSTREAM_VAR).is_some();
+    let linked = optional_var(env, UPSTREAM_VAR).is_some() || optional_var(env, HUB_VAR).is_some();
     Placement::parse(
         text_binding(env, "PLACEMENT")?.as_deref(),
         text_binding(env, "EDGE_LOCATIONS")?.as_deref(),
@@ -158,18 +161,16 @@ fn hooks(env: &Env) -> std::result::Result<Hooks, String> {
         Some(text) => crate::rules::parse(&text)?,
         None => Acl::default(),
     };
-    let upstream = match text_binding(env, UPSTREAM_VAR)?.filter(|u| !u.is_empty()) {
-        Some(url) => Some(LinkConfig::parse(
-            &url,
-            text_binding(env, LINK_TOKEN_SECRET)?.as_deref(),
-        )?),
+    let hub = match text_binding(env, HUB_VAR)?.filter(|h| !h.trim().is_empty()) {
+        Some(location) => Some(placement(env)?.hub(&location)?),
         None => None,
     };
-    Ok(Hooks {
-        users,
-        acl,
-        upstream,
-    })
+    let uplink = Uplink::parse(
+        text_binding(env, UPSTREAM_VAR)?.as_deref(),
+        text_binding(env, LINK_TOKEN_SECRET)?.as_deref(),
+        hub,
+    )?;
+    Ok(Hooks { users, acl, uplink })
 }
 
 /// Limits for a broker inside one Durable Object, whose isolate has about 128 MB: smaller
@@ -199,12 +200,30 @@ pub struct MqttBroker {
 impl DurableObject for MqttBroker {
     fn new(state: State, env: Env) -> Self {
         let storage = state.storage();
+        let namespace = env.durable_object(BINDING).ok();
         Self {
-            edge: Edge::new(edge_config(), hooks(&env), state._inner(), storage),
+            edge: Edge::new(
+                edge_config(),
+                hooks(&env),
+                state._inner(),
+                storage,
+                namespace,
+            ),
         }
     }
 
     async fn fetch(&self, req: Request) -> Result<Response> {
+        // Only another object of this Worker asks for this path: the Worker's fetch handler
+        // above forwards /mqtt and /status alone.
+        if req.path() == HUB_LINK_PATH && is_websocket_upgrade(&req)? {
+            return match self.edge.accept_leaf() {
+                Ok(response) => Ok(response),
+                Err(error) => {
+                    worker::console_error!("meridian: cannot take a leaf's link: {error}");
+                    Response::error("the hub cannot start; its log says why\n", 503)
+                }
+            };
+        }
         if req.path() == STATUS_PATH {
             if let Err(error) = self.edge.ensure_started() {
                 worker::console_error!("meridian: cannot start the broker: {error}");

@@ -16,7 +16,8 @@
 //!   everyone in on purpose (local development does).
 //! - `MQTT_ACL` (see [`rules`]) holds access rules in the daemon's `[acl]` format.
 //! - `MERIDIAN_UPSTREAM` and the secret `MERIDIAN_LINK_TOKEN` (see [`link`]) make the broker a
-//!   leaf of a daemon's region: its subscribers' interest joins the region's.
+//!   leaf of a daemon's region: its subscribers' interest joins the region's. Without a
+//!   daemon, `EDGE_HUB` names the location whose object the others link to.
 //!
 //! Everything MQTT (3.1.1 and 5.0) is `meridian-core`'s; this crate translates IO. The Worker
 //! builds for `wasm32-unknown-unknown` (`worker-build --release`); on other targets only
@@ -25,6 +26,8 @@
 #[cfg(target_arch = "wasm32")]
 mod entry;
 pub mod link;
+#[cfg(target_arch = "wasm32")]
+mod links;
 pub mod placement;
 pub mod rules;
 #[cfg(target_arch = "wasm32")]

@@ -1,8 +1,44 @@
-//! The edge object's link to its home region, as configured: `MERIDIAN_UPSTREAM`, the
-//! `ws://` or `wss://` URL of a daemon's edge-link listener (ending in `/link`), and the secret
-//! `MERIDIAN_LINK_TOKEN` it presents. With them, the object's broker is a leaf of that daemon
-//! (`docs/geo.md`, "Leaves"): its subscribers' interest joins the region's, and messages cross
-//! towards interest only, QoS 1/2 exactly once through the outboxes of both ends.
+//! What an edge object links to, as configured (`docs/geo.md`, "Leaves"): each object is a
+//! leaf of a hub, its subscribers' interest joins the hub's, and messages cross towards
+//! interest only, QoS 1/2 exactly once through the outboxes of both ends.
+//!
+//! - `MERIDIAN_UPSTREAM`, the `ws://` or `wss://` URL of a daemon's edge-link listener (ending
+//!   in `/link`), and the secret `MERIDIAN_LINK_TOKEN` it presents: every object is a leaf of
+//!   that daemon, and through it reaches the daemon's region and the whole mesh.
+//! - `EDGE_HUB`, a location: with no daemon at all, the object of that location is the hub
+//!   and every other object is its leaf, linked through the hub's Durable Object stub.
+
+use crate::placement::Target;
+
+/// What an object links to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Uplink {
+    /// A daemon's edge-link listener.
+    Region(LinkConfig),
+    /// The hub object of an edge-only deployment.
+    Hub(Target),
+}
+
+impl Uplink {
+    /// From `MERIDIAN_UPSTREAM` with `MERIDIAN_LINK_TOKEN`, and from `EDGE_HUB` (as placed):
+    /// one of them, or neither.
+    pub fn parse(
+        upstream: Option<&str>,
+        token: Option<&str>,
+        hub: Option<Target>,
+    ) -> Result<Option<Self>, String> {
+        match (upstream.filter(|u| !u.trim().is_empty()), hub) {
+            (Some(_), Some(_)) => Err(
+                "MERIDIAN_UPSTREAM and EDGE_HUB are both set: objects link to a region's daemon \
+                 or to a hub object, not both"
+                    .to_owned(),
+            ),
+            (Some(url), None) => Ok(Some(Self::Region(LinkConfig::parse(url, token)?))),
+            (None, Some(hub)) => Ok(Some(Self::Hub(hub))),
+            (None, None) => Ok(None),
+        }
+    }
+}
 
 /// Where the edge object links to, and with what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +89,27 @@ impl LinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_links_to_a_region_or_to_a_hub_not_both() {
+        let hub = Target {
+            object: "edge-eu".to_owned(),
+            hint: Some("weur"),
+        };
+        let url = "ws://127.0.0.1:7100/link";
+        assert_eq!(Uplink::parse(None, None, None), Ok(None));
+        assert_eq!(Uplink::parse(Some(""), None, None), Ok(None));
+        assert_eq!(
+            Uplink::parse(None, None, Some(hub.clone())),
+            Ok(Some(Uplink::Hub(hub.clone())))
+        );
+        assert!(matches!(
+            Uplink::parse(Some(url), Some("t"), None),
+            Ok(Some(Uplink::Region(_)))
+        ));
+        let e = Uplink::parse(Some(url), Some("t"), Some(hub)).unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+    }
 
     #[test]
     fn an_upstream_is_a_websocket_url_to_link_with_a_token() {

@@ -9,9 +9,9 @@
 //!   without location metadata (local development) meets the object `BROKER_NAME`.
 //! - `PLACEMENT = "single"`: every client meets the object `BROKER_NAME`.
 //!
-//! The default is `continent` when the objects link to a region (`MERIDIAN_UPSTREAM`), which
-//! joins them through it, and `single` otherwise: objects of different locations with nothing
-//! between them would split the clients into islands.
+//! The default is `continent` when the objects are linked (to a region, `MERIDIAN_UPSTREAM`,
+//! or to a hub object, `EDGE_HUB`), which joins them, and `single` otherwise: objects of
+//! different locations with nothing between them would split the clients into islands.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -57,7 +57,7 @@ struct Locations {
 
 impl Placement {
     /// From `PLACEMENT`, `EDGE_LOCATIONS` and `BROKER_NAME`; `linked`: the objects link to a
-    /// region. An error names the variable and what is wrong.
+    /// region or a hub. An error names the variable and what is wrong.
     pub fn parse(
         placement: Option<&str>,
         locations: Option<&str>,
@@ -179,6 +179,19 @@ impl Placement {
         }
     }
 
+    /// The hub object of an edge-only deployment (`EDGE_HUB`): the object of that location,
+    /// which clients there meet too.
+    pub fn hub(&self, location: &str) -> Result<Target, String> {
+        if self.locations.is_none() {
+            return Err(
+                "EDGE_HUB is set but PLACEMENT is \"single\": one object has nothing to link"
+                    .to_owned(),
+            );
+        }
+        self.target(Some(location.trim()), None, None)
+            .map_err(|e| format!("EDGE_HUB: {e}"))
+    }
+
     fn single_target(&self) -> Target {
         Target {
             object: self.single.clone(),
@@ -247,6 +260,17 @@ mod tests {
         );
         let p = Placement::parse(Some("single"), None, "b", true).unwrap();
         assert_eq!(p.target(None, None, Some("EU")), target("b", None));
+    }
+
+    #[test]
+    fn the_hub_of_an_edge_only_deployment_is_a_known_location() {
+        let p = Placement::parse(None, Some("DE=eu-central"), "meridian", true).unwrap();
+        assert_eq!(p.hub("eu"), target("edge-eu", Some("weur")));
+        assert_eq!(p.hub("eu-central"), target("edge-eu-central", None));
+        let e = p.hub("mars").unwrap_err();
+        assert!(e.starts_with("EDGE_HUB: unknown location"), "{e}");
+        let single = Placement::parse(Some("single"), None, "meridian", true).unwrap();
+        assert!(single.hub("eu").unwrap_err().contains("PLACEMENT"));
     }
 
     #[test]

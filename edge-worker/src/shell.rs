@@ -16,23 +16,25 @@
 //! kept by the object's alarm, not by timers.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use js_sys::{ArrayBuffer, Uint8Array};
+use js_sys::Uint8Array;
 use meridian_core::acl::Acl;
-use meridian_core::broker::{ClusterConfig, PeerLimits};
-use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, OutboxLimits};
+use meridian_core::broker::{ClusterConfig, LEAF_PREFIX, PeerLimits};
+use meridian_core::link::{Frame, OutboxLimits};
 use meridian_core::routes::NodeId;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
-use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
 use worker::worker_sys::DurableObjectState;
-use worker::{Date, Delay, ScheduledTime, Storage, WebSocket, web_sys};
+use worker::{
+    Date, Delay, Headers, ObjectNamespace, Response, ScheduledTime, Storage, WebSocket,
+    WebSocketPair,
+};
 
-use crate::link::LinkConfig;
+use crate::link::Uplink;
+use crate::links::{self, NODE_HEADER, PeerSocket};
 use crate::store::RecordStore;
 use crate::users::Users;
 
@@ -55,14 +57,41 @@ const CHECKPOINT_QUIET_MS: u64 = 2_000;
 /// the second.
 const DIAL_BACKOFF_MIN_MS: u64 = 500;
 const DIAL_BACKOFF_MAX_MS: u64 = 30_000;
+/// How long a leaf's link to a hub object may take to send its `Hello`.
+const HELLO_TIMEOUT_MS: u64 = 10_000;
 
-/// The bounds of the broker as a leaf: one peer, its home region, and what that peer may make
-/// an object of 128 MB hold.
-fn leaf_cluster_config(node: NodeId, incarnation: u64) -> ClusterConfig {
-    // Its region, as the daemon's listings show it, is its own name.
+/// Leaves a hub object takes (one per edge location, and the object of requests without
+/// location metadata), and the distinct filters each may bring, and so each object of an
+/// edge-only deployment may want: the hub holds every leaf's filters and, for each leaf, a view
+/// of everyone else's, within an object of 128 MB.
+const HUB_MAX_LEAVES: usize = 16;
+const HUB_LEAF_MAX_FILTERS: usize = 2_500;
+/// The distinct filters an object linked to a daemon may want: the daemon's bound for one
+/// leaf (`cluster.edge.max_filters`, 100,000, by default).
+const REGION_LEAF_MAX_FILTERS: usize = 100_000;
+
+/// The bounds of the broker as a node: one peer, its hub, for a leaf; its leaves for a hub
+/// object; and what those peers may make an object of 128 MB hold.
+fn edge_cluster_config(node: NodeId, incarnation: u64, uplink: Option<&Uplink>) -> ClusterConfig {
+    // Its region, as the hub's listings show it, is its own name.
     let region = node.to_string();
     let mut c = ClusterConfig::new(node, incarnation, region);
-    c.max_nodes = 4;
+    match uplink {
+        Some(Uplink::Region(_)) => {
+            c.max_nodes = 4;
+            c.max_route_filters = REGION_LEAF_MAX_FILTERS;
+        }
+        Some(Uplink::Hub(_)) => {
+            c.max_nodes = 4;
+            c.max_route_filters = HUB_LEAF_MAX_FILTERS;
+        }
+        None => {
+            c.max_nodes = HUB_MAX_LEAVES;
+            c.leaf_max_filters = HUB_LEAF_MAX_FILTERS;
+            // Its own subscribers' filters beside its leaves'.
+            c.max_route_filters = (HUB_MAX_LEAVES + 1) * HUB_LEAF_MAX_FILTERS;
+        }
+    }
     c.tombstone_budget = 10_000;
     c.snapshot_chunk_filters = 1_000;
     c.outbox = OutboxLimits {
@@ -80,28 +109,21 @@ fn leaf_cluster_config(node: NodeId, incarnation: u64) -> ClusterConfig {
     c
 }
 
-/// Who may connect, what they may do, and the region the broker links to.
+/// Who may connect, what they may do, and what the broker links to.
 #[derive(Debug, Clone)]
 pub struct Hooks {
     pub users: Users,
     pub acl: Acl,
-    /// `MERIDIAN_UPSTREAM`: the broker is a leaf of that daemon.
-    pub upstream: Option<LinkConfig>,
+    /// `MERIDIAN_UPSTREAM` or `EDGE_HUB`: the hub every object (the hub object aside) is a
+    /// leaf of.
+    pub uplink: Option<Uplink>,
 }
 
-/// The link to the home region, while its WebSocket is open.
-struct Upstream {
-    ws: WebSocket,
-    /// The daemon at its other end, as its upgrade named it.
-    hub: NodeId,
-    /// The socket's handlers, kept for as long as it is open.
-    _handlers: [Closure<dyn FnMut(JsValue)>; 3],
-}
-
-impl std::fmt::Debug for Upstream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Upstream").field("hub", &self.hub).finish()
-    }
+/// A link socket of the object: the one up to its hub, or one of its leaves'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkRef {
+    Up,
+    Leaf(u64),
 }
 
 /// The broker and the sockets of its connections.
@@ -118,14 +140,19 @@ struct Shell {
     last_event: Timestamp,
     /// A timer waits to write the checkpoint once the object is quiet.
     checkpoint_pending: bool,
-    /// Where the broker links to (a leaf of that daemon), if anywhere.
-    link: Option<LinkConfig>,
-    /// The link, while it is open.
-    upstream: Option<Upstream>,
+    /// What the broker is a leaf of, if anything.
+    uplink: Option<Uplink>,
+    /// The link up, while it is open.
+    upstream: Option<PeerSocket>,
     /// A dial (or the wait before the next) is under way.
     dialing: bool,
     /// The wait before the next dial after a failure.
     backoff_ms: u64,
+    /// This object is the hub of an edge-only deployment.
+    hub: bool,
+    /// Its leaves' links (before their `Hello`, without a node), by link number.
+    leaves: BTreeMap<u64, PeerSocket>,
+    next_link: u64,
 }
 
 impl Shell {
@@ -143,17 +170,20 @@ impl Shell {
         config.seed = random_seed()?;
         config.resumable_connections = true;
         let mut broker = Broker::with_auth(config, now, hooks.users, hooks.acl);
-        if hooks.upstream.is_some() {
-            // A new incarnation per start: the daemon replaces the routes of the last one.
+        // The hub object of an edge-only deployment is no leaf: its leaves link to it.
+        let hub = matches!(&hooks.uplink, Some(Uplink::Hub(t)) if t.object == name);
+        let uplink = hooks.uplink.filter(|_| !hub);
+        if hub || uplink.is_some() {
+            // A new incarnation per start: the hub replaces the routes of the last one.
             let incarnation = store.next_incarnation()?;
             // Objects of a location are named edge-<location> already.
-            let node = if name.starts_with("edge-") {
+            let node = if name.starts_with(LEAF_PREFIX) {
                 name.to_owned()
             } else {
-                format!("edge-{name}")
+                format!("{LEAF_PREFIX}{name}")
             };
             let node = NodeId::new(&node).map_err(|e| worker::Error::RustError(e.to_string()))?;
-            broker.enable_cluster(leaf_cluster_config(node, incarnation));
+            broker.enable_cluster(edge_cluster_config(node, incarnation, uplink.as_ref()));
         }
         let records = store.load()?;
         let count = records.len();
@@ -191,10 +221,13 @@ impl Shell {
             alarm: None,
             last_event: now,
             checkpoint_pending: false,
-            link: hooks.upstream,
+            uplink,
             upstream: None,
             dialing: false,
             backoff_ms: DIAL_BACKOFF_MIN_MS,
+            hub,
+            leaves: BTreeMap::new(),
+            next_link: 0,
         };
         // Restoring may close connections it cannot resume and delete records that belong
         // to nothing.
@@ -232,19 +265,22 @@ impl Shell {
                 }
                 Output::Persist { key, value } => self.store.apply(&key, value.as_deref())?,
                 Output::Event(event) => log_event(&event),
-                // The one peer is the home region: what the core sends to peers goes there.
-                Output::ToPeer { frame, .. } | Output::Broadcast { frame } => {
-                    if let Some(up) = &self.upstream {
-                        let mut bytes = BytesMut::new();
-                        if link::encode(&frame, &mut bytes).is_ok() {
-                            // A link that is closing refuses; its close event tells the broker.
-                            let _ = up.ws.send_with_bytes(&bytes);
-                        }
+                Output::ToPeer { peer, frame } => {
+                    if let Some(socket) = self.link_of(&peer) {
+                        socket.send(&frame);
                     }
                 }
-                Output::CutPeer { .. } => {
+                // Meant for the mesh: the hub above is this object's only member of it (its
+                // leaves get their frames as ToPeer).
+                Output::Broadcast { frame } => {
                     if let Some(up) = &self.upstream {
-                        let _ = up
+                        up.send(&frame);
+                    }
+                }
+                // Its close event tells the broker.
+                Output::CutPeer { peer } => {
+                    if let Some(socket) = self.link_of(&peer) {
+                        let _ = socket
                             .ws
                             .close(Some(CLOSE_INTERNAL_ERROR), Some("cut by the broker"));
                     }
@@ -252,6 +288,44 @@ impl Shell {
             }
         }
         Ok(())
+    }
+
+    /// The open link to `peer`: the one up, or a leaf's.
+    fn link_of(&self, peer: &NodeId) -> Option<&PeerSocket> {
+        self.upstream
+            .iter()
+            .chain(self.leaves.values())
+            .find(|s| s.node.as_ref() == Some(peer))
+    }
+
+    fn socket(&mut self, link: LinkRef) -> Option<&mut PeerSocket> {
+        match link {
+            LinkRef::Up => self.upstream.as_mut(),
+            LinkRef::Leaf(n) => self.leaves.get_mut(&n),
+        }
+    }
+
+    /// A leaf's link named its node (`Hello`): the core makes it a leaf (or refuses), and an
+    /// earlier link of the same leaf gives way.
+    fn admit_leaf(&mut self, n: u64, node: NodeId) -> worker::Result<Result<(), String>> {
+        if let Err(why) = self.broker.add_leaf(&node) {
+            return Ok(Err(why.to_string()));
+        }
+        let earlier = self
+            .leaves
+            .iter()
+            .find(|(m, s)| **m != n && s.node.as_ref() == Some(&node))
+            .map(|(m, _)| *m);
+        if let Some(m) = earlier.and_then(|m| self.leaves.remove(&m)) {
+            m.retire(CLOSE_NORMAL, "replaced by a new link");
+            self.feed(Input::PeerDown { peer: node.clone() })?;
+        }
+        if let Some(socket) = self.leaves.get_mut(&n) {
+            socket.node = Some(node.clone());
+        }
+        worker::console_log!("meridian: {node} linked as a leaf");
+        self.feed(Input::PeerUp { peer: node })?;
+        Ok(Ok(()))
     }
 }
 
@@ -296,6 +370,8 @@ struct Inner {
     hooks: Result<Hooks, String>,
     state: DurableObjectState,
     storage: Storage,
+    /// The Worker's Durable Objects, through which a leaf reaches its hub object.
+    namespace: Option<ObjectNamespace>,
     /// `None` until started, and again after stored state could not be read or written.
     shell: RefCell<Option<Shell>>,
 }
@@ -306,6 +382,7 @@ impl Edge {
         hooks: Result<Hooks, String>,
         state: DurableObjectState,
         storage: Storage,
+        namespace: Option<ObjectNamespace>,
     ) -> Self {
         Self {
             inner: Rc::new(Inner {
@@ -313,6 +390,7 @@ impl Edge {
                 hooks,
                 state,
                 storage,
+                namespace,
                 shell: RefCell::new(None),
             }),
         }
@@ -353,13 +431,14 @@ impl Edge {
         Ok(())
     }
 
-    /// Opens the link to the home region, if the broker has one and it is not open or being
-    /// opened: an upgrade to the daemon's `/link` with the token; the daemon names itself in
-    /// its answer. A failure is tried again after a wait that doubles up to 30 s.
+    /// Opens the link up, if the broker has one and it is not open or being opened: an
+    /// upgrade to the daemon's `/link` with the token, or to the hub object's; the other end
+    /// names itself in its answer. A failure is tried again after a wait that doubles up to
+    /// 30 s.
     fn dial(&self) {
         let mut slot = self.inner.shell.borrow_mut();
         let Some(shell) = slot.as_mut() else { return };
-        let Some(config) = shell.link.clone() else {
+        let Some(uplink) = shell.uplink.clone() else {
             return;
         };
         if shell.upstream.is_some() || shell.dialing {
@@ -369,17 +448,18 @@ impl Edge {
         drop(slot);
         let weak = Rc::downgrade(&self.inner);
         wasm_bindgen_futures::spawn_local(async move {
-            let opened = open_link(&config).await;
+            let namespace = weak.upgrade().and_then(|inner| inner.namespace.clone());
+            let opened = links::dial(&uplink, namespace.as_ref()).await;
             let Some(inner) = weak.upgrade() else { return };
             let edge = Edge { inner };
             match opened {
                 Ok((ws, hub)) => {
                     if let Err(error) = edge.linked(ws, hub) {
-                        worker::console_error!("meridian: the link to the region failed: {error}");
+                        worker::console_error!("meridian: the link up failed: {error}");
                     }
                 }
                 Err(error) => {
-                    worker::console_warn!("meridian: cannot link to the region: {error}");
+                    worker::console_warn!("meridian: cannot link to {}: {error}", above(&uplink));
                     edge.dial_later();
                 }
             }
@@ -408,92 +488,148 @@ impl Edge {
         });
     }
 
-    /// The link is open: its frames go to the broker, which now has its peer.
-    fn linked(&self, ws: WebSocket, hub: NodeId) -> worker::Result<()> {
-        ws.as_ref()
-            .set_binary_type(web_sys::BinaryType::Arraybuffer);
+    /// Listens on a link socket: its frames go to the broker.
+    fn listen(&self, ws: WebSocket, node: Option<NodeId>, link: LinkRef) -> PeerSocket {
         let weak = Rc::downgrade(&self.inner);
-        let on_message = Closure::<dyn FnMut(JsValue)>::new({
+        let on_data = {
             let weak = weak.clone();
-            move |event: JsValue| {
-                let Some(inner) = weak.upgrade() else { return };
-                let data = event
-                    .dyn_ref::<web_sys::MessageEvent>()
-                    .map(web_sys::MessageEvent::data);
-                match data.as_ref().and_then(|d| d.dyn_ref::<ArrayBuffer>()) {
-                    Some(buffer) => Edge { inner }.upstream_data(&Uint8Array::new(buffer).to_vec()),
-                    None => Edge { inner }.upstream_closed(Some("a text message")),
+            move |data: &[u8]| {
+                if let Some(inner) = weak.upgrade() {
+                    Edge { inner }.link_data(link, data);
                 }
             }
-        });
-        let on_end = || {
-            let weak = weak.clone();
-            Closure::<dyn FnMut(JsValue)>::new(move |_: JsValue| {
-                if let Some(inner) = weak.upgrade() {
-                    Edge { inner }.upstream_closed(None);
-                }
-            })
         };
-        let (on_close, on_error) = (on_end(), on_end());
-        let socket: &web_sys::WebSocket = ws.as_ref();
-        socket.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-        socket.set_onclose(Some(on_close.as_ref().unchecked_ref()));
-        socket.set_onerror(Some(on_error.as_ref().unchecked_ref()));
-        worker::console_log!("meridian: linked to the region ({hub})");
+        let on_end = move |why: Option<&'static str>| {
+            if let Some(inner) = weak.upgrade() {
+                Edge { inner }.end_link(link, why);
+            }
+        };
+        PeerSocket::listen(ws, node, on_data, on_end)
+    }
+
+    /// The link up is open: the broker has its peer.
+    fn linked(&self, ws: WebSocket, hub: NodeId) -> worker::Result<()> {
+        let socket = self.listen(ws, Some(hub.clone()), LinkRef::Up);
         self.with_shell(|shell| {
+            worker::console_log!("meridian: linked to {} ({hub})", above_of(shell));
             shell.dialing = false;
             shell.backoff_ms = DIAL_BACKOFF_MIN_MS;
-            shell.upstream = Some(Upstream {
-                ws,
-                hub: hub.clone(),
-                _handlers: [on_message, on_close, on_error],
-            });
+            shell.upstream = Some(socket);
             shell.feed(Input::PeerUp { peer: hub })
         })
     }
 
-    /// Bytes from the region: whole link frames, each fed to the broker.
-    fn upstream_data(&self, data: &[u8]) {
-        let malformed = self
+    /// A leaf's link to this hub object (`links::HUB_LINK_PATH`): an upgrade whose answer
+    /// names this node; its first frame must be the leaf's `Hello`.
+    pub fn accept_leaf(&self) -> worker::Result<Response> {
+        self.ensure_started()?;
+        let admitted = self.with_shell(|shell| {
+            if !shell.hub {
+                return Ok(Err((404, "this object is not the deployment's hub\n")));
+            }
+            if shell.leaves.len() >= HUB_MAX_LEAVES {
+                return Ok(Err((503, "the hub holds as many leaves as it may\n")));
+            }
+            let node = shell.broker.node_id().cloned();
+            shell.next_link += 1;
+            Ok(Ok((shell.next_link, node)))
+        })?;
+        let (n, node) = match admitted {
+            Ok(admitted) => admitted,
+            Err((status, why)) => return Response::error(why, status),
+        };
+        let pair = WebSocketPair::new()?;
+        pair.server.accept()?;
+        let socket = self.listen(pair.server, None, LinkRef::Leaf(n));
+        self.with_shell(|shell| {
+            shell.leaves.insert(n, socket);
+            Ok(())
+        })?;
+        // A link that names no leaf in time is closed.
+        let weak = Rc::downgrade(&self.inner);
+        wasm_bindgen_futures::spawn_local(async move {
+            Delay::from(Duration::from_millis(HELLO_TIMEOUT_MS)).await;
+            let Some(inner) = weak.upgrade() else { return };
+            let mut slot = inner.shell.borrow_mut();
+            let Some(shell) = slot.as_mut() else { return };
+            if shell.leaves.get(&n).is_some_and(|s| s.node.is_none())
+                && let Some(socket) = shell.leaves.remove(&n)
+            {
+                socket.retire(CLOSE_PROTOCOL_ERROR, "no Hello");
+            }
+        });
+        let headers = Headers::new();
+        if let Some(node) = node {
+            headers.set(NODE_HEADER, node.as_str())?;
+        }
+        Ok(Response::from_websocket(pair.client)?.with_headers(headers))
+    }
+
+    /// A message on a link: whole link frames, each fed to the broker. A leaf's first must
+    /// name it (`Hello`).
+    fn link_data(&self, link: LinkRef, data: &[u8]) {
+        let refused = self
             .with_shell(|shell| {
-                let Some(hub) = shell.upstream.as_ref().map(|u| u.hub.clone()) else {
-                    return Ok(false);
+                let Some(socket) = shell.socket(link) else {
+                    // Closed already; a late message is ignored.
+                    return Ok(None);
                 };
-                let mut buf = BytesMut::from(data);
-                loop {
-                    match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-                        Ok(Some(frame)) => shell.feed(Input::PeerFrame {
-                            peer: hub.clone(),
-                            frame: Box::new(frame),
-                        })?,
-                        Ok(None) if buf.is_empty() => return Ok(false),
-                        _ => return Ok(true),
+                let frames = match links::frames(data) {
+                    Ok(frames) => frames,
+                    Err(why) => return Ok(Some(why.to_owned())),
+                };
+                let peer = match (&socket.node, link, frames.first()) {
+                    (Some(peer), _, _) => peer.clone(),
+                    (None, LinkRef::Leaf(n), Some(Frame::Hello { node, .. })) => {
+                        let node = node.clone();
+                        if let Err(why) = shell.admit_leaf(n, node.clone())? {
+                            worker::console_warn!("meridian: leaf {node} refused: {why}");
+                            return Ok(Some(why));
+                        }
+                        node
                     }
+                    (None, ..) => return Ok(Some("the first frame is not a Hello".to_owned())),
+                };
+                for frame in frames {
+                    shell.feed(Input::PeerFrame {
+                        peer: peer.clone(),
+                        frame: Box::new(frame),
+                    })?;
                 }
+                Ok(None)
             })
-            .unwrap_or(false);
-        if malformed {
-            self.upstream_closed(Some("a malformed link frame"));
+            .unwrap_or(None);
+        if let Some(why) = refused {
+            self.end_link(link, Some(&why));
         }
     }
 
-    /// The link closed (or failed, or sent what cannot be read): the broker loses its peer
-    /// until the next dial.
-    fn upstream_closed(&self, why: Option<&str>) {
+    /// Ends a link that closed, failed, or sent what this end closes it for (`why`): the
+    /// broker loses its peer; a link up is dialled again after the backoff.
+    fn end_link(&self, link: LinkRef, why: Option<&str>) {
         let gone = self.with_shell(|shell| {
-            let Some(up) = shell.upstream.take() else {
+            let socket = match link {
+                LinkRef::Up => shell.upstream.take(),
+                LinkRef::Leaf(n) => shell.leaves.remove(&n),
+            };
+            let Some(socket) = socket else {
                 return Ok(false);
             };
-            if let Some(why) = why {
-                let _ = up.ws.close(Some(CLOSE_PROTOCOL_ERROR), Some(why));
+            let node = socket.node.clone();
+            match why {
+                Some(why) => socket.retire(CLOSE_PROTOCOL_ERROR, why),
+                None => socket.retire(CLOSE_NORMAL, "closed"),
             }
-            let hub = up.hub.clone();
-            retire(up);
-            shell.feed(Input::PeerDown { peer: hub })?;
+            if let Some(peer) = node {
+                if link != LinkRef::Up {
+                    worker::console_log!("meridian: leaf {peer} unlinked");
+                }
+                shell.feed(Input::PeerDown { peer })?;
+            }
             Ok(true)
         });
-        if gone.unwrap_or(false) {
-            worker::console_warn!("meridian: the link to the region closed; dialling again");
+        if link == LinkRef::Up && gone.unwrap_or(false) {
+            worker::console_warn!("meridian: the link up closed; dialling again");
             self.dial_later();
         }
     }
@@ -503,33 +639,54 @@ impl Edge {
         Ok(sockets.into_iter().map(WebSocket::from).collect())
     }
 
-    /// The object's state as JSON, for `GET /status`: its name, its link to the region, its
-    /// clients. Nothing secret.
+    /// The object's state as JSON, for `GET /status`: its name, its role (`alone`, `leaf`,
+    /// `hub`), its links (to its hub, or its leaves) with what crossed them, its clients.
+    /// Nothing secret.
     pub fn status_json(&self) -> String {
         let slot = self.inner.shell.borrow();
         let Some(shell) = slot.as_ref() else {
             return "{\"running\":false}".to_owned();
         };
         let stats = shell.broker.stats();
-        let hub = shell.upstream.as_ref().map(|u| u.hub.clone());
-        let outbox = hub.as_ref().map_or(0, |hub| {
-            shell
-                .broker
-                .peers()
-                .iter()
-                .find(|p| &p.node == hub)
-                .map_or(0, |p| p.outbox_messages)
-        });
+        let hub = shell.upstream.as_ref().and_then(|u| u.node.clone());
+        let peers = shell.broker.peers();
+        let outbox = peers
+            .iter()
+            .find(|p| Some(&p.node) == hub.as_ref())
+            .map_or(0, |p| p.outbox_messages);
+        let role = match (shell.hub, &shell.uplink) {
+            (true, _) => "hub",
+            (false, Some(_)) => "leaf",
+            (false, None) => "alone",
+        };
+        let peers: Vec<String> = peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "{{\"node\":{},\"leaf\":{},\"connected\":{},\"routes\":{},\
+                     \"outbox_messages\":{},\"forwarded_to\":{},\"forwarded_from\":{}}}",
+                    json_string_or_null(Some(p.node.as_str())),
+                    p.leaf,
+                    p.connected,
+                    p.routes,
+                    p.outbox_messages,
+                    p.forwarded_to,
+                    p.forwarded_from
+                )
+            })
+            .collect();
         format!(
-            "{{\"running\":true,\"node\":{},\"linked\":{},\"hub\":{},\"connections\":{},\
-             \"sessions\":{},\"subscriptions\":{},\"outbox_messages\":{}}}",
+            "{{\"running\":true,\"node\":{},\"role\":\"{role}\",\"linked\":{},\"hub\":{},\
+             \"connections\":{},\"sessions\":{},\"subscriptions\":{},\"outbox_messages\":{},\
+             \"peers\":[{}]}}",
             json_string_or_null(shell.broker.node_id().map(NodeId::as_str)),
             hub.is_some(),
             json_string_or_null(hub.as_ref().map(NodeId::as_str)),
             stats.connections,
             stats.sessions,
             stats.subscriptions,
-            outbox
+            outbox,
+            peers.join(",")
         )
     }
 
@@ -718,11 +875,13 @@ fn stop(slot: &mut Option<Shell>, error: &worker::Error) {
         for (_, ws) in shell.sockets.drain() {
             let _ = ws.close(Some(CLOSE_INTERNAL_ERROR), Some("storage failed"));
         }
-        if let Some(up) = shell.upstream.take() {
-            let _ = up
-                .ws
-                .close(Some(CLOSE_INTERNAL_ERROR), Some("storage failed"));
-            retire(up);
+        for socket in shell
+            .upstream
+            .take()
+            .into_iter()
+            .chain(std::mem::take(&mut shell.leaves).into_values())
+        {
+            socket.retire(CLOSE_INTERNAL_ERROR, "storage failed");
         }
     }
     *slot = None;
@@ -747,31 +906,16 @@ fn json_string_or_null(s: Option<&str>) -> String {
     out
 }
 
-/// Lets go of a link whose handlers may be running now: they are dropped once this turn ends.
-fn retire(up: Upstream) {
-    wasm_bindgen_futures::spawn_local(async move { drop(up) });
+/// What an object links up to, for its log.
+fn above(uplink: &Uplink) -> &'static str {
+    match uplink {
+        Uplink::Region(_) => "the region",
+        Uplink::Hub(_) => "the hub object",
+    }
 }
 
-/// An upgrade to the daemon's edge-link listener, with the token; the daemon's answer names
-/// it (`meridian-node`).
-async fn open_link(config: &LinkConfig) -> worker::Result<(WebSocket, NodeId)> {
-    let headers = worker::Headers::new();
-    headers.set("Upgrade", "websocket")?;
-    headers.set("Authorization", &format!("Bearer {}", config.token))?;
-    let mut init = worker::RequestInit::new();
-    init.with_headers(headers);
-    let request = worker::Request::new_with_init(&config.url, &init)?;
-    let response = worker::Fetch::Request(request).send().await?;
-    let status = response.status_code();
-    let hub = response.headers().get("meridian-node")?;
-    let ws = response
-        .websocket()
-        .ok_or_else(|| worker::Error::RustError(format!("the daemon answered {status}")))?;
-    let hub = hub
-        .and_then(|h| NodeId::new(&h).ok())
-        .ok_or_else(|| worker::Error::RustError("the daemon did not name itself".into()))?;
-    ws.accept()?;
-    Ok((ws, hub))
+fn above_of(shell: &Shell) -> &'static str {
+    shell.uplink.as_ref().map_or("the hub", above)
 }
 
 /// The connection a socket carries (its attachment), if it carries one.

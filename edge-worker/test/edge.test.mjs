@@ -64,6 +64,8 @@ async function startEdge({ persist = false, users, anonymous = true, acl, upstre
     },
   });
   const url = await within(mf.ready, "Miniflare to start", 30000);
+  // Its workerd process: the youngest child of this process of that name.
+  const workerd = Number(spawnSync("pgrep", ["-n", "-P", String(process.pid), "workerd"], { encoding: "utf8" }).stdout);
   const edge = {
     http: url.href,
     ws: new URL("/mqtt", url).href.replace(/^http/, "ws"),
@@ -98,6 +100,13 @@ async function startEdge({ persist = false, users, anonymous = true, acl, upstre
     async stop() {
       if (!running.delete(edge)) return;
       await mf.dispose();
+    },
+    /** Its runtime killed outright (kill -9): nothing flushed, no object told. */
+    async kill9() {
+      assert.ok(workerd > 0, "workerd's pid");
+      process.kill(workerd, "SIGKILL");
+      running.delete(edge);
+      await mf.dispose().catch(() => {});
     },
   };
   running.add(edge);
@@ -149,6 +158,10 @@ function inbox(client) {
     else queue.push(m);
   });
   return {
+    /** Every message received and not yet taken. */
+    drain() {
+      return queue.splice(0);
+    },
     /** The next message, within `ms`; a wait that times out takes nothing later. */
     next(what = "a message", ms = DEADLINE_MS) {
       if (queue.length) return Promise.resolve(queue.shift());
@@ -696,7 +709,7 @@ test("an edge object linked to its region exchanges messages with it, towards in
     // wants what it wants.
     const edgeSub = await connect(edge.at("eu"), "edge-sub", 5);
     const edgeBox = inbox(edgeSub);
-    await edgeSub.subscribeAsync("edge/#", { qos: 1 });
+    await edgeSub.subscribeAsync("edge/#", { qos: 2 });
     await edge.waitForLog("linked to the region", 30000);
     await region.until("the edge subscriber's filter in the region's route set", async () =>
       (await region.api("/api/routes")).includes("edge/#"),
@@ -721,7 +734,7 @@ test("an edge object linked to its region exchanges messages with it, towards in
     const regionSub = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-sub", reconnectPeriod: 0 }), "a region client");
     clients.add(regionSub);
     const regionBox = inbox(regionSub);
-    await regionSub.subscribeAsync("up/#", { qos: 1 });
+    await regionSub.subscribeAsync("up/#", { qos: 2 });
     // A publisher in Asia, at another object: through the region to the region's subscriber,
     // and to the European edge subscriber.
     const edgePub = await connect(edge.at("as"), "edge-pub", 4);
@@ -732,6 +745,23 @@ test("an edge object linked to its region exchanges messages with it, towards in
       assert.ok(got || attempt < 20, "the edge's messages never reached the region");
     }
     assert.equal(got.topic, "up/1");
+    // QoS 0, 1 and 2, each way, each once and in order.
+    for (const qos of [0, 1, 2]) {
+      await edgePub.publishAsync("up/q", `edge qos ${qos}`, { qos });
+      await regionPub.publishAsync("edge/q", `region qos ${qos}`, { qos });
+    }
+    const fromEdge = [];
+    while (fromEdge.length < 3) {
+      const m = await regionBox.next("the edge's QoS 0, 1 and 2 in the region");
+      if (m.topic === "up/q") fromEdge.push([m.payload, m.packet.qos]);
+    }
+    assert.deepEqual(fromEdge, [["edge qos 0", 0], ["edge qos 1", 1], ["edge qos 2", 2]]);
+    const toEdge = [];
+    while (toEdge.length < 3) {
+      const m = await edgeBox.next("the region's QoS 0, 1 and 2 at the edge");
+      toEdge.push([m.topic, m.payload, m.packet.qos]);
+    }
+    assert.deepEqual(toEdge, [["edge/q", "region qos 0", 0], ["edge/q", "region qos 1", 1], ["edge/q", "region qos 2", 2]]);
     await edgePub.publishAsync("edge/from-asia", "via the region", { qos: 1 });
     const m2 = await edgeBox.next("the Asian edge's message in Europe");
     assert.deepEqual([m2.topic, m2.payload], ["edge/from-asia", "via the region"]);
@@ -761,7 +791,7 @@ test("an edge object linked to its region exchanges messages with it, towards in
   }
 });
 
-test("a region killed and restarted, and an edge object restarted with a backlog: each message once, in order", async () => {
+test("a region killed and restarted, and an edge object restarted, with backlogs both ways: each message once, in order", async () => {
   const token = "edge-link-token-0123456789";
   const region = await startRegion(token);
   const dir = mkdtempSync(path.join(tmpdir(), "meridian-edge-"));
@@ -776,7 +806,7 @@ test("a region killed and restarted, and an edge object restarted with a backlog
     );
     await regionSub.subscribeAsync("up/#", { qos: 1 });
     await regionSub.endAsync();
-    const edgeSub = await connect(edge.at("eu"), "edge-sub", 5);
+    const edgeSub = await connect(edge.at("eu"), "edge-sub", 5, persistent);
     const edgeBox = inbox(edgeSub);
     await edgeSub.subscribeAsync("down/#", { qos: 1 });
     await region.until("the edge's interest in the region", async () =>
@@ -789,17 +819,20 @@ test("a region killed and restarted, and an edge object restarted with a backlog
       return ((await region.api("/api/peers")).find((p) => p.leaf)?.forwarded_from ?? 0) > 0;
     });
 
-    // The region dies: the edge's messages wait in its outbox, kept in its storage.
+    // A region client publishes QoS 1 and 2 for the edge, and the region dies the moment the
+    // last is acknowledged, with what it has not forwarded yet in its outbox.
+    const regionPub = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-pub", reconnectPeriod: 0 }), "a region client");
+    clients.add(regionPub);
+    for (let i = 1; i <= 8; i++) await regionPub.publishAsync("down/x", `region ${i}`, { qos: 1 + (i % 2) });
     await region.kill9();
-    for (let i = 1; i <= 5; i++) await edgePub.publishAsync("up/x", `edge ${i}`, { qos: 1 });
+    // The edge's messages, QoS 1 and 2, wait in its outbox, kept in its storage.
+    for (let i = 1; i <= 6; i++) await edgePub.publishAsync("up/x", `edge ${i}`, { qos: 1 + (i % 2) });
     await edgePub.endAsync();
     await edgeSub.endAsync();
     // The edge object restarts too, with that backlog in its storage.
     await edge.stop();
     edge = await startEdge({ persist: dir, upstream: region.upstream, linkToken: token });
-    const again = await connect(edge.at("eu"), "edge-sub", 5, persistent);
-    const againBox = inbox(again);
-    await again.subscribeAsync("down/#", { qos: 1 });
+    const { client: again, box: againBox } = await connectWithConnack(edge.at("eu"), "edge-sub", 5, persistent);
     await region.restart();
     await edge.waitForLog("linked to the region", 60000);
     // The region's subscriber gets the edge's messages, once each, in order.
@@ -820,25 +853,178 @@ test("a region killed and restarted, and an edge object restarted with a backlog
       });
       if (m.topic === "up/prime") continue;
       got.push(m.payload);
-      if (got.length === 5) break;
+      if (got.length === 6) break;
     }
-    assert.deepEqual(got, ["edge 1", "edge 2", "edge 3", "edge 4", "edge 5"]);
-    // And the region reaches the edge again.
+    assert.deepEqual(got, ["edge 1", "edge 2", "edge 3", "edge 4", "edge 5", "edge 6"]);
+    // The edge's subscriber gets the region's, once each, in order: those that crossed before
+    // the region died, then the rest from its outbox.
+    const down = edgeBox.drain().map((m) => m.payload);
+    while (down.length < 8) down.push((await againBox.next("the region's backlog at the edge", 30000)).payload);
+    assert.deepEqual(down, Array.from({ length: 8 }, (_, i) => `region ${i + 1}`));
+    // And the restarted region reaches the edge again.
     await region.until("the edge's interest in the restarted region", async () =>
       (await region.api("/api/routes")).includes("down/#"),
     );
-    const regionPub = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-pub", reconnectPeriod: 0 }), "a region client");
-    clients.add(regionPub);
-    for (let i = 1; i <= 3; i++) await regionPub.publishAsync("down/x", `region ${i}`, { qos: 1 });
-    const down = [];
-    while (down.length < 3) down.push((await againBox.next("the region's messages at the edge")).payload);
-    assert.deepEqual(down, ["region 1", "region 2", "region 3"]);
-    const extra = await regionBox.next("nothing more", 1000).catch(() => null);
-    assert.equal(extra, null, "nothing twice");
-    await Promise.all([regionSub.endAsync(), regionPub.endAsync(), again.endAsync()]);
+    const regionPub2 = await within(mqtt.connectAsync(region.mqtt, { clientId: "region-pub", reconnectPeriod: 0 }), "a region client");
+    clients.add(regionPub2);
+    await regionPub2.publishAsync("down/x", "after", { qos: 1 });
+    assert.equal((await againBox.next("the region's message after its restart")).payload, "after");
+    for (const box of [regionBox, againBox]) {
+      const extra = await box.next("nothing more", 1000).catch(() => null);
+      assert.equal(extra, null, "nothing twice");
+    }
+    await Promise.all([regionSub.endAsync(), regionPub2.endAsync(), again.endAsync()]);
     await edge.stop();
   } finally {
     await region.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+/** Waits until `cond()` holds, asking every 25 ms, for at most `ms`. */
+async function until(what, cond, ms = 30000) {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+/** The messages `box` gets until it has `count` that are not primers, in order. */
+async function collect(box, count, what, ms = DEADLINE_MS) {
+  const got = [];
+  while (got.length < count) {
+    const m = await box.next(what, ms);
+    if (!m.topic.endsWith("/prime")) got.push(m);
+  }
+  return got;
+}
+
+/**
+ * Publishes on `topic`/prime from `publisher` until `box` gets one: the publisher's object has
+ * learnt, through its hub, that someone there wants the topic.
+ */
+async function prime(publisher, topic, box, what) {
+  for (let attempt = 0; ; attempt++) {
+    await publisher.publishAsync(`${topic}/prime`, "prime", { qos: 1 });
+    const m = await box.next(what, 500).catch(() => undefined);
+    if (m) return;
+    assert.ok(attempt < 40, `${what}: never arrived`);
+  }
+}
+
+test("edge-only: objects linked through a hub object exchange QoS 0, 1 and 2 once, towards interest only", async () => {
+  // No daemon: the object of `eu` is the hub, every other location's object its leaf.
+  const edge = await startEdge({ vars: { EDGE_HUB: "eu" } });
+  const naSub = await connect(edge.at("na"), "na-sub", 5);
+  const naBox = inbox(naSub);
+  await naSub.subscribeAsync("chat/#", { qos: 2 });
+  const euSub = await connect(edge.at("eu"), "eu-sub", 4);
+  const euBox = inbox(euSub);
+  await euSub.subscribeAsync("chat/#", { qos: 2 });
+  await edge.waitForLog("edge-na linked as a leaf", 30000);
+  const asPub = await connect(edge.at("as"), "as-pub", 5);
+  await edge.waitForLog("edge-as linked as a leaf", 30000);
+  await prime(asPub, "chat", naBox, "a first message from Asia in North America");
+
+  // From a leaf to the other leaf (through the hub) and to the hub's own subscriber.
+  for (let i = 1; i <= 30; i++) await asPub.publishAsync("chat/m", `as ${i}`, { qos: i % 3 });
+  const expected = Array.from({ length: 30 }, (_, i) => `as ${i + 1}`);
+  const atNa = await collect(naBox, 30, "Asia's messages in North America");
+  assert.deepEqual(atNa.map((m) => m.payload), expected);
+  assert.deepEqual(atNa.map((m) => m.packet.qos), expected.map((_, i) => (i + 1) % 3));
+  assert.deepEqual((await collect(euBox, 30, "Asia's messages at the hub")).map((m) => m.payload), expected);
+
+  // From the hub's client to a leaf's.
+  const asBox = inbox(asPub);
+  await asPub.subscribeAsync("back/#", { qos: 2 });
+  const euPub = await connect(edge.at("eu"), "eu-pub", 5);
+  await prime(euPub, "back", asBox, "a first message from the hub in Asia");
+  for (let i = 1; i <= 5; i++) await euPub.publishAsync("back/m", `eu ${i}`, { qos: 2 });
+  assert.deepEqual(
+    (await collect(asBox, 5, "the hub's messages in Asia")).map((m) => m.payload),
+    ["eu 1", "eu 2", "eu 3", "eu 4", "eu 5"],
+  );
+
+  // Each object's /status: the hub lists its leaves, each leaf its hub.
+  const hub = (await edge.status("eu")).body;
+  assert.equal(hub.role, "hub");
+  assert.deepEqual(hub.peers.map((p) => [p.node, p.leaf, p.connected]).sort(), [
+    ["edge-as", true, true],
+    ["edge-na", true, true],
+  ]);
+  const na = (await edge.status("na")).body;
+  assert.deepEqual([na.role, na.node, na.linked, na.hub], ["leaf", "edge-na", true, "edge-eu"]);
+
+  // What nobody beyond Asia wants stays there: neither end counts a forward for it.
+  const counts = async () => [
+    (await edge.status("as")).body.peers[0].forwarded_to,
+    (await edge.status("eu")).body.peers.find((p) => p.node === "edge-as").forwarded_from,
+  ];
+  const before = await counts();
+  for (let i = 0; i < 5; i++) await asPub.publishAsync("nobody/wants/this", "stay", { qos: 1 });
+  await asPub.publishAsync("chat/after", "after", { qos: 1 });
+  assert.equal((await naBox.next("a later message")).topic, "chat/after");
+  const after = await counts();
+  assert.deepEqual(after, before.map((n) => n + 1), "only the wanted message crossed");
+
+  // A leaf's subscribers want at most 2,500 distinct filters (what its hub takes from a leaf):
+  // past it a new filter is refused (0x97), not carried to a hub that would cut the link.
+  const many = [];
+  for (let c = 0; c < 3; c++) many.push(await connect(edge.at("na"), `na-many-${c}`, 5));
+  const filters = Array.from({ length: 2500 }, (_, i) => `many/${i}`);
+  const granted = [];
+  for (let c = 0; c < 3; c++) {
+    const part = filters.slice(c * 1000, (c + 1) * 1000);
+    // MQTT.js rejects a SUBACK that refuses any filter, with the SUBACK.
+    const codes = await many[c].subscribeAsync(part, { qos: 0 }).then(
+      (gs) => gs.map((g) => g.qos),
+      (e) => e.packet.granted,
+    );
+    granted.push(...codes);
+  }
+  // chat/# and 2,499 of these.
+  assert.deepEqual(granted.slice(0, 2499), Array(2499).fill(0));
+  assert.equal(granted[2499], 0x97);
+  await until("the hub to hold North America's 2,500 filters", async () =>
+    (await edge.status("eu")).body.peers.find((p) => p.node === "edge-na").routes === 2500,
+  );
+  assert.equal((await edge.status("na")).body.linked, true, "the link stays");
+  await Promise.all([...many, naSub, euSub, asPub, euPub].map((c) => c.endAsync()));
+  await edge.stop();
+});
+
+test("edge-only: objects restarted with messages on their way through the hub deliver each once, in order", async () => {
+  const dir = mkdtempSync(path.join(tmpdir(), "meridian-edge-only-"));
+  const vars = { EDGE_HUB: "eu" };
+  const persistent = { clean: false, properties: { sessionExpiryInterval: 3600 } };
+  try {
+    let edge = await startEdge({ persist: dir, vars });
+    // A persistent subscriber in North America, away while Asia publishes.
+    const sub = await connect(edge.at("na"), "na-sub", 5, persistent);
+    await sub.subscribeAsync("chat/#", { qos: 1 });
+    await sub.endAsync();
+    const pub = await connect(edge.at("as"), "as-pub", 5);
+    await edge.waitForLog("edge-as linked as a leaf", 30000);
+    // Asia's object knows North America wants chat/# once its view of the hub holds it.
+    await until("Asia's object to learn what the others want", async () =>
+      (await edge.status("as")).body.peers[0]?.routes === 1,
+    );
+    for (let i = 1; i <= 40; i++) await pub.publishAsync("chat/m", `as ${i}`, { qos: 1 });
+    // The runtime is killed the moment the last is acknowledged, with messages wherever they
+    // stand: Asia's outbox, the hub's, North America's queue.
+    await edge.kill9();
+    edge = await startEdge({ persist: dir, vars });
+    // Asia's object starts again (and dials the hub) when asked for its state.
+    assert.equal((await edge.status("as")).code, 200);
+    const { box, connack } = await connectWithConnack(edge.at("na"), "na-sub", 5, persistent);
+    assert.equal(connack.sessionPresent, true);
+    const got = await collect(box, 40, "Asia's messages in North America", 30000);
+    assert.deepEqual(got.map((m) => m.payload), Array.from({ length: 40 }, (_, i) => `as ${i + 1}`));
+    const extra = await box.next("nothing more", 1000).catch(() => null);
+    assert.equal(extra, null, "nothing twice");
+    await edge.stop();
+  } finally {
     rmSync(dir, { recursive: true, force: true });
   }
 });

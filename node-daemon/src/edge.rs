@@ -35,9 +35,6 @@ use crate::mailbox::{DaemonCounters, ToEngine};
 use crate::mesh::queue::{LinkLimits, PeerWriter};
 use crate::passwd::constant_time_eq;
 
-/// What a leaf's name starts with. Mesh members are named by their libp2p peer ids, which
-/// never do: the two never meet.
-pub const LEAF_PREFIX: &str = "edge-";
 /// The path edge links upgrade on.
 pub const LINK_PATH: &str = "/link";
 /// How long a connection may take to complete TLS and the WebSocket upgrade.

@@ -535,20 +535,12 @@ impl Engine {
                 writer,
                 accepted,
             } => {
-                // Named as a leaf (`edge-…`: mesh members are named by their peer ids, so a
-                // leaf cannot squat a member's name before it joins); the core refuses this
-                // node's name and a member's it knows.
-                let added = if leaf.as_str().starts_with(crate::edge::LEAF_PREFIX) {
-                    self.broker.add_leaf(&leaf).map_err(|e| e.to_string())
-                } else {
-                    Err(format!(
-                        "a leaf's name starts with {}",
-                        crate::edge::LEAF_PREFIX
-                    ))
-                };
+                // The core refuses a name that is not a leaf's (`edge-…`; mesh members are
+                // named by their peer ids, which never are), this node's and a member's.
+                let added = self.broker.add_leaf(&leaf);
                 let _ = accepted.send(added.is_ok());
                 if let Err(why) = added {
-                    warn!(leaf = %leaf, why, "edge link refused");
+                    warn!(leaf = %leaf, %why, "edge link refused");
                     return;
                 }
                 self.session_up(now, leaf, session, writer, true);

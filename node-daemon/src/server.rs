@@ -616,6 +616,9 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
     config.leaf_expiry_ms = c.edge.leaf_expiry_ms;
     config.leaf_max_filters = c.edge.max_filters;
     config.max_nodes = c.max_nodes;
+    // What this node wants stays within what it takes from a peer, which is what its peers,
+    // configured alike, take from it.
+    config.max_route_filters = c.peer_max_filters;
     config.max_clock_drift_ms = c.max_clock_drift_ms;
     config.peer_limits = PeerLimits {
         max_filters: c.peer_max_filters,

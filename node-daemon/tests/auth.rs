@@ -419,7 +419,7 @@ topic = "secret/#"
         "{metrics}"
     );
     assert!(
-        metrics.contains("meridian_subscriptions_refused_total 1"),
+        metrics.contains("meridian_subscriptions_refused_total{reason=\"not_authorized\"} 1"),
         "{metrics}"
     );
 }

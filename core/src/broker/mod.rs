@@ -31,8 +31,8 @@ pub use auth::{
     AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess,
 };
 pub use cluster::{
-    ClusterConfig, ForgetError, ForgetReason, Forgotten, LeafError, PeerFault, PeerLimit,
-    PeerLimits, PeerSummary,
+    ClusterConfig, ForgetError, ForgetReason, Forgotten, LEAF_PREFIX, LeafError, PeerFault,
+    PeerLimit, PeerLimits, PeerSummary,
 };
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};

@@ -102,6 +102,8 @@ macro_rules! stats {
 
 /// What `messages_dropped`, the figures of every drop reason, counts.
 const DROPPED: &str = "Messages dropped, by reason";
+/// What `subscriptions_refused` counts.
+const SUBS_REFUSED: &str = "Subscriptions refused, by reason";
 /// What `peer_frames_refused` counts.
 const REFUSED: &str = "Frames from peer nodes refused, by reason";
 
@@ -197,7 +199,12 @@ stats! {
     /// it judged Filtered).
     Counter withheld_not_authorized: u64 => "deliveries_withheld";
     /// Subscriptions refused by the authorizer (SUBACK 0x87, or 0x80 to 3.1.1 clients).
-    Counter subscriptions_not_authorized: u64 => "subscriptions_refused";
+    Counter subscriptions_not_authorized: u64 => "subscriptions_refused"
+        (SUBS_REFUSED) "reason" = "not_authorized";
+    /// Subscriptions refused because their filter would take this node's route set past
+    /// `ClusterConfig::max_route_filters` (SUBACK 0x97, or 0x80 to 3.1.1 clients).
+    Counter subscriptions_route_set_full: u64 => "subscriptions_refused"
+        (SUBS_REFUSED) "reason" = "route_set_full";
     /// CONNECTs refused.
     Counter connects_refused: u64 => "connects_refused";
     /// Connections closed for protocol errors.

@@ -80,6 +80,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 reasons.push(failure(v5, ReasonCode::QUOTA_EXCEEDED));
                 continue;
             }
+            if self.route_set_full(filter.pattern()) {
+                self.stats.subscriptions_route_set_full += 1;
+                reasons.push(failure(v5, ReasonCode::QUOTA_EXCEEDED));
+                continue;
+            }
             let mut options = f.options;
             options.qos = options.qos.min(self.config.maximum_qos);
             if !v5 {

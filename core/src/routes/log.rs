@@ -80,6 +80,25 @@ impl RouteLog {
         kept.chain(added).map(|f| &**f)
     }
 
+    /// Whether `filter` is in the set as it stands with the current batch applied.
+    pub fn wants(&self, filter: &str) -> bool {
+        match self.pending.get(filter) {
+            Some(op) => *op == RouteOp::Add,
+            None => self.live.contains(filter),
+        }
+    }
+
+    /// How many filters the set holds with the current batch applied (a batch adds only
+    /// filters that are not live and removes only live ones).
+    pub fn wanted_len(&self) -> usize {
+        let adds = self
+            .pending
+            .values()
+            .filter(|op| **op == RouteOp::Add)
+            .count();
+        (self.live.len() + adds) - (self.pending.len() - adds)
+    }
+
     /// Changes kept for peers (tombstones included).
     pub fn retained_changes(&self) -> usize {
         self.log.len()

@@ -74,7 +74,7 @@ impl Mesh {
     ) -> Self {
         let mut mesh = Self::new(names, config.clone(), &tweak);
         for (leaf, hub) in leaves {
-            let mut cluster = ClusterConfig::new(id(leaf), 1, format!("edge-{leaf}"));
+            let mut cluster = ClusterConfig::new(id(leaf), 1, *leaf);
             tweak(&mut cluster);
             mesh.nodes
                 .insert(id(leaf), World::node(config.clone(), cluster));

@@ -203,12 +203,19 @@ impl Cluster {
     }
 }
 
+/// How every leaf's name starts (`edge-eu`): mesh members are named by their peer ids, so a
+/// leaf cannot squat a member's name before it joins.
+pub const LEAF_PREFIX: &str = "edge-";
+
 /// Why a node cannot be made a leaf.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeafError {
     /// The broker is not a node of a deployment.
     #[error("this broker is not clustered")]
     NotClustered,
+    /// A name that does not start with [`LEAF_PREFIX`].
+    #[error("a leaf's name starts with {LEAF_PREFIX}")]
+    NotLeafName,
     /// This node's own name.
     #[error("a leaf cannot take this node's name")]
     Myself,
@@ -220,12 +227,16 @@ pub enum LeafError {
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Makes `node` a leaf of this node: call before its link comes up
     /// ([`crate::Input::PeerUp`]), once the shell has authenticated it as an edge object
-    /// rather than a member of the mesh. Remembered in storage. Refused for this node's own
-    /// name and for a mesh member this node knows; a leaf already is one.
+    /// rather than a member of the mesh. Remembered in storage. Refused for a name that does
+    /// not start with [`LEAF_PREFIX`], for this node's own name and for a mesh member this
+    /// node knows; a leaf already is one.
     pub fn add_leaf(&mut self, node: &NodeId) -> Result<(), LeafError> {
         let Some(c) = &mut self.cluster else {
             return Err(LeafError::NotClustered);
         };
+        if !node.as_str().starts_with(LEAF_PREFIX) {
+            return Err(LeafError::NotLeafName);
+        }
         if *node == c.owner.node {
             return Err(LeafError::Myself);
         }

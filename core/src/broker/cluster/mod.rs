@@ -19,7 +19,7 @@ mod retained;
 mod routes;
 mod trust;
 
-pub use leaves::LeafError;
+pub use leaves::{LEAF_PREFIX, LeafError};
 pub use membership::{ForgetError, ForgetReason, Forgotten};
 pub use trust::{PeerFault, PeerLimit, PeerLimits};
 
@@ -71,6 +71,12 @@ pub struct ClusterConfig {
     /// its routes leave this node's route set and what waited for it is dropped (counted in
     /// `Stats::dropped_peer_forgotten`).
     pub leaf_expiry_ms: u64,
+    /// Distinct filters this node's route set may hold (its own subscribers' and its leaves')
+    /// for a SUBSCRIBE to add one: past it a new filter gets SUBACK 0x97 (3.1.1: 0x80),
+    /// counted. Keep it within what its peers take from one node ([`PeerLimits::max_filters`],
+    /// or `leaf_max_filters` at a leaf's hub), or they cut its link for the size of its
+    /// interest. Leaves' filters are taken past it (each leaf has its own bound).
+    pub max_route_filters: usize,
     /// Filters a leaf's route set may hold here (they join this node's own route set, which
     /// the mesh replicates): a leaf past it has its frame refused and its session cut, as a
     /// peer past [`PeerLimits`] is.
@@ -116,6 +122,7 @@ impl ClusterConfig {
             peer_expiry_ms: 24 * 60 * 60 * 1000,
             leaf_expiry_ms: 60 * 60 * 1000,
             leaf_max_filters: 100_000,
+            max_route_filters: PeerLimits::default().max_filters,
             max_clock_drift_ms: 60_000,
             subscribe_fence: false,
             subscribe_fence_max_ms: 10_000,

@@ -32,6 +32,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
+    /// Whether a new local subscription to `filter` would take this node's route set past
+    /// [`super::ClusterConfig::max_route_filters`].
+    pub(in crate::broker) fn route_set_full(&self, filter: &str) -> bool {
+        self.cluster.as_ref().is_some_and(|c| {
+            !c.routes.wants(filter) && c.routes.wanted_len() >= c.config.max_route_filters
+        })
+    }
+
     /// A filter pattern lost its last local subscriber.
     pub(in crate::broker) fn route_removed(&mut self, filter: &str) {
         self.event(Event::RouteRemoved {
