@@ -78,7 +78,10 @@ impl PeerSocket {
         }
     }
 
-    /// Sends one frame (a socket that is closing refuses; its close event says so).
+    /// Sends one frame, as one message (a socket that is closing refuses; its close event
+    /// says so). Each frame its own message: a batch of them would reach the other end as one
+    /// event, whose deliveries could overflow a subscriber's queue before its acknowledgements
+    /// are read (measured: `docs/benchmarks.md`, "Edge-only").
     pub fn send(&self, frame: &Frame) {
         let mut bytes = BytesMut::new();
         if link::encode(frame, &mut bytes).is_ok() {

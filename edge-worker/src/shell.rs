@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use js_sys::Uint8Array;
 use meridian_core::acl::Acl;
-use meridian_core::broker::{ClusterConfig, LEAF_PREFIX, PeerLimits};
+use meridian_core::broker::{ClusterConfig, FigureValue, LEAF_PREFIX, PeerLimits};
 use meridian_core::link::{Frame, OutboxLimits};
 use meridian_core::routes::NodeId;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
@@ -640,8 +640,8 @@ impl Edge {
     }
 
     /// The object's state as JSON, for `GET /status`: its name, its role (`alone`, `leaf`,
-    /// `hub`), its links (to its hub, or its leaves) with what crossed them, its clients.
-    /// Nothing secret.
+    /// `hub`), its links (to its hub, or its leaves) with what crossed them, its clients, the
+    /// messages it dropped by reason. Nothing secret.
     pub fn status_json(&self) -> String {
         let slot = self.inner.shell.borrow();
         let Some(shell) = slot.as_ref() else {
@@ -675,10 +675,22 @@ impl Edge {
                 )
             })
             .collect();
+        // Messages dropped, by reason (those with any).
+        let dropped: Vec<String> = stats
+            .figures()
+            .filter_map(
+                |(figure, value)| match (figure.metric, figure.label, value) {
+                    ("messages_dropped", Some((_, reason)), FigureValue::One(n)) if n > 0 => {
+                        Some(format!("\"{reason}\":{n}"))
+                    }
+                    _ => None,
+                },
+            )
+            .collect();
         format!(
             "{{\"running\":true,\"node\":{},\"role\":\"{role}\",\"linked\":{},\"hub\":{},\
              \"connections\":{},\"sessions\":{},\"subscriptions\":{},\"outbox_messages\":{},\
-             \"peers\":[{}]}}",
+             \"messages_dropped\":{{{}}},\"peers\":[{}]}}",
             json_string_or_null(shell.broker.node_id().map(NodeId::as_str)),
             hub.is_some(),
             json_string_or_null(hub.as_ref().map(NodeId::as_str)),
@@ -686,6 +698,7 @@ impl Edge {
             stats.sessions,
             stats.subscriptions,
             outbox,
+            dropped.join(","),
             peers.join(",")
         )
     }
