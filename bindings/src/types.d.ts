@@ -190,6 +190,8 @@ export interface BrokerStats {
   withheldNotAuthorized: number;
   /** Subscriptions a `maySubscribe` hook refused. */
   subscriptionsNotAuthorized: number;
+  /** New filters refused because the route set was at `maxRouteFilters`. */
+  subscriptionsRouteSetFull: number;
   connectsRefused: number;
   protocolErrors: number;
 }
