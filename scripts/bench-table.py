@@ -71,8 +71,8 @@ def main():
     conn = [(s, b) for s, b in runs.items() if (s, b) not in flow]
 
     if flow:
-        print("| scenario | broker | delivered msg/s | broker CPU µs/msg | latency p50 / p99 µs | lost | dup | runs |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        print("| scenario | broker | delivered msg/s | broker CPU µs/msg | storage written B/msg | latency p50 / p99 µs | lost | dup | runs |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for s, by in flow:
             m = {}
             for b, reps in by.items():
@@ -81,6 +81,7 @@ def main():
                     "rate": med([get(x, "messages", "received_per_sec") for x in ok]),
                     "cpu": med([get(x, "broker", "cpu_us_per_message") for x in ok]),
                     "kernel": med([kernel_share(x) for x in ok]),
+                    "disk": med([get(x, "broker", "storage_bytes_per_message") for x in ok]),
                     "p50": med([get(x, "messages", "latency", "p50_us") for x in ok]),
                     "p99": med([get(x, "messages", "latency", "p99_us") for x in ok]),
                     "lost": sum(get(x, "messages", "lost") or 0 for x in ok),
@@ -89,7 +90,7 @@ def main():
                 }
                 print(
                     f"| {s} | {NAMES.get(b, b)} | {fmt(m[b]['rate'])} | {fmt(m[b]['cpu'], 2)}{kernel(m[b])} | "
-                    f"{fmt(m[b]['p50'])} / {fmt(m[b]['p99'])} | {m[b]['lost']} | {m[b]['dup']} | {m[b]['runs']} |"
+                    f"{fmt(m[b]['disk'])} | {fmt(m[b]['p50'])} / {fmt(m[b]['p99'])} | {m[b]['lost']} | {m[b]['dup']} | {m[b]['runs']} |"
                 )
             pairs = [(o, p) for o in OURS for p in PEERS + ["relay-floor"]] + [("relay-floor", "mosquitto")]
             for x, y in pairs:
@@ -97,7 +98,8 @@ def main():
                     a, o = m[x], m[y]
                     print(
                         f"| {s} | {NAMES[x]} ÷ {NAMES[y]} | {ratio(a['rate'], o['rate'])} | "
-                        f"{ratio(a['cpu'], o['cpu'])} | {ratio(a['p50'], o['p50'])} / {ratio(a['p99'], o['p99'])} | | | |"
+                        f"{ratio(a['cpu'], o['cpu'])} | {ratio(a['disk'], o['disk'])} | "
+                        f"{ratio(a['p50'], o['p50'])} / {ratio(a['p99'], o['p99'])} | | | |"
                     )
         print()
 

@@ -250,6 +250,8 @@ pub struct StorageConfig {
     pub sync_interval_ms: u64,
     /// Memory the store may keep for its pages (redb's cache).
     pub cache_bytes: usize,
+    /// The journal's size at which the store checkpoints.
+    pub journal_max_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -527,6 +529,12 @@ impl DaemonConfig {
                 crate::storage::MIN_CACHE_BYTES
             )));
         }
+        if self.storage.journal_max_bytes < crate::storage::MIN_JOURNAL_BYTES {
+            return Err(invalid(format!(
+                "storage.journal_max_bytes: must be at least {}",
+                crate::storage::MIN_JOURNAL_BYTES
+            )));
+        }
         if self.runtime.worker_threads > MAX_WORKER_THREADS {
             return Err(invalid(format!(
                 "runtime.worker_threads: must be at most {MAX_WORKER_THREADS}"
@@ -754,7 +762,8 @@ partial!(PStorage {
     data_dir: PathBuf,
     sync: SyncPolicy,
     sync_interval_ms: u64,
-    cache_bytes: usize
+    cache_bytes: usize,
+    journal_max_bytes: usize
 });
 partial!(PLog {
     format: LogFormat,

@@ -979,6 +979,7 @@ mod tests {
             SyncPolicy::Always,
             Duration::from_secs(1),
             crate::storage::MIN_CACHE_BYTES,
+            crate::storage::MIN_JOURNAL_BYTES,
         )
         .unwrap()
     }

@@ -237,6 +237,7 @@ impl Server {
                 storage.sync,
                 Duration::from_millis(storage.sync_interval_ms),
                 storage.cache_bytes,
+                storage.journal_max_bytes,
             )?;
             let (authn, authz) = match auth_setup {
                 Ok(setup) => setup.build(engine_tx, &hook_limits),

@@ -96,9 +96,10 @@ pub struct Common {
     /// Upper bound on the whole run, in seconds (connecting, publishing and draining).
     #[arg(long, default_value_t = 60.0)]
     pub timeout: f64,
-    /// The broker's process id: report its CPU time and memory.
+    /// The broker's process id: report its CPU time, memory and storage writes. Given more
+    /// than once (the brokers of two regions), their sum.
     #[arg(long, value_name = "PID")]
-    pub broker_pid: Option<u32>,
+    pub broker_pid: Vec<u32>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,

@@ -1,4 +1,5 @@
-//! The broker's CPU time and memory, from `/proc/PID/stat` and `/proc/PID/status`.
+//! The broker's CPU time, memory and storage writes, from `/proc/PID/stat`, `/proc/PID/status`
+//! and `/proc/PID/io`.
 
 use anyhow::Context;
 use serde::Serialize;
@@ -13,6 +14,21 @@ pub struct ProcSample {
     pub system_secs: f64,
     /// Resident set size, bytes.
     pub rss_bytes: u64,
+    /// Bytes it caused to be written to storage (`write_bytes` of `/proc/PID/io`; `None` where
+    /// that cannot be read).
+    pub write_bytes: Option<u64>,
+}
+
+impl ProcSample {
+    /// The sum of several processes' readings (a deployment of several brokers).
+    pub fn sum(samples: &[Self]) -> Self {
+        Self {
+            cpu_secs: samples.iter().map(|s| s.cpu_secs).sum(),
+            system_secs: samples.iter().map(|s| s.system_secs).sum(),
+            rss_bytes: samples.iter().map(|s| s.rss_bytes).sum(),
+            write_bytes: samples.iter().map(|s| s.write_bytes).sum(),
+        }
+    }
 }
 
 /// Read `pid`'s CPU time and resident memory.
@@ -45,10 +61,19 @@ pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
+    // Readable for the process's own user (or root) only.
+    let write_bytes = std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("write_bytes:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        });
     Ok(ProcSample {
         cpu_secs: secs(user_ticks + system_ticks),
         system_secs: secs(system_ticks),
         rss_bytes: rss_kib * 1024,
+        write_bytes,
     })
 }
 

@@ -161,10 +161,10 @@ impl Flow {
     }
 }
 
-/// The broker's use of the machine, from `--broker-pid`.
+/// The broker's use of the machine, from `--broker-pid` (summed over several).
 #[derive(Debug, Serialize)]
 pub struct Broker {
-    pub pid: u32,
+    pub pids: Vec<u32>,
     /// CPU time (user + system) during the measured phase.
     pub cpu_secs: f64,
     /// The part of `cpu_secs` spent in the kernel.
@@ -175,21 +175,33 @@ pub struct Broker {
     pub rss_after_bytes: u64,
     /// RSS growth per connected client.
     pub rss_per_connection_bytes: Option<f64>,
+    /// Bytes written to storage during the measured phase.
+    pub storage_write_bytes: Option<u64>,
+    /// Bytes written to storage per delivered message.
+    pub storage_bytes_per_message: Option<f64>,
 }
 
 impl Broker {
     pub fn new(
-        pid: Option<u32>,
+        pids: &[u32],
         before: Option<ProcSample>,
         after: Option<ProcSample>,
         delivered: u64,
         connections: usize,
     ) -> Option<Self> {
-        let (pid, before, after) = (pid?, before?, after?);
+        let (before, after) = (before?, after?);
         let cpu = (after.cpu_secs - before.cpu_secs).max(0.0);
+        let written = after
+            .write_bytes
+            .zip(before.write_bytes)
+            .map(|(a, b)| a.saturating_sub(b));
         #[allow(clippy::cast_precision_loss)]
         Some(Self {
-            pid,
+            pids: pids.to_vec(),
+            storage_write_bytes: written,
+            storage_bytes_per_message: written
+                .filter(|_| delivered > 0)
+                .map(|w| w as f64 / delivered as f64),
             cpu_secs: cpu,
             cpu_system_secs: (after.system_secs - before.system_secs).clamp(0.0, cpu),
             cpu_us_per_message: (delivered > 0).then(|| cpu * 1e6 / delivered as f64),
@@ -285,7 +297,13 @@ impl Report {
             write!(
                 out,
                 "  broker pid {}    CPU {:.3} s ({:.3} s in the kernel)",
-                b.pid, b.cpu_secs, b.cpu_system_secs
+                b.pids
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join("+"),
+                b.cpu_secs,
+                b.cpu_system_secs
             )?;
             if let Some(us) = b.cpu_us_per_message {
                 write!(out, " = {us:.2} µs per delivered message")?;
@@ -298,6 +316,13 @@ impl Report {
             )?;
             if let Some(per) = b.rss_per_connection_bytes {
                 writeln!(out, "  broker RSS per connection {:.0} bytes", per)?;
+            }
+            if let Some(written) = b.storage_write_bytes {
+                write!(out, "  broker storage  {written} bytes written")?;
+                match b.storage_bytes_per_message {
+                    Some(per) => writeln!(out, " = {per:.0} bytes per delivered message")?,
+                    None => writeln!(out)?,
+                }
             }
         }
         for e in &self.errors {

@@ -248,8 +248,16 @@ async fn wait_ready(
     (up, failed)
 }
 
-fn sample(pid: Option<u32>) -> anyhow::Result<Option<ProcSample>> {
-    pid.map(proc::sample).transpose()
+/// The brokers' readings, summed (`None` without a pid).
+fn sample(pids: &[u32]) -> anyhow::Result<Option<ProcSample>> {
+    if pids.is_empty() {
+        return Ok(None);
+    }
+    let samples = pids
+        .iter()
+        .map(|pid| proc::sample(*pid))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(ProcSample::sum(&samples)))
 }
 
 async fn finish(s: Started) -> Vec<ClientResult> {
@@ -325,7 +333,7 @@ async fn connect_only(
         subscribers: if name == "sub" { n } else { 0 },
         receivers: 0,
     };
-    let before = sample(common.broker_pid)?;
+    let before = sample(&common.broker_pid)?;
     let t0 = Instant::now();
     let mut s = start_clients(common, None, qos, &plan)?;
     let bar = progress(
@@ -344,10 +352,10 @@ async fn connect_only(
     if hold > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(hold)).await;
     }
-    let after = sample(common.broker_pid)?;
+    let after = sample(&common.broker_pid)?;
     let results = finish(s).await;
     let connects = Connects::from_results(&results, up, failed.len(), all_secs, name == "sub");
-    let broker = Broker::new(common.broker_pid, before, after, 0, up);
+    let broker = Broker::new(&common.broker_pid, before, after, 0, up);
     Ok(Report {
         scenario: name.to_owned(),
         target: describe(common)?,
@@ -398,7 +406,7 @@ async fn flow(plan: Plan, common: &Common, load: &Load) -> anyhow::Result<Report
         tokio::time::sleep(CROSSING_SETTLE).await;
     }
     let shared = s.cfg.shared.clone();
-    let before = sample(common.broker_pid)?;
+    let before = sample(&common.broker_pid)?;
     let start_ns = shared.now_ns();
     let _ = s.start.send(true);
     let per_pub = if load.rate > 0.0 {
@@ -451,7 +459,7 @@ async fn flow(plan: Plan, common: &Common, load: &Load) -> anyhow::Result<Report
         }
     }
     bar.finish_and_clear();
-    let after = sample(common.broker_pid)?;
+    let after = sample(&common.broker_pid)?;
     let results = finish(s).await;
 
     let mut tally = Tally::default();
@@ -468,7 +476,7 @@ async fn flow(plan: Plan, common: &Common, load: &Load) -> anyhow::Result<Report
     let mut flow = Flow::new(sent, acked, expected, &tally, publish_secs, recv_secs);
     flow.missing = missing(&results, MISSING_SHOWN);
     let delivered = tally.unique;
-    let broker = Broker::new(common.broker_pid, before, after, delivered, up);
+    let broker = Broker::new(&common.broker_pid, before, after, delivered, up);
     Ok(Report {
         scenario: plan.name.to_owned(),
         target: describe(common)?,
