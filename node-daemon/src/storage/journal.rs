@@ -1,9 +1,14 @@
-//! The store's journal: batches of record changes appended to one file, each framed so that a
-//! batch torn by a crash is recognised and dropped on replay.
+//! The store's journal: batches of record changes written one after the other into one file,
+//! each framed so that a batch torn by a crash is recognised and dropped on replay.
 //!
 //! A batch is `[payload length: u32 LE][CRC-32 of the payload: u32 LE][payload]`; the payload
-//! is its changes in order, each `[1][key length: u32 LE][key][value length: u32 LE][value]`
-//! for a put or `[0][key length: u32 LE][key]` for a delete.
+//! is the journal's generation (`u64 LE`), then its changes in order, each
+//! `[1][key length: u32 LE][key][value length: u32 LE][value]` for a put or
+//! `[0][key length: u32 LE][key]` for a delete. Each checkpoint starts a new generation from
+//! the start of the file, over the old one's batches: writing over blocks the file has already
+//! makes a commit one data write, with no change to the file's size or extents to journal. A
+//! replay reads the batches of the current generation only, so it stops where the old
+//! generation's leftovers begin.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -19,10 +24,12 @@ const DELETE: u8 = 0;
 #[error("a batch of records of 4 GiB or more")]
 pub struct TooLarge;
 
-/// Appends `changes` to `out` as one batch (`out` is left as it was if they are too large).
-pub fn encode(changes: &[Change], out: &mut BytesMut) -> Result<(), TooLarge> {
+/// Appends `changes` to `out` as one batch of `generation` (`out` is left as it was if they are
+/// too large).
+pub fn encode(generation: u64, changes: &[Change], out: &mut BytesMut) -> Result<(), TooLarge> {
     let start = out.len();
     out.put_u64_le(0);
+    out.put_u64_le(generation);
     for (key, value) in changes {
         out.put_u8(if value.is_some() { PUT } else { DELETE });
         let written = put_bytes(out, key).and_then(|()| match value {
@@ -60,18 +67,19 @@ pub struct Replay {
     pub valid_len: usize,
 }
 
-/// Reads the batches of `file`, stopping at the first that is torn or does not check out.
-pub fn replay(file: &Bytes) -> Replay {
+/// Reads the batches of `generation` from the start of `file`, stopping at the first that is
+/// torn, does not check out, or is of another generation.
+pub fn replay(file: &Bytes, generation: u64) -> Replay {
     let mut replay = Replay::default();
     let mut rest = file.clone();
     while rest.len() >= HEADER {
         let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        if rest.len() - HEADER < len {
+        if len < 8 || rest.len() - HEADER < len {
             break;
         }
-        let payload = rest.slice(HEADER..HEADER + len);
-        if crc32fast::hash(&payload) != crc {
+        let mut payload = rest.slice(HEADER..HEADER + len);
+        if crc32fast::hash(&payload) != crc || payload.get_u64_le() != generation {
             break;
         }
         let Some(changes) = decode(payload) else {
@@ -132,17 +140,24 @@ mod tests {
             let mut file = BytesMut::new();
             let mut ends = Vec::new();
             for b in &batches {
-                encode(b, &mut file).unwrap();
+                encode(7, b, &mut file).unwrap();
                 ends.push(file.len());
             }
+            // What an older generation left beyond them.
+            let mut old = BytesMut::new();
+            encode(6, &[(Bytes::from_static(b"k"), None)], &mut old).unwrap();
             let file = file.freeze();
-            let whole = replay(&file);
+            let with_old = Bytes::from([&file[..], &old[..]].concat());
+            let whole = replay(&with_old, 7);
             prop_assert_eq!(&whole.batches, &batches);
             prop_assert_eq!(whole.valid_len, file.len());
+            if !batches.is_empty() {
+                prop_assert_eq!(replay(&with_old, 6).batches.len(), 0, "another generation's");
+            }
 
             let at = cut.index(file.len() + 1);
             let kept = ends.iter().filter(|e| **e <= at).count();
-            let torn = replay(&file.slice(..at));
+            let torn = replay(&file.slice(..at), 7);
             prop_assert_eq!(&torn.batches[..], &batches[..kept]);
             prop_assert_eq!(torn.valid_len, if kept == 0 { 0 } else { ends[kept - 1] });
 
@@ -151,7 +166,7 @@ mod tests {
                 let mut bad = file.to_vec();
                 bad[i] ^= 0x5a;
                 let hit = ends.iter().position(|e| *e > i).unwrap();
-                let flipped = replay(&Bytes::from(bad));
+                let flipped = replay(&Bytes::from(bad), 7);
                 prop_assert!(flipped.batches.len() <= hit, "{} > {}", flipped.batches.len(), hit);
                 prop_assert_eq!(&flipped.batches[..], &batches[..flipped.batches.len()]);
             }

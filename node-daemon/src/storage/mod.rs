@@ -2,21 +2,23 @@
 //! [`meridian_core::Output::Persist`], in a journal in front of one redb table.
 //!
 //! The engine hands every record of a turn over as one batch and commits it before any
-//! acknowledgement of that turn is written to a socket. A commit appends the batch to the
-//! journal (`meridian.journal`, see [`journal`]) and, with `sync = "always"`, waits for the
-//! disk to have it: one sequential write of about the records' own size, where a commit to
-//! the B-tree would write every page it touches. The changes since the last checkpoint are
-//! kept in memory too; once the journal holds `storage.journal_max_bytes`, they are written
-//! to redb in one durable transaction (a record put and deleted in between, as most of a
-//! link's outbox is, never reaches it) and the journal starts again empty. At start, the
-//! journal is replayed over redb's table, up to a batch a crash tore. How a commit reaches the
+//! acknowledgement of that turn is written to a socket. A commit writes the batch after the
+//! last in the journal (`meridian.journal`, see [`journal`]) and, with `sync = "always"`,
+//! waits for the disk to have it: one sequential write of about the records' own size, where a
+//! commit to the B-tree would write every page it touches. The changes since the last
+//! checkpoint are kept in memory too; once the journal holds `storage.journal_max_bytes`,
+//! they are written to redb in one durable transaction (a record put and deleted in between,
+//! as most of a link's outbox is, never reaches it) which also moves the journal to its next
+//! generation, written from the start of the file again. At start, the batches of the current
+//! generation are replayed over redb's table, up to one a crash tore. How a commit reaches the
 //! disk is the sync policy ([`SyncPolicy`]).
 
 pub mod journal;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -39,6 +41,8 @@ pub enum SyncPolicy {
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 /// The daemon's own bookkeeping (not the core's records).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The journal's generation, in [`META`].
+const GENERATION: &str = "journal_generation";
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "meridian.redb";
@@ -79,7 +83,9 @@ pub struct Store {
     db: Database,
     journal: File,
     journal_path: String,
-    /// Bytes in the journal since the last checkpoint.
+    /// The journal's generation: its batches since the last checkpoint carry it.
+    generation: u64,
+    /// Bytes of this generation's batches, from the start of the file.
     journal_len: usize,
     /// Past this, the next commit checkpoints.
     journal_max: usize,
@@ -128,6 +134,12 @@ impl Store {
             })?;
         let txn = db.begin_write().map_err(redb_err)?;
         txn.open_table(RECORDS).map_err(redb_err)?;
+        let generation = txn
+            .open_table(META)
+            .map_err(redb_err)?
+            .get(GENERATION)
+            .map_err(redb_err)?
+            .map_or(0, |v| v.value());
         txn.commit().map_err(redb_err)?;
         let path = dir.join(JOURNAL_FILE);
         let journal_path = path.display().to_string();
@@ -138,8 +150,9 @@ impl Store {
         let created = !path.exists();
         let mut journal = File::options()
             .read(true)
-            .append(true)
+            .write(true)
             .create(true)
+            .truncate(false)
             .open(&path)
             .map_err(io)?;
         if created {
@@ -148,12 +161,13 @@ impl Store {
         }
         let mut contents = Vec::new();
         journal.read_to_end(&mut contents).map_err(io)?;
-        let replay = journal::replay(&Bytes::from(contents));
+        let replay = journal::replay(&Bytes::from(contents), generation);
         let mut pending = BTreeMap::new();
         for (key, value) in replay.batches.into_iter().flatten() {
             pending.insert(key, value);
         }
-        // A batch a crash tore was never acknowledged: it goes.
+        // A batch a crash tore was never acknowledged: it goes, with whatever follows it, so
+        // that nothing beyond this generation's last batch can be taken for one of its own.
         let len = u64::try_from(replay.valid_len).unwrap_or(u64::MAX);
         if journal.metadata().map_err(io)?.len() > len {
             journal.set_len(len).map_err(io)?;
@@ -163,6 +177,7 @@ impl Store {
             db,
             journal,
             journal_path,
+            generation,
             journal_len: replay.valid_len,
             journal_max: journal_max.max(MIN_JOURNAL_BYTES),
             pending,
@@ -228,12 +243,11 @@ impl Store {
             return Ok(());
         }
         self.frame.clear();
-        journal::encode(records, &mut self.frame)?;
-        if let Err(error) = self.journal.write_all(&self.frame) {
-            // What was written of it goes (or is a torn batch the next start drops); nothing
-            // the batch held is acknowledged.
-            let len = u64::try_from(self.journal_len).unwrap_or(u64::MAX);
-            let _ = self.journal.set_len(len);
+        journal::encode(self.generation, records, &mut self.frame)?;
+        let at = u64::try_from(self.journal_len).unwrap_or(u64::MAX);
+        if let Err(error) = self.journal.write_all_at(&self.frame, at) {
+            // What was written of it is a torn batch: the next start drops it, the next
+            // commit writes over it. Nothing the batch held is acknowledged.
             return Err(self.journal_err(error));
         }
         let durable = self.commit_syncs();
@@ -254,9 +268,9 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the changes since the last checkpoint to redb in one durable transaction, then
-    /// empties the journal. A crash in between replays the journal over what redb has: the
-    /// same changes in the same order, which leave the same records.
+    /// Writes the changes since the last checkpoint to redb in one durable transaction, which
+    /// also moves the journal to its next generation: from then on the old batches are
+    /// leftovers a replay does not read, and new ones are written from the start of the file.
     pub fn checkpoint(&mut self) -> Result<(), StorageError> {
         if self.pending.is_empty() && self.journal_len == 0 {
             return Ok(());
@@ -275,10 +289,12 @@ impl Store {
                     }
                 }
             }
+            let mut meta = txn.open_table(META).map_err(redb_err)?;
+            meta.insert(GENERATION, self.generation + 1)
+                .map_err(redb_err)?;
         }
         txn.commit().map_err(redb_err)?;
-        self.journal.set_len(0).map_err(|e| self.journal_err(e))?;
-        self.journal.sync_data().map_err(|e| self.journal_err(e))?;
+        self.generation += 1;
         self.pending.clear();
         self.journal_len = 0;
         self.unsynced = false;
@@ -391,14 +407,18 @@ mod tests {
             s.apply(&[put("a", "1"), put("b", "1"), put("gone", "x")])
                 .unwrap();
             s.apply(&[del("gone")]).unwrap();
+            let size = std::fs::metadata(dir.path().join(JOURNAL_FILE))
+                .unwrap()
+                .len();
             s.checkpoint().unwrap();
+            // The next generation writes over the last one's batches, in the file as it is.
+            s.apply(&[put("a", "2"), del("b"), put("c", "3")]).unwrap();
             assert_eq!(
                 std::fs::metadata(dir.path().join(JOURNAL_FILE))
                     .unwrap()
                     .len(),
-                0
+                size
             );
-            s.apply(&[put("a", "2"), del("b"), put("c", "3")]).unwrap();
         }
         let s = open(dir.path(), SyncPolicy::Always, Duration::ZERO);
         assert_eq!(records(&s), kv(&[("a", "2"), ("c", "3")]));
@@ -439,10 +459,10 @@ mod tests {
         assert_eq!(records(&s), kv(&[("a", "1"), ("d", "4")]));
     }
 
-    /// A crash after a checkpoint's commit and before the journal was emptied replays the
-    /// journal over what the checkpoint wrote: the same records.
+    /// Once a checkpoint has moved the journal on, the batches it wrote are not read again,
+    /// even where the file still holds them whole.
     #[test]
-    fn a_crash_inside_a_checkpoint_loses_nothing() {
+    fn a_checkpoint_leaves_its_batches_behind() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(JOURNAL_FILE);
         {
