@@ -837,8 +837,14 @@ pub fn render_metrics(
     counter(
         &mut r,
         "storage_commits",
-        "Storage transactions committed",
+        "Storage commits (journal batches)",
         d.storage_commits.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut r,
+        "storage_checkpoints",
+        "Journal checkpoints: the changes since the last written to the database (storage.journal_max_bytes)",
+        d.storage_checkpoints.load(Ordering::Relaxed),
     );
     counter(
         &mut r,

@@ -777,6 +777,9 @@ impl Engine {
                 self.counters
                     .storage_cache_evictions
                     .store(self.store.cache_evictions(), Ordering::Relaxed);
+                self.counters
+                    .storage_checkpoints
+                    .store(self.store.checkpoints(), Ordering::Relaxed);
             }
             for out in outputs.drain(..) {
                 match out {
