@@ -766,7 +766,7 @@ impl Engine {
                 }
             }
             if !self.records.is_empty() {
-                if self.store.commit_syncs() {
+                if self.store.commit_syncs() && self.records.len() > INLINE_SYNC_MAX_RECORDS {
                     off_worker(|| self.store.apply(&self.records))?;
                 } else {
                     self.store.apply(&self.records)?;
@@ -895,6 +895,15 @@ fn queued(tcp: &TcpConns, outboxes: &ConnMap<ConnId, Arc<Outbox>>, conn: ConnId)
     tcp.queued(conn)
         .or_else(|| outboxes.get(&conn).map(|o| o.queued()))
 }
+
+/// A commit of at most this many records waits for the disk (its fsync, about 110 µs here) on
+/// the worker itself; a larger one hands the worker's other tasks to another thread meanwhile
+/// (`off_worker`). The handing over costs more CPU than the fsync (across two regions at
+/// 2,000 QoS 1 msg/s, a commit or two of 1–3 records each per message: 140–180 µs of CPU per
+/// message inline against 230–250 µs handed over), but a worker held by a stream of large
+/// commits under heavy load holds up the tasks queued on it (p99 51–320 ms against 9–12 ms
+/// unthrottled). A small batch is a light load. `docs/benchmarks.md`, "Across regions".
+const INLINE_SYNC_MAX_RECORDS: usize = 8;
 
 /// Run `f`, which waits for the disk or computes for long, without holding up the other tasks
 /// of a multi-thread runtime's worker; on a current-thread runtime (or none) it simply runs.
