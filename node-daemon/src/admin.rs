@@ -53,6 +53,7 @@ use tracing::debug;
 use crate::mailbox::{DaemonCounters, EngineHandle, Page};
 use crate::mesh::MeshStats;
 use crate::passwd::constant_time_eq;
+use crate::per_address::PerAddress;
 
 /// What the admin API says about this node itself.
 #[derive(Debug, Clone)]
@@ -188,53 +189,6 @@ fn closing(mut r: Response<Body>) -> Response<Body> {
     r
 }
 
-/// Admin connections open per client address.
-#[derive(Debug, Default, Clone)]
-struct PerAddress(
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-);
-
-/// One connection's place in [`PerAddress`], given back when dropped.
-#[derive(Debug)]
-struct AddressSlot(Option<(PerAddress, std::net::IpAddr)>);
-
-impl PerAddress {
-    /// A place for one more connection from `ip`; none past [`MAX_CONNECTIONS_PER_ADDRESS`].
-    /// Loopback clients (the node's own tools) are not counted.
-    fn take(&self, ip: std::net::IpAddr) -> Option<AddressSlot> {
-        if ip.is_loopback() {
-            return Some(AddressSlot(None));
-        }
-        let mut open = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = open.entry(ip).or_default();
-        if *n >= MAX_CONNECTIONS_PER_ADDRESS {
-            return None;
-        }
-        *n += 1;
-        Some(AddressSlot(Some((self.clone(), ip))))
-    }
-}
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        if let Some((per_address, ip)) = self.0.take() {
-            let mut open = per_address
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(n) = open.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    open.remove(&ip);
-                }
-            }
-        }
-    }
-}
-
 /// What the admin API answers from.
 #[derive(Debug)]
 pub struct AdminState {
@@ -252,7 +206,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let per_address = PerAddress::default();
+    let per_address = PerAddress::new(MAX_CONNECTIONS_PER_ADDRESS, true);
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -787,10 +741,11 @@ pub fn render_metrics(
         &mut r,
         "edge_links_refused",
         "Edge links refused: no or a wrong token, before the upgrade (token); a leaf named as \
-         this node or a mesh member (node)",
+         this node or a mesh member (node); too many handshakes from one address (busy_address)",
         &[
             ("token", load(&d.edge_links_refused_token)),
             ("node", load(&d.edge_links_refused_node)),
+            ("busy_address", load(&d.edge_links_refused_busy_address)),
         ],
     );
     let frames = Family::<Vec<(String, String)>, Counter>::default();
@@ -1028,32 +983,6 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn one_address_holds_a_few_admin_connections_and_gives_them_back() {
-        let per = super::PerAddress::default();
-        let remote: std::net::IpAddr = "192.0.2.9".parse().unwrap();
-        let slots: Vec<_> = (0..super::MAX_CONNECTIONS_PER_ADDRESS)
-            .map(|_| per.take(remote).expect("within the cap"))
-            .collect();
-        assert!(per.take(remote).is_none(), "past the cap");
-        assert!(
-            per.take("192.0.2.10".parse().unwrap()).is_some(),
-            "another address"
-        );
-        assert!(
-            per.take("127.0.0.1".parse().unwrap()).is_some(),
-            "loopback uncounted"
-        );
-        drop(slots);
-        assert!(
-            per.0.lock().unwrap().get(&remote).is_none(),
-            "all given back"
-        );
-        let again = per.take(remote);
-        assert!(again.is_some());
-        assert_eq!(per.0.lock().unwrap().get(&remote), Some(&1));
-    }
-
     use super::*;
 
     #[test]

@@ -12,7 +12,11 @@
 //! (`Hello`); a name that does not start with `edge-`, or is a mesh member's, is refused
 //! (`reason="node"`), and
 //! one session per leaf stands at a time (a new one replaces the old). A link that sends no
-//! `Hello` within [`HELLO_TIMEOUT`], or a frame that does not decode, is closed.
+//! `Hello` within [`HELLO_TIMEOUT`], or a frame that does not decode, is closed. One address
+//! may have [`MAX_HANDSHAKES_PER_ADDRESS`] connections at once between their accept and a
+//! completed upgrade; more get 503 (`reason="busy_address"`), so that one host holding
+//! handshakes open cannot take every place `cluster.edge.max_links` gives (edge objects
+//! behind one egress address hold a place only for the milliseconds of their handshake).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +38,7 @@ use tracing::{debug, info, warn};
 use crate::mailbox::{DaemonCounters, ToEngine};
 use crate::mesh::queue::{LinkLimits, PeerWriter};
 use crate::passwd::constant_time_eq;
+use crate::per_address::{AddressSlot, PerAddress};
 
 /// The path edge links upgrade on.
 pub const LINK_PATH: &str = "/link";
@@ -41,6 +46,11 @@ pub const LINK_PATH: &str = "/link";
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new link may take to send its `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections of one address between their accept and a completed upgrade.
+pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 8;
+/// The answer to a connection past [`MAX_HANDSHAKES_PER_ADDRESS`].
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 /// Shortest token accepted in the token file.
 const MIN_TOKEN_LEN: usize = 16;
 
@@ -115,6 +125,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let permits = Arc::new(Semaphore::new(settings.max_links));
+    let handshakes = PerAddress::new(MAX_HANDSHAKES_PER_ADDRESS, false);
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -131,6 +142,15 @@ pub async fn serve(
             debug!(%addr, "edge link refused: max_links reached");
             continue;
         };
+        let Some(handshake) = handshakes.take(addr.ip()) else {
+            counters
+                .edge_links_refused_busy_address
+                .fetch_add(1, Ordering::Relaxed);
+            debug!(%addr, "edge link refused: too many handshakes from this address");
+            // Best effort: a new socket's buffer has room for it.
+            let _ = stream.try_write(BUSY);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let settings = settings.clone();
         let engine = engine.clone();
@@ -144,9 +164,9 @@ pub async fn serve(
                         debug!(%addr, "edge link: TLS handshake failed");
                         return;
                     };
-                    link(stream, &settings, engine, &counters).await;
+                    link(stream, handshake, &settings, engine, &counters).await;
                 }
-                None => link(stream, &settings, engine, &counters).await,
+                None => link(stream, handshake, &settings, engine, &counters).await,
             }
             drop(permit);
         });
@@ -154,8 +174,10 @@ pub async fn serve(
 }
 
 /// One edge link: the upgrade (path and token checked), the `Hello`, then the session.
+/// `handshake`, its address's place, is given back once the upgrade is done.
 async fn link<S>(
     stream: S,
+    handshake: AddressSlot,
     settings: &EdgeSettings,
     engine: mpsc::Sender<ToEngine>,
     counters: &DaemonCounters,
@@ -216,6 +238,7 @@ async fn link<S>(
             return;
         }
     };
+    drop(handshake);
     let (mut sink, mut stream) = ws.split();
     // The first frame names the leaf.
     let first = tokio::time::timeout(HELLO_TIMEOUT, next_frames(&mut stream)).await;

@@ -31,6 +31,7 @@ mod engine;
 mod mailbox;
 mod mesh;
 pub mod passwd;
+mod per_address;
 mod server;
 mod storage;
 mod transport;

@@ -170,6 +170,8 @@ pub struct DaemonCounters {
     pub edge_links_refused_token: AtomicU64,
     /// ... a leaf named as this node or a mesh member.
     pub edge_links_refused_node: AtomicU64,
+    /// ... too many handshakes from one address (HTTP 503).
+    pub edge_links_refused_busy_address: AtomicU64,
     /// Link frames read from edge links, and written to them.
     pub edge_frames_in: AtomicU64,
     pub edge_frames_out: AtomicU64,

@@ -158,3 +158,35 @@ async fn a_wrong_token_or_a_stolen_name_is_refused() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_hold_every_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hub, edge) = hub(dir.path()).await;
+    // Connections that never upgrade hold their address's places until they give up.
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        stalled.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", edge))
+                .await
+                .unwrap(),
+        );
+    }
+    wait_for(
+        "the next link from this address refused",
+        &[&hub],
+        || async { open(edge, TOKEN).await.err() == Some(503) },
+    )
+    .await;
+    assert!(
+        metric(
+            &hub.metrics().await,
+            "meridian_edge_links_refused_total{reason=\"busy_address\"}"
+        ) >= 1.0
+    );
+    drop(stalled);
+    wait_for("a link again once they are gone", &[&hub], || async {
+        open(edge, TOKEN).await.is_ok()
+    })
+    .await;
+}
