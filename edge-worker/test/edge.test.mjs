@@ -36,6 +36,18 @@ function within(promise, what, ms = DEADLINE_MS) {
 }
 
 /**
+ * Waits until `cond()` holds (a condition that throws does not hold yet), asking it again
+ * every 25 ms, for at most `ms`; a timeout's error ends with `detail()`.
+ */
+async function until(what, cond, ms = DEADLINE_MS, detail = () => "") {
+  const deadline = Date.now() + ms;
+  while (!(await cond().catch(() => false))) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}\n${detail()}`);
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+}
+
+/**
  * The worker in Miniflare on a free loopback port. `persist`: a directory that keeps the
  * Durable Object's storage across instances, as a restart or redeploy keeps it. `users`: the
  * MQTT_USERS secret; without it, `anonymous` sets ALLOW_ANONYMOUS = "true" (as local
@@ -660,13 +672,9 @@ async function startRegion(token) {
     async metrics() {
       return (await fetch(`http://127.0.0.1:${admin}/metrics`)).text();
     },
-    /** Waits until `cond()` holds, asking every 25 ms. */
-    async until(what, cond) {
-      const deadline = Date.now() + 30000;
-      while (!(await cond().catch(() => false))) {
-        if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}\n${log}`);
-        await new Promise((r) => setTimeout(r, 25));
-      }
+    /** Waits until `cond()` holds; a timeout reports the daemon's log. */
+    until(what, cond) {
+      return until(what, cond, 30000, () => log);
     },
     /** Killed outright (kill -9): nothing flushed, nothing said to anyone. */
     async kill9() {
@@ -885,14 +893,6 @@ test("a region killed and restarted, and an edge object restarted, with backlogs
   }
 });
 
-/** Waits until `cond()` holds, asking every 25 ms, for at most `ms`. */
-async function until(what, cond, ms = 30000) {
-  const deadline = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
 
 /** The messages `box` gets until it has `count` that are not primers, in order. */
 async function collect(box, count, what, ms = DEADLINE_MS) {
@@ -992,6 +992,7 @@ test("edge-only: objects linked through a hub object exchange QoS 0, 1 and 2 onc
   assert.equal(granted[2499], 0x97);
   await until("the hub to hold North America's 2,500 filters", async () =>
     (await edge.status("eu")).body.peers.find((p) => p.node === "edge-na").routes === 2500,
+    30000,
   );
   assert.equal((await edge.status("na")).body.linked, true, "the link stays");
   await Promise.all([...many, naSub, euSub, asPub, euPub].map((c) => c.endAsync()));
@@ -1013,6 +1014,7 @@ test("edge-only: objects restarted with messages on their way through the hub de
     // Asia's object knows North America wants chat/# once its view of the hub holds it.
     await until("Asia's object to learn what the others want", async () =>
       (await edge.status("as")).body.peers[0]?.routes === 1,
+      30000,
     );
     for (let i = 1; i <= 40; i++) await pub.publishAsync("chat/m", `as ${i}`, { qos: 1 });
     // The runtime is killed the moment the last is acknowledged, with messages wherever they
