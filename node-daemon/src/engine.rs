@@ -771,6 +771,10 @@ impl Engine {
                 } else {
                     self.store.apply(&self.records)?;
                 }
+                if self.store.checkpoint_due() {
+                    // Written to the B-tree: tens of milliseconds, off the worker.
+                    off_worker(|| self.store.checkpoint())?;
+                }
                 self.counters
                     .storage_commits
                     .fetch_add(1, Ordering::Relaxed);

@@ -237,7 +237,9 @@ impl Store {
     }
 
     /// Apply puts (`Some`) and deletes (`None`) in order, as one batch of the journal, and
-    /// commit it according to the sync policy; checkpoint once the journal is full.
+    /// commit it according to the sync policy. Once the journal is full,
+    /// [`Store::checkpoint_due`] says so: a checkpoint writes the B-tree, which the caller may
+    /// want to do off the path of its commits.
     pub fn apply(&mut self, records: &[(Bytes, Option<Bytes>)]) -> Result<(), StorageError> {
         if records.is_empty() {
             return Ok(());
@@ -262,10 +264,12 @@ impl Store {
         for (key, value) in records {
             self.pending.insert(key.clone(), value.clone());
         }
-        if self.journal_len >= self.journal_max {
-            self.checkpoint()?;
-        }
         Ok(())
+    }
+
+    /// Whether the journal holds `journal_max_bytes`: time for [`Store::checkpoint`].
+    pub fn checkpoint_due(&self) -> bool {
+        self.journal_len >= self.journal_max
     }
 
     /// Writes the changes since the last checkpoint to redb in one durable transaction, which
@@ -479,7 +483,7 @@ mod tests {
         assert_eq!(records(&s), kv(&[("a", "3")]));
     }
 
-    /// Past `journal_max_bytes` the store checkpoints by itself.
+    /// Past `journal_max_bytes` a checkpoint is due, as the engine asks after each commit.
     #[test]
     fn a_full_journal_checkpoints() {
         let dir = tempfile::tempdir().unwrap();
@@ -494,6 +498,9 @@ mod tests {
         let value = "v".repeat(1000);
         for i in 0..200 {
             s.apply(&[put(&format!("k{i:03}"), &value)]).unwrap();
+            if s.checkpoint_due() {
+                s.checkpoint().unwrap();
+            }
         }
         assert!(s.checkpoints() >= 2, "{}", s.checkpoints());
         assert!(s.journal_len < MIN_JOURNAL_BYTES);
@@ -588,6 +595,9 @@ mod tests {
                     })
                     .collect();
                 s.apply(&records).unwrap();
+                if s.checkpoint_due() {
+                    s.checkpoint().unwrap();
+                }
             }
             assert!(s.checkpoints() >= 60, "each batch fills the journal");
             s.cache_evictions()
