@@ -73,6 +73,9 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     if let Some(ms) = f.uint("maxClockDriftMs", js::MAX_SAFE_INTEGER)? {
         c.max_clock_drift_ms = ms;
     }
+    if let Some(ms) = f.uint("sessionTransferWaitMs", js::MAX_SAFE_INTEGER)? {
+        c.session_transfer_wait_ms = ms;
+    }
     let limits = &mut c.peer_limits;
     for (name, field) in [
         ("peerMaxFilters", &mut limits.max_filters),
@@ -83,6 +86,8 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
         ("peerMaxSnapshotBytes", &mut limits.max_snapshot_bytes),
         ("peerMaxRetainedMessages", &mut limits.max_retained_messages),
         ("peerMaxRetainedBytes", &mut limits.max_retained_bytes),
+        ("peerMaxClaims", &mut limits.max_claims),
+        ("peerMaxTransferBytes", &mut limits.max_transfer_bytes),
     ] {
         if let Some(n) = f.usize(name)? {
             *field = n;

@@ -119,6 +119,16 @@ pub(crate) fn event(e: &Event) -> JsValue {
             o.set("clientId", client_id.as_str());
             o.into_js()
         }
+        Event::SessionMoved { client_id, to } => {
+            let o = Obj::tagged("sessionMoved");
+            o.set("clientId", client_id.as_str()).set("to", to.as_str());
+            o.into_js()
+        }
+        Event::SessionArrived { client_id } => {
+            let o = Obj::tagged("sessionArrived");
+            o.set("clientId", client_id.as_str());
+            o.into_js()
+        }
         Event::RouteAdded { filter } => {
             let o = Obj::tagged("routeAdded");
             o.set("filter", filter.as_str());

@@ -117,6 +117,8 @@ export type BrokerEvent =
     }
   | { type: "connectionClosed"; conn: number; reasonCode: number; reason: string; detail: string }
   | { type: "sessionEnded"; clientId: string }
+  | { type: "sessionMoved"; clientId: string; to: string }
+  | { type: "sessionArrived"; clientId: string }
   | { type: "routeAdded"; filter: string }
   | { type: "routeRemoved"; filter: string }
   /** Cluster mode: a frame from `peer` was refused (once per peer and kind of fault; every
@@ -192,6 +194,14 @@ export interface BrokerStats {
   subscriptionsNotAuthorized: number;
   /** New filters refused because the route set was at `maxRouteFilters`. */
   subscriptionsRouteSetFull: number;
+  /** Sessions shipped to the node that took their client id over. */
+  sessionsMovedOut: number;
+  /** Sessions shipped here and joined to the one here. */
+  sessionsMovedIn: number;
+  /** Sessions shipped here that were not taken. */
+  sessionsTransfersRefused: number;
+  /** Resumed sessions whose wait for a shipped session ran out. */
+  sessionsTransferWaitsOver: number;
   connectsRefused: number;
   protocolErrors: number;
 }
@@ -249,12 +259,21 @@ export interface ClusterConfig {
   maxRouteFilters?: number;
   /** Retained writes stamped further ahead of this node's clock are refused. */
   maxClockDriftMs?: number;
+  /**
+   * A client resuming here a session another node holds waits at most this long for it
+   * before its QoS 1/2 messages go out.
+   */
+  sessionTransferWaitMs?: number;
   /** What one peer may make this node hold. */
   peerMaxFilters?: number;
   peerMaxPendingDeltaBytes?: number;
   peerMaxSnapshotBytes?: number;
   peerMaxRetainedMessages?: number;
   peerMaxRetainedBytes?: number;
+  /** Client ids one peer may claim here. */
+  peerMaxClaims?: number;
+  /** Bytes of sessions one peer ships here being assembled. */
+  peerMaxTransferBytes?: number;
 }
 
 /** What `forgetPeer` withdrew and dropped. */

@@ -409,9 +409,10 @@ fn a_congested_link_drops_qos0_forwards_until_drained_or_the_next_session() {
 #[test]
 fn nothing_loops_in_a_full_mesh() {
     let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |_| {});
+    // A client id is one client in the whole deployment: one subscriber per node, each its own.
     for name in ["a", "b", "c"] {
         let w = mesh.node(name);
-        let s = w.connect(V5, "s");
+        let s = w.connect(V5, &format!("s-{name}"));
         w.subscribe(s, "all/#", QoS::AtLeastOnce);
     }
     mesh.advance(50);
@@ -426,7 +427,7 @@ fn nothing_loops_in_a_full_mesh() {
             .broker
             .clients()
             .iter()
-            .find(|c| c.client_id == "s")
+            .find(|c| c.client_id == format!("s-{name}"))
             .unwrap()
             .conn
             .unwrap();

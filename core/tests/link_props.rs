@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use meridian_core::codec::{Publish, PublishProperties, QoS};
-use meridian_core::link::{self, DigestEntry, Forward, Frame, LinkError, RetainedUpdate};
+use meridian_core::link::{
+    self, Claim, ClaimUpdate, DigestEntry, Forward, Frame, LinkError, RetainedUpdate,
+    SessionTransfer,
+};
 use meridian_core::retained::{Hlc, Stamp};
 use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use proptest::prelude::*;
@@ -155,7 +158,61 @@ fn frame() -> impl Strategy<Value = Frame> {
             node: o.node,
             incarnation: o.incarnation,
         }),
+        claim_update().prop_map(Frame::Claim),
+        prop::collection::vec(claim_update(), 0..3).prop_map(Frame::ClaimSnapshot),
+        (
+            "[a-z0-9]{0,12}",
+            stamp(),
+            1u32..5,
+            prop::collection::vec(
+                (
+                    prop::collection::vec(any::<u8>(), 0..12),
+                    prop::collection::vec(any::<u8>(), 0..24)
+                ),
+                0..4
+            )
+        )
+            .prop_flat_map(|(client_id, claim, count, records)| {
+                (0..count).prop_map(move |index| {
+                    Frame::SessionTransfer(SessionTransfer {
+                        client_id: client_id.clone(),
+                        claim: claim.clone(),
+                        index,
+                        count,
+                        records: records
+                            .iter()
+                            .map(|(k, v)| (Bytes::from(k.clone()), Bytes::from(v.clone())))
+                            .collect(),
+                    })
+                })
+            }),
+        ("[a-z0-9]{0,12}", stamp())
+            .prop_map(|(client_id, claim)| Frame::SessionTaken { client_id, claim }),
     ]
+}
+
+fn stamp() -> impl Strategy<Value = Stamp> {
+    (any::<u64>(), any::<u32>(), node()).prop_map(|(wall_ms, logical, node)| Stamp {
+        hlc: Hlc { wall_ms, logical },
+        node,
+    })
+}
+
+fn claim_update() -> impl Strategy<Value = ClaimUpdate> {
+    (
+        "[a-z0-9/]{0,12}",
+        stamp(),
+        prop::option::of((prop::option::of("[a-z]{0,6}"), any::<bool>(), any::<bool>())),
+    )
+        .prop_map(|(client_id, stamp, claim)| ClaimUpdate {
+            client_id,
+            stamp,
+            claim: claim.map(|(user, resume, persistent)| Claim {
+                user,
+                resume,
+                persistent,
+            }),
+        })
 }
 
 fn retained_update() -> impl Strategy<Value = RetainedUpdate> {

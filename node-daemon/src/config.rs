@@ -86,6 +86,9 @@ pub struct ClusterSection {
     pub peer_max_snapshot_bytes: usize,
     pub peer_max_retained_messages: usize,
     pub peer_max_retained_bytes: usize,
+    pub peer_max_claims: usize,
+    pub peer_max_transfer_bytes: usize,
+    pub session_transfer_wait_ms: u64,
     /// `[cluster.edge]`: the leaves of this node.
     pub edge: EdgeSection,
 }
@@ -844,6 +847,9 @@ partial!(PCluster {
     peer_max_snapshot_bytes: usize,
     peer_max_retained_messages: usize,
     peer_max_retained_bytes: usize,
+    peer_max_claims: usize,
+    peer_max_transfer_bytes: usize,
+    session_transfer_wait_ms: u64,
     edge: PEdge,
 });
 partial!(PEdge {

@@ -954,6 +954,12 @@ fn log_event(event: &Event) {
             debug!(conn = conn.0, reason = %format!("{:#04x}", reason.0), detail, "connection closed")
         }
         Event::SessionEnded { client_id } => debug!(client_id, "session ended"),
+        Event::SessionMoved { client_id, to } => {
+            info!(client_id, %to, "session moved to the node that took its client id over")
+        }
+        Event::SessionArrived { client_id } => {
+            info!(client_id, "session arrived from another node")
+        }
         Event::RouteAdded { filter } => debug!(filter, "route added"),
         Event::RouteRemoved { filter } => debug!(filter, "route removed"),
         Event::PeerFault { peer, fault } => {

@@ -627,7 +627,10 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
         max_snapshot_bytes: c.peer_max_snapshot_bytes,
         max_retained_messages: c.peer_max_retained_messages,
         max_retained_bytes: c.peer_max_retained_bytes,
+        max_claims: c.peer_max_claims,
+        max_transfer_bytes: c.peer_max_transfer_bytes,
     };
+    config.session_transfer_wait_ms = c.session_transfer_wait_ms;
     config
 }
 

@@ -271,7 +271,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .get(connect.client_id.as_str())
             .and_then(|&s| self.session(s))
             .is_some_and(|s| s.username.as_deref() != username.as_deref());
-        if other_user {
+        if other_user || self.claim_refuses(&connect.client_id, username.as_deref()) {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::NOT_AUTHORIZED);
         }
         // Takeover: the old connection goes (its will follows the usual rules).
@@ -289,8 +289,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if existing.is_none() && self.by_client_id.len() >= self.config.max_sessions {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::QUOTA_EXCEEDED);
         }
+        // A session this client left on another node: it is shipped here (cluster mode).
+        let elsewhere =
+            !connect.clean_start && self.session_elsewhere(&connect.client_id, username.as_deref());
         let (sid, session_present) = match existing {
             Some(sid) if !connect.clean_start => (sid, true),
+            None if elsewhere => (self.new_session(&connect.client_id, connect.protocol), true),
             Some(sid) => {
                 self.end_session(sid);
                 (
@@ -341,6 +345,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         if had_records && expiry == 0 {
             self.unpersist_session(sid);
+        }
+        self.claim_client(
+            &connect.client_id,
+            username.as_deref(),
+            !connect.clean_start,
+            expiry > 0,
+        );
+        if elsewhere {
+            self.await_transfer(sid);
         }
         if expiry > 0 {
             // Stored record by record from now on.
@@ -467,7 +480,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// Forget the expiry and will timers of the session's current generation.
-    fn cancel_session_timers(&mut self, sid: SessionId) {
+    pub(super) fn cancel_session_timers(&mut self, sid: SessionId) {
         let Some(s) = self.session(sid) else { return };
         let generation = s.generation;
         let expiry = s.expires_at().map(|at| {
@@ -597,15 +610,32 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// The session ends: subscriptions go, a pending will is published, records are deleted.
+    /// The session ends: subscriptions go, a pending will is published, records are deleted,
+    /// and (cluster mode) its client id is let go.
     pub(super) fn end_session(&mut self, sid: SessionId) {
         self.hand_over_shared(sid, true);
         self.cancel_session_timers(sid);
         let Some(session) = self.session_mut(sid) else {
             return;
         };
-        let filters: Vec<String> = session.subscriptions.keys().cloned().collect();
         let pending_will = session.pending_will.take();
+        let Some(client_id) = self.discard_session(sid) else {
+            return;
+        };
+        self.release_claim(&client_id);
+        self.event(Event::SessionEnded {
+            client_id: client_id.to_string(),
+        });
+        if let Some((will, _)) = pending_will {
+            self.publish_message(will.message);
+        }
+    }
+
+    /// Let go of a session here: its subscriptions, records and slot (its timers are the
+    /// caller's). Returns its client id.
+    pub(super) fn discard_session(&mut self, sid: SessionId) -> Option<Arc<str>> {
+        let session = self.session_mut(sid)?;
+        let filters: Vec<String> = session.subscriptions.keys().cloned().collect();
         for filter in filters {
             self.remove_subscription(sid, &filter);
         }
@@ -614,18 +644,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         // Its bytes leave the count (counted first, so that no changed session is left on
         // the list); a later session in the same slot starts from none.
         self.count_held();
-        let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::take) else {
-            return;
-        };
+        let session = self.sessions.get_mut(sid as usize).and_then(Option::take)?;
+        self.forget_transfer_wait(&session.client_id);
         self.held -= session.accounted;
         self.by_client_id.remove(&session.client_id);
         self.free_sessions.push(sid);
-        self.event(Event::SessionEnded {
-            client_id: session.client_id.to_string(),
-        });
-        if let Some((will, _)) = pending_will {
-            self.publish_message(will.message);
-        }
+        Some(session.client_id)
     }
 
     // ----- persistence of session state -----

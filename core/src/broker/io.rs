@@ -245,6 +245,18 @@ pub enum Event {
         /// The client id of the session that ended.
         client_id: String,
     },
+    /// A session was shipped to the node that took its client id over (cluster mode).
+    SessionMoved {
+        /// The session's client id.
+        client_id: String,
+        /// The node it went to.
+        to: NodeId,
+    },
+    /// A session shipped from another node joined the one here (cluster mode).
+    SessionArrived {
+        /// The session's client id.
+        client_id: String,
+    },
     /// The first local subscriber to this filter pattern appeared (route set add).
     RouteAdded {
         /// The filter pattern (without a `$share/{group}/` prefix).

@@ -73,6 +73,8 @@ enum Timer {
     PeerExpiry,
     /// Publish the system topics that changed.
     Sys,
+    /// The wait for a session shipped from another node is over.
+    TransferWait(SessionId),
 }
 
 /// Room for outputs kept between inputs; a queue grown past it by a burst shrinks back.
@@ -970,6 +972,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Timer::PeerExpiry => self.fire_peer_expiry(),
             Timer::SubscribeFence => self.release_fences(),
             Timer::Sys => self.fire_sys(),
+            Timer::TransferWait(session) => self.transfer_wait_over(session),
             Timer::RetainedExpiry => {
                 self.retained_timer = None;
                 while let Some((at, topic)) = self.retained_expiry.first().cloned() {

@@ -20,6 +20,9 @@
 //! | `A` conn(u64 BE) alias(u16 BE) | the topic a topic alias of that connection's client stands for |
 //! | `L` node | a leaf of this node (cluster mode; no value but the format byte) |
 //! | `K` cid | a clean session of an open connection as of the last checkpoint: the records above it would have (`S`, `U`, `Q`, `I`), in one value |
+//! | `H` cid | the claim on a client id with the greatest stamp known here, or its tombstone (cluster mode) |
+//! | `X` cid stamp | a session shipped to the node whose claim (stamp) took it over, until that node took it |
+//! | `Y` cid stamp sender | a shipped session taken here (so that one sent again is taken once) |
 //! | `N` | the first connection id not yet given out, reserved ahead so that ids are never reused across rebuilds (resumable connections) |
 
 use std::sync::Arc;
@@ -33,6 +36,8 @@ use crate::codec::{
     self, Packet, ProtocolVersion, Publish, PublishProperties, QoS, RetainHandling,
     SubscriptionOptions,
 };
+use crate::retained::{Hlc, Stamp};
+use crate::routes::NodeId;
 
 const FORMAT: u8 = 1;
 
@@ -120,6 +125,50 @@ pub(crate) enum Key {
     Leaf {
         node: String,
     },
+    /// The claim on a client id that stands here.
+    Claim {
+        client_id: String,
+    },
+    /// A session shipped to the node whose claim took it over.
+    Transfer {
+        client_id: String,
+        claim: Stamp,
+    },
+    /// A shipped session taken here.
+    TransferTaken {
+        client_id: String,
+        claim: Stamp,
+        from: String,
+    },
+}
+
+fn put_stamp(k: &mut BytesMut, stamp: &Stamp) {
+    k.put_u64(stamp.hlc.wall_ms);
+    k.put_u32(stamp.hlc.logical);
+    // Node ids are at most 255 bytes.
+    k.put_u16(u16::try_from(stamp.node.as_str().len()).unwrap_or(u16::MAX));
+    k.put_slice(stamp.node.as_str().as_bytes());
+}
+
+fn get_stamp(k: &mut &[u8]) -> Result<Stamp, RecordError> {
+    let e = |d| err("key", d);
+    if k.len() < 14 {
+        return Err(e("truncated stamp"));
+    }
+    let hlc = Hlc {
+        wall_ms: k.get_u64(),
+        logical: k.get_u32(),
+    };
+    let n = usize::from(k.get_u16());
+    if k.len() < n {
+        return Err(e("truncated stamp"));
+    }
+    let node = std::str::from_utf8(&k[..n])
+        .ok()
+        .and_then(|s| NodeId::new(s).ok())
+        .ok_or_else(|| e("bad node id in stamp"))?;
+    k.advance(n);
+    Ok(Stamp { hlc, node })
 }
 
 fn with_client(kind: u8, client_id: &str, extra: usize) -> BytesMut {
@@ -177,6 +226,22 @@ impl Key {
             Key::Forgotten { node } => with_client(b'G', node, 0).freeze(),
             Key::Checkpoint { client_id } => with_client(b'K', client_id, 0).freeze(),
             Key::Leaf { node } => with_client(b'L', node, 0).freeze(),
+            Key::Claim { client_id } => with_client(b'H', client_id, 0).freeze(),
+            Key::Transfer { client_id, claim } => {
+                let mut k = with_client(b'X', client_id, 16 + claim.node.as_str().len());
+                put_stamp(&mut k, claim);
+                k.freeze()
+            }
+            Key::TransferTaken {
+                client_id,
+                claim,
+                from,
+            } => {
+                let mut k = with_client(b'Y', client_id, 16 + claim.node.as_str().len());
+                put_stamp(&mut k, claim);
+                k.put_slice(from.as_bytes());
+                k.freeze()
+            }
             Key::ReplicaFilter { node, filter } => {
                 let mut k = with_client(b'F', node, filter.len());
                 k.put_slice(filter.as_bytes());
@@ -278,6 +343,23 @@ impl Key {
             b'G' if k.is_empty() => Key::Forgotten { node: client_id },
             b'K' if k.is_empty() => Key::Checkpoint { client_id },
             b'L' if k.is_empty() => Key::Leaf { node: client_id },
+            b'H' if k.is_empty() => Key::Claim { client_id },
+            b'X' => {
+                let claim = get_stamp(&mut k)?;
+                if !k.is_empty() {
+                    return Err(e("bytes after the stamp"));
+                }
+                Key::Transfer { client_id, claim }
+            }
+            b'Y' => {
+                let claim = get_stamp(&mut k)?;
+                let from = String::from_utf8(k.to_vec()).map_err(|_| e("node is not UTF-8"))?;
+                Key::TransferTaken {
+                    client_id,
+                    claim,
+                    from,
+                }
+            }
             b'F' => Key::ReplicaFilter {
                 node: client_id,
                 filter: String::from_utf8(k.to_vec()).map_err(|_| e("filter is not UTF-8"))?,
@@ -742,6 +824,16 @@ pub(crate) fn marker() -> Bytes {
 mod tests {
     use super::*;
 
+    fn stamp() -> Stamp {
+        Stamp {
+            hlc: Hlc {
+                wall_ms: 1_700_000_000_000,
+                logical: 3,
+            },
+            node: NodeId::new("hkg-2").expect("a node id"),
+        }
+    }
+
     #[test]
     fn every_key_kind_round_trips() {
         let keys = [
@@ -788,6 +880,18 @@ mod tests {
             },
             Key::Leaf {
                 node: "edge-eu".into(),
+            },
+            Key::Claim {
+                client_id: "dev".into(),
+            },
+            Key::Transfer {
+                client_id: "dev".into(),
+                claim: stamp(),
+            },
+            Key::TransferTaken {
+                client_id: "dev".into(),
+                claim: stamp(),
+                from: "fra-1".into(),
             },
         ];
         for key in keys {

@@ -383,6 +383,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .and_then(|c| self.conns.get(&c))
             .map_or(0, |c| usize::from(c.send_window));
         if let Some(conn) = conn
+            && !self.awaits_transfer(sid)
             && session.queue.is_empty()
             && session.inflight.has_room(
                 window,
@@ -587,6 +588,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             };
             let Some(conn) = session.conn else { return };
+            if self.awaits_transfer(sid) {
+                // The session's messages in flight are on their way from another node.
+                return;
+            }
             let window = self
                 .conns
                 .get(&conn)
@@ -734,6 +739,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// PUBREL for an incoming QoS 2 message: forget its packet id, answer PUBCOMP.
     pub(super) fn on_pubrel(&mut self, conn_id: ConnId, sid: SessionId, ack: Ack) {
+        let awaiting = self.awaits_transfer(sid);
         let Some(session) = self.session_mut(sid) else {
             return;
         };
@@ -746,6 +752,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 };
                 self.persist(key.encode(), None);
             }
+        } else if awaiting {
+            // Received by the node the session comes from: released now, for good.
+            self.released_before_transfer(sid, ack.packet_id);
         } else if session.protocol == ProtocolVersion::V5 {
             comp.reason = ReasonCode::PACKET_IDENTIFIER_NOT_FOUND;
         }

@@ -151,6 +151,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             | Key::Leaf { .. }) => {
                 self.restore_cluster_record(&k, value)?;
             }
+            Key::Claim { client_id } => self.restore_claim(&client_id, value)?,
+            Key::Transfer { client_id, claim } => {
+                self.restore_transfer(&client_id, claim, value)?
+            }
+            Key::TransferTaken {
+                client_id,
+                claim,
+                from,
+            } => self.restore_taken(client_id, claim, &from),
             Key::Checkpoint { client_id } => {
                 let records = persist::unpack(value)?;
                 // Only the records of that one session.

@@ -271,7 +271,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
 /// The records a session would have if it were persistent: its own, its subscriptions, its
 /// messages in flight and queued, the QoS 2 packet ids it received and has not released.
-fn session_records(s: &Session) -> Vec<(Bytes, Bytes)> {
+pub(in crate::broker) fn session_records(s: &Session) -> Vec<(Bytes, Bytes)> {
     let client_id = || s.client_id.to_string();
     let mut records = vec![(
         Key::Session {

@@ -205,6 +205,18 @@ stats! {
     /// `ClusterConfig::max_route_filters` (SUBACK 0x97, or 0x80 to 3.1.1 clients).
     Counter subscriptions_route_set_full: u64 => "subscriptions_refused"
         (SUBS_REFUSED) "reason" = "route_set_full";
+    /// Sessions shipped to another node whose claim took their client id over.
+    Counter sessions_moved_out: u64 => "sessions_moved"
+        ("Sessions moved between nodes, by direction") "direction" = "out";
+    /// Sessions shipped here from another node and joined to the one here.
+    Counter sessions_moved_in: u64 => "sessions_moved"
+        ("Sessions moved between nodes, by direction") "direction" = "in";
+    /// Sessions shipped here that were not taken: not their client id's records, another
+    /// user's, or for a session that ended here before they arrived.
+    Counter sessions_transfers_refused: u64 => "session_transfers_refused";
+    /// Resumed sessions whose wait for the session from another node ran out
+    /// (`ClusterConfig::session_transfer_wait_ms`).
+    Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";
     /// CONNECTs refused.
     Counter connects_refused: u64 => "connects_refused";
     /// Connections closed for protocol errors.

@@ -7,7 +7,7 @@ use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
 use super::session::{SessionId, SubscriptionEntry};
-use super::subscriptions::Subscriber;
+use super::subscriptions::{Change, Subscriber};
 use super::{Authenticator, Authorizer, Broker, ClientRef, FilterAccess};
 use crate::codec::{
     Packet, ProtocolVersion, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck,
@@ -97,32 +97,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 options,
                 subscription_id,
             };
-            let change = self.subs.insert(
-                &filter,
-                sid,
-                Subscriber {
-                    options,
-                    subscription_id,
-                    filtered,
-                },
-            );
-            if change.route_changed {
-                self.route_added(filter.pattern());
-            }
-            let Some(session) = self.session_mut(sid) else {
-                return;
-            };
-            session
-                .subscriptions
-                .insert(filter.as_str().to_owned(), entry);
-            if session.is_persistent() {
-                session.persisted = true;
-                let key = Key::Subscription {
-                    client_id: session.client_id.to_string(),
-                    filter: filter.as_str().to_owned(),
-                };
-                self.persist(key.encode(), Some(persist::encode_subscription(&entry)));
-            }
+            let change = self.add_subscription(sid, &filter, entry, filtered);
             let send_retained = filter.shared_group().is_none()
                 && match options.retain_handling {
                     RetainHandling::OnSubscribe => true,
@@ -157,6 +132,43 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         };
         self.send_suback(conn_id, sid, suback, retained_for);
+    }
+
+    /// Subscribe a session to `filter` (added, or its options replaced): in the trie, the
+    /// route set, the session and its records.
+    pub(super) fn add_subscription(
+        &mut self,
+        sid: SessionId,
+        filter: &TopicFilter,
+        entry: SubscriptionEntry,
+        filtered: bool,
+    ) -> Change {
+        let change = self.subs.insert(
+            filter,
+            sid,
+            Subscriber {
+                options: entry.options,
+                subscription_id: entry.subscription_id,
+                filtered,
+            },
+        );
+        if change.route_changed {
+            self.route_added(filter.pattern());
+        }
+        if let Some(session) = self.session_mut(sid) {
+            session
+                .subscriptions
+                .insert(filter.as_str().to_owned(), entry);
+            if session.is_persistent() {
+                session.persisted = true;
+                let key = Key::Subscription {
+                    client_id: session.client_id.to_string(),
+                    filter: filter.as_str().to_owned(),
+                };
+                self.persist(key.encode(), Some(persist::encode_subscription(&entry)));
+            }
+        }
+        change
     }
 
     /// Send a SUBACK, then the retained messages for the subscriptions it granted.

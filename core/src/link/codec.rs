@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::{DigestEntry, Forward, Frame, FrameKind, RetainedUpdate};
+use super::{
+    Claim, ClaimUpdate, DigestEntry, Forward, Frame, FrameKind, RetainedUpdate, SessionTransfer,
+};
 use crate::codec::{self as mqtt, Packet, ProtocolVersion};
 use crate::retained::{Hlc, Stamp};
 use crate::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
@@ -153,6 +155,42 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             node: r.node()?,
             incarnation: r.u64()?,
         },
+        FrameKind::Claim => Frame::Claim(r.claim()?),
+        FrameKind::ClaimSnapshot => {
+            let n = r.count(2 + 8 + 4 + 2 + 1)?;
+            let mut claims = Vec::with_capacity(n);
+            for _ in 0..n {
+                claims.push(r.claim()?);
+            }
+            Frame::ClaimSnapshot(claims)
+        }
+        FrameKind::SessionTransfer => {
+            let client_id = r.string()?;
+            let claim = r.stamp()?;
+            let index = r.u32()?;
+            let count = r.u32()?;
+            if index >= count {
+                return Err(r.bad("part index beyond count"));
+            }
+            let n = r.count(8)?;
+            let mut records = Vec::with_capacity(n);
+            for _ in 0..n {
+                let key = r.bytes()?;
+                let value = r.bytes()?;
+                records.push((key, value));
+            }
+            Frame::SessionTransfer(SessionTransfer {
+                client_id,
+                claim,
+                index,
+                count,
+                records,
+            })
+        }
+        FrameKind::SessionTaken => Frame::SessionTaken {
+            client_id: r.string()?,
+            claim: r.stamp()?,
+        },
     };
     if !r.buf.is_empty() {
         return Err(r.bad("bytes after the frame's content"));
@@ -246,6 +284,33 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             put_str(&mut body, node.as_str())?;
             body.put_u64(*incarnation);
         }
+        Frame::Claim(c) => put_claim(&mut body, c)?,
+        Frame::ClaimSnapshot(claims) => {
+            put_count(&mut body, claims.len())?;
+            for c in claims {
+                put_claim(&mut body, c)?;
+            }
+        }
+        Frame::SessionTransfer(t) => {
+            put_str(&mut body, &t.client_id)?;
+            put_stamp(&mut body, &t.claim)?;
+            if t.index >= t.count {
+                return Err(LinkError::Encode("part index beyond count"));
+            }
+            body.put_u32(t.index);
+            body.put_u32(t.count);
+            put_count(&mut body, t.records.len())?;
+            for (key, value) in &t.records {
+                put_count(&mut body, key.len())?;
+                body.put_slice(key);
+                put_count(&mut body, value.len())?;
+                body.put_slice(value);
+            }
+        }
+        Frame::SessionTaken { client_id, claim } => {
+            put_str(&mut body, client_id)?;
+            put_stamp(&mut body, claim)?;
+        }
     }
     let len = u32::try_from(body.len() + 1).map_err(|_| LinkError::Encode("frame over 4 GiB"))?;
     out.reserve(4 + len as usize);
@@ -298,6 +363,34 @@ fn put_retained(out: &mut BytesMut, u: &RetainedUpdate) -> Result<(), LinkError>
             .map_err(|_| LinkError::Encode("retained PUBLISH"))?;
             put_count(out, packet.len())?;
             out.put_slice(&packet);
+        }
+    }
+    Ok(())
+}
+
+fn put_stamp(out: &mut BytesMut, stamp: &Stamp) -> Result<(), LinkError> {
+    out.put_u64(stamp.hlc.wall_ms);
+    out.put_u32(stamp.hlc.logical);
+    put_str(out, stamp.node.as_str())
+}
+
+/// client id, stamp, then 0 for a release or 1, flags (bit 0 resume, bit 1 persistent, bit 2
+/// a user follows) and the user.
+fn put_claim(out: &mut BytesMut, c: &ClaimUpdate) -> Result<(), LinkError> {
+    put_str(out, &c.client_id)?;
+    put_stamp(out, &c.stamp)?;
+    match &c.claim {
+        None => out.put_u8(0),
+        Some(claim) => {
+            out.put_u8(1);
+            out.put_u8(
+                u8::from(claim.resume)
+                    | u8::from(claim.persistent) << 1
+                    | u8::from(claim.user.is_some()) << 2,
+            );
+            if let Some(user) = &claim.user {
+                put_str(out, user)?;
+            }
         }
     }
     Ok(())
@@ -368,6 +461,52 @@ impl Reader {
             return Err(self.bad("string contains U+0000"));
         }
         Ok(s.to_owned())
+    }
+
+    /// A length-prefixed (u32) run of bytes, within the frame.
+    fn bytes(&mut self) -> Result<Bytes, LinkError> {
+        let n = self.count(1)?;
+        Ok(self.buf.split_to(n))
+    }
+
+    fn stamp(&mut self) -> Result<Stamp, LinkError> {
+        let hlc = Hlc {
+            wall_ms: self.u64()?,
+            logical: self.u32()?,
+        };
+        Ok(Stamp {
+            hlc,
+            node: self.node()?,
+        })
+    }
+
+    fn claim(&mut self) -> Result<ClaimUpdate, LinkError> {
+        let client_id = self.string()?;
+        let stamp = self.stamp()?;
+        let claim = match self.u8()? {
+            0 => None,
+            1 => {
+                let flags = self.u8()?;
+                if flags & !0b111 != 0 {
+                    return Err(self.bad("unknown claim flags"));
+                }
+                Some(Claim {
+                    resume: flags & 1 != 0,
+                    persistent: flags & 2 != 0,
+                    user: if flags & 4 != 0 {
+                        Some(self.string()?)
+                    } else {
+                        None
+                    },
+                })
+            }
+            _ => return Err(self.bad("unknown claim operation")),
+        };
+        Ok(ClaimUpdate {
+            client_id,
+            stamp,
+            claim,
+        })
     }
 
     fn node(&mut self) -> Result<NodeId, LinkError> {

@@ -10,6 +10,8 @@ mod codec;
 mod inbox;
 mod outbox;
 
+use bytes::Bytes;
+
 use crate::codec::Publish;
 use crate::retained::Stamp;
 use crate::routes::{NodeId, Owner, RouteDelta, SnapshotChunk};
@@ -19,7 +21,7 @@ pub use inbox::{Arrival, Inbox};
 pub use outbox::{Outbox, OutboxFull, OutboxLimits};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
-pub const LINK_PROTOCOL_VERSION: u16 = 2;
+pub const LINK_PROTOCOL_VERSION: u16 = 3;
 
 /// Largest frame accepted by default (a snapshot chunk or a forwarded message).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -60,6 +62,52 @@ pub struct RetainedUpdate {
     pub stamp: Stamp,
     /// The retained message, or `None` for a delete.
     pub message: Option<Publish>,
+}
+
+/// What a node that serves a client says about it: who the client logged in as, and whether
+/// its CONNECT asked to resume its session (clean start 0) and keep it after the connection
+/// (a session expiry above 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The user the client logged in as (the authenticator's choice, or the CONNECT user name).
+    pub user: Option<String>,
+    /// The CONNECT asked to resume its session: the node that held it ships it over.
+    pub resume: bool,
+    /// The session outlives the connection (session expiry above 0).
+    pub persistent: bool,
+}
+
+/// A client id claimed by the node that serves the client now (the stamp's node), or let go
+/// by it (`claim: None`: the session ended there). Every node keeps the claim with the
+/// greatest stamp per client id; a node that held the session and sees a newer claim closes
+/// its connection and ships the session to the claiming node ([`Frame::SessionTransfer`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimUpdate {
+    /// The client id.
+    pub client_id: String,
+    /// When and where the client connected (or its session ended); the greatest stamp wins.
+    pub stamp: Stamp,
+    /// The claim, or `None` when the session ended at the stamp's node.
+    pub claim: Option<Claim>,
+}
+
+/// Part of a session shipped to the node that claimed its client id: the session as the
+/// records it is stored as (session, subscriptions, messages in flight and queued, QoS 2
+/// packet ids received), in `count` frames. The receiver takes the session once every part
+/// arrived and answers [`Frame::SessionTaken`]; until then the sender keeps it and sends it
+/// again on every new link session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionTransfer {
+    /// The session's client id.
+    pub client_id: String,
+    /// The receiver's claim that the session answers.
+    pub claim: Stamp,
+    /// This part's index, below `count`.
+    pub index: u32,
+    /// Parts in the transfer.
+    pub count: u32,
+    /// Storage records (key, value) of the session.
+    pub records: Vec<(Bytes, Bytes)>,
 }
 
 /// Everything nodes say to each other.
@@ -123,6 +171,19 @@ pub enum Frame {
         /// The latest incarnation of it the sender knew (0: none).
         incarnation: u64,
     },
+    /// A client id the sender claimed (a client connected there) or let go.
+    Claim(ClaimUpdate),
+    /// The claims the sender holds of its own, sent when a link session opens.
+    ClaimSnapshot(Vec<ClaimUpdate>),
+    /// Part of a session shipped to the receiver, whose claim took it over.
+    SessionTransfer(SessionTransfer),
+    /// The sender took the session that answers its claim: the shipping node lets go of it.
+    SessionTaken {
+        /// The session's client id.
+        client_id: String,
+        /// The sender's claim.
+        claim: Stamp,
+    },
 }
 
 impl Frame {
@@ -142,6 +203,10 @@ impl Frame {
             Frame::RetainedDigest { .. } => FrameKind::RetainedDigest,
             Frame::RetainedSnapshot(_) => FrameKind::RetainedSnapshot,
             Frame::Forget { .. } => FrameKind::Forget,
+            Frame::Claim(_) => FrameKind::Claim,
+            Frame::ClaimSnapshot(_) => FrameKind::ClaimSnapshot,
+            Frame::SessionTransfer(_) => FrameKind::SessionTransfer,
+            Frame::SessionTaken { .. } => FrameKind::SessionTaken,
         }
     }
 
@@ -181,11 +246,19 @@ pub enum FrameKind {
     RetainedSnapshot = 12,
     /// Type 13: [`Frame::Forget`].
     Forget = 13,
+    /// Type 14: [`Frame::Claim`].
+    Claim = 14,
+    /// Type 15: [`Frame::ClaimSnapshot`].
+    ClaimSnapshot = 15,
+    /// Type 16: [`Frame::SessionTransfer`].
+    SessionTransfer = 16,
+    /// Type 17: [`Frame::SessionTaken`].
+    SessionTaken = 17,
 }
 
 impl FrameKind {
     /// Every kind, in the order of their type bytes.
-    pub const ALL: [FrameKind; 13] = [
+    pub const ALL: [FrameKind; 17] = [
         FrameKind::Hello,
         FrameKind::RouteDelta,
         FrameKind::RouteAck,
@@ -199,6 +272,10 @@ impl FrameKind {
         FrameKind::RetainedDigest,
         FrameKind::RetainedSnapshot,
         FrameKind::Forget,
+        FrameKind::Claim,
+        FrameKind::ClaimSnapshot,
+        FrameKind::SessionTransfer,
+        FrameKind::SessionTaken,
     ];
 
     /// The kind whose type byte this is.
@@ -227,6 +304,10 @@ impl FrameKind {
             FrameKind::RetainedDigest => "retained-digest",
             FrameKind::RetainedSnapshot => "retained-snapshot",
             FrameKind::Forget => "forget",
+            FrameKind::Claim => "claim",
+            FrameKind::ClaimSnapshot => "claim-snapshot",
+            FrameKind::SessionTransfer => "session-transfer",
+            FrameKind::SessionTaken => "session-taken",
         }
     }
 

@@ -189,6 +189,11 @@ impl SimClient {
         replies
     }
 
+    /// Where bytes it sends now go: its node and connection.
+    pub(super) fn via(&self) -> Option<(NodeId, ConnId)> {
+        Some((self.node.clone(), self.conn?))
+    }
+
     pub(super) fn disconnected(&mut self) {
         self.conn = None;
         self.connack_at_ms = None;

@@ -157,6 +157,14 @@ pub enum Action {
         /// The node.
         node: NodeId,
     },
+    /// A client moves to another node: it drops its connection (unannounced, as a device
+    /// that changes networks) and connects there, resuming its session.
+    Roam {
+        /// The client's index.
+        client: usize,
+        /// The node it connects to now.
+        node: NodeId,
+    },
 }
 
 #[derive(Debug)]
@@ -169,12 +177,16 @@ enum Event {
         sent: u64,
         frame: Box<Frame>,
     },
+    /// Bytes a client sent on one connection (`via`: its node and connection then); lost
+    /// if that connection is no longer the client's.
     ToNode {
         client: usize,
+        via: Option<(NodeId, ConnId)>,
         data: Bytes,
     },
     ToClient {
         client: usize,
+        node: NodeId,
         conn: ConnId,
         data: Bytes,
     },
@@ -417,31 +429,38 @@ impl Sim {
                     self.feed(&to, Input::PeerFrame { peer: from, frame });
                 }
             }
-            Event::ToNode { client, data } => {
+            Event::ToNode { client, via, data } => {
                 let Some(c) = self.clients.get(client) else {
                     return;
                 };
-                let (node, conn) = (c.node.clone(), c.conn);
-                if let Some(conn) = conn {
+                let Some((node, conn)) = via else { return };
+                if c.node == node && c.conn == Some(conn) {
                     self.mix(&[self.now, 2, client as u64, data.len() as u64]);
                     self.feed(&node, Input::Bytes { conn, data: &data });
                 }
             }
-            Event::ToClient { client, conn, data } => {
+            Event::ToClient {
+                client,
+                node,
+                conn,
+                data,
+            } => {
                 let Some(c) = self.clients.get_mut(client) else {
                     return;
                 };
-                if c.conn != Some(conn) {
+                if c.node != node || c.conn != Some(conn) {
                     return;
                 }
                 let replies = c.receive(self.now - EPOCH_MS, &data);
                 let half = c.rtt_ms / 2;
+                let via = Some((c.node.clone(), conn));
                 self.mix(&[self.now, 3, client as u64, data.len() as u64]);
                 for reply in replies {
                     self.schedule(
                         self.now + half,
                         Event::ToNode {
                             client,
+                            via: via.clone(),
                             data: reply,
                         },
                     );
@@ -480,6 +499,7 @@ impl Sim {
                     self.now + half + self.clients[client].rtt_ms,
                     Event::ToNode {
                         client,
+                        via: Some((node, conn)),
                         data: bytes,
                     },
                 );
@@ -501,10 +521,12 @@ impl Sim {
             } => {
                 let half = self.clients[client].rtt_ms / 2;
                 let bytes = self.clients[client].subscribe_bytes(&filter, qos);
+                let via = self.clients[client].via();
                 self.schedule(
                     self.now + half,
                     Event::ToNode {
                         client,
+                        via,
                         data: bytes,
                     },
                 );
@@ -525,13 +547,25 @@ impl Sim {
                 }
                 let half = self.clients[client].rtt_ms / 2;
                 let bytes = self.clients[client].publish_bytes(&topic, payload, qos, retain);
+                let via = self.clients[client].via();
                 self.schedule(
                     self.now + half,
                     Event::ToNode {
                         client,
+                        via,
                         data: bytes,
                     },
                 );
+            }
+            Action::Roam { client, node } => {
+                let Some(c) = self.clients.get_mut(client) else {
+                    return;
+                };
+                // The old connection is left open: the node that held it closes it when the
+                // new node's claim arrives (or its keep alive would).
+                c.disconnected();
+                c.node = node;
+                self.act(Action::Connect { client });
             }
             Action::Cut { a, b } => self.cut(&a, &b),
             Action::Heal { a, b } => self.heal(&a, &b),
@@ -650,11 +684,21 @@ impl Sim {
                         continue;
                     };
                     let half = self.clients[client].rtt_ms / 2;
-                    self.schedule(self.now + half, Event::ToClient { client, conn, data });
+                    let node = node.clone();
+                    self.schedule(
+                        self.now + half,
+                        Event::ToClient {
+                            client,
+                            node,
+                            conn,
+                            data,
+                        },
+                    );
                 }
                 Output::Close { conn } => {
                     if let Some(client) =
                         self.nodes.get_mut(node).and_then(|n| n.conns.remove(&conn))
+                        && self.clients[client].node == *node
                         && self.clients[client].conn == Some(conn)
                     {
                         self.clients[client].disconnected();

@@ -41,6 +41,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.send_to_peer(peer.clone(), Frame::RetainedDigest { hash, entries });
         }
         self.pump_outbox(&peer);
+        self.claims_peer_up(&peer);
     }
 
     pub(in crate::broker) fn set_peer_congested(&mut self, peer: &NodeId, congested: bool) {
@@ -62,6 +63,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             p.up_since = None;
             p.outbox.link_down();
         }
+        c.claims.drop_incoming(&peer);
         if !c.fences.is_empty() {
             self.release_fences();
         }
@@ -90,8 +92,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     self.peer_fault(&peer, PeerFault::NotOwner(frame.kind()));
                     return;
                 }
-                // Retained messages replicate between mesh nodes only.
-                Frame::Retained(_) | Frame::RetainedDigest { .. } | Frame::RetainedSnapshot(_) => {
+                // Retained messages and claims replicate between mesh nodes only.
+                Frame::Retained(_)
+                | Frame::RetainedDigest { .. }
+                | Frame::RetainedSnapshot(_)
+                | Frame::Claim(_)
+                | Frame::ClaimSnapshot(_)
+                | Frame::SessionTransfer(_)
+                | Frame::SessionTaken { .. } => {
                     return;
                 }
                 _ => {}
@@ -198,6 +206,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
             }
             Frame::Forget { node, incarnation } => self.on_forget(&peer, &node, incarnation),
+            Frame::Claim(update) => self.on_claim(&peer, update),
+            Frame::ClaimSnapshot(updates) => {
+                for update in updates {
+                    self.on_claim(&peer, update);
+                }
+            }
+            Frame::SessionTransfer(transfer) => self.on_session_transfer(&peer, transfer),
+            Frame::SessionTaken { client_id, claim } => {
+                self.on_session_taken(&peer, client_id, claim)
+            }
         }
     }
 

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+mod claims;
 mod fence;
 use fence::Fence;
 mod forward;
@@ -98,6 +99,10 @@ pub struct ClusterConfig {
     /// Retained deletes remembered (as tombstones, so that an older message arriving late
     /// cannot come back); beyond, the oldest are forgotten.
     pub retained_tombstones_max: usize,
+    /// A client that resumes its session here while another node holds it (as that node's
+    /// claim says) gets Session Present at once; its QoS 1/2 messages wait until the session
+    /// arrives, at most this long (then they go, and a session arriving later still joins).
+    pub session_transfer_wait_ms: u64,
 }
 
 impl ClusterConfig {
@@ -128,6 +133,7 @@ impl ClusterConfig {
             subscribe_fence_max_ms: 10_000,
             subscribe_fence_max_held: 100_000,
             retained_tombstones_max: 100_000,
+            session_transfer_wait_ms: 5_000,
         }
     }
 }
@@ -237,6 +243,8 @@ pub(super) struct Cluster {
     refused_nodes: std::collections::BTreeSet<NodeId>,
     /// Nodes that hang off this one outside the mesh.
     leaves: leaves::Leaves,
+    /// Who serves each client id, and the sessions on their way between nodes.
+    claims: claims::Claims,
 }
 
 impl Peer {
@@ -271,6 +279,7 @@ impl Cluster {
             forget_count: 0,
             refused_nodes: std::collections::BTreeSet::new(),
             leaves: leaves::Leaves::default(),
+            claims: claims::Claims::default(),
             config,
         }
     }

@@ -25,6 +25,11 @@ pub struct PeerLimits {
     pub max_retained_messages: usize,
     /// Topic and payload bytes of those retained messages.
     pub max_retained_bytes: usize,
+    /// Client ids the peer claims (clients it serves, sessions it holds) held here.
+    pub max_claims: usize,
+    /// Bytes of sessions the peer ships here being assembled (a transfer's parts until the
+    /// last one arrives).
+    pub max_transfer_bytes: usize,
 }
 
 impl Default for PeerLimits {
@@ -35,6 +40,8 @@ impl Default for PeerLimits {
             max_snapshot_bytes: 256 * 1024 * 1024,
             max_retained_messages: 100_000,
             max_retained_bytes: 64 * 1024 * 1024,
+            max_claims: 2_000_000,
+            max_transfer_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -61,6 +68,10 @@ pub enum PeerLimit {
     RetainedMessages,
     /// [`PeerLimits::max_retained_bytes`].
     RetainedBytes,
+    /// [`PeerLimits::max_claims`].
+    Claims,
+    /// [`PeerLimits::max_transfer_bytes`].
+    TransferBytes,
 }
 
 impl From<ReplicaLimit> for PeerLimit {
@@ -112,7 +123,8 @@ impl PeerFault {
 /// node, and is honoured only by nodes that cannot reach it ([`Frame::Forget`]). Retained
 /// snapshots may relay other
 /// nodes' writes (a node that was away learns writes of nodes it cannot reach yet): they are
-/// held to the same clock and size bounds instead.
+/// held to the same clock and size bounds instead. Claims are their claimer's own; a session
+/// transfer answers the receiver's claim, and a session-taken answer the sender's.
 pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Option<FrameKind> {
     let own = match frame {
         Frame::Hello { node, .. } => node == peer,
@@ -125,6 +137,10 @@ pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Optio
         Frame::Retained(update) => update.stamp.node == *peer,
         Frame::RouteAck { owner, .. } => owner.node == *me,
         Frame::ForwardAck { origin, .. } => origin.node == *me,
+        Frame::Claim(update) => update.stamp.node == *peer,
+        Frame::ClaimSnapshot(updates) => updates.iter().all(|u| u.stamp.node == *peer),
+        Frame::SessionTransfer(t) => t.claim.node == *me,
+        Frame::SessionTaken { claim, .. } => claim.node == *peer,
         Frame::SnapshotRequest
         | Frame::Forget { .. }
         | Frame::KeepAlive

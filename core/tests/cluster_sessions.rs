@@ -1,0 +1,459 @@
+//! Sessions that follow their clients across nodes: one owner per client id, claimed by the
+//! node the client connects to; the node that held the session closes the old connection
+//! (0x8E) and ships the session there; a session belongs to the user that made it.
+
+mod common;
+
+use common::mesh::{Mesh, id};
+use common::*;
+use meridian_core::codec::{Ack, LastWill, Packet, ProtocolVersion, QoS, ReasonCode};
+use meridian_core::{Config, ConnId};
+
+fn persistent(c: &mut meridian_core::codec::Connect) {
+    c.clean_start = false;
+    c.properties.session_expiry_interval = Some(3600);
+}
+
+fn as_user(user: &'static str) -> impl Fn(&mut meridian_core::codec::Connect) {
+    move |c| {
+        persistent(c);
+        c.username = Some(user.into());
+    }
+}
+
+fn three() -> Mesh {
+    Mesh::new(&["a", "b", "c"], Config::default(), |_| {})
+}
+
+/// A subscriber of `t/#` at `node`, with a persistent session, its SUBACK in.
+fn subscriber(mesh: &mut Mesh, node: &str, qos: QoS) -> ConnId {
+    let conn = mesh.node(node).connect_with(V5, "dev", persistent).0;
+    mesh.node(node).subscribe(conn, "t/#", qos);
+    mesh.advance(50);
+    conn
+}
+
+fn publish_numbers(mesh: &mut Mesh, node: &str, range: std::ops::Range<u32>, qos: QoS) {
+    let publisher = mesh.node(node).connect(V5, &format!("pub-{node}"));
+    for i in range {
+        mesh.node(node)
+            .publish(publisher, "t/x", &i.to_be_bytes(), qos, false, i as u16 + 1);
+        mesh.settle();
+    }
+}
+
+fn disconnect_reason(packets: &[Packet]) -> Option<ReasonCode> {
+    packets.iter().find_map(|p| match p {
+        Packet::Disconnect(d) => Some(d.reason),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_session_follows_its_client_to_another_node() {
+    let mut mesh = three();
+    let old = subscriber(&mut mesh, "a", QoS::AtLeastOnce);
+    mesh.node("a").close(old);
+    mesh.settle();
+    // Queued at a while the client is away.
+    publish_numbers(&mut mesh, "c", 0..5, QoS::AtLeastOnce);
+    assert_eq!(mesh.node("a").broker.stats().queued_messages, 5);
+
+    let (conn, ack) = mesh.node("b").connect_with(V5, "dev", persistent);
+    assert!(ack.session_present, "a's claim says the session exists");
+    mesh.settle();
+    assert_eq!(
+        mesh.node("b").read_numbers(conn),
+        (0..5).collect::<Vec<_>>()
+    );
+    assert_eq!(mesh.node("a").broker.stats().sessions, 0, "a let it go");
+    assert_eq!(mesh.node("a").broker.stats().sessions_moved_out, 1);
+    assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
+    assert_eq!(mesh.node("a").broker.sessions_in_transit(), 0, "b took it");
+    for n in ["a", "b", "c"] {
+        assert_eq!(mesh.node(n).broker.claim_owner("dev"), Some(id("b")), "{n}");
+    }
+
+    // Its subscription came along: new messages now go to b.
+    mesh.advance(50);
+    assert_eq!(mesh.node("c").broker.nodes_for("t/x"), vec![id("b")]);
+    publish_numbers(&mut mesh, "c", 5..8, QoS::AtLeastOnce);
+    assert_eq!(mesh.node("b").read_numbers(conn), vec![5, 6, 7]);
+}
+
+#[test]
+fn the_old_connection_is_taken_over_with_0x8e_and_its_in_flight_messages_keep_their_ids() {
+    let mut mesh = three();
+    let old = subscriber(&mut mesh, "a", QoS::ExactlyOnce);
+    publish_numbers(&mut mesh, "c", 0..3, QoS::ExactlyOnce);
+    // Received on a, never acknowledged: the client moved on.
+    let sent = mesh.node("a").received_publishes(old);
+    assert_eq!(sent.len(), 3);
+
+    let (conn, ack) = mesh.node("b").connect_with(V5, "dev", persistent);
+    assert!(ack.session_present);
+    mesh.settle();
+    assert!(mesh.node("a").is_closed(old));
+    assert_eq!(
+        disconnect_reason(&mesh.node("a").recv(old)),
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    let again = mesh.node("b").received_publishes(conn);
+    assert_eq!(again.len(), 3, "re-sent from b: {again:?}");
+    for (first, resent) in sent.iter().zip(&again) {
+        assert_eq!(resent.packet_id, first.packet_id, "same packet id");
+        assert!(resent.dup, "a re-send");
+        assert_eq!(resent.payload, first.payload);
+    }
+    for p in &again {
+        mesh.node("b").ack(conn, p);
+    }
+    assert_eq!(mesh.node("b").broker.stats().inflight_messages, 0);
+}
+
+#[test]
+fn nothing_in_flight_goes_out_before_the_session_arrives() {
+    let mut mesh = three();
+    subscriber(&mut mesh, "a", QoS::AtLeastOnce);
+    publish_numbers(&mut mesh, "c", 0..2, QoS::AtLeastOnce);
+    // b subscribes to the same topic for another client, so a message published at b is
+    // delivered to dev there too once its session arrived (and not before).
+    let (conn, ack) = mesh.node("b").connect_with(V5, "dev", persistent);
+    assert!(ack.session_present);
+    // Nothing delivered yet: the transfer has not come (the mesh holds it until settle).
+    assert!(mesh.node("b").received_publishes(conn).is_empty());
+    mesh.settle();
+    let got = mesh.node("b").received_publishes(conn);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].packet_id, Some(1));
+}
+
+#[test]
+fn a_resume_whose_session_never_comes_goes_on_after_the_wait() {
+    let mut mesh = three();
+    subscriber(&mut mesh, "a", QoS::AtLeastOnce);
+    mesh.link_down(&id("a"), &id("b"));
+    let (conn, ack) = mesh.node("b").connect_with(V5, "dev", persistent);
+    assert!(ack.session_present, "b knew a's claim before the cut");
+    mesh.node("b").subscribe(conn, "t/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    publish_numbers(&mut mesh, "c", 0..2, QoS::AtLeastOnce);
+    assert!(mesh.node("b").received_publishes(conn).is_empty(), "held");
+    mesh.advance(5_000);
+    assert_eq!(mesh.node("b").read_numbers(conn), vec![0, 1]);
+    assert_eq!(
+        mesh.node("b").broker.stats().sessions_transfer_waits_over,
+        1
+    );
+    // The link returns: a learns b's claim, and its session follows (its subscription is b's
+    // already; nothing was queued there).
+    mesh.link_up(&id("a"), &id("b"));
+    mesh.settle();
+    assert_eq!(mesh.node("a").broker.stats().sessions, 0);
+    assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
+}
+
+#[test]
+fn a_clean_start_elsewhere_ends_the_old_session_and_its_will_goes_once() {
+    let mut mesh = three();
+    let watcher = mesh.node("c").connect(V5, "watcher");
+    mesh.node("c")
+        .subscribe(watcher, "wills/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    let old = mesh
+        .node("a")
+        .connect_with(V5, "dev", |c| {
+            persistent(c);
+            c.will = Some(LastWill {
+                topic: "wills/dev".into(),
+                payload: bytes::Bytes::from_static(b"gone"),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                properties: Default::default(),
+            });
+        })
+        .0;
+    mesh.node("a").subscribe(old, "t/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+
+    let (_conn, ack) = mesh.node("b").connect_with(V5, "dev", |_| {});
+    assert!(!ack.session_present, "a clean start has no session");
+    mesh.settle();
+    assert!(mesh.node("a").is_closed(old));
+    assert_eq!(mesh.node("a").broker.stats().sessions, 0, "ended");
+    assert_eq!(mesh.node("a").broker.stats().sessions_moved_out, 0);
+    let wills = mesh.node("c").received_publishes(watcher);
+    assert_eq!(wills.len(), 1, "one will, from a: {wills:?}");
+    assert_eq!(&wills[0].payload[..], b"gone");
+    mesh.advance(50);
+    assert!(
+        mesh.node("c").broker.nodes_for("t/x").is_empty(),
+        "the old session's subscription went with it"
+    );
+}
+
+#[test]
+fn another_users_session_is_refused_on_every_node() {
+    let mut mesh = three();
+    let alice = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+    mesh.settle();
+    // On another node (the claim says whose it is), 5.0 and 3.1.1.
+    let (refused, ack) = mesh.node("b").connect_with(V5, "dev", as_user("mallory"));
+    assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED);
+    assert!(mesh.node("b").is_closed(refused));
+    let (_, ack) = mesh
+        .node("c")
+        .connect_with(ProtocolVersion::V311, "dev", as_user("mallory"));
+    // Decoded from the 3.1.1 return code 5.
+    assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED);
+    // And on the node that holds it.
+    let (_, ack) = mesh.node("a").connect_with(V5, "dev", as_user("mallory"));
+    assert_eq!(ack.reason, ReasonCode::NOT_AUTHORIZED);
+    mesh.settle();
+    assert!(
+        !mesh.node("a").is_closed(alice),
+        "alice kept her connection"
+    );
+    assert_eq!(mesh.node("b").broker.claim_owner("dev"), Some(id("a")));
+
+    // Alice herself may move it.
+    let (_, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    assert!(ack.session_present);
+    mesh.settle();
+    assert!(mesh.node("a").is_closed(alice));
+}
+
+#[test]
+fn a_session_that_ends_lets_go_of_its_client_id() {
+    let mut mesh = three();
+    let conn = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+    mesh.settle();
+    assert_eq!(mesh.node("b").broker.claim_owner("dev"), Some(id("a")));
+    // DISCONNECT with expiry 0 ends the session.
+    mesh.node("a").send(
+        conn,
+        Packet::Disconnect(meridian_core::codec::Disconnect {
+            reason: ReasonCode::SUCCESS,
+            properties: meridian_core::codec::DisconnectProperties {
+                session_expiry_interval: Some(0),
+                ..Default::default()
+            },
+        }),
+    );
+    mesh.settle();
+    assert_eq!(mesh.node("b").broker.claim_owner("dev"), None);
+    // Free for anyone now.
+    let (_, ack) = mesh.node("b").connect_with(V5, "dev", as_user("bob"));
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    assert!(!ack.session_present);
+}
+
+#[test]
+fn simultaneous_claims_leave_one_owner_everywhere() {
+    let mut mesh = three();
+    mesh.link_down(&id("a"), &id("b"));
+    mesh.link_down(&id("a"), &id("c"));
+    let on_a = mesh.node("a").connect_with(V5, "dev", persistent).0;
+    mesh.node("a").subscribe(on_a, "from/a", QoS::AtLeastOnce);
+    let on_b = mesh.node("b").connect_with(V5, "dev", persistent).0;
+    mesh.node("b").subscribe(on_b, "from/b", QoS::AtLeastOnce);
+    mesh.settle();
+    mesh.link_up(&id("a"), &id("b"));
+    mesh.link_up(&id("a"), &id("c"));
+    mesh.settle();
+    mesh.advance(50);
+    let owners: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| mesh.node(n).broker.claim_owner("dev"))
+        .collect();
+    assert!(owners.windows(2).all(|w| w[0] == w[1]), "{owners:?}");
+    let winner = owners[0].clone().expect("an owner");
+    let (win, lose, loser_conn, winner_conn) = if winner == id("a") {
+        ("a", "b", on_b, on_a)
+    } else {
+        ("b", "a", on_a, on_b)
+    };
+    assert!(
+        mesh.node(lose).is_closed(loser_conn),
+        "the loser was taken over"
+    );
+    assert_eq!(
+        disconnect_reason(&mesh.node(lose).recv(loser_conn)),
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    assert!(!mesh.node(win).is_closed(winner_conn));
+    assert_eq!(mesh.node(lose).broker.stats().sessions, 0);
+    // The winner's session holds both subscriptions.
+    assert_eq!(
+        mesh.node("c").broker.nodes_for("from/a"),
+        vec![id(win)],
+        "the loser's subscription joined the winner's session"
+    );
+    assert_eq!(mesh.node("c").broker.nodes_for("from/b"), vec![id(win)]);
+}
+
+#[test]
+fn a_shipped_session_survives_a_restart_of_the_node_that_ships_it() {
+    let mut mesh = three();
+    let old = subscriber(&mut mesh, "a", QoS::AtLeastOnce);
+    mesh.node("a").close(old);
+    publish_numbers(&mut mesh, "c", 0..3, QoS::AtLeastOnce);
+    let (conn, _) = mesh.node("b").connect_with(V5, "dev", persistent);
+    // a hears the claim and ships; the transfer is lost with the link, then a crashes.
+    mesh.deliver_one_way("b", "a");
+    mesh.link_down(&id("a"), &id("b"));
+    assert_eq!(mesh.node("a").broker.sessions_in_transit(), 1);
+    mesh.crash_and_restart("a");
+    assert_eq!(mesh.node("a").broker.sessions_in_transit(), 1, "kept");
+    mesh.link_up(&id("a"), &id("b"));
+    mesh.settle();
+    assert_eq!(mesh.node("b").read_numbers(conn), vec![0, 1, 2]);
+    assert_eq!(mesh.node("a").broker.sessions_in_transit(), 0);
+    // Sent again on the next link session: still taken once.
+    mesh.link_down(&id("a"), &id("b"));
+    mesh.link_up(&id("a"), &id("b"));
+    mesh.settle();
+    assert!(mesh.node("b").received_publishes(conn).is_empty());
+    assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
+}
+
+#[test]
+fn a_pubrel_for_a_message_the_old_node_received_is_answered_and_forgotten() {
+    let mut mesh = three();
+    let watcher = mesh.node("c").connect(V5, "watcher");
+    mesh.node("c").subscribe(watcher, "t/y", QoS::AtLeastOnce);
+    mesh.advance(50);
+    let old = mesh.node("a").connect_with(V5, "dev", persistent).0;
+    // QoS 2 publish received by a and PUBREC'd; the client moves before PUBREL.
+    mesh.node("a")
+        .publish(old, "t/y", &7u32.to_be_bytes(), QoS::ExactlyOnce, false, 9);
+    assert!(
+        mesh.node("a")
+            .recv(old)
+            .iter()
+            .any(|p| matches!(p, Packet::PubRec(a) if a.packet_id == 9))
+    );
+    mesh.settle();
+    let (conn, ack) = mesh.node("b").connect_with(V5, "dev", persistent);
+    assert!(ack.session_present);
+    // The client completes the exchange on b before the session arrives.
+    mesh.node("b").send(conn, Packet::PubRel(Ack::new(9)));
+    let comp = mesh.node("b").recv(conn);
+    assert!(
+        comp.iter()
+            .any(|p| matches!(p, Packet::PubComp(a) if a.packet_id == 9 && a.reason == ReasonCode::SUCCESS)),
+        "{comp:?}"
+    );
+    mesh.settle();
+    // Packet id 9 is free again: a new QoS 2 message with it is a new message.
+    mesh.node("b")
+        .publish(conn, "t/y", &8u32.to_be_bytes(), QoS::ExactlyOnce, false, 9);
+    mesh.settle();
+    assert_eq!(
+        mesh.node("c").read_numbers(watcher),
+        vec![7, 8],
+        "published once each"
+    );
+}
+
+mod trust {
+    use super::*;
+    use bytes::Bytes;
+    use meridian_core::link::{Claim, ClaimUpdate, Frame, SessionTransfer};
+    use meridian_core::retained::{Hlc, Stamp};
+
+    fn stamp(node: &str, wall_ms: u64) -> Stamp {
+        Stamp {
+            hlc: Hlc {
+                wall_ms,
+                logical: 0,
+            },
+            node: id(node),
+        }
+    }
+
+    fn claim(client_id: &str, node: &str) -> Frame {
+        Frame::Claim(ClaimUpdate {
+            client_id: client_id.into(),
+            stamp: stamp(node, 1),
+            claim: Some(Claim {
+                user: None,
+                resume: true,
+                persistent: true,
+            }),
+        })
+    }
+
+    #[test]
+    fn a_peer_claims_for_itself_only() {
+        let mut mesh = three();
+        let conn = mesh.node("a").connect_with(V5, "dev", persistent).0;
+        mesh.settle();
+        // b says c took dev over: refused, and a keeps serving it.
+        mesh.inject("b", "a", claim("dev", "c"));
+        mesh.settle();
+        assert_eq!(mesh.node("a").broker.stats().peer_frames_not_owner, 1);
+        assert!(!mesh.node("a").is_closed(conn));
+        assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("a")));
+    }
+
+    #[test]
+    fn claims_past_a_peers_bound_cut_its_session() {
+        let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+            c.peer_limits.max_claims = 2
+        });
+        for n in 0..3 {
+            mesh.inject("b", "a", claim(&format!("c{n}"), "b"));
+        }
+        let a = mesh.node("a");
+        assert_eq!(a.broker.stats().peer_frames_over_limit, 1);
+        assert_eq!(a.broker.claim_owner("c1"), Some(id("b")));
+        assert_eq!(a.broker.claim_owner("c2"), None, "refused");
+    }
+
+    #[test]
+    fn a_transfer_writes_its_own_clients_records_only() {
+        let mut mesh = three();
+        mesh.node("a").connect_with(V5, "dev", persistent);
+        mesh.settle();
+        let mut victim = vec![b'S', 0, 6];
+        victim.extend_from_slice(b"victim");
+        mesh.inject(
+            "b",
+            "a",
+            Frame::SessionTransfer(SessionTransfer {
+                client_id: "dev".into(),
+                claim: stamp("a", 1),
+                index: 0,
+                count: 1,
+                records: vec![(Bytes::from(victim), Bytes::from_static(&[1, 5]))],
+            }),
+        );
+        mesh.settle();
+        let a = mesh.node("a");
+        assert_eq!(a.broker.stats().sessions_transfers_refused, 1);
+        assert_eq!(a.broker.stats().sessions, 1, "no session for victim");
+        assert_eq!(a.broker.stats().sessions_moved_in, 0);
+    }
+
+    #[test]
+    fn transfers_past_a_peers_byte_bound_cut_its_session() {
+        let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+            c.peer_limits.max_transfer_bytes = 1_000
+        });
+        let part = |index| {
+            Frame::SessionTransfer(SessionTransfer {
+                client_id: "dev".into(),
+                claim: stamp("a", 1),
+                index,
+                count: 3,
+                records: vec![(Bytes::from_static(b"k"), Bytes::from(vec![0u8; 600]))],
+            })
+        };
+        mesh.inject("b", "a", part(0));
+        assert_eq!(mesh.node("a").broker.stats().peer_frames_over_limit, 0);
+        mesh.inject("b", "a", part(1));
+        assert_eq!(mesh.node("a").broker.stats().peer_frames_over_limit, 1);
+    }
+}
