@@ -151,6 +151,8 @@ export interface BrokerStats {
   sessions: number;
   subscriptions: number;
   retainedMessages: number;
+  /** Client ids claimed in the deployment, as known here. */
+  claims: number;
   queuedMessages: number;
   inflightMessages: number;
   /** Payload and topic bytes of every message held (bounded by `maxHeldBytes`). */

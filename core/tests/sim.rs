@@ -347,3 +347,140 @@ fn a_scenario_with_a_bad_reference_is_refused_naming_the_field() {
     s.rtt_ms[0][1] = 7;
     assert_eq!(s.run(1).unwrap_err().field, "rtt_ms[0][1]");
 }
+
+/// A client with a persistent QoS 2 subscription roams fra → hkg → fra while a publisher in
+/// cpt sends QoS 1 and 2 messages: some reach fra on the connection the client just left and
+/// are in flight there, unacknowledged, when it moves. Links jitter. Each burst starts once
+/// the routes have moved with the client: messages published while they move can still miss
+/// it (the old node lets go of its subscriptions before the others route to the new one), so
+/// gossip here loses nothing, which would stretch that window over the next burst.
+fn roaming(seed: u64) -> Sim {
+    let link = |_: &str, _: &str| LinkSpec {
+        rtt_ms: 160,
+        jitter_ms: 40,
+        gossip_loss_ppm: 0,
+        gossip_dup_ppm: 100_000,
+    };
+    let mut sim = Sim::new(
+        seed,
+        Config::default(),
+        &[("fra", "eu"), ("hkg", "ap"), ("cpt", "af")],
+        link,
+        |c| c.digest_interval_ms = 1_000,
+    );
+    let roamer = sim.add_client("roamer", &id("fra"), 10);
+    sim.at(
+        0,
+        Action::ConnectAndSubscribe {
+            client: roamer,
+            filter: "fleet/#".into(),
+            qos: QoS::ExactlyOnce,
+        },
+    );
+    let publisher = sim.add_client("pub", &id("cpt"), 10);
+    sim.at(0, Action::Connect { client: publisher });
+    // Three bursts, each while the client is settled in one place; it moves right after a
+    // burst, with its last messages still on their way to it.
+    let mut k = 0u64;
+    for (start, roam_to) in [
+        (2_000u64, Some("hkg")),
+        (6_000, Some("fra")),
+        (10_000, None),
+    ] {
+        for i in 0..20u64 {
+            let qos = if k.is_multiple_of(2) {
+                QoS::AtLeastOnce
+            } else {
+                QoS::ExactlyOnce
+            };
+            sim.at(
+                start + i * 25,
+                Action::Publish {
+                    client: publisher,
+                    topic: "fleet/x".into(),
+                    payload: Bytes::from(k.to_be_bytes().to_vec()),
+                    qos,
+                    retain: false,
+                },
+            );
+            k += 1;
+        }
+        if let Some(node) = roam_to {
+            sim.at(
+                // The burst's last messages reach fra after the client left it (cpt to
+                // fra is 80 ms and jitter) and before fra hears of the move (a round trip
+                // later): they are in flight on the old connection, and move with it.
+                start + 20 * 25 + 40,
+                Action::Roam {
+                    client: roamer,
+                    node: id(node),
+                },
+            );
+        }
+    }
+    sim.run_until(30_000, |_| {});
+    sim
+}
+
+#[test]
+fn a_roaming_client_gets_every_message_once_in_order() {
+    let seeds: u64 = std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let mut resent = 0;
+    for seed in 0..seeds {
+        let sim = roaming(seed);
+        let publisher = sim.clients.iter().find(|c| c.name == "pub").unwrap();
+        assert_eq!(
+            publisher.acknowledged.len(),
+            60,
+            "seed {seed}: all acknowledged"
+        );
+        let roamer = sim.clients.iter().find(|c| c.name == "roamer").unwrap();
+        assert_eq!(roamer.node, id("fra"), "seed {seed}: back where it started");
+        let got: Vec<(u64, bool)> = roamer
+            .received
+            .iter()
+            .map(|r| {
+                (
+                    u64::from_be_bytes(r.payload[..8].try_into().unwrap()),
+                    r.dup,
+                )
+            })
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        let firsts: Vec<u64> = got
+            .iter()
+            .filter(|(k, _)| seen.insert(*k))
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(
+            firsts,
+            (0..60).collect::<Vec<_>>(),
+            "seed {seed}: every message, in order: {got:?}"
+        );
+        let qos2_fresh: Vec<u64> = got
+            .iter()
+            .filter(|(k, dup)| k % 2 == 1 && !dup)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut once = qos2_fresh.clone();
+        once.dedup();
+        assert_eq!(qos2_fresh, once, "seed {seed}: a QoS 2 message twice");
+        resent += got.iter().filter(|(_, dup)| *dup).count();
+        for node in sim.node_ids() {
+            let b = sim.broker(&node).unwrap();
+            assert_eq!(
+                b.claim_owner("roamer"),
+                Some(id("fra")),
+                "seed {seed}: {node} agrees who serves it"
+            );
+            let sessions = b.stats().sessions;
+            let want = usize::from(node == id("fra") || node == id("cpt"));
+            assert_eq!(sessions, want, "seed {seed}: sessions on {node}");
+            assert_eq!(b.sessions_in_transit(), 0, "seed {seed}: {node}");
+        }
+    }
+    assert!(resent > 0, "no message was in flight when the client moved");
+}

@@ -339,6 +339,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         s.sessions = self.by_client_id.len();
         s.subscriptions = self.subs.len();
         s.retained_messages = self.retained.len();
+        s.claims = self.claims_held();
         s.queued_messages = self.sessions.iter().flatten().map(|x| x.queue.len()).sum();
         s.held_bytes = self.held_bytes();
         s.inflight_messages = self

@@ -116,6 +116,9 @@ stats! {
     Gauge subscriptions: usize => "subscriptions";
     /// Retained messages stored.
     Gauge retained_messages: usize => "retained_messages";
+    /// Client ids claimed in the deployment, as known here: this node's clients and the
+    /// other nodes' (cluster mode).
+    Gauge claims: usize => "claims";
     /// Messages waiting in session queues (not yet in flight).
     Gauge queued_messages: usize => "queued_messages";
     /// Messages sent and not yet acknowledged.

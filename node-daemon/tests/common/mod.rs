@@ -292,6 +292,8 @@ pub mod v3 {
         pub client: AsyncClient,
         pub rx: mpsc::Receiver<Packet>,
         pub task: tokio::task::JoinHandle<()>,
+        /// CONNACK's Session Present.
+        pub session_present: bool,
     }
 
     pub fn options(id: &str, port: u16) -> MqttOptions {
@@ -309,11 +311,15 @@ pub mod v3 {
             .await
             .expect("CONNACK in time")
             .expect("event loop alive");
-        assert!(
-            matches!(first, Packet::ConnAck(_)),
-            "expected CONNACK, got {first:?}"
-        );
-        Client { client, rx, task }
+        let Packet::ConnAck(ack) = first else {
+            panic!("expected CONNACK, got {first:?}");
+        };
+        Client {
+            client,
+            rx,
+            task,
+            session_present: ack.session_present,
+        }
     }
 
     async fn drive(mut eventloop: EventLoop, tx: mpsc::Sender<Packet>) {

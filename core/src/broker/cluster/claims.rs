@@ -1038,6 +1038,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.claims.live(client_id).map(|(s, _)| s.node.clone())
     }
 
+    /// Live claims known here (the `claims` figure).
+    pub(in crate::broker) fn claims_held(&self) -> usize {
+        self.cluster.as_ref().map_or(0, |c| {
+            c.claims
+                .map
+                .iter()
+                .filter(|(_, e)| e.value.is_some())
+                .count()
+        })
+    }
+
     /// Sessions shipped from here that their taker has not answered yet.
     pub fn sessions_in_transit(&self) -> usize {
         self.cluster.as_ref().map_or(0, |c| c.claims.outgoing.len())

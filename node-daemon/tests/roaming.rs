@@ -1,0 +1,188 @@
+//! Sessions that follow their clients between regions, with real clients (rumqttc, MQTT 3.1.1
+//! and 5.0) against three `meridian` processes meshed on loopback: a persistent session left
+//! in one region is resumed in another with what was queued for it meanwhile; the old
+//! connection is taken over; another user cannot take a session over from any region.
+
+mod common;
+
+use common::mesh::{MESH_DEADLINE, Node, cluster_key, next_publish, wait_for};
+use common::{cheap_hash, free_port, raw, v3, v5};
+use meridian_core::codec::{Packet, ProtocolVersion, ReasonCode};
+use meridian_tools::link_proxy::LinkProxy as Proxy;
+use rumqttc::QoS;
+
+/// Three regions with users alice and mallory (password `pw`), each node linked to the others
+/// through a proxy.
+struct Regions {
+    nodes: Vec<Node>,
+    _proxies: Vec<Proxy>,
+    _dir: tempfile::TempDir,
+}
+
+async fn regions() -> Regions {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let passwords = dir.path().join("passwords");
+    std::fs::write(
+        &passwords,
+        format!("alice:{}\nmallory:{}\n", cheap_hash("pw"), cheap_hash("pw")),
+    )
+    .unwrap();
+    let auth = format!(
+        "\n[auth]\npassword_file = \"{}\"\nallow_anonymous = false\n",
+        passwords.display()
+    );
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let ab = Proxy::start(pa).await.unwrap();
+    let ac = Proxy::start(pa).await.unwrap();
+    let bc = Proxy::start(pb).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, &auth).await;
+    let b = Node::start_with("ape1", pb, &[ab.port], &key, &auth).await;
+    let c = Node::start_with("afs1", pc, &[ac.port, bc.port], &key, &auth).await;
+    for (x, y) in [(&a, &b), (&a, &c), (&b, &c)] {
+        wait_for("the mesh to connect", &[x, y], || async {
+            x.connected_to(y).await && y.connected_to(x).await
+        })
+        .await;
+    }
+    Regions {
+        nodes: vec![a, b, c],
+        _proxies: vec![ab, ac, bc],
+        _dir: dir,
+    }
+}
+
+fn v3_login(id: &str, port: u16, user: &str) -> rumqttc::MqttOptions {
+    let mut o = v3::options(id, port);
+    o.set_credentials(user, "pw");
+    o.set_clean_session(false);
+    o
+}
+
+/// A metric of a node, polled until it reaches `want`.
+async fn metric_reaches(node: &Node, series: &str, want: f64) {
+    wait_for(&format!("{series} to reach {want}"), &[node], || async {
+        common::mesh::metric(&node.metrics().await, series) >= want
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_session_resumed_in_another_region_brings_what_was_queued() {
+    let r = regions().await;
+    let (a, b, c) = (&r.nodes[0], &r.nodes[1], &r.nodes[2]);
+
+    // The device subscribes in region a, then goes away (its connection dropped).
+    let mut device = v3::connect(v3_login("device-7", a.mqtt(), "alice")).await;
+    device.subscribe("fleet/device-7/#", QoS::AtLeastOnce).await;
+    wait_for("c to route to a", &[c], || async {
+        c.routes_of(a).await.iter().any(|f| f == "fleet/device-7/#")
+    })
+    .await;
+    device.abort();
+
+    // Commands for it are published in region c while it is away: a queues them.
+    let mut ops = v3::connect(v3_login("ops", c.mqtt(), "alice")).await;
+    for i in 0..10 {
+        ops.client
+            .publish(
+                "fleet/device-7/cmd",
+                QoS::AtLeastOnce,
+                false,
+                format!("cmd {i}"),
+            )
+            .await
+            .unwrap();
+        ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+    metric_reaches(a, "meridian_queued_messages", 10.0).await;
+
+    // It reappears in region b: Session Present, and every command, once, in order.
+    let mut device = v3::connect(v3_login("device-7", b.mqtt(), "alice")).await;
+    assert!(
+        device.session_present,
+        "the session exists in the deployment"
+    );
+    for i in 0..10 {
+        let p = next_publish(&mut device, |_| true).await;
+        assert_eq!(p.payload, format!("cmd {i}").as_bytes(), "in order, once");
+    }
+    metric_reaches(a, "meridian_sessions_moved_total{direction=\"out\"}", 1.0).await;
+    metric_reaches(b, "meridian_sessions_moved_total{direction=\"in\"}", 1.0).await;
+    metric_reaches(a, "meridian_sessions", 0.0).await;
+
+    // Its subscription came along: commands now reach it in b, and no longer a.
+    wait_for("c to route to b only", &[c], || async {
+        c.routes_of(b).await.iter().any(|f| f == "fleet/device-7/#")
+            && !c.routes_of(a).await.iter().any(|f| f == "fleet/device-7/#")
+    })
+    .await;
+    ops.client
+        .publish("fleet/device-7/cmd", QoS::AtLeastOnce, false, "after")
+        .await
+        .unwrap();
+    let p = next_publish(&mut device, |_| true).await;
+    assert_eq!(
+        &p.payload[..],
+        b"after",
+        "no duplicate of an earlier command"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_connection_is_taken_over_and_another_user_is_refused_everywhere() {
+    let r = regions().await;
+    let (a, b, c) = (&r.nodes[0], &r.nodes[1], &r.nodes[2]);
+
+    // MQTT 5.0: alice's sensor in region a (a raw client, to read the exact DISCONNECT).
+    let mut hello = raw::connect_packet(ProtocolVersion::V5, "sensor-1");
+    hello.username = Some("alice".into());
+    hello.password = Some(bytes::Bytes::from_static(b"pw"));
+    hello.clean_start = false;
+    hello.properties.session_expiry_interval = Some(3600);
+    let (mut sensor, ack) = raw::Raw::connect_with(a.mqtt(), hello).await;
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    for node in [b, c] {
+        metric_reaches(node, "meridian_claims", 1.0).await;
+    }
+
+    // mallory cannot take sensor-1 over in any region: 3.1.1 return code 5, 5.0 0x87.
+    for node in [a, b, c] {
+        let mut o = v3::options("sensor-1", node.mqtt());
+        o.set_credentials("mallory", "pw");
+        let (_client, mut eventloop) = rumqttc::AsyncClient::new(o, 10);
+        match tokio::time::timeout(MESH_DEADLINE, eventloop.poll()).await {
+            Ok(Err(rumqttc::ConnectionError::ConnectionRefused(code))) => {
+                assert_eq!(code, rumqttc::ConnectReturnCode::NotAuthorized)
+            }
+            other => panic!("{}: mallory was not refused: {other:?}", node.region),
+        }
+        let mut o = v5::options("sensor-1", node.mqtt());
+        o.set_credentials("mallory", "pw");
+        let (_client, mut eventloop) = rumqttc::v5::AsyncClient::new(o, 10);
+        match tokio::time::timeout(MESH_DEADLINE, eventloop.poll()).await {
+            Ok(Err(rumqttc::v5::ConnectionError::ConnectionRefused(code))) => {
+                assert_eq!(
+                    code,
+                    rumqttc::v5::mqttbytes::v5::ConnectReturnCode::NotAuthorized
+                )
+            }
+            other => panic!("{}: mallory was not refused: {other:?}", node.region),
+        }
+    }
+
+    // alice herself moves it to b: a closes the old connection with 0x8E.
+    let mut moved = v5::options("sensor-1", b.mqtt());
+    moved.set_credentials("alice", "pw");
+    moved.set_clean_start(false);
+    moved.set_session_expiry_interval(Some(3600));
+    let _sensor_b = v5::connect(moved).await;
+    // The first packet a sends the sensor since it connected: mallory's attempts never
+    // touched it.
+    match sensor.next().await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, ReasonCode::SESSION_TAKEN_OVER),
+        other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
+    }
+    assert!(sensor.closed().await);
+}
