@@ -183,6 +183,9 @@ export interface BrokerStats {
   /** The oldest QoS 1/2 forwards for a node whose link is down, dropped to keep its outbox
    *  within bounds. */
   droppedPeerAbsent: number;
+  /** Deliveries to a session that had the message already (it came two ways while the
+   *  session moved between nodes). */
+  droppedMovedTwice: number;
   /** Peer frames refused, by reason. */
   peerFramesNotOwner: number;
   peerFramesOverLimit: number;
@@ -204,6 +207,8 @@ export interface BrokerStats {
   sessionsTransfersRefused: number;
   /** Resumed sessions whose wait for a shipped session ran out. */
   sessionsTransferWaitsOver: number;
+  /** Messages relayed to the node a session moved to. */
+  messagesRelayed: number;
   connectsRefused: number;
   protocolErrors: number;
 }

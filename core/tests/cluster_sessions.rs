@@ -74,7 +74,13 @@ fn a_session_follows_its_client_to_another_node() {
         assert_eq!(mesh.node(n).broker.claim_owner("dev"), Some(id("b")), "{n}");
     }
 
-    // Its subscription came along: new messages now go to b.
+    // Its subscription came along: once b's routes are everywhere (a route batch), a lets
+    // go of the session's subscriptions (another batch), and new messages go to b only.
+    mesh.advance(50);
+    assert_eq!(
+        mesh.node("c").broker.nodes_for("t/x"),
+        vec![id("a"), id("b")]
+    );
     mesh.advance(50);
     assert_eq!(mesh.node("c").broker.nodes_for("t/x"), vec![id("b")]);
     publish_numbers(&mut mesh, "c", 5..8, QoS::AtLeastOnce);
@@ -151,6 +157,82 @@ fn a_resume_whose_session_never_comes_goes_on_after_the_wait() {
     mesh.settle();
     assert_eq!(mesh.node("a").broker.stats().sessions, 0);
     assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
+}
+
+#[test]
+fn messages_published_while_a_session_moves_reach_it_once() {
+    let mut mesh = three();
+    subscriber(&mut mesh, "a", QoS::ExactlyOnce);
+    let from_c = mesh.node("c").connect(V5, "pub-c");
+    let from_b = mesh.node("b").connect(V5, "pub-b");
+    mesh.settle();
+    let (conn, _) = mesh.node("b").connect_with(V5, "dev", persistent);
+    mesh.settle();
+    // The session is on b; c still routes its topic to a only, and a relays.
+    assert_eq!(mesh.node("c").broker.nodes_for("t/x"), vec![id("a")]);
+    mesh.node("c").publish(
+        from_c,
+        "t/x",
+        &1u32.to_be_bytes(),
+        QoS::ExactlyOnce,
+        false,
+        1,
+    );
+    mesh.settle();
+    // Published on b: delivered there, and sent to a (which still wants it), which relays
+    // it back.
+    mesh.node("b").publish(
+        from_b,
+        "t/x",
+        &2u32.to_be_bytes(),
+        QoS::ExactlyOnce,
+        false,
+        1,
+    );
+    mesh.settle();
+    // c learns b's route before a lets go: c sends the next one both ways.
+    mesh.node("b").advance(50);
+    mesh.deliver_one_way("b", "c");
+    assert_eq!(
+        mesh.node("c").broker.nodes_for("t/x"),
+        vec![id("a"), id("b")]
+    );
+    mesh.node("c").publish(
+        from_c,
+        "t/x",
+        &3u32.to_be_bytes(),
+        QoS::ExactlyOnce,
+        false,
+        2,
+    );
+    mesh.settle();
+    mesh.advance(50);
+    mesh.advance(50);
+    assert_eq!(mesh.node("c").broker.nodes_for("t/x"), vec![id("b")]);
+    mesh.node("c").publish(
+        from_c,
+        "t/x",
+        &4u32.to_be_bytes(),
+        QoS::ExactlyOnce,
+        false,
+        3,
+    );
+    mesh.settle();
+
+    assert_eq!(
+        mesh.node("b").read_numbers(conn),
+        vec![1, 2, 3, 4],
+        "each once"
+    );
+    let a = mesh.node("a").broker.stats();
+    assert_eq!(a.messages_relayed, 3, "1, 2 and 3 went through a");
+    assert_eq!(
+        mesh.node("b").broker.stats().dropped_moved_twice,
+        2,
+        "2 and 3 came both ways"
+    );
+    assert_eq!(a.sessions, 0);
+    assert_eq!(a.subscriptions, 0, "the relay ended");
 }
 
 #[test]
@@ -262,6 +344,8 @@ fn simultaneous_claims_leave_one_owner_everywhere() {
     mesh.link_up(&id("a"), &id("b"));
     mesh.link_up(&id("a"), &id("c"));
     mesh.settle();
+    // The winner's routes, then the loser's relay ending: two route batches.
+    mesh.advance(50);
     mesh.advance(50);
     let owners: Vec<_> = ["a", "b", "c"]
         .iter()
@@ -360,7 +444,7 @@ fn a_pubrel_for_a_message_the_old_node_received_is_answered_and_forgotten() {
 mod trust {
     use super::*;
     use bytes::Bytes;
-    use meridian_core::link::{Claim, ClaimUpdate, Frame, SessionTransfer};
+    use meridian_core::link::{Claim, ClaimUpdate, Frame, SessionRelay, SessionTransfer};
     use meridian_core::retained::{Hlc, Stamp};
 
     fn stamp(node: &str, wall_ms: u64) -> Stamp {
@@ -435,6 +519,33 @@ mod trust {
         assert_eq!(a.broker.stats().sessions_transfers_refused, 1);
         assert_eq!(a.broker.stats().sessions, 1, "no session for victim");
         assert_eq!(a.broker.stats().sessions_moved_in, 0);
+    }
+
+    #[test]
+    fn only_the_node_that_shipped_a_session_relays_to_it() {
+        let mut mesh = three();
+        let conn = mesh.node("a").connect_with(V5, "dev", persistent).0;
+        mesh.node("a").subscribe(conn, "t/#", QoS::AtLeastOnce);
+        mesh.settle();
+        // c, which never held dev's session, makes up a relay for it.
+        mesh.inject(
+            "c",
+            "a",
+            Frame::SessionRelay(SessionRelay {
+                client_id: "dev".into(),
+                claim: stamp("a", 1),
+                n: 1,
+                origin: meridian_core::routes::Owner {
+                    node: id("c"),
+                    incarnation: 1,
+                },
+                seq: 1,
+                message: publish_packet("t/x", b"forged", QoS::AtLeastOnce, false, 1),
+            }),
+        );
+        mesh.settle();
+        assert_eq!(mesh.node("a").broker.stats().peer_frames_not_owner, 1);
+        assert!(mesh.node("a").received_publishes(conn).is_empty());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use meridian_core::codec::{Publish, PublishProperties, QoS};
 use meridian_core::link::{
-    self, Claim, ClaimUpdate, DigestEntry, Forward, Frame, LinkError, RetainedUpdate,
+    self, Claim, ClaimUpdate, DigestEntry, Forward, Frame, LinkError, RetainedUpdate, SessionRelay,
     SessionTransfer,
 };
 use meridian_core::retained::{Hlc, Stamp};
@@ -188,6 +188,42 @@ fn frame() -> impl Strategy<Value = Frame> {
             }),
         ("[a-z0-9]{0,12}", stamp())
             .prop_map(|(client_id, claim)| Frame::SessionTaken { client_id, claim }),
+        (
+            "[a-z0-9]{0,12}",
+            stamp(),
+            any::<u64>(),
+            owner(),
+            any::<u64>(),
+            publish()
+        )
+            .prop_map(|(client_id, claim, n, origin, seq, message)| {
+                Frame::SessionRelay(SessionRelay {
+                    client_id,
+                    claim,
+                    n,
+                    origin,
+                    seq,
+                    message,
+                })
+            }),
+        ("[a-z0-9]{0,12}", stamp(), any::<u64>()).prop_map(|(client_id, claim, n)| {
+            Frame::SessionRelayAck {
+                client_id,
+                claim,
+                n,
+            }
+        }),
+        ("[a-z0-9]{0,12}", stamp())
+            .prop_map(|(client_id, claim)| Frame::SessionRouted { client_id, claim }),
+        any::<u64>().prop_map(|token| Frame::Fence { token }),
+        any::<u64>().prop_map(|token| Frame::FenceEcho { token }),
+        ("[a-z0-9]{0,12}", stamp(), any::<u64>()).prop_map(|(client_id, claim, last)| {
+            Frame::SessionRelayDone {
+                client_id,
+                claim,
+                last,
+            }
+        }),
     ]
 }
 

@@ -186,3 +186,99 @@ async fn the_old_connection_is_taken_over_and_another_user_is_refused_everywhere
     }
     assert!(sensor.closed().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_published_while_a_device_moves_all_reach_it() {
+    use meridian_core::codec::{Ack, Subscribe, SubscribeFilter, SubscriptionOptions};
+    const N: usize = 300;
+    let r = regions().await;
+    let (a, b, c) = (&r.nodes[0], &r.nodes[1], &r.nodes[2]);
+    // In region a, a raw client (it acknowledges exactly what the test has seen).
+    let mut hello = raw::connect_packet(ProtocolVersion::V311, "device-9");
+    hello.username = Some("alice".into());
+    hello.password = Some(bytes::Bytes::from_static(b"pw"));
+    hello.clean_start = false;
+    let (mut device, ack) = raw::Raw::connect_with(a.mqtt(), hello).await;
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    device
+        .send(&Packet::Subscribe(Subscribe {
+            packet_id: 1,
+            filters: vec![SubscribeFilter {
+                filter: "fleet/device-9/#".into(),
+                options: SubscriptionOptions {
+                    qos: meridian_core::codec::QoS::AtLeastOnce,
+                    ..Default::default()
+                },
+            }],
+            properties: Default::default(),
+        }))
+        .await;
+    assert!(matches!(device.next().await, Some(Packet::SubAck(_))));
+    wait_for("c to route to a", &[c], || async {
+        c.routes_of(a).await.iter().any(|f| f == "fleet/device-9/#")
+    })
+    .await;
+
+    // Region c publishes without pause, each PUBLISH after the last one's PUBACK.
+    let mut ops = v3::connect(v3_login("ops-9", c.mqtt(), "alice")).await;
+    let publisher = tokio::spawn(async move {
+        for i in 0..N {
+            ops.client
+                .publish("fleet/device-9/cmd", QoS::AtLeastOnce, false, i.to_string())
+                .await
+                .unwrap();
+            ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+                .await;
+        }
+    });
+    let number =
+        |payload: &[u8]| -> usize { std::str::from_utf8(payload).unwrap().parse().unwrap() };
+    let mut got = std::collections::BTreeSet::new();
+    let mut copies = 0;
+    while got.len() < N / 3 {
+        match device.next().await {
+            Some(Packet::Publish(p)) => {
+                got.insert(number(&p.payload));
+                copies += 1;
+                if let Some(id) = p.packet_id {
+                    device.send(&Packet::PubAck(Ack::new(id))).await;
+                }
+            }
+            Some(_) => {}
+            None => panic!("region a closed the device's connection"),
+        }
+    }
+    // The device drops off region a mid-stream and comes back in region b.
+    drop(device);
+    let mut device = v3::connect(v3_login("device-9", b.mqtt(), "alice")).await;
+    assert!(device.session_present);
+    let deadline = tokio::time::Instant::now() + MESH_DEADLINE;
+    while got.len() < N {
+        let Ok(Some(p)) = tokio::time::timeout_at(deadline, device.rx.recv()).await else {
+            let missing: Vec<usize> = (0..N).filter(|k| !got.contains(k)).collect();
+            let mut report = format!("missing {missing:?}\n");
+            for node in [a, b, c] {
+                let m = node.metrics().await;
+                for line in m.lines().filter(|l| {
+                    !l.starts_with('#')
+                        && (l.contains("dropped")
+                            || l.contains("relayed")
+                            || l.contains("moved")
+                            || l.contains("transfer")
+                            || l.contains("claims"))
+                }) {
+                    report.push_str(&format!("{}: {line}\n", node.region));
+                }
+            }
+            panic!("{report}");
+        };
+        if let rumqttc::Packet::Publish(p) = p {
+            got.insert(number(&p.payload));
+            copies += 1;
+        }
+    }
+    publisher.await.unwrap();
+    assert_eq!(got, (0..N).collect(), "every message, none lost");
+    let relayed = common::mesh::metric(&a.metrics().await, "meridian_messages_relayed_total");
+    eprintln!("{N} messages, {copies} copies received (QoS 1), {relayed} relayed by region a");
+}

@@ -634,22 +634,52 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Let go of a session here: its subscriptions, records and slot (its timers are the
     /// caller's). Returns its client id.
     pub(super) fn discard_session(&mut self, sid: SessionId) -> Option<Arc<str>> {
-        let session = self.session_mut(sid)?;
+        let client_id = self.session(sid)?.client_id.clone();
+        self.unpersist_session(sid);
+        self.drop_checkpoint(sid);
+        self.by_client_id.remove(&client_id);
+        self.forget_transfer_wait(&client_id);
+        self.free_slot(sid);
+        Some(client_id)
+    }
+
+    /// Free a session's slot: its subscriptions go, and its bytes leave the count.
+    pub(super) fn free_slot(&mut self, sid: SessionId) {
+        let Some(session) = self.session(sid) else {
+            return;
+        };
         let filters: Vec<String> = session.subscriptions.keys().cloned().collect();
         for filter in filters {
             self.remove_subscription(sid, &filter);
         }
-        self.unpersist_session(sid);
-        self.drop_checkpoint(sid);
         // Its bytes leave the count (counted first, so that no changed session is left on
         // the list); a later session in the same slot starts from none.
         self.count_held();
-        let session = self.sessions.get_mut(sid as usize).and_then(Option::take)?;
-        self.forget_transfer_wait(&session.client_id);
+        let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::take) else {
+            return;
+        };
         self.held -= session.accounted;
-        self.by_client_id.remove(&session.client_id);
         self.free_sessions.push(sid);
-        Some(session.client_id)
+    }
+
+    /// A session shipped elsewhere leaves this node, but its slot keeps its subscriptions for
+    /// a relay ([`super::cluster`]): its records and messages go (they travel in the
+    /// transfer), and its client id is free here for a new session.
+    pub(super) fn vacate_session(&mut self, sid: SessionId) -> Option<Arc<str>> {
+        let client_id = self.session(sid)?.client_id.clone();
+        self.unpersist_session(sid);
+        self.drop_checkpoint(sid);
+        self.by_client_id.remove(&client_id);
+        self.forget_transfer_wait(&client_id);
+        self.touch(sid);
+        let session = self.session_mut(sid)?;
+        session.inflight = Default::default();
+        session.queue = Default::default();
+        session.incoming_qos2 = Default::default();
+        session.expiry_secs = 0;
+        session.will = None;
+        session.pending_will = None;
+        Some(client_id)
     }
 
     // ----- persistence of session state -----

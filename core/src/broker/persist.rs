@@ -23,6 +23,8 @@
 //! | `H` cid | the claim on a client id with the greatest stamp known here, or its tombstone (cluster mode) |
 //! | `X` cid stamp | a session shipped to the node whose claim (stamp) took it over, until that node took it |
 //! | `Y` cid stamp sender | a shipped session taken here (so that one sent again is taken once) |
+//! | `V` cid | in a shipped session only: the messages it was delivered while relays to it could come (their identities), so that its next node delivers none of them again |
+//! | `Z` cid stamp n(u64 BE) | a QoS 1/2 message relayed to the node a session moved to, until it acknowledged it |
 //! | `N` | the first connection id not yet given out, reserved ahead so that ids are never reused across rebuilds (resumable connections) |
 
 use std::sync::Arc;
@@ -140,6 +142,17 @@ pub(crate) enum Key {
         claim: Stamp,
         from: String,
     },
+    /// In a shipped session: the identities of messages it was delivered while relays to
+    /// it could come.
+    Seen {
+        client_id: String,
+    },
+    /// A message relayed to the node a session moved to.
+    Relay {
+        client_id: String,
+        claim: Stamp,
+        n: u64,
+    },
 }
 
 fn put_stamp(k: &mut BytesMut, stamp: &Stamp) {
@@ -227,9 +240,20 @@ impl Key {
             Key::Checkpoint { client_id } => with_client(b'K', client_id, 0).freeze(),
             Key::Leaf { node } => with_client(b'L', node, 0).freeze(),
             Key::Claim { client_id } => with_client(b'H', client_id, 0).freeze(),
+            Key::Seen { client_id } => with_client(b'V', client_id, 0).freeze(),
             Key::Transfer { client_id, claim } => {
                 let mut k = with_client(b'X', client_id, 16 + claim.node.as_str().len());
                 put_stamp(&mut k, claim);
+                k.freeze()
+            }
+            Key::Relay {
+                client_id,
+                claim,
+                n,
+            } => {
+                let mut k = with_client(b'Z', client_id, 24 + claim.node.as_str().len());
+                put_stamp(&mut k, claim);
+                k.put_u64(*n);
                 k.freeze()
             }
             Key::TransferTaken {
@@ -344,12 +368,24 @@ impl Key {
             b'K' if k.is_empty() => Key::Checkpoint { client_id },
             b'L' if k.is_empty() => Key::Leaf { node: client_id },
             b'H' if k.is_empty() => Key::Claim { client_id },
+            b'V' if k.is_empty() => Key::Seen { client_id },
             b'X' => {
                 let claim = get_stamp(&mut k)?;
                 if !k.is_empty() {
                     return Err(e("bytes after the stamp"));
                 }
                 Key::Transfer { client_id, claim }
+            }
+            b'Z' => {
+                let claim = get_stamp(&mut k)?;
+                if k.len() != 8 {
+                    return Err(e("bad relay number"));
+                }
+                Key::Relay {
+                    client_id,
+                    claim,
+                    n: k.get_u64(),
+                }
             }
             b'Y' => {
                 let claim = get_stamp(&mut k)?;
@@ -892,6 +928,14 @@ mod tests {
                 client_id: "dev".into(),
                 claim: stamp(),
                 from: "fra-1".into(),
+            },
+            Key::Relay {
+                client_id: "dev".into(),
+                claim: stamp(),
+                n: 12,
+            },
+            Key::Seen {
+                client_id: "dev".into(),
             },
         ];
         for key in keys {

@@ -205,8 +205,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         // A retained message holds its own bytes already.
         let detached = message.retain.then(|| message.clone());
+        self.begin_local_routing();
         let n = self.route(&message, detached, false);
         self.forward(&message);
+        self.end_routing();
         n
     }
 
@@ -357,6 +359,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         mut delivery: Delivery,
         detached: &mut Option<Arc<Message>>,
     ) {
+        if self.moving_delivery(sid, &delivery) {
+            return;
+        }
         if delivery.qos != QoS::AtMostOnce && self.over_budget(delivery.message.weight()) {
             // It would be held (queued, or in flight until acknowledged).
             self.stats.dropped_memory_full += 1;

@@ -160,6 +160,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 claim,
                 from,
             } => self.restore_taken(client_id, claim, &from),
+            Key::Relay {
+                client_id,
+                claim,
+                n,
+            } => self.restore_relayed(client_id, claim, n, value)?,
+            Key::Seen { .. } => {
+                return Err(RecordError {
+                    kind: "seen messages",
+                    detail: "stored only inside a shipped session",
+                });
+            }
             Key::Checkpoint { client_id } => {
                 let records = persist::unpack(value)?;
                 // Only the records of that one session.

@@ -182,6 +182,11 @@ stats! {
     /// outbox within bounds (publishers are never refused for a node that is not there).
     Counter dropped_peer_absent: u64 => "messages_dropped"
         (DROPPED) "reason" = "peer_absent";
+    /// Deliveries to a session that had the message already: it reached the session's new
+    /// node both from its publisher's node and relayed by the old node while the session
+    /// moved.
+    Counter dropped_moved_twice: u64 => "messages_dropped"
+        (DROPPED) "reason" = "moved_twice";
     /// Peer frames refused for naming another node as their origin.
     Counter peer_frames_not_owner: u64 => "peer_frames_refused"
         (REFUSED) "reason" = "not_owner";
@@ -220,6 +225,8 @@ stats! {
     /// Resumed sessions whose wait for the session from another node ran out
     /// (`ClusterConfig::session_transfer_wait_ms`).
     Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";
+    /// Messages a node relayed to the node a session moved to, for that session.
+    Counter messages_relayed: u64 => "messages_relayed";
     /// CONNECTs refused.
     Counter connects_refused: u64 => "connects_refused";
     /// Connections closed for protocol errors.

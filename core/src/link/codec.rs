@@ -5,7 +5,8 @@ use std::sync::Arc;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::{
-    Claim, ClaimUpdate, DigestEntry, Forward, Frame, FrameKind, RetainedUpdate, SessionTransfer,
+    Claim, ClaimUpdate, DigestEntry, Forward, Frame, FrameKind, RetainedUpdate, SessionRelay,
+    SessionTransfer,
 };
 use crate::codec::{self as mqtt, Packet, ProtocolVersion};
 use crate::retained::{Hlc, Stamp};
@@ -191,6 +192,46 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             client_id: r.string()?,
             claim: r.stamp()?,
         },
+        FrameKind::SessionRelay => {
+            let client_id = r.string()?;
+            let claim = r.stamp()?;
+            let n = r.u64()?;
+            let origin = r.owner()?;
+            let seq = r.u64()?;
+            let mut rest = BytesMut::from(&r.buf[..]);
+            r.buf.clear();
+            let message = match mqtt::decode(&mut rest, ProtocolVersion::V5, u32::MAX) {
+                Ok(Some(Packet::Publish(p))) if rest.is_empty() => p,
+                _ => return Err(r.bad("embedded PUBLISH")),
+            };
+            if message.topic.is_empty() || message.properties.topic_alias.is_some() {
+                return Err(r.bad("relayed PUBLISH needs its topic, without alias"));
+            }
+            Frame::SessionRelay(SessionRelay {
+                client_id,
+                claim,
+                n,
+                origin,
+                seq,
+                message,
+            })
+        }
+        FrameKind::SessionRelayAck => Frame::SessionRelayAck {
+            client_id: r.string()?,
+            claim: r.stamp()?,
+            n: r.u64()?,
+        },
+        FrameKind::SessionRouted => Frame::SessionRouted {
+            client_id: r.string()?,
+            claim: r.stamp()?,
+        },
+        FrameKind::SessionRelayDone => Frame::SessionRelayDone {
+            client_id: r.string()?,
+            claim: r.stamp()?,
+            last: r.u64()?,
+        },
+        FrameKind::Fence => Frame::Fence { token: r.u64()? },
+        FrameKind::FenceEcho => Frame::FenceEcho { token: r.u64()? },
     };
     if !r.buf.is_empty() {
         return Err(r.bad("bytes after the frame's content"));
@@ -307,9 +348,37 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
                 body.put_slice(value);
             }
         }
-        Frame::SessionTaken { client_id, claim } => {
+        Frame::SessionTaken { client_id, claim } | Frame::SessionRouted { client_id, claim } => {
             put_str(&mut body, client_id)?;
             put_stamp(&mut body, claim)?;
+        }
+        Frame::Fence { token } | Frame::FenceEcho { token } => body.put_u64(*token),
+        Frame::SessionRelay(r) => {
+            put_str(&mut body, &r.client_id)?;
+            put_stamp(&mut body, &r.claim)?;
+            body.put_u64(r.n);
+            put_owner(&mut body, &r.origin)?;
+            body.put_u64(r.seq);
+            mqtt::encode(
+                &Packet::Publish(r.message.clone()),
+                ProtocolVersion::V5,
+                &mut body,
+            )
+            .map_err(|_| LinkError::Encode("relayed PUBLISH"))?;
+        }
+        Frame::SessionRelayAck {
+            client_id,
+            claim,
+            n: number,
+        }
+        | Frame::SessionRelayDone {
+            client_id,
+            claim,
+            last: number,
+        } => {
+            put_str(&mut body, client_id)?;
+            put_stamp(&mut body, claim)?;
+            body.put_u64(*number);
         }
     }
     let len = u32::try_from(body.len() + 1).map_err(|_| LinkError::Encode("frame over 4 GiB"))?;

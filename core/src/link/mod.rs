@@ -17,6 +17,10 @@ use crate::retained::Stamp;
 use crate::routes::{NodeId, Owner, RouteDelta, SnapshotChunk};
 
 pub use codec::{LinkError, decode, encode, encoded_len};
+
+/// A message's identity in the deployment: its origin (node and incarnation) and its number
+/// there ([`Forward::seq`]).
+pub type MessageId = (Owner, u64);
 pub use inbox::{Arrival, Inbox};
 pub use outbox::{Outbox, OutboxFull, OutboxLimits};
 
@@ -38,13 +42,14 @@ pub struct DigestEntry {
 }
 
 /// A PUBLISH forwarded from the node where it was published (`origin`) to a node with a
-/// matching subscriber. `seq` numbers QoS 1/2 forwards per (origin, destination) so that the
-/// receiver drops duplicates; QoS 0 forwards carry 0.
+/// matching subscriber. `seq` is the message's number at its origin: one per message, the
+/// same towards every destination, growing, so that (origin, seq) names a message in the
+/// deployment and a receiver drops a QoS 1/2 forward it already had.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Forward {
     /// The node (and incarnation) where the message was published.
     pub origin: Owner,
-    /// Sequence number per (origin, destination) for QoS 1/2; 0 for QoS 0.
+    /// The message's number at its origin (0: none).
     pub seq: u64,
     /// The message with every MQTT 5.0 property. Its packet id means nothing on the link; its
     /// Message Expiry Interval is what remained when it was sent.
@@ -184,6 +189,67 @@ pub enum Frame {
         /// The sender's claim.
         claim: Stamp,
     },
+    /// A message for a session shipped to the receiver, that reached the sender after the
+    /// session left (its subscriptions stay there until the receiver's routes are known).
+    SessionRelay(SessionRelay),
+    /// The sender has every relayed message of that session up to `n`.
+    SessionRelayAck {
+        /// The session's client id.
+        client_id: String,
+        /// The claim the session was shipped for.
+        claim: Stamp,
+        /// The highest relayed number received.
+        n: u64,
+    },
+    /// Every node the sender knows routes the shipped session's subscriptions to the sender:
+    /// the node that shipped it lets go of them once what the others routed to it before is
+    /// in ([`Frame::Fence`]).
+    SessionRouted {
+        /// The session's client id.
+        client_id: String,
+        /// The sender's claim.
+        claim: Stamp,
+    },
+    /// The sender relays nothing more for that session: `last` was its last relayed number.
+    SessionRelayDone {
+        /// The session's client id.
+        client_id: String,
+        /// The claim the session was shipped for.
+        claim: Stamp,
+        /// The last relayed number (0: none).
+        last: u64,
+    },
+    /// Answer with [`Frame::FenceEcho`] once everything sent to the sender before it is on
+    /// its way (after the forwards queued for it).
+    Fence {
+        /// Told back in the echo.
+        token: u64,
+    },
+    /// Everything the sender had for the receiver when its [`Frame::Fence`] came was sent
+    /// before this.
+    FenceEcho {
+        /// The fence's token.
+        token: u64,
+    },
+}
+
+/// A message relayed to the node a session was shipped to ([`Frame::SessionRelay`]), with its
+/// identity in the deployment, so that the receiver delivers it once whichever way it comes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRelay {
+    /// The session's client id.
+    pub client_id: String,
+    /// The receiver's claim the session was shipped for.
+    pub claim: Stamp,
+    /// Numbers the sender's relays for that session, from 1.
+    pub n: u64,
+    /// The node (and incarnation) where the message was published, or relayed into the
+    /// mesh from a leaf.
+    pub origin: Owner,
+    /// The message's number at its origin ([`Forward::seq`]); 0 if it has none.
+    pub seq: u64,
+    /// The message as the session gets it (its QoS is the delivery's).
+    pub message: Publish,
 }
 
 impl Frame {
@@ -207,6 +273,12 @@ impl Frame {
             Frame::ClaimSnapshot(_) => FrameKind::ClaimSnapshot,
             Frame::SessionTransfer(_) => FrameKind::SessionTransfer,
             Frame::SessionTaken { .. } => FrameKind::SessionTaken,
+            Frame::SessionRelay(_) => FrameKind::SessionRelay,
+            Frame::SessionRelayAck { .. } => FrameKind::SessionRelayAck,
+            Frame::SessionRouted { .. } => FrameKind::SessionRouted,
+            Frame::SessionRelayDone { .. } => FrameKind::SessionRelayDone,
+            Frame::Fence { .. } => FrameKind::Fence,
+            Frame::FenceEcho { .. } => FrameKind::FenceEcho,
         }
     }
 
@@ -254,11 +326,23 @@ pub enum FrameKind {
     SessionTransfer = 16,
     /// Type 17: [`Frame::SessionTaken`].
     SessionTaken = 17,
+    /// Type 18: [`Frame::SessionRelay`].
+    SessionRelay = 18,
+    /// Type 19: [`Frame::SessionRelayAck`].
+    SessionRelayAck = 19,
+    /// Type 20: [`Frame::SessionRouted`].
+    SessionRouted = 20,
+    /// Type 21: [`Frame::SessionRelayDone`].
+    SessionRelayDone = 21,
+    /// Type 22: [`Frame::Fence`].
+    Fence = 22,
+    /// Type 23: [`Frame::FenceEcho`].
+    FenceEcho = 23,
 }
 
 impl FrameKind {
     /// Every kind, in the order of their type bytes.
-    pub const ALL: [FrameKind; 17] = [
+    pub const ALL: [FrameKind; 23] = [
         FrameKind::Hello,
         FrameKind::RouteDelta,
         FrameKind::RouteAck,
@@ -276,6 +360,12 @@ impl FrameKind {
         FrameKind::ClaimSnapshot,
         FrameKind::SessionTransfer,
         FrameKind::SessionTaken,
+        FrameKind::SessionRelay,
+        FrameKind::SessionRelayAck,
+        FrameKind::SessionRouted,
+        FrameKind::SessionRelayDone,
+        FrameKind::Fence,
+        FrameKind::FenceEcho,
     ];
 
     /// The kind whose type byte this is.
@@ -308,6 +398,12 @@ impl FrameKind {
             FrameKind::ClaimSnapshot => "claim-snapshot",
             FrameKind::SessionTransfer => "session-transfer",
             FrameKind::SessionTaken => "session-taken",
+            FrameKind::SessionRelay => "session-relay",
+            FrameKind::SessionRelayAck => "session-relay-ack",
+            FrameKind::SessionRouted => "session-routed",
+            FrameKind::SessionRelayDone => "session-relay-done",
+            FrameKind::Fence => "fence",
+            FrameKind::FenceEcho => "fence-echo",
         }
     }
 

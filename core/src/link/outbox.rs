@@ -37,9 +37,10 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct Outbox {
     limits: OutboxLimits,
-    /// The sequence number the next forward gets.
+    /// Above every sequence number queued so far.
     next_seq: u64,
-    /// Entries not yet acknowledged, oldest first, with consecutive sequence numbers.
+    /// Entries not yet acknowledged, oldest first, with growing sequence numbers (the
+    /// messages' numbers at their origin: gaps where a message went elsewhere only).
     entries: VecDeque<Entry>,
     /// How many of `entries` were sent on the current link session.
     sent: usize,
@@ -98,7 +99,9 @@ impl Outbox {
             && self.bytes + weight <= self.limits.max_bytes
     }
 
-    /// Queue a forward; it gets the next sequence number (set in the returned copy and kept).
+    /// Queue a forward. It keeps its number ([`Forward::seq`], the message's at its origin)
+    /// if that is above every number queued before; otherwise it gets the next one (set in
+    /// the returned copy and kept).
     pub fn push(&mut self, mut forward: Forward) -> Result<Forward, OutboxFull> {
         let weight = forward.message.payload.len() + forward.message.topic.len();
         if !self.has_room(weight) {
@@ -107,8 +110,8 @@ impl Outbox {
                 bytes: self.bytes,
             });
         }
-        forward.seq = self.next_seq;
-        self.next_seq += 1;
+        forward.seq = forward.seq.max(self.next_seq);
+        self.next_seq = forward.seq + 1;
         self.bytes += weight;
         self.entries.push_back(Entry {
             forward: forward.clone(),
@@ -172,6 +175,11 @@ impl Outbox {
             .collect();
         self.sent += out.len();
         out
+    }
+
+    /// Whether forwards wait for room in the window (queued, not sent yet).
+    pub fn has_unsent(&self) -> bool {
+        self.entries.len() > self.sent
     }
 
     /// The peer has everything up to `seq`: those entries leave. Returns their sequence

@@ -157,8 +157,14 @@ pub enum Action {
         /// The node.
         node: NodeId,
     },
-    /// A client moves to another node: it drops its connection (unannounced, as a device
-    /// that changes networks) and connects there, resuming its session.
+    /// A client's connection drops (the node sees it closed, without DISCONNECT).
+    Drop {
+        /// The client's index.
+        client: usize,
+    },
+    /// A client moves to another node: it leaves its connection (unannounced, as a device
+    /// that changes networks: the old node notices nothing until the new node's claim
+    /// arrives) and connects there, resuming its session.
     Roam {
         /// The client's index.
         client: usize,
@@ -556,6 +562,16 @@ impl Sim {
                         data: bytes,
                     },
                 );
+            }
+            Action::Drop { client } => {
+                let Some((node, conn)) = self.clients.get(client).and_then(SimClient::via) else {
+                    return;
+                };
+                self.clients[client].disconnected();
+                if let Some(n) = self.nodes.get_mut(&node) {
+                    n.conns.remove(&conn);
+                }
+                self.feed(&node, Input::Closed { conn });
             }
             Action::Roam { client, node } => {
                 let Some(c) = self.clients.get_mut(client) else {

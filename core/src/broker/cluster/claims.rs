@@ -179,7 +179,7 @@ impl Cluster {
 }
 
 impl Peer {
-    fn is_up(&self) -> bool {
+    pub(super) fn is_up(&self) -> bool {
         self.connected
     }
 }
@@ -319,7 +319,8 @@ fn records_of(client_id: &str, records: &[(Bytes, Bytes)]) -> bool {
             Key::Session { client_id: c }
             | Key::Subscription { client_id: c, .. }
             | Key::Queued { client_id: c, .. }
-            | Key::Incoming { client_id: c, .. },
+            | Key::Incoming { client_id: c, .. }
+            | Key::Seen { client_id: c },
         ) => c == client_id,
         _ => false,
     })
@@ -498,8 +499,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         session.pending_will = None;
         let client_id = session.client_id.to_string();
-        let records = crate::broker::resume::session_records(session);
-        self.discard_session(sid);
+        let mut records = crate::broker::resume::session_records(session);
+        records.extend(self.seen_record(&client_id));
+        self.vacate_session(sid);
+        self.start_relay(sid, &client_id, &stamp.node, stamp);
         let out = Outgoing {
             to: stamp.node.clone(),
             records,
@@ -666,12 +669,25 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .map(|e| (e.stamp.clone(), e.value.clone()));
         let me = c.owner.node.clone();
         match winner {
-            // Claimed since by another node: the session goes on there.
+            // Claimed since by another node: the session goes on there (what the sender may
+            // still relay meanwhile has nowhere to go here: it ends its relay at once).
             Some((stamp, Some(_))) if stamp.node != me => {
                 self.forward_transfer(client_id, &stamp, records);
+                self.send_to_peer(
+                    peer.clone(),
+                    Frame::SessionRouted {
+                        client_id: client_id.to_owned(),
+                        claim: claim.clone(),
+                    },
+                );
             }
-            // This node's claim stands: the session joins the one here.
-            Some((_, Some(claim_now))) => self.merge_session(client_id, &claim_now, records),
+            // This node's claim stands: the session joins the one here, and what the sender
+            // relays until the routes moved joins it too.
+            Some((_, Some(claim_now))) => {
+                if self.merge_session(peer, client_id, claim, &claim_now, records) {
+                    self.session_arrived(peer, client_id, claim);
+                }
+            }
             // The session ended here since (or was never claimed): nothing to join.
             _ => self.stats.sessions_transfers_refused += 1,
         }
@@ -728,23 +744,32 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// their packet ids if the client kept its session state (it was told Session Present
     /// and waits for them); its QoS 2 packet ids waiting for PUBREL. Its will is not sent:
     /// the client connected again.
-    fn merge_session(&mut self, client_id: &str, claim: &Claim, records: Vec<(Bytes, Bytes)>) {
+    fn merge_session(
+        &mut self,
+        from: &NodeId,
+        client_id: &str,
+        claim_stamp: &Stamp,
+        claim: &Claim,
+        records: Vec<(Bytes, Bytes)>,
+    ) -> bool {
         let sid = match self.by_client_id.get(client_id).copied() {
             Some(sid) => sid,
             None => {
                 // The claim stands, but its session is gone (expired before the transfer came):
                 // nothing to join.
                 self.stats.sessions_transfers_refused += 1;
-                return;
+                return false;
             }
         };
         let mut session_record = None;
         let mut subscriptions = Vec::new();
         let mut messages = BTreeMap::new();
         let mut incoming = Vec::new();
+        let mut seen = Vec::new();
         for (key, value) in &records {
             let Ok(key) = Key::decode(key) else { continue };
             match key {
+                Key::Seen { .. } => seen = super::relay::decode_seen(value).unwrap_or_default(),
                 Key::Session { .. } => session_record = SessionRecord::decode(value).ok(),
                 Key::Subscription { filter, .. } => {
                     if let (Ok(entry), Ok(filter)) = (
@@ -765,16 +790,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let Some(record) = session_record else {
             self.stats.sessions_transfers_refused += 1;
-            return;
+            return false;
         };
         if record.username.as_deref() != claim.user.as_deref() {
             self.stats.sessions_transfers_refused += 1;
-            return;
+            return false;
         }
         let waiting = self
             .cluster
             .as_mut()
             .and_then(|c| c.claims.awaiting.remove(client_id));
+        // Relays from the sender may follow; what the session had before it left there comes
+        // no second time.
+        self.open_window(from, client_id, claim_stamp, seen);
         for (filter, entry) in subscriptions {
             self.add_transferred_subscription(sid, &filter, entry);
         }
@@ -805,6 +833,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             client_id: client_id.to_owned(),
         });
         self.pump(sid);
+        true
     }
 
     /// A subscription that came with a shipped session, as the access rules here allow.

@@ -76,9 +76,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             // It may wait in the peers' outboxes.
             link_publish(&message.detached(), now)
         };
+        // The message's number here: the one it is routed under, or for a message this node
+        // passes on from a leaf or to its leaves (it is their origin now), a new one.
+        let seq = match (from, &c.routing) {
+            (None, Some((origin, seq))) if *origin == c.owner => *seq,
+            _ => {
+                c.next_message += 1;
+                c.next_message - 1
+            }
+        };
         let forward = Forward {
             origin: c.owner.clone(),
-            seq: 0,
+            seq,
             message: publish,
         };
         let stall_ms = c.config.outbox_stall_ms;
@@ -143,8 +152,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if !peer.connected {
             return;
         }
-        for forward in peer.outbox.take_sendable() {
+        let forwards = peer.outbox.take_sendable();
+        let echoes = if peer.outbox.has_unsent() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut peer.echoes)
+        };
+        for forward in forwards {
             self.send_to_peer(node.clone(), Frame::Forward(forward));
+        }
+        for token in echoes {
+            self.send_to_peer(node.clone(), Frame::FenceEcho { token });
         }
     }
 
@@ -168,15 +186,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             origin: None,
         };
         let relays = !c.leaves.is_empty();
+        let origin = forward.origin;
+        let seq = forward.seq;
         if p.qos == QoS::AtMostOnce {
             if relays {
                 self.forward_from(&Arc::new(message.clone()), Some(&peer));
             }
+            self.begin_peer_routing((origin, seq));
             self.deliver_local(message);
+            self.end_routing();
             return;
         }
-        let origin = forward.origin;
-        let seq = forward.seq;
         let arrival = c.inbox.arrive(&origin, seq);
         self.delete_forgotten_marks();
         if arrival == Arrival::Deliver {
@@ -184,7 +204,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 // In the same batch as the duplicate mark: stored together, or not at all.
                 self.forward_from(&Arc::new(message.clone()), Some(&peer));
             }
+            self.begin_peer_routing((origin.clone(), seq));
             self.deliver_local(message);
+            self.end_routing();
             let key = Key::InboxMark {
                 origin: origin.node.to_string(),
                 incarnation: origin.incarnation,

@@ -42,6 +42,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.pump_outbox(&peer);
         self.claims_peer_up(&peer);
+        self.relays_peer_up(&peer);
     }
 
     pub(in crate::broker) fn set_peer_congested(&mut self, peer: &NodeId, congested: bool) {
@@ -99,7 +100,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 | Frame::Claim(_)
                 | Frame::ClaimSnapshot(_)
                 | Frame::SessionTransfer(_)
-                | Frame::SessionTaken { .. } => {
+                | Frame::SessionTaken { .. }
+                | Frame::SessionRelay(_)
+                | Frame::SessionRelayAck { .. }
+                | Frame::SessionRouted { .. }
+                | Frame::SessionRelayDone { .. } => {
                     return;
                 }
                 _ => {}
@@ -148,6 +153,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     if !c.fences.is_empty() {
                         self.release_fences();
                     }
+                    self.settle_moves();
                 }
             }
             Frame::Digest(entries) => {
@@ -216,6 +222,20 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Frame::SessionTaken { client_id, claim } => {
                 self.on_session_taken(&peer, client_id, claim)
             }
+            Frame::SessionRelay(relay) => self.on_session_relay(&peer, relay),
+            Frame::SessionRelayAck {
+                client_id,
+                claim,
+                n,
+            } => self.on_relay_ack(&peer, client_id, claim, n),
+            Frame::SessionRouted { client_id, claim } => {
+                self.on_session_routed(&peer, client_id, claim)
+            }
+            Frame::SessionRelayDone {
+                client_id, claim, ..
+            } => self.on_relay_done(&peer, &client_id, claim),
+            Frame::Fence { token } => self.on_fence(&peer, token),
+            Frame::FenceEcho { token } => self.on_fence_echo(&peer, token),
         }
     }
 

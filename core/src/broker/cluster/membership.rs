@@ -127,6 +127,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let (routes, incarnation) = replica.unwrap_or((0, 0));
         c.table.remove_node(node);
         c.routes.remove_peer(node);
+        self.moves_forget_node(node);
+        let Some(c) = &mut self.cluster else {
+            return Forgotten {
+                routes: 0,
+                dropped_messages: 0,
+            };
+        };
         // The node's duplicate marks stay (it may come back and re-send what it had queued),
         // until so many nodes were forgotten since that it is let go of entirely.
         let (order, let_go) = c.remember_forgotten(node.clone(), incarnation, next_seq);

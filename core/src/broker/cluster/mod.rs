@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 mod claims;
 mod fence;
+mod relay;
 use fence::Fence;
 mod forward;
 mod leaves;
@@ -186,6 +187,8 @@ struct Peer {
     up_since: Option<Timestamp>,
     /// Kinds of [`PeerFault`] already reported.
     faults_reported: u8,
+    /// Fences the peer asked for, echoed once its outbox has sent what it holds.
+    echoes: Vec<u64>,
 }
 
 /// A node forgotten here, remembered so that forwards to it continue their numbering if it
@@ -245,6 +248,12 @@ pub(super) struct Cluster {
     leaves: leaves::Leaves,
     /// Who serves each client id, and the sessions on their way between nodes.
     claims: claims::Claims,
+    /// Sessions that moved: relays from here, windows of sessions taken here.
+    moves: relay::Moves,
+    /// The number the next message routed here from a client of this node gets.
+    next_message: u64,
+    /// The identity of the message being routed now.
+    routing: Option<crate::link::MessageId>,
 }
 
 impl Peer {
@@ -280,6 +289,9 @@ impl Cluster {
             refused_nodes: std::collections::BTreeSet::new(),
             leaves: leaves::Leaves::default(),
             claims: claims::Claims::default(),
+            moves: relay::Moves::default(),
+            next_message: 1,
+            routing: None,
             config,
         }
     }
@@ -314,6 +326,7 @@ impl Cluster {
                 acked_at: Timestamp::default(),
                 up_since: None,
                 faults_reported: 0,
+                echoes: Vec::new(),
             }
         })
     }

@@ -67,7 +67,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 let node = NodeId::new(peer).map_err(|_| bad("peer id"))?;
                 let mut buf = BytesMut::from(value);
                 match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-                    Ok(Some(Frame::Forward(f))) if f.seq == *seq => c.peer(&node).outbox.restore(f),
+                    Ok(Some(Frame::Forward(f))) if f.seq == *seq => {
+                        // Numbers go on from the highest given out, towards every node.
+                        c.next_message = c.next_message.max(f.seq + 1);
+                        c.peer(&node).outbox.restore(f)
+                    }
                     _ => return Err(bad("outbox entry")),
                 }
                 Ok(true)
@@ -136,6 +140,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     w.copy_from_slice(&words[i * 8..i * 8 + 8]);
                     u64::from_be_bytes(w)
                 };
+                c.next_message = c.next_message.max(word(1));
                 c.restore_forgotten(node, word(0), word(1), word(2));
                 Ok(true)
             }

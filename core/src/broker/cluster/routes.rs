@@ -81,6 +81,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.flush_views();
         self.release_fences();
+        self.moves_flushed();
     }
 
     pub(in crate::broker) fn fire_digest(&mut self) {

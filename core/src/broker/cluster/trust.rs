@@ -140,8 +140,16 @@ pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Optio
         Frame::Claim(update) => update.stamp.node == *peer,
         Frame::ClaimSnapshot(updates) => updates.iter().all(|u| u.stamp.node == *peer),
         Frame::SessionTransfer(t) => t.claim.node == *me,
-        Frame::SessionTaken { claim, .. } => claim.node == *peer,
+        Frame::SessionTaken { claim, .. } | Frame::SessionRouted { claim, .. } => {
+            claim.node == *peer
+        }
+        // A relay and its end answer the receiver's claim; an acknowledgement the sender's.
+        Frame::SessionRelay(r) => r.claim.node == *me,
+        Frame::SessionRelayDone { claim, .. } => claim.node == *me,
+        Frame::SessionRelayAck { claim, .. } => claim.node == *peer,
         Frame::SnapshotRequest
+        | Frame::Fence { .. }
+        | Frame::FenceEcho { .. }
         | Frame::Forget { .. }
         | Frame::KeepAlive
         | Frame::RetainedDigest { .. }
