@@ -204,17 +204,22 @@ fn without_faults_everything_arrives() {
     check(7, &sim);
 }
 
-#[test]
-fn invariants_hold_across_random_seeds_with_faults() {
+/// The seeds a sweep runs: `SIM_SEEDS` of them (else `default`) from `SIM_SEED_BASE`.
+fn sweep(default: u64) -> std::ops::Range<u64> {
     let seeds: u64 = std::env::var("SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(default);
     let base: u64 = std::env::var("SIM_SEED_BASE")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x6d65_7269);
-    for seed in base..base + seeds {
+    base..base + seeds
+}
+
+#[test]
+fn invariants_hold_across_random_seeds_with_faults() {
+    for seed in sweep(20) {
         let sim = run(seed, true);
         // The seed is in every assertion message; print it too for panics elsewhere.
         eprintln!("sim seed {seed}: {} events", sim.trace_hash() & 0xffff);
@@ -435,12 +440,11 @@ const ROAMING_START_MS: u64 = 6_000;
 
 #[test]
 fn a_roaming_client_gets_every_message_once() {
-    let seeds: u64 = std::env::var("SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(30);
     let (mut resent, mut relayed, mut twice, mut out_of_order) = (0, 0, 0, 0);
-    for seed in 0..seeds {
+    let seeds = sweep(30);
+    let count = seeds.end - seeds.start;
+    for seed in seeds {
+        eprintln!("sim seed {seed}: roaming");
         let sim = match seed % 4 {
             0 => roaming(seed),
             1 => roaming_with(seed, true, 25),
@@ -515,10 +519,248 @@ fn a_roaming_client_gets_every_message_once() {
         );
     }
     eprintln!(
-        "{seeds} seeds: {resent} re-sent in flight, {relayed} relayed, {twice} came twice, \
+        "{count} seeds: {resent} re-sent in flight, {relayed} relayed, {twice} came twice, \
          {out_of_order} arrived before an earlier one"
     );
     assert!(resent > 0, "no message was in flight when the client moved");
     assert!(relayed > 0, "no message was relayed");
     assert!(twice > 0, "no message came both ways");
+}
+
+/// A region is cut off while it holds a session with a will; the client moves to another
+/// region during the cut (dropping its connection first, or leaving it open), and messages
+/// for it are published all along.
+fn cut_off_while_holding(seed: u64) -> Sim {
+    let link = |_: &str, _: &str| LinkSpec {
+        rtt_ms: 160,
+        jitter_ms: 40,
+        gossip_loss_ppm: 200_000,
+        gossip_dup_ppm: 100_000,
+    };
+    let mut sim = Sim::new(
+        seed,
+        Config::default(),
+        &[("fra", "eu"), ("hkg", "ap"), ("cpt", "af")],
+        link,
+        |c| c.digest_interval_ms = 1_000,
+    );
+    let watcher = sim.add_client("watcher", &id("cpt"), 10);
+    sim.at(
+        0,
+        Action::ConnectAndSubscribe {
+            client: watcher,
+            filter: "wills/#".into(),
+            qos: QoS::AtLeastOnce,
+        },
+    );
+    let roamer = sim.add_client("roamer", &id("fra"), 10);
+    sim.clients[roamer].will = Some(("wills/roamer".into(), Bytes::from_static(b"gone")));
+    sim.at(
+        0,
+        Action::ConnectAndSubscribe {
+            client: roamer,
+            filter: "fleet/#".into(),
+            qos: QoS::ExactlyOnce,
+        },
+    );
+    let publisher = sim.add_client("pub", &id("cpt"), 10);
+    sim.at(0, Action::Connect { client: publisher });
+    for k in 0..ROAMING_MESSAGES {
+        let qos = if k.is_multiple_of(2) {
+            QoS::AtLeastOnce
+        } else {
+            QoS::ExactlyOnce
+        };
+        sim.at(
+            ROAMING_START_MS + k * 25,
+            Action::Publish {
+                client: publisher,
+                topic: "fleet/x".into(),
+                payload: Bytes::from(k.to_be_bytes().to_vec()),
+                qos,
+                retain: false,
+            },
+        );
+    }
+    let mut rng = meridian_core::sim::Rng::new(seed ^ 0xc07);
+    let cut = ROAMING_START_MS + 1_000 + rng.up_to(2_000);
+    for other in ["hkg", "cpt"] {
+        sim.at(
+            cut,
+            Action::Cut {
+                a: id("fra"),
+                b: id(other),
+            },
+        );
+        sim.at(
+            cut + 3_000 + rng.up_to(4_000),
+            Action::Heal {
+                a: id("fra"),
+                b: id(other),
+            },
+        );
+    }
+    let roam = cut + 200 + rng.up_to(1_000);
+    if seed.is_multiple_of(2) {
+        sim.at(roam, Action::Drop { client: roamer });
+    }
+    sim.at(
+        roam + 50,
+        Action::Roam {
+            client: roamer,
+            node: id("hkg"),
+        },
+    );
+    sim.run_until(60_000, |_| {});
+    sim
+}
+
+#[test]
+fn a_region_cut_off_while_it_holds_a_session_loses_nothing_and_fires_one_will() {
+    for seed in sweep(30) {
+        eprintln!("sim seed {seed}: cut off while holding a session");
+        let sim = cut_off_while_holding(seed);
+        let publisher = sim.clients.iter().find(|c| c.name == "pub").unwrap();
+        assert_eq!(
+            publisher.acknowledged.len() as u64,
+            ROAMING_MESSAGES,
+            "seed {seed}: every publish acknowledged, cut or not"
+        );
+        let roamer = sim.clients.iter().find(|c| c.name == "roamer").unwrap();
+        let got: Vec<(u64, bool)> = roamer
+            .received
+            .iter()
+            .map(|r| {
+                (
+                    u64::from_be_bytes(r.payload[..8].try_into().unwrap()),
+                    r.dup,
+                )
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<u64> = got.iter().map(|(k, _)| *k).collect();
+        let missing: Vec<u64> = (0..ROAMING_MESSAGES)
+            .filter(|k| !distinct.contains(k))
+            .collect();
+        assert!(missing.is_empty(), "seed {seed}: lost {missing:?}");
+        let mut fresh = std::collections::BTreeMap::new();
+        for (k, dup) in &got {
+            if !dup && k % 2 == 1 {
+                *fresh.entry(*k).or_insert(0) += 1;
+            }
+        }
+        let twice: Vec<u64> = fresh
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(k, _)| k)
+            .collect();
+        assert!(twice.is_empty(), "seed {seed}: QoS 2 twice: {twice:?}");
+        let watcher = sim.clients.iter().find(|c| c.name == "watcher").unwrap();
+        let wills = watcher
+            .received
+            .iter()
+            .filter(|r| r.topic == "wills/roamer" && !r.dup)
+            .count();
+        assert_eq!(
+            wills, 1,
+            "seed {seed}: one will, from the node that held the session"
+        );
+        for node in sim.node_ids() {
+            let b = sim.broker(&node).unwrap();
+            assert_eq!(
+                b.claim_owner("roamer"),
+                Some(id("hkg")),
+                "seed {seed}: {node} agrees who serves it"
+            );
+            assert_eq!(b.sessions_in_transit(), 0, "seed {seed}: {node}");
+        }
+        assert_eq!(
+            sim.broker(&id("fra")).unwrap().stats().subscriptions,
+            0,
+            "seed {seed}"
+        );
+    }
+}
+
+/// One client id connects in two regions at the same moment, each connection subscribing to
+/// its own filter; then messages for both filters are published.
+#[test]
+fn one_client_id_connecting_in_two_regions_at_once_ends_with_one_owner() {
+    for seed in sweep(30) {
+        eprintln!("sim seed {seed}: one client id in two regions");
+        let link = |_: &str, _: &str| LinkSpec {
+            rtt_ms: 160,
+            jitter_ms: 40,
+            gossip_loss_ppm: 200_000,
+            gossip_dup_ppm: 100_000,
+        };
+        let mut sim = Sim::new(
+            seed,
+            Config::default(),
+            &[("fra", "eu"), ("hkg", "ap"), ("cpt", "af")],
+            link,
+            |c| c.digest_interval_ms = 1_000,
+        );
+        let mut rng = meridian_core::sim::Rng::new(seed ^ 0x7);
+        let mut twins = Vec::new();
+        for (node, filter) in [("fra", "twin/a"), ("hkg", "twin/b")] {
+            let c = sim.add_client("twin", &id(node), 10);
+            sim.at(
+                1_000 + rng.up_to(100),
+                Action::ConnectAndSubscribe {
+                    client: c,
+                    filter: filter.into(),
+                    qos: QoS::ExactlyOnce,
+                },
+            );
+            twins.push(c);
+        }
+        let publisher = sim.add_client("pub", &id("cpt"), 10);
+        sim.at(0, Action::Connect { client: publisher });
+        for k in 0..200u64 {
+            sim.at(
+                ROAMING_START_MS + k * 25,
+                Action::Publish {
+                    client: publisher,
+                    topic: if k.is_multiple_of(2) {
+                        "twin/a"
+                    } else {
+                        "twin/b"
+                    }
+                    .into(),
+                    payload: Bytes::from(k.to_be_bytes().to_vec()),
+                    qos: QoS::ExactlyOnce,
+                    retain: false,
+                },
+            );
+        }
+        sim.run_until(30_000, |_| {});
+        let owners: Vec<_> = sim
+            .node_ids()
+            .iter()
+            .map(|n| sim.broker(n).unwrap().claim_owner("twin"))
+            .collect();
+        assert!(
+            owners.windows(2).all(|w| w[0] == w[1]) && owners[0].is_some(),
+            "seed {seed}: one owner everywhere: {owners:?}"
+        );
+        let connected: Vec<usize> = twins
+            .iter()
+            .copied()
+            .filter(|c| sim.clients[*c].conn.is_some())
+            .collect();
+        assert_eq!(connected.len(), 1, "seed {seed}: the other was taken over");
+        let winner = &sim.clients[connected[0]];
+        assert_eq!(Some(winner.node.clone()), owners[0], "seed {seed}");
+        let got: Vec<u64> = winner
+            .received
+            .iter()
+            .filter(|r| !r.dup)
+            .map(|r| u64::from_be_bytes(r.payload[..8].try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            (0..200).collect::<Vec<_>>(),
+            "seed {seed}: both subscriptions joined, every message once, in order"
+        );
+    }
 }

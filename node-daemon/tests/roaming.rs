@@ -282,3 +282,76 @@ async fn messages_published_while_a_device_moves_all_reach_it() {
     let relayed = common::mesh::metric(&a.metrics().await, "meridian_messages_relayed_total");
     eprintln!("{N} messages, {copies} copies received (QoS 1), {relayed} relayed by region a");
 }
+
+/// A loopback TCP balancer: each connection goes to the next backend in turn.
+async fn balancer(backends: Vec<u16>) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut next = 0;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let backend = backends[next % backends.len()];
+            next += 1;
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    (port, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_of_one_region_behind_one_address_serve_any_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (p1, p2) = (free_port(), free_port());
+    let link = Proxy::start(p1).await.unwrap();
+    let one = Node::start("euc1", p1, &[], &key).await;
+    let two = Node::start("euc1", p2, &[link.port], &key).await;
+    wait_for("the two nodes to link", &[&one, &two], || async {
+        one.connected_to(&two).await && two.connected_to(&one).await
+    })
+    .await;
+    let (address, _balancer) = balancer(vec![one.mqtt(), two.mqtt()]).await;
+
+    // Through the one address: the device lands on node one, subscribes, and goes away.
+    let persistent = |id: &str| {
+        let mut o = v3::options(id, address);
+        o.set_clean_session(false);
+        o
+    };
+    let mut device = v3::connect(persistent("meter-3")).await;
+    device.subscribe("meters/3/#", QoS::AtLeastOnce).await;
+    wait_for("node two to route to node one", &[&two], || async {
+        two.routes_of(&one).await.iter().any(|f| f == "meters/3/#")
+    })
+    .await;
+    device.abort();
+    // The next connection, a publisher, lands on node two.
+    let mut ops = v3::connect(v3::options("ops-3", address)).await;
+    for i in 0..5 {
+        ops.client
+            .publish("meters/3/cmd", QoS::AtLeastOnce, false, format!("cmd {i}"))
+            .await
+            .unwrap();
+        ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+    // Another client takes node one's turn; the device comes back through the one address
+    // and lands on node two.
+    let _passer_by = v3::connect(v3::options("passer-by", address)).await;
+    let mut device = v3::connect(persistent("meter-3")).await;
+    assert!(device.session_present, "its session, wherever it lands");
+    for i in 0..5 {
+        let p = next_publish(&mut device, |_| true).await;
+        assert_eq!(p.payload, format!("cmd {i}").as_bytes(), "in order, once");
+    }
+    let moved = common::mesh::metric(
+        &two.metrics().await,
+        "meridian_sessions_moved_total{direction=\"in\"}",
+    );
+    assert_eq!(moved, 1.0, "the session came to node two");
+}

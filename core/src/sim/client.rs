@@ -5,8 +5,8 @@ use bytes::{Bytes, BytesMut};
 
 use crate::ConnId;
 use crate::codec::{
-    self, Ack, Connect, ConnectProperties, Packet, ProtocolVersion, Publish, QoS, ReasonCode,
-    Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
+    self, Ack, Connect, ConnectProperties, LastWill, Packet, ProtocolVersion, Publish, QoS,
+    ReasonCode, Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
 };
 use crate::routes::NodeId;
 
@@ -54,6 +54,8 @@ pub struct SimClient {
     /// Subscriptions to send as soon as CONNACK arrives (as load generators do), one
     /// SUBSCRIBE each, in order.
     pub(super) subscribe_on_connack: Vec<(String, QoS)>,
+    /// A will (topic, payload) its CONNECTs carry, QoS 1, no delay.
+    pub will: Option<(String, Bytes)>,
 }
 
 impl SimClient {
@@ -71,6 +73,7 @@ impl SimClient {
             next_packet_id: 0,
             waiting: Vec::new(),
             subscribe_on_connack: Vec::new(),
+            will: None,
         }
     }
 
@@ -85,7 +88,13 @@ impl SimClient {
             clean_start: false,
             keep_alive: 0,
             client_id: self.name.clone(),
-            will: None,
+            will: self.will.as_ref().map(|(topic, payload)| LastWill {
+                topic: topic.clone(),
+                payload: payload.clone(),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                properties: Default::default(),
+            }),
             username: None,
             password: None,
             properties: ConnectProperties {
