@@ -42,6 +42,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.pump_outbox(&peer);
         self.claims_peer_up(&peer);
+        self.transfers_peer_up(&peer);
         self.relays_peer_up(&peer);
     }
 
@@ -64,7 +65,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             p.up_since = None;
             p.outbox.link_down();
         }
-        c.claims.drop_incoming(&peer);
+        c.transfers.drop_incoming(&peer);
         if !c.fences.is_empty() {
             self.release_fences();
         }

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 mod claims;
 mod fence;
 mod relay;
+mod transfer;
 use fence::Fence;
 mod forward;
 mod leaves;
@@ -246,8 +247,10 @@ pub(super) struct Cluster {
     refused_nodes: std::collections::BTreeSet<NodeId>,
     /// Nodes that hang off this one outside the mesh.
     leaves: leaves::Leaves,
-    /// Who serves each client id, and the sessions on their way between nodes.
+    /// Who serves each client id.
     claims: claims::Claims,
+    /// Sessions on their way between nodes.
+    transfers: transfer::Transfers,
     /// Sessions that moved: relays from here, windows of sessions taken here.
     moves: relay::Moves,
     /// The number the next message routed here from a client of this node gets.
@@ -289,6 +292,7 @@ impl Cluster {
             refused_nodes: std::collections::BTreeSet::new(),
             leaves: leaves::Leaves::default(),
             claims: claims::Claims::default(),
+            transfers: transfer::Transfers::default(),
             moves: relay::Moves::default(),
             next_message: 1,
             routing: None,

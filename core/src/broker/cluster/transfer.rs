@@ -1,0 +1,678 @@
+//! Sessions shipped to the node that claimed their client id ([`super::claims`]).
+//!
+//! The session travels as the records it is stored as ([`Frame::SessionTransfer`], in parts
+//! of at most a mebibyte), is kept on disk (as one record) until the claiming node answers
+//! that it took it ([`Frame::SessionTaken`]), and is sent again on every new link session until
+//! then; the taker remembers which transfers it took, so that a transfer sent twice is taken
+//! once.
+//!
+//! A client that resumes on a node that does not hold its session, while a claim of the same
+//! user elsewhere says one exists, gets Session Present and keeps its own session state: the
+//! node sends it no QoS 1/2 message until the session arrives (or
+//! [`ClusterConfig::session_transfer_wait_ms`](super::ClusterConfig::session_transfer_wait_ms)
+//! passes), so that the messages the old node had in flight keep their packet ids.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::Peer;
+use super::claims::{ValueReader, put_str, record_err};
+use super::trust::{PeerFault, PeerLimit};
+use crate::broker::io::Event;
+use crate::broker::message::Delivery;
+use crate::broker::persist::{self, Key, RecordError, SessionRecord};
+use crate::broker::session::{Inflight, InflightState, SessionId, SubscriptionEntry};
+use crate::broker::{Authenticator, Authorizer, Broker, ClientRef, FilterAccess, Timer};
+use crate::link::{Claim, Frame, SessionTransfer};
+use crate::retained::Stamp;
+use crate::routes::NodeId;
+use crate::topic::TopicFilter;
+
+/// Bytes of records per [`Frame::SessionTransfer`] part.
+const PART_BYTES: usize = 1 << 20;
+/// Transfers taken that are remembered, so that one sent again is taken once.
+const TAKEN_KEPT: usize = 100_000;
+
+/// A session shipped from here, kept until its taker answers.
+#[derive(Debug, Clone)]
+pub(super) struct Outgoing {
+    pub to: NodeId,
+    pub records: Vec<(Bytes, Bytes)>,
+}
+
+/// The parts of a transfer received so far.
+#[derive(Debug)]
+pub(super) struct Assembly {
+    next: u32,
+    records: Vec<(Bytes, Bytes)>,
+    bytes: usize,
+}
+
+/// A session waited for from another node: its client resumed here while that node held it.
+#[derive(Debug, Clone)]
+pub(super) struct Awaiting {
+    /// When the wait is over.
+    until: crate::broker::io::Timestamp,
+    /// QoS 2 packet ids the client released (PUBREL) meanwhile: the old node's record of
+    /// them, when it comes, is stale.
+    released: Vec<u16>,
+}
+
+/// Which transfer was taken: its client id, the claim it answered, and its sender.
+type TakenKey = (String, Stamp, NodeId);
+
+/// Sessions on their way between this node and others.
+#[derive(Debug, Default)]
+pub(super) struct Transfers {
+    /// Sessions shipped from here, by client id and the claim they answer.
+    pub outgoing: BTreeMap<(String, Stamp), Outgoing>,
+    /// Transfers arriving, by sender, client id and claim.
+    incoming: BTreeMap<(NodeId, String, Stamp), Assembly>,
+    /// Transfers taken, oldest first, and the same as a set.
+    taken: VecDeque<TakenKey>,
+    taken_set: BTreeSet<TakenKey>,
+    /// Sessions of clients that resumed here, waited for from another node, by client id.
+    awaiting: BTreeMap<std::sync::Arc<str>, Awaiting>,
+}
+
+impl Transfers {
+    fn remember_taken(&mut self, key: TakenKey) -> Option<TakenKey> {
+        self.taken_set.insert(key.clone());
+        self.taken.push_back(key);
+        if self.taken.len() > TAKEN_KEPT {
+            let old = self.taken.pop_front()?;
+            self.taken_set.remove(&old);
+            return Some(old);
+        }
+        None
+    }
+
+    /// Bytes of transfers from `peer` being assembled.
+    fn assembling_bytes(&self, peer: &NodeId) -> usize {
+        self.incoming
+            .iter()
+            .filter(|((from, _, _), _)| from == peer)
+            .map(|(_, a)| a.bytes)
+            .sum()
+    }
+
+    /// Forget the parts received from `peer` (its link session ended: it sends them again).
+    pub fn drop_incoming(&mut self, peer: &NodeId) {
+        self.incoming.retain(|(from, _, _), _| from != peer);
+    }
+}
+
+/// The value of a shipped session's record: its taker, then its records, packed.
+fn encode_outgoing(out: &Outgoing) -> Bytes {
+    let mut v = BytesMut::new();
+    v.put_u8(1);
+    put_str(&mut v, out.to.as_str());
+    v.put_slice(&persist::pack(&out.records));
+    v.freeze()
+}
+
+fn decode_outgoing(value: &Bytes) -> Result<Outgoing, RecordError> {
+    let mut r = ValueReader(value);
+    if r.u8()? != 1 {
+        return Err(record_err("unknown format"));
+    }
+    let to = NodeId::new(&r.string()?).map_err(|_| record_err("bad node id"))?;
+    let used = value.len() - r.0.len();
+    let records = persist::unpack(&value.slice(used..))?;
+    Ok(Outgoing { to, records })
+}
+
+/// Whether every record is one of `client_id`'s session (session, subscription, message,
+/// QoS 2 packet id), so that a transfer cannot write anything else.
+fn records_of(client_id: &str, records: &[(Bytes, Bytes)]) -> bool {
+    records.iter().all(|(key, _)| match Key::decode(key) {
+        Ok(
+            Key::Session { client_id: c }
+            | Key::Subscription { client_id: c, .. }
+            | Key::Queued { client_id: c, .. }
+            | Key::Incoming { client_id: c, .. }
+            | Key::Seen { client_id: c },
+        ) => c == client_id,
+        _ => false,
+    })
+}
+
+impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
+    /// Ship a session to the node whose claim (`stamp`) took it over, and let it go here.
+    pub(super) fn move_session(&mut self, sid: SessionId, stamp: &Stamp) {
+        // The client connected again there: a will waiting here is not sent (MQTT-3.1.3-9).
+        self.cancel_session_timers(sid);
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        session.pending_will = None;
+        let client_id = session.client_id.to_string();
+        let mut records = crate::broker::resume::session_records(session);
+        records.extend(self.seen_record(&client_id));
+        self.vacate_session(sid);
+        self.start_relay(sid, &client_id, &stamp.node, stamp);
+        let out = Outgoing {
+            to: stamp.node.clone(),
+            records,
+        };
+        let key = Key::Transfer {
+            client_id: client_id.clone(),
+            claim: stamp.clone(),
+        };
+        self.persist(key.encode(), Some(encode_outgoing(&out)));
+        self.stats.sessions_moved_out += 1;
+        self.event(Event::SessionMoved {
+            client_id: client_id.clone(),
+            to: stamp.node.clone(),
+        });
+        let Some(c) = &mut self.cluster else { return };
+        let up = c.peers.get(&out.to).is_some_and(Peer::is_up);
+        let to = out.to.clone();
+        c.transfers
+            .outgoing
+            .insert((client_id.clone(), stamp.clone()), out);
+        if up {
+            self.send_transfer(&to, &client_id, stamp);
+        }
+    }
+
+    /// Send a shipped session's parts.
+    fn send_transfer(&mut self, to: &NodeId, client_id: &str, claim: &Stamp) {
+        let Some(c) = &self.cluster else { return };
+        let Some(out) = c
+            .transfers
+            .outgoing
+            .get(&(client_id.to_owned(), claim.clone()))
+        else {
+            return;
+        };
+        let mut parts: Vec<Vec<(Bytes, Bytes)>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for record in &out.records {
+            let size = record.0.len() + record.1.len();
+            if bytes + size > PART_BYTES && parts.last().is_some_and(|p| !p.is_empty()) {
+                parts.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += size;
+            if let Some(part) = parts.last_mut() {
+                part.push(record.clone());
+            }
+        }
+        let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+        for (index, records) in parts.into_iter().enumerate() {
+            let frame = Frame::SessionTransfer(SessionTransfer {
+                client_id: client_id.to_owned(),
+                claim: claim.clone(),
+                index: u32::try_from(index).unwrap_or(u32::MAX),
+                count,
+                records,
+            });
+            self.send_to_peer(to.clone(), frame);
+        }
+    }
+
+    /// A link to `peer` came up: send the sessions shipped to it that it has not taken yet.
+    pub(super) fn transfers_peer_up(&mut self, peer: &NodeId) {
+        let Some(c) = &self.cluster else { return };
+        let shipped: Vec<(String, Stamp)> = c
+            .transfers
+            .outgoing
+            .iter()
+            .filter(|(_, o)| o.to == *peer)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (client_id, claim) in shipped {
+            self.send_transfer(peer, &client_id, &claim);
+        }
+    }
+
+    /// A part of a session `peer` ships here.
+    pub(super) fn on_session_transfer(&mut self, peer: &NodeId, t: SessionTransfer) {
+        let Some(c) = &mut self.cluster else { return };
+        let key = (peer.clone(), t.client_id.clone(), t.claim.clone());
+        let size: usize = t.records.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if t.index == 0 {
+            c.transfers.incoming.remove(&key);
+        }
+        let assembled = c.transfers.assembling_bytes(peer);
+        if assembled.saturating_add(size) > c.config.peer_limits.max_transfer_bytes {
+            c.transfers.drop_incoming(peer);
+            self.peer_fault(peer, PeerFault::OverLimit(PeerLimit::TransferBytes));
+            return;
+        }
+        let Some(c) = &mut self.cluster else { return };
+        let assembly = c.transfers.incoming.entry(key.clone()).or_insert(Assembly {
+            next: 0,
+            records: Vec::new(),
+            bytes: 0,
+        });
+        if assembly.next != t.index {
+            // A part out of order (a part lost with a link session): wait for the sender's
+            // next attempt, from its first part.
+            c.transfers.incoming.remove(&key);
+            return;
+        }
+        assembly.next += 1;
+        assembly.bytes += size;
+        assembly.records.extend(t.records);
+        if assembly.next < t.count {
+            return;
+        }
+        let Some(assembly) = c.transfers.incoming.remove(&key) else {
+            return;
+        };
+        self.take_session(peer, &t.client_id, &t.claim, assembly.records);
+    }
+
+    /// A whole session shipped by `peer` for this node's claim `claim` on `client_id`.
+    fn take_session(
+        &mut self,
+        peer: &NodeId,
+        client_id: &str,
+        claim: &Stamp,
+        records: Vec<(Bytes, Bytes)>,
+    ) {
+        let taken_key = (client_id.to_owned(), claim.clone(), peer.clone());
+        let Some(c) = &mut self.cluster else { return };
+        let answer = Frame::SessionTaken {
+            client_id: client_id.to_owned(),
+            claim: claim.clone(),
+        };
+        if c.transfers.taken_set.contains(&taken_key) {
+            self.send_to_peer(peer.clone(), answer);
+            return;
+        }
+        if !records_of(client_id, &records) {
+            self.stats.sessions_transfers_refused += 1;
+            self.peer_fault(
+                peer,
+                PeerFault::NotOwner(crate::link::FrameKind::SessionTransfer),
+            );
+            return;
+        }
+        let winner = c
+            .claims
+            .map
+            .get(client_id)
+            .map(|e| (e.stamp.clone(), e.value.clone()));
+        let me = c.owner.node.clone();
+        match winner {
+            // Claimed since by another node: the session goes on there (what the sender may
+            // still relay meanwhile has nowhere to go here: it ends its relay at once).
+            Some((stamp, Some(_))) if stamp.node != me => {
+                self.forward_transfer(client_id, &stamp, records);
+                self.send_to_peer(
+                    peer.clone(),
+                    Frame::SessionRouted {
+                        client_id: client_id.to_owned(),
+                        claim: claim.clone(),
+                    },
+                );
+            }
+            // This node's claim stands: the session joins the one here, and what the sender
+            // relays until the routes moved joins it too.
+            Some((_, Some(claim_now))) => {
+                if self.merge_session(peer, client_id, claim, &claim_now, records) {
+                    self.session_arrived(peer, client_id, claim);
+                }
+            }
+            // The session ended here since (or was never claimed): nothing to join.
+            _ => self.stats.sessions_transfers_refused += 1,
+        }
+        self.remember_taken(taken_key);
+        self.send_to_peer(peer.clone(), answer);
+    }
+
+    fn remember_taken(&mut self, key: TakenKey) {
+        let Some(c) = &mut self.cluster else { return };
+        let forgotten = c.transfers.remember_taken(key.clone());
+        self.persist(
+            Key::TransferTaken {
+                client_id: key.0,
+                claim: key.1,
+                from: key.2.to_string(),
+            }
+            .encode(),
+            Some(persist::marker()),
+        );
+        if let Some((client_id, claim, from)) = forgotten {
+            let key = Key::TransferTaken {
+                client_id,
+                claim,
+                from: from.to_string(),
+            };
+            self.persist(key.encode(), None);
+        }
+    }
+
+    /// A session that arrived for a claim another node has since won: shipped on to it.
+    fn forward_transfer(&mut self, client_id: &str, stamp: &Stamp, records: Vec<(Bytes, Bytes)>) {
+        let out = Outgoing {
+            to: stamp.node.clone(),
+            records,
+        };
+        let key = Key::Transfer {
+            client_id: client_id.to_owned(),
+            claim: stamp.clone(),
+        };
+        self.persist(key.encode(), Some(encode_outgoing(&out)));
+        let Some(c) = &mut self.cluster else { return };
+        let up = c.peers.get(&out.to).is_some_and(Peer::is_up);
+        let to = out.to.clone();
+        c.transfers
+            .outgoing
+            .insert((client_id.to_owned(), stamp.clone()), out);
+        if up {
+            self.send_transfer(&to, client_id, stamp);
+        }
+    }
+
+    /// Join a shipped session to the one held here (made by the claim's CONNECT): its
+    /// subscriptions, as this node's access rules allow; its messages, in their order, with
+    /// their packet ids if the client kept its session state (it was told Session Present
+    /// and waits for them); its QoS 2 packet ids waiting for PUBREL. Its will is not sent:
+    /// the client connected again.
+    fn merge_session(
+        &mut self,
+        from: &NodeId,
+        client_id: &str,
+        claim_stamp: &Stamp,
+        claim: &Claim,
+        records: Vec<(Bytes, Bytes)>,
+    ) -> bool {
+        let sid = match self.by_client_id.get(client_id).copied() {
+            Some(sid) => sid,
+            None => {
+                // The claim stands, but its session is gone (expired before the transfer came):
+                // nothing to join.
+                self.stats.sessions_transfers_refused += 1;
+                return false;
+            }
+        };
+        let mut session_record = None;
+        let mut subscriptions = Vec::new();
+        let mut messages = BTreeMap::new();
+        let mut incoming = Vec::new();
+        let mut seen = Vec::new();
+        for (key, value) in &records {
+            let Ok(key) = Key::decode(key) else { continue };
+            match key {
+                Key::Seen { .. } => seen = super::relay::decode_seen(value).unwrap_or_default(),
+                Key::Session { .. } => session_record = SessionRecord::decode(value).ok(),
+                Key::Subscription { filter, .. } => {
+                    if let (Ok(entry), Ok(filter)) = (
+                        persist::decode_subscription(value),
+                        TopicFilter::with_limits(filter.as_str(), &self.topic_limits),
+                    ) {
+                        subscriptions.push((filter, entry));
+                    }
+                }
+                Key::Queued { seq, .. } => {
+                    if let Ok(record) = persist::decode_queued(value) {
+                        messages.insert(seq, record);
+                    }
+                }
+                Key::Incoming { packet_id, .. } => incoming.push(packet_id),
+                _ => {}
+            }
+        }
+        let Some(record) = session_record else {
+            self.stats.sessions_transfers_refused += 1;
+            return false;
+        };
+        if record.username.as_deref() != claim.user.as_deref() {
+            self.stats.sessions_transfers_refused += 1;
+            return false;
+        }
+        let waiting = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.transfers.awaiting.remove(client_id));
+        // Relays from the sender may follow; what the session had before it left there comes
+        // no second time.
+        self.open_window(from, client_id, claim_stamp, seen);
+        for (filter, entry) in subscriptions {
+            self.add_transferred_subscription(sid, &filter, entry);
+        }
+        for (_, record) in messages {
+            let topic = record.delivery.message.topic.clone();
+            if !self.may_receive(sid, &topic) {
+                continue;
+            }
+            match (record.inflight, &waiting) {
+                (Some((packet_id, state)), Some(_)) => {
+                    self.restore_inflight(sid, packet_id, state, record.delivery)
+                }
+                // The client dropped its session state (no Session Present): a QoS 2 message
+                // it acknowledged with PUBREC is its own already.
+                (Some((_, InflightState::AwaitComp)), None) => {}
+                _ => self.deliver(sid, record.delivery, &mut None),
+            }
+        }
+        if let Some(w) = &waiting {
+            for packet_id in incoming {
+                if !w.released.contains(&packet_id) {
+                    self.keep_incoming(sid, packet_id);
+                }
+            }
+        }
+        self.stats.sessions_moved_in += 1;
+        self.event(Event::SessionArrived {
+            client_id: client_id.to_owned(),
+        });
+        self.pump(sid);
+        true
+    }
+
+    /// A subscription that came with a shipped session, as the access rules here allow.
+    fn add_transferred_subscription(
+        &mut self,
+        sid: SessionId,
+        filter: &TopicFilter,
+        entry: SubscriptionEntry,
+    ) {
+        let Some(session) = self.session(sid) else {
+            return;
+        };
+        if session.subscriptions.contains_key(filter.as_str()) {
+            // Subscribed again on this node: the client's latest wins.
+            return;
+        }
+        if session.subscriptions.len() >= self.config.max_subscriptions_per_client
+            || self.route_set_full(filter.pattern())
+        {
+            return;
+        }
+        let client = ClientRef {
+            client_id: &session.client_id,
+            username: session.username.as_deref(),
+        };
+        let filtered = match self.authorizer.may_subscribe(&client, filter) {
+            FilterAccess::Allowed => false,
+            FilterAccess::Filtered => true,
+            FilterAccess::Denied => return,
+        };
+        self.add_subscription(sid, filter, entry, filtered);
+    }
+
+    /// An in-flight message of a shipped session, with its packet id (re-sent with DUP, or its
+    /// PUBREL), stored as the session's own.
+    fn restore_inflight(
+        &mut self,
+        sid: SessionId,
+        packet_id: u16,
+        state: InflightState,
+        delivery: Delivery,
+    ) {
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        if session.inflight.holds(packet_id) {
+            // Given out here meanwhile (the wait was over): delivered as a new message.
+            if state == InflightState::AwaitAck {
+                self.deliver(sid, delivery, &mut None);
+            }
+            return;
+        }
+        let seq = session.take_seq();
+        if session.is_persistent() {
+            session.persisted = true;
+            let key = Key::Queued {
+                client_id: session.client_id.to_string(),
+                seq,
+            };
+            let value = persist::encode_queued(Some((packet_id, state)), &delivery);
+            session.inflight.push(Inflight {
+                packet_id,
+                state,
+                delivery,
+                seq,
+                sent: false,
+            });
+            self.persist(key.encode(), Some(value));
+        } else {
+            session.inflight.push(Inflight {
+                packet_id,
+                state,
+                delivery,
+                seq,
+                sent: false,
+            });
+        }
+    }
+
+    /// A QoS 2 packet id the client sent the old node and has not released yet.
+    fn keep_incoming(&mut self, sid: SessionId, packet_id: u16) {
+        let Some(session) = self.session_mut(sid) else {
+            return;
+        };
+        if session.incoming_qos2.contains(packet_id) {
+            return;
+        }
+        session.incoming_qos2.insert(packet_id);
+        if session.is_persistent() {
+            session.persisted = true;
+            let key = Key::Incoming {
+                client_id: session.client_id.to_string(),
+                packet_id,
+            };
+            self.persist(key.encode(), Some(persist::marker()));
+        }
+    }
+
+    /// `peer` took the session shipped for its claim: let go of it here.
+    pub(super) fn on_session_taken(&mut self, peer: &NodeId, client_id: String, claim: Stamp) {
+        let Some(c) = &mut self.cluster else { return };
+        let key = (client_id, claim);
+        if c.transfers.outgoing.get(&key).is_none_or(|o| o.to != *peer) {
+            return;
+        }
+        c.transfers.outgoing.remove(&key);
+        let (client_id, claim) = key;
+        self.persist(Key::Transfer { client_id, claim }.encode(), None);
+    }
+
+    /// A resuming client whose session is on another node: no QoS 1/2 message goes to it
+    /// until the session arrives or the wait is over.
+    pub(in crate::broker) fn await_transfer(&mut self, sid: SessionId) {
+        let Some(client_id) = self.session(sid).map(|s| s.client_id.clone()) else {
+            return;
+        };
+        let Some(c) = &mut self.cluster else { return };
+        let until = self.now.plus_ms(c.config.session_transfer_wait_ms);
+        c.transfers.awaiting.insert(
+            client_id,
+            Awaiting {
+                until,
+                released: Vec::new(),
+            },
+        );
+        self.timers.insert((until, Timer::TransferWait(sid)));
+    }
+
+    /// Whether a session waits for its state from another node (no QoS 1/2 message goes to
+    /// its client meanwhile).
+    pub(in crate::broker) fn awaits_transfer(&self, sid: SessionId) -> bool {
+        let Some(c) = &self.cluster else { return false };
+        !c.transfers.awaiting.is_empty()
+            && self
+                .session(sid)
+                .is_some_and(|s| c.transfers.awaiting.contains_key(&s.client_id))
+    }
+
+    /// The client released (PUBREL) a QoS 2 packet id while its session was on its way.
+    pub(in crate::broker) fn released_before_transfer(&mut self, sid: SessionId, packet_id: u16) {
+        let Some(client_id) = self.session(sid).map(|s| s.client_id.clone()) else {
+            return;
+        };
+        if let Some(w) = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.transfers.awaiting.get_mut(&client_id))
+        {
+            w.released.push(packet_id);
+        }
+    }
+
+    /// A session that ends or leaves waits for nothing.
+    pub(in crate::broker) fn forget_transfer_wait(&mut self, client_id: &str) {
+        if let Some(c) = &mut self.cluster
+            && !c.transfers.awaiting.is_empty()
+        {
+            c.transfers.awaiting.remove(client_id);
+        }
+    }
+
+    /// The wait for a session from another node is over: what waited here goes out now
+    /// (a session that arrives later still joins, as for a client without session state).
+    pub(in crate::broker) fn transfer_wait_over(&mut self, sid: SessionId) {
+        let now = self.now;
+        let Some(client_id) = self.session(sid).map(|s| s.client_id.clone()) else {
+            return;
+        };
+        let Some(c) = &mut self.cluster else { return };
+        // A slot given to another session since, or a later wait, is not this timer's.
+        if c.transfers
+            .awaiting
+            .get(&client_id)
+            .is_some_and(|w| w.until <= now)
+        {
+            c.transfers.awaiting.remove(&client_id);
+            self.stats.sessions_transfer_waits_over += 1;
+            self.pump(sid);
+        }
+    }
+
+    /// A shipped session read back from storage: sent again when its taker's link is up.
+    pub(in crate::broker) fn restore_transfer(
+        &mut self,
+        client_id: &str,
+        claim: Stamp,
+        value: &Bytes,
+    ) -> Result<(), RecordError> {
+        let out = decode_outgoing(value)?;
+        if let Some(c) = &mut self.cluster {
+            c.transfers
+                .outgoing
+                .insert((client_id.to_owned(), claim), out);
+        }
+        Ok(())
+    }
+
+    /// A taken-transfer marker read back from storage.
+    pub(in crate::broker) fn restore_taken(&mut self, client_id: String, claim: Stamp, from: &str) {
+        let Ok(from) = NodeId::new(from) else { return };
+        if let Some(c) = &mut self.cluster {
+            c.transfers.remember_taken((client_id, claim, from));
+        }
+    }
+
+    /// Sessions shipped from here that their taker has not answered yet.
+    pub fn sessions_in_transit(&self) -> usize {
+        self.cluster
+            .as_ref()
+            .map_or(0, |c| c.transfers.outgoing.len())
+    }
+}
