@@ -434,6 +434,43 @@ fn roaming_on(seed: u64, drop_first: bool, every_ms: u64, rtt_ms: u64) -> Sim {
 }
 
 const ROAMING_MESSAGES: u64 = 320;
+
+/// What `client` received (message number, DUP), checked: every one of the
+/// [`ROAMING_MESSAGES`] at least once, and none of the QoS 2 ones (odd numbers) twice but as a
+/// re-send.
+fn each_once(seed: u64, client: &meridian_core::sim::SimClient) -> Vec<(u64, bool)> {
+    let got: Vec<(u64, bool)> = client
+        .received
+        .iter()
+        .map(|r| {
+            (
+                u64::from_be_bytes(r.payload[..8].try_into().unwrap()),
+                r.dup,
+            )
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<u64> = got.iter().map(|(k, _)| *k).collect();
+    let missing: Vec<u64> = (0..ROAMING_MESSAGES)
+        .filter(|k| !distinct.contains(k))
+        .collect();
+    assert!(missing.is_empty(), "seed {seed}: lost {missing:?}");
+    let mut fresh = std::collections::BTreeMap::new();
+    for (k, dup) in &got {
+        if !dup && k % 2 == 1 {
+            *fresh.entry(*k).or_insert(0) += 1;
+        }
+    }
+    let twice: Vec<u64> = fresh
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "seed {seed}: QoS 2 delivered twice: {twice:?}"
+    );
+    got
+}
 /// Publishing starts once the subscriber's route reached the publisher's node, lossy gossip
 /// (and its anti-entropy every second) included.
 const ROAMING_START_MS: u64 = 6_000;
@@ -460,36 +497,7 @@ fn a_roaming_client_gets_every_message_once() {
         );
         let roamer = sim.clients.iter().find(|c| c.name == "roamer").unwrap();
         assert_eq!(roamer.node, id("fra"), "seed {seed}: back where it started");
-        let got: Vec<(u64, bool)> = roamer
-            .received
-            .iter()
-            .map(|r| {
-                (
-                    u64::from_be_bytes(r.payload[..8].try_into().unwrap()),
-                    r.dup,
-                )
-            })
-            .collect();
-        let distinct: std::collections::BTreeSet<u64> = got.iter().map(|(k, _)| *k).collect();
-        let missing: Vec<u64> = (0..ROAMING_MESSAGES)
-            .filter(|k| !distinct.contains(k))
-            .collect();
-        assert!(missing.is_empty(), "seed {seed}: lost {missing:?}");
-        let mut fresh = std::collections::BTreeMap::new();
-        for (k, dup) in &got {
-            if !dup {
-                *fresh.entry(*k).or_insert(0) += 1;
-            }
-        }
-        let twice_delivered: Vec<u64> = fresh
-            .iter()
-            .filter(|(k, n)| *k % 2 == 1 && **n > 1)
-            .map(|(k, _)| *k)
-            .collect();
-        assert!(
-            twice_delivered.is_empty(),
-            "seed {seed}: QoS 2 delivered twice: {twice_delivered:?}"
-        );
+        let got = each_once(seed, roamer);
         resent += got.iter().filter(|(_, dup)| *dup).count();
         let mut seen = std::collections::BTreeSet::new();
         let firsts: Vec<u64> = got
@@ -627,33 +635,7 @@ fn a_region_cut_off_while_it_holds_a_session_loses_nothing_and_fires_one_will() 
             "seed {seed}: every publish acknowledged, cut or not"
         );
         let roamer = sim.clients.iter().find(|c| c.name == "roamer").unwrap();
-        let got: Vec<(u64, bool)> = roamer
-            .received
-            .iter()
-            .map(|r| {
-                (
-                    u64::from_be_bytes(r.payload[..8].try_into().unwrap()),
-                    r.dup,
-                )
-            })
-            .collect();
-        let distinct: std::collections::BTreeSet<u64> = got.iter().map(|(k, _)| *k).collect();
-        let missing: Vec<u64> = (0..ROAMING_MESSAGES)
-            .filter(|k| !distinct.contains(k))
-            .collect();
-        assert!(missing.is_empty(), "seed {seed}: lost {missing:?}");
-        let mut fresh = std::collections::BTreeMap::new();
-        for (k, dup) in &got {
-            if !dup && k % 2 == 1 {
-                *fresh.entry(*k).or_insert(0) += 1;
-            }
-        }
-        let twice: Vec<u64> = fresh
-            .into_iter()
-            .filter(|(_, n)| *n > 1)
-            .map(|(k, _)| k)
-            .collect();
-        assert!(twice.is_empty(), "seed {seed}: QoS 2 twice: {twice:?}");
+        each_once(seed, roamer);
         let watcher = sim.clients.iter().find(|c| c.name == "watcher").unwrap();
         let wills = watcher
             .received

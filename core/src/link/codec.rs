@@ -116,24 +116,11 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
                 filters,
             })
         }
-        FrameKind::Forward => {
-            let origin = r.owner()?;
-            let seq = r.u64()?;
-            let mut rest = BytesMut::from(&r.buf[..]);
-            r.buf.clear();
-            let message = match mqtt::decode(&mut rest, ProtocolVersion::V5, u32::MAX) {
-                Ok(Some(Packet::Publish(p))) if rest.is_empty() => p,
-                _ => return Err(r.bad("embedded PUBLISH")),
-            };
-            if message.topic.is_empty() || message.properties.topic_alias.is_some() {
-                return Err(r.bad("forwarded PUBLISH needs its topic, without alias"));
-            }
-            Frame::Forward(Forward {
-                origin,
-                seq,
-                message,
-            })
-        }
+        FrameKind::Forward => Frame::Forward(Forward {
+            origin: r.owner()?,
+            seq: r.u64()?,
+            message: r.publish()?,
+        }),
         FrameKind::ForwardAck => Frame::ForwardAck {
             origin: r.owner()?,
             seq: r.u64()?,
@@ -195,25 +182,13 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
         FrameKind::SessionRelay => {
             let client_id = r.string()?;
             let claim = r.stamp()?;
-            let n = r.u64()?;
-            let origin = r.owner()?;
-            let seq = r.u64()?;
-            let mut rest = BytesMut::from(&r.buf[..]);
-            r.buf.clear();
-            let message = match mqtt::decode(&mut rest, ProtocolVersion::V5, u32::MAX) {
-                Ok(Some(Packet::Publish(p))) if rest.is_empty() => p,
-                _ => return Err(r.bad("embedded PUBLISH")),
-            };
-            if message.topic.is_empty() || message.properties.topic_alias.is_some() {
-                return Err(r.bad("relayed PUBLISH needs its topic, without alias"));
-            }
             Frame::SessionRelay(SessionRelay {
                 client_id,
                 claim,
-                n,
-                origin,
-                seq,
-                message,
+                n: r.u64()?,
+                origin: r.owner()?,
+                seq: r.u64()?,
+                message: r.publish()?,
             })
         }
         FrameKind::SessionRelayAck => Frame::SessionRelayAck {
@@ -530,6 +505,20 @@ impl Reader {
             return Err(self.bad("string contains U+0000"));
         }
         Ok(s.to_owned())
+    }
+
+    /// The rest of the frame as one MQTT 5.0 PUBLISH, with its topic and without an alias.
+    fn publish(&mut self) -> Result<mqtt::Publish, LinkError> {
+        let mut rest = BytesMut::from(&self.buf[..]);
+        self.buf.clear();
+        let message = match mqtt::decode(&mut rest, ProtocolVersion::V5, u32::MAX) {
+            Ok(Some(Packet::Publish(p))) if rest.is_empty() => p,
+            _ => return Err(self.bad("embedded PUBLISH")),
+        };
+        if message.topic.is_empty() || message.properties.topic_alias.is_some() {
+            return Err(self.bad("embedded PUBLISH needs its topic, without alias"));
+        }
+        Ok(message)
     }
 
     /// A length-prefixed (u32) run of bytes, within the frame.

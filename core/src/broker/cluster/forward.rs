@@ -29,6 +29,22 @@ pub(super) fn link_publish(message: &Message, now: Timestamp) -> Publish {
     }
 }
 
+/// A message that came on the link, as the broker holds it: its expiry from what remained.
+pub(super) fn link_message(p: Publish, now: Timestamp) -> Message {
+    Message {
+        topic: p.topic.as_str().into(),
+        payload: p.payload,
+        qos: p.qos,
+        retain: p.retain,
+        expires_at: p
+            .properties
+            .message_expiry_interval
+            .map(|s| now.plus_secs(s)),
+        properties: p.properties.into(),
+        origin: None,
+    }
+}
+
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Whether a QoS 1/2 message on `topic` would overflow the outbox of a connected node that
     /// wants it (a node that is not there, or does not acknowledge, never holds a publisher
@@ -173,22 +189,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else { return };
         c.peer(&peer).forwarded_from += 1;
         let p = forward.message;
-        let message = Message {
-            topic: p.topic.as_str().into(),
-            payload: p.payload,
-            qos: p.qos,
-            retain: p.retain,
-            expires_at: p
-                .properties
-                .message_expiry_interval
-                .map(|s| now.plus_secs(s)),
-            properties: p.properties.into(),
-            origin: None,
-        };
+        let qos = p.qos;
+        let message = link_message(p, now);
         let relays = !c.leaves.is_empty();
         let origin = forward.origin;
         let seq = forward.seq;
-        if p.qos == QoS::AtMostOnce {
+        if qos == QoS::AtMostOnce {
             if relays {
                 self.forward_from(&Arc::new(message.clone()), Some(&peer));
             }

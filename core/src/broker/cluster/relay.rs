@@ -20,11 +20,11 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::forward::link_publish;
+use super::forward::{link_message, link_publish};
 use super::trust::PeerFault;
 use super::{Cluster, Peer};
 use crate::broker::io::Timestamp;
-use crate::broker::message::{Delivery, Message};
+use crate::broker::message::Delivery;
 use crate::broker::persist::{self, Key, RecordError};
 use crate::broker::session::SessionId;
 use crate::broker::{Authenticator, Authorizer, Broker};
@@ -604,28 +604,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             });
         let p = r.message;
         if let Some(sid) = target {
-            let message = Message {
-                topic: p.topic.as_str().into(),
-                payload: p.payload,
-                qos: p.qos,
-                retain: p.retain,
-                expires_at: p
-                    .properties
-                    .message_expiry_interval
-                    .map(|s| now.plus_secs(s)),
-                properties: p.properties.into(),
-                origin: None,
-            };
-            let delivery = Delivery::new(Arc::new(message), p.qos, p.retain, Vec::new(), None);
+            let (qos, retain) = (p.qos, p.retain);
+            let message = Arc::new(link_message(p, now));
+            let topic = message.topic.clone();
+            let delivery = Delivery::new(message, qos, retain, Vec::new(), None);
             self.begin_peer_routing((r.origin, r.seq));
             // For a subscription the session still has, as the access rules allow; once,
             // whichever way it came ([`Broker::moving_delivery`], in `deliver`).
             let subscribed = self.session(sid).is_some_and(|s| {
                 s.subscriptions
                     .keys()
-                    .any(|f| crate::topic::matches(pattern(f), &p.topic))
+                    .any(|f| crate::topic::matches(pattern(f), &topic))
             });
-            if subscribed && self.may_receive(sid, &p.topic) {
+            if subscribed && self.may_receive(sid, &topic) {
                 self.deliver(sid, delivery, &mut None);
             }
             self.end_routing();

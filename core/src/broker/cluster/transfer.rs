@@ -152,28 +152,34 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         records.extend(self.seen_record(&client_id));
         self.vacate_session(sid);
         self.start_relay(sid, &client_id, &stamp.node, stamp);
-        let out = Outgoing {
-            to: stamp.node.clone(),
-            records,
-        };
-        let key = Key::Transfer {
-            client_id: client_id.clone(),
-            claim: stamp.clone(),
-        };
-        self.persist(key.encode(), Some(encode_outgoing(&out)));
         self.stats.sessions_moved_out += 1;
         self.event(Event::SessionMoved {
             client_id: client_id.clone(),
             to: stamp.node.clone(),
         });
+        self.ship(&client_id, stamp, records);
+    }
+
+    /// Keep a session's records (stored) until the node whose claim is `stamp` takes them,
+    /// and send them if its link is up.
+    fn ship(&mut self, client_id: &str, stamp: &Stamp, records: Vec<(Bytes, Bytes)>) {
+        let out = Outgoing {
+            to: stamp.node.clone(),
+            records,
+        };
+        let key = Key::Transfer {
+            client_id: client_id.to_owned(),
+            claim: stamp.clone(),
+        };
+        self.persist(key.encode(), Some(encode_outgoing(&out)));
         let Some(c) = &mut self.cluster else { return };
         let up = c.peers.get(&out.to).is_some_and(Peer::is_up);
         let to = out.to.clone();
         c.transfers
             .outgoing
-            .insert((client_id.clone(), stamp.clone()), out);
+            .insert((client_id.to_owned(), stamp.clone()), out);
         if up {
-            self.send_transfer(&to, &client_id, stamp);
+            self.send_transfer(&to, client_id, stamp);
         }
     }
 
@@ -302,7 +308,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             // Claimed since by another node: the session goes on there (what the sender may
             // still relay meanwhile has nowhere to go here: it ends its relay at once).
             Some((stamp, Some(_))) if stamp.node != me => {
-                self.forward_transfer(client_id, &stamp, records);
+                self.ship(client_id, &stamp, records);
                 self.send_to_peer(
                     peer.clone(),
                     Frame::SessionRouted {
@@ -344,28 +350,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 from: from.to_string(),
             };
             self.persist(key.encode(), None);
-        }
-    }
-
-    /// A session that arrived for a claim another node has since won: shipped on to it.
-    fn forward_transfer(&mut self, client_id: &str, stamp: &Stamp, records: Vec<(Bytes, Bytes)>) {
-        let out = Outgoing {
-            to: stamp.node.clone(),
-            records,
-        };
-        let key = Key::Transfer {
-            client_id: client_id.to_owned(),
-            claim: stamp.clone(),
-        };
-        self.persist(key.encode(), Some(encode_outgoing(&out)));
-        let Some(c) = &mut self.cluster else { return };
-        let up = c.peers.get(&out.to).is_some_and(Peer::is_up);
-        let to = out.to.clone();
-        c.transfers
-            .outgoing
-            .insert((client_id.to_owned(), stamp.clone()), out);
-        if up {
-            self.send_transfer(&to, client_id, stamp);
         }
     }
 
