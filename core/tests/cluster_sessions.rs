@@ -312,6 +312,7 @@ fn a_session_that_ends_lets_go_of_its_client_id() {
     let conn = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
     mesh.settle();
     assert_eq!(mesh.node("b").broker.claim_owner("dev"), Some(id("a")));
+    assert_eq!(mesh.node("b").broker.stats().claims, 1);
     // DISCONNECT with expiry 0 ends the session.
     mesh.node("a").send(
         conn,
@@ -325,6 +326,8 @@ fn a_session_that_ends_lets_go_of_its_client_id() {
     );
     mesh.settle();
     assert_eq!(mesh.node("b").broker.claim_owner("dev"), None);
+    assert_eq!(mesh.node("b").broker.stats().claims, 0);
+    assert_eq!(mesh.node("a").broker.stats().claims, 0);
     // Free for anyone now.
     let (_, ack) = mesh.node("b").connect_with(V5, "dev", as_user("bob"));
     assert_eq!(ack.reason, ReasonCode::SUCCESS);

@@ -38,6 +38,8 @@ pub(super) struct Claims {
     pub map: crate::retained::LwwMap<Claim>,
     /// Live claims held per claimer other than this node.
     by_node: BTreeMap<NodeId, usize>,
+    /// Live claims held, this node's included.
+    live: usize,
 }
 
 impl Claims {
@@ -47,34 +49,34 @@ impl Claims {
         Some((&e.stamp, e.value.as_ref()?))
     }
 
-    fn count(&mut self, claim: Option<(&Stamp, bool)>, delta: isize) {
-        let Some((stamp, true)) = claim else { return };
-        let n = self.by_node.entry(stamp.node.clone()).or_default();
+    /// One live claim more (`delta` 1) or less (-1) for `node`.
+    fn count(&mut self, node: &NodeId, delta: isize) {
+        self.live = self.live.saturating_add_signed(delta);
+        let n = self.by_node.entry(node.clone()).or_default();
         *n = n.saturating_add_signed(delta);
         if *n == 0 {
-            self.by_node.remove(&stamp.node);
+            self.by_node.remove(node);
         }
     }
 
-    /// Apply a claim that wins over what is held (the caller checked), keeping the count of
-    /// live claims per claimer (`me`'s own are not counted).
-    fn apply(&mut self, me: &NodeId, update: &ClaimUpdate) {
+    /// Apply a claim that wins over what is held (the caller checked), keeping the counts of
+    /// live claims.
+    fn apply(&mut self, update: &ClaimUpdate) {
         let old = self
             .map
             .get(&update.client_id)
-            .map(|e| (e.stamp.clone(), e.value.is_some()));
-        if let Some((stamp, live)) = &old
-            && stamp.node != *me
-        {
-            self.count(Some((stamp, *live)), -1);
+            .filter(|e| e.value.is_some())
+            .map(|e| e.stamp.node.clone());
+        if let Some(node) = old {
+            self.count(&node, -1);
         }
         self.map.apply(
             &update.client_id,
             update.stamp.clone(),
             update.claim.clone(),
         );
-        if update.stamp.node != *me {
-            self.count(Some((&update.stamp, update.claim.is_some())), 1);
+        if update.claim.is_some() {
+            self.count(&update.stamp.node, 1);
         }
     }
 
@@ -284,8 +286,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     fn publish_claim(&mut self, update: ClaimUpdate) {
         let Some(c) = &mut self.cluster else { return };
-        let me = c.owner.node.clone();
-        c.claims.apply(&me, &update);
+        c.claims.apply(&update);
         let peers = c.claim_peers();
         self.persist_claim(&update);
         self.prune_claim_tombstones();
@@ -342,9 +343,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.peer_fault(peer, PeerFault::OverLimit(PeerLimit::Claims));
             return;
         }
-        let me = c.owner.node.clone();
         c.hlc.observe(update.stamp.hlc, now.as_millis());
-        c.claims.apply(&me, &update);
+        c.claims.apply(&update);
         self.persist_claim(&update);
         self.prune_claim_tombstones();
         if let (Some(claim), Some(&sid)) = (
@@ -412,16 +412,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else {
             return Ok(());
         };
-        let me = c.owner.node.clone();
         c.hlc.observe(stamp.hlc, 0);
-        c.claims.apply(
-            &me,
-            &ClaimUpdate {
-                client_id: client_id.to_owned(),
-                stamp,
-                claim,
-            },
-        );
+        c.claims.apply(&ClaimUpdate {
+            client_id: client_id.to_owned(),
+            stamp,
+            claim,
+        });
         Ok(())
     }
 
@@ -434,12 +430,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Live claims known here (the `claims` figure).
     pub(in crate::broker) fn claims_held(&self) -> usize {
-        self.cluster.as_ref().map_or(0, |c| {
-            c.claims
-                .map
-                .iter()
-                .filter(|(_, e)| e.value.is_some())
-                .count()
-        })
+        self.cluster.as_ref().map_or(0, |c| c.claims.live)
     }
 }
