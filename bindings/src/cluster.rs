@@ -8,7 +8,7 @@
 //! so a byte stream and a message transport (one WebSocket message per frame) both work.
 
 use meridian_core::Input;
-use meridian_core::broker::{ClusterConfig, PeerSummary};
+use meridian_core::broker::{ClusterConfig, HomeRegion, PeerSummary};
 use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
 use meridian_core::routes::NodeId;
 use wasm_bindgen::prelude::*;
@@ -75,6 +75,22 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     }
     if let Some(ms) = f.uint("sessionTransferWaitMs", js::MAX_SAFE_INTEGER)? {
         c.session_transfer_wait_ms = ms;
+    }
+    if let Some(ms) = f.uint("homeWaitMs", js::MAX_SAFE_INTEGER)? {
+        c.home_wait_ms = ms;
+    }
+    let homes_path = f.path_of("homeRegions");
+    if let Some(homes) = f.get("homeRegions")? {
+        for (i, home) in js::elements(&homes, &homes_path)?.iter().enumerate() {
+            let mut h = Fields::new(home, format!("{homes_path}[{i}]"))?;
+            let ids_path = h.path_of("clientIds");
+            let region_path = h.path_of("region");
+            c.home_regions.push(HomeRegion {
+                client_ids: js::string(&h.required("clientIds")?, &ids_path)?,
+                region: js::string(&h.required("region")?, &region_path)?,
+            });
+            h.finish()?;
+        }
     }
     let limits = &mut c.peer_limits;
     for (name, field) in [

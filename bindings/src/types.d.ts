@@ -209,6 +209,8 @@ export interface BrokerStats {
   sessionsTransferWaitsOver: number;
   /** Messages relayed to the node a session moved to. */
   messagesRelayed: number;
+  /** CONNECTs of client ids pinned to a home region that it did not grant in time. */
+  connectsHomeRefused: number;
   connectsRefused: number;
   protocolErrors: number;
 }
@@ -271,6 +273,14 @@ export interface ClusterConfig {
    * before its QoS 1/2 messages go out.
    */
   sessionTransferWaitMs?: number;
+  /**
+   * Client ids pinned to a home region (`*` for any run of characters): their CONNECT is
+   * answered once a node of that region granted it, after the node serving the client closed
+   * its connection.
+   */
+  homeRegions?: { clientIds: string; region: string }[];
+  /** How long a pinned client's CONNECT waits for its home region (then 0x88). */
+  homeWaitMs?: number;
   /** What one peer may make this node hold. */
   peerMaxFilters?: number;
   peerMaxPendingDeltaBytes?: number;

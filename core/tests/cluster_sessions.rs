@@ -571,3 +571,125 @@ mod trust {
         assert_eq!(mesh.node("a").broker.stats().peer_frames_over_limit, 1);
     }
 }
+
+mod home {
+    use super::*;
+    use meridian_core::broker::HomeRegion;
+    use meridian_core::codec::ConnAck;
+
+    /// a, b and c, each its own region; client ids `plant-*` belong to a's region.
+    fn pinned() -> Mesh {
+        Mesh::new(&["a", "b", "c"], Config::default(), |c| {
+            c.home_regions = vec![HomeRegion {
+                client_ids: "plant-*".into(),
+                region: "region-a".into(),
+            }];
+        })
+    }
+
+    /// Send CONNECT on a new connection of `node`, without waiting for CONNACK.
+    fn start_connect(mesh: &mut Mesh, node: &str, client_id: &str) -> ConnId {
+        let w = mesh.node(node);
+        let conn = w.accept();
+        let mut c = connect_packet(V5, client_id);
+        persistent(&mut c);
+        w.send(conn, Packet::Connect(c));
+        conn
+    }
+
+    fn connack(mesh: &mut Mesh, node: &str, conn: ConnId) -> Option<ConnAck> {
+        mesh.node(node)
+            .recv(conn)
+            .into_iter()
+            .find_map(|p| match p {
+                Packet::ConnAck(a) => Some(a),
+                _ => None,
+            })
+    }
+
+    #[test]
+    fn a_pinned_client_is_served_once_its_home_region_granted_it() {
+        let mut mesh = pinned();
+        let conn = start_connect(&mut mesh, "b", "plant-1");
+        assert_eq!(connack(&mut mesh, "b", conn), None, "waits for region-a");
+        mesh.settle();
+        let ack = connack(&mut mesh, "b", conn).expect("CONNACK after the grant");
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+        mesh.settle();
+        assert_eq!(mesh.node("c").broker.claim_owner("plant-1"), Some(id("b")));
+        // Not pinned: served at once.
+        let (_, ack) = mesh.node("b").connect_with(V5, "sensor-1", persistent);
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    }
+
+    #[test]
+    fn the_node_serving_a_pinned_client_closes_it_before_another_serves_it() {
+        let mut mesh = pinned();
+        let first = start_connect(&mut mesh, "c", "plant-1");
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "c", first).map(|a| a.reason),
+            Some(ReasonCode::SUCCESS)
+        );
+        mesh.node("c").subscribe(first, "t/#", QoS::AtLeastOnce);
+        mesh.settle();
+
+        let second = start_connect(&mut mesh, "b", "plant-1");
+        // b asks a; a has c close its connection; only then does a grant.
+        mesh.deliver_one_way("b", "a");
+        mesh.deliver_one_way("a", "c");
+        assert!(mesh.node("c").is_closed(first), "c let go first");
+        assert_eq!(connack(&mut mesh, "b", second), None, "b still waits");
+        mesh.deliver_one_way("c", "a");
+        mesh.deliver_one_way("a", "b");
+        let ack = connack(&mut mesh, "b", second).expect("granted");
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+        assert!(ack.session_present, "its session comes from c");
+        mesh.settle();
+        // b's routes, then c's relay ending: two route batches.
+        mesh.advance(50);
+        mesh.advance(50);
+        assert_eq!(mesh.node("a").broker.nodes_for("t/x"), vec![id("b")]);
+    }
+
+    #[test]
+    fn without_its_home_region_or_its_current_node_a_pinned_client_is_refused() {
+        let mut mesh = pinned();
+        mesh.link_down(&id("a"), &id("b"));
+        let conn = start_connect(&mut mesh, "b", "plant-1");
+        assert_eq!(
+            connack(&mut mesh, "b", conn).map(|a| a.reason),
+            Some(ReasonCode::SERVER_UNAVAILABLE),
+            "no node of region-a reachable"
+        );
+        mesh.link_up(&id("a"), &id("b"));
+        mesh.settle();
+
+        // Served by c; then c is cut off from a: a cannot make it let go.
+        let on_c = start_connect(&mut mesh, "c", "plant-2");
+        mesh.settle();
+        assert!(connack(&mut mesh, "c", on_c).is_some());
+        mesh.link_down(&id("a"), &id("c"));
+        let conn = start_connect(&mut mesh, "b", "plant-2");
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "b", conn).map(|a| a.reason),
+            Some(ReasonCode::SERVER_UNAVAILABLE)
+        );
+        assert!(!mesh.node("c").is_closed(on_c), "c still serves it, alone");
+        assert_eq!(mesh.node("b").broker.stats().connects_home_refused, 2);
+    }
+
+    #[test]
+    fn a_grant_that_never_comes_ends_in_a_refusal() {
+        let mut mesh = pinned();
+        let conn = start_connect(&mut mesh, "b", "plant-1");
+        // The request is lost with the link.
+        mesh.link_down(&id("a"), &id("b"));
+        mesh.node("b").advance(5_000);
+        assert_eq!(
+            connack(&mut mesh, "b", conn).map(|a| a.reason),
+            Some(ReasonCode::SERVER_UNAVAILABLE)
+        );
+    }
+}

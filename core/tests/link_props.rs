@@ -217,6 +217,35 @@ fn frame() -> impl Strategy<Value = Frame> {
             .prop_map(|(client_id, claim)| Frame::SessionRouted { client_id, claim }),
         any::<u64>().prop_map(|token| Frame::Fence { token }),
         any::<u64>().prop_map(|token| Frame::FenceEcho { token }),
+        (
+            "[a-z0-9]{0,12}",
+            prop::option::of("[a-z]{0,6}"),
+            any::<u64>()
+        )
+            .prop_map(|(client_id, user, token)| Frame::ClaimRequest {
+                client_id,
+                user,
+                token
+            }),
+        (
+            "[a-z0-9]{0,12}",
+            any::<u64>(),
+            any::<u8>(),
+            any::<u64>(),
+            any::<u32>()
+        )
+            .prop_map(
+                |(client_id, token, reason, wall_ms, logical)| Frame::ClaimAnswer {
+                    client_id,
+                    token,
+                    reason,
+                    hlc: Hlc { wall_ms, logical },
+                }
+            ),
+        ("[a-z0-9]{0,12}", any::<u64>())
+            .prop_map(|(client_id, token)| Frame::Revoke { client_id, token }),
+        ("[a-z0-9]{0,12}", any::<u64>())
+            .prop_map(|(client_id, token)| Frame::Revoked { client_id, token }),
         ("[a-z0-9]{0,12}", stamp(), any::<u64>()).prop_map(|(client_id, claim, last)| {
             Frame::SessionRelayDone {
                 client_id,

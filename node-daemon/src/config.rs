@@ -89,8 +89,20 @@ pub struct ClusterSection {
     pub peer_max_claims: usize,
     pub peer_max_transfer_bytes: usize,
     pub session_transfer_wait_ms: u64,
+    /// `[[cluster.home]]`: client ids pinned to a home region.
+    pub home: Vec<HomeSection>,
+    pub home_wait_ms: u64,
     /// `[cluster.edge]`: the leaves of this node.
     pub edge: EdgeSection,
+}
+
+/// `[[cluster.home]]`: client ids (`*` for any run of characters) that the home region
+/// decides who serves.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HomeSection {
+    pub client_ids: String,
+    pub region: String,
 }
 
 /// `[cluster.edge]`: edge links, over which the edge worker's Durable Objects (or any other
@@ -850,7 +862,13 @@ partial!(PCluster {
     peer_max_claims: usize,
     peer_max_transfer_bytes: usize,
     session_transfer_wait_ms: u64,
+    home: Vec<PHome>,
+    home_wait_ms: u64,
     edge: PEdge,
+});
+partial!(PHome {
+    client_ids: String,
+    region: String,
 });
 partial!(PEdge {
     listen: String,

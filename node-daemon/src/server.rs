@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use meridian_core::broker::AuthOutcome;
-use meridian_core::broker::{ClusterConfig, PeerLimits};
+use meridian_core::broker::{ClusterConfig, HomeRegion, PeerLimits};
 use meridian_core::link::OutboxLimits;
 use meridian_core::routes::NodeId;
 use meridian_core::{Broker, ConnId};
@@ -631,6 +631,15 @@ fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> Clust
         max_transfer_bytes: c.peer_max_transfer_bytes,
     };
     config.session_transfer_wait_ms = c.session_transfer_wait_ms;
+    config.home_regions = c
+        .home
+        .iter()
+        .map(|h| HomeRegion {
+            client_ids: h.client_ids.clone(),
+            region: h.region.clone(),
+        })
+        .collect();
+    config.home_wait_ms = c.home_wait_ms;
     config
 }
 

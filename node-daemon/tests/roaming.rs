@@ -355,3 +355,71 @@ async fn two_nodes_of_one_region_behind_one_address_serve_any_client() {
     );
     assert_eq!(moved, 1.0, "the session came to node two");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_id_pinned_to_a_home_region_is_served_by_one_node_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let home =
+        "home_wait_ms = 2000\n[[cluster.home]]\nclient_ids = \"plant-*\"\nregion = \"euc1\"\n";
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, home).await;
+    let c = Node::start_with("afs1", pc, &[link.port], &key, home).await;
+    wait_for("the link", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+
+    // In region afs1, a pinned client is served once region euc1 granted it (MQTT 5.0).
+    let mut first = v5::options("plant-7", c.mqtt());
+    first.set_clean_start(false);
+    first.set_session_expiry_interval(Some(3600));
+    let _plant = v5::connect(first).await;
+
+    // It connects in euc1 too: afs1 closes its connection before euc1 answers.
+    let mut again = raw::connect_packet(ProtocolVersion::V5, "plant-7");
+    again.clean_start = false;
+    again.properties.session_expiry_interval = Some(3600);
+    let (_second, ack) = raw::Raw::connect_with(a.mqtt(), again).await;
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    assert!(ack.session_present);
+    // By then afs1 had closed its connection: it serves plant-7 no more.
+    let (_, clients) = common::http(c.daemon.admin, "GET", "/api/clients").await;
+    assert!(
+        !clients.contains("\"plant-7\",\"congested\":false,\"connected\":true"),
+        "{clients}"
+    );
+
+    // Cut off from its home region, afs1 refuses the pinned client: 0x88, 3.1.1 code 3.
+    link.cut();
+    wait_for("the link to drop", &[&a, &c], || async {
+        !c.connected_to(&a).await
+    })
+    .await;
+    let (_, ack) = raw::Raw::connect_with(
+        c.mqtt(),
+        raw::connect_packet(ProtocolVersion::V5, "plant-8"),
+    )
+    .await;
+    assert_eq!(ack.reason, ReasonCode::SERVER_UNAVAILABLE);
+    let (_, ack) = raw::Raw::connect_with(
+        c.mqtt(),
+        raw::connect_packet(ProtocolVersion::V311, "plant-9"),
+    )
+    .await;
+    assert_eq!(
+        ack.reason,
+        ReasonCode::SERVER_UNAVAILABLE,
+        "3.1.1: return code 3"
+    );
+    // A client id pinned nowhere is served as ever.
+    let (_, ack) = raw::Raw::connect_with(
+        c.mqtt(),
+        raw::connect_packet(ProtocolVersion::V5, "sensor-9"),
+    )
+    .await;
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    let refused = common::mesh::metric(&c.metrics().await, "meridian_connects_home_refused_total");
+    assert_eq!(refused, 2.0);
+}

@@ -81,7 +81,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     ) {
         match outcome {
             AuthOutcome::Allow { username } => {
-                self.complete_connect(conn_id, *connect, assigned, username)
+                self.complete_connect(conn_id, *connect, assigned, username, false)
             }
             AuthOutcome::Deny(reason) => {
                 self.refuse(conn_id, Some(connect.client_id.clone()), reason)
@@ -214,7 +214,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// Refuse a CONNECT: CONNACK with the reason (3.1.1: the nearest return code), then close.
-    fn refuse(&mut self, conn_id: ConnId, client_id: Option<String>, reason: ReasonCode) {
+    pub(super) fn refuse(
+        &mut self,
+        conn_id: ConnId,
+        client_id: Option<String>,
+        reason: ReasonCode,
+    ) {
         self.stats.connects_refused += 1;
         let reason = super::connack_reason(reason);
         self.send(
@@ -243,12 +248,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    fn complete_connect(
+    /// A CONNECT the authenticator accepted. `home_granted`: its home region granted it
+    /// already (a client id pinned to one waits for that first).
+    pub(super) fn complete_connect(
         &mut self,
         conn_id: ConnId,
         connect: Connect,
         assigned: bool,
         username: Option<String>,
+        home_granted: bool,
     ) {
         let username = username.or_else(|| connect.username.clone());
         let v5 = connect.protocol == ProtocolVersion::V5;
@@ -273,6 +281,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .is_some_and(|s| s.username.as_deref() != username.as_deref());
         if other_user || self.claim_refuses(&connect.client_id, username.as_deref()) {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::NOT_AUTHORIZED);
+        }
+        // A client id pinned to a home region: its grant first (CONNACK comes with it).
+        if !home_granted && let Some(region) = self.home_region_of(&connect.client_id) {
+            return self.wait_for_home(conn_id, connect, assigned, username, &region);
         }
         // Takeover: the old connection goes (its will follows the usual rules).
         if let Some(old) = self

@@ -19,11 +19,24 @@ pub(crate) enum ConnState {
         connect: Box<Connect>,
         assigned: bool,
     },
+    /// CONNECT accepted here, its client id pinned to a home region: waiting for that
+    /// region's grant (boxed: rare, and the connection stays small).
+    AwaitingHome(Box<HomeWait>),
     Connected {
         session: SessionId,
     },
     /// Close requested; input is ignored.
     Closed,
+}
+
+/// A CONNECT waiting for its home region's grant.
+#[derive(Debug)]
+pub(crate) struct HomeWait {
+    pub connect: crate::codec::Connect,
+    pub assigned: bool,
+    pub username: Option<String>,
+    /// Names the request, told back in the answer.
+    pub token: u64,
 }
 
 /// What the shell told about a connection ([`ConnInfo`]), kept for as long as it lives: its

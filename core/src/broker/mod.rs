@@ -31,8 +31,8 @@ pub use auth::{
     AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess,
 };
 pub use cluster::{
-    ClusterConfig, ForgetError, ForgetReason, Forgotten, LEAF_PREFIX, LeafError, PeerFault,
-    PeerLimit, PeerLimits, PeerSummary,
+    ClusterConfig, ForgetError, ForgetReason, Forgotten, HomeRegion, LEAF_PREFIX, LeafError,
+    PeerFault, PeerLimit, PeerLimits, PeerSummary,
 };
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
@@ -75,6 +75,10 @@ enum Timer {
     Sys,
     /// The wait for a session shipped from another node is over.
     TransferWait(SessionId),
+    /// A CONNECT waiting for its home region's grant waits no longer.
+    HomeAnswer(ConnId),
+    /// The earliest revocation a home region's deciding node waits for is due.
+    HomeRevoke,
 }
 
 /// Room for outputs kept between inputs; a queue grown past it by a burst shrinks back.
@@ -299,6 +303,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return false;
         };
         match &c.state {
+            ConnState::AwaitingHome(_) => {
+                let limit = c
+                    .info
+                    .max_packet_size
+                    .map_or(self.config.max_packet_size, |m| {
+                        m.min(self.config.max_packet_size)
+                    });
+                c.read_buf.len() < limit as usize
+            }
             ConnState::Authenticating { connect, .. }
                 if connect.properties.authentication_method.is_none() =>
             {
@@ -710,6 +723,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let Some(conn) = self.conns.get_mut(&conn_id) else {
                 return;
             };
+            if matches!(conn.state, ConnState::AwaitingHome(_)) {
+                // Packets pipelined after CONNECT wait for the home region's answer.
+                return;
+            }
             if let ConnState::Authenticating { connect, .. } = &conn.state
                 && connect.properties.authentication_method.is_none()
             {
@@ -756,6 +773,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 ReasonCode::PROTOCOL_ERROR,
                 "first packet must be CONNECT",
             ),
+            // Held in the read buffer until the answer (see `on_bytes`).
+            (ConnState::AwaitingHome(_), _) => {}
             (ConnState::Authenticating { .. }, Packet::Auth(a)) => self.on_auth(conn_id, a),
             (ConnState::Authenticating { .. }, Packet::Disconnect(_)) => self.close_conn(
                 conn_id,
@@ -974,6 +993,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Timer::SubscribeFence => self.release_fences(),
             Timer::Sys => self.fire_sys(),
             Timer::TransferWait(session) => self.transfer_wait_over(session),
+            Timer::HomeAnswer(conn) => self.home_wait_over(conn),
+            Timer::HomeRevoke => self.home_revokes_over(),
             Timer::RetainedExpiry => {
                 self.retained_timer = None;
                 while let Some((at, topic)) = self.retained_expiry.first().cloned() {

@@ -227,6 +227,8 @@ stats! {
     Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";
     /// Messages a node relayed to the node a session moved to, for that session.
     Counter messages_relayed: u64 => "messages_relayed";
+    /// CONNECTs of client ids pinned to a home region that it did not grant (or not in time).
+    Counter connects_home_refused: u64 => "connects_home_refused";
     /// CONNECTs refused.
     Counter connects_refused: u64 => "connects_refused";
     /// Connections closed for protocol errors.

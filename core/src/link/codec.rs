@@ -206,6 +206,32 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             last: r.u64()?,
         },
         FrameKind::Fence => Frame::Fence { token: r.u64()? },
+        FrameKind::ClaimRequest => Frame::ClaimRequest {
+            client_id: r.string()?,
+            user: match r.u8()? {
+                0 => None,
+                1 => Some(r.string()?),
+                _ => return Err(r.bad("unknown user flag")),
+            },
+            token: r.u64()?,
+        },
+        FrameKind::ClaimAnswer => Frame::ClaimAnswer {
+            client_id: r.string()?,
+            token: r.u64()?,
+            reason: r.u8()?,
+            hlc: Hlc {
+                wall_ms: r.u64()?,
+                logical: r.u32()?,
+            },
+        },
+        FrameKind::Revoke => Frame::Revoke {
+            client_id: r.string()?,
+            token: r.u64()?,
+        },
+        FrameKind::Revoked => Frame::Revoked {
+            client_id: r.string()?,
+            token: r.u64()?,
+        },
         FrameKind::FenceEcho => Frame::FenceEcho { token: r.u64()? },
     };
     if !r.buf.is_empty() {
@@ -328,6 +354,37 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             put_stamp(&mut body, claim)?;
         }
         Frame::Fence { token } | Frame::FenceEcho { token } => body.put_u64(*token),
+        Frame::ClaimRequest {
+            client_id,
+            user,
+            token,
+        } => {
+            put_str(&mut body, client_id)?;
+            match user {
+                None => body.put_u8(0),
+                Some(u) => {
+                    body.put_u8(1);
+                    put_str(&mut body, u)?;
+                }
+            }
+            body.put_u64(*token);
+        }
+        Frame::ClaimAnswer {
+            client_id,
+            token,
+            reason,
+            hlc,
+        } => {
+            put_str(&mut body, client_id)?;
+            body.put_u64(*token);
+            body.put_u8(*reason);
+            body.put_u64(hlc.wall_ms);
+            body.put_u32(hlc.logical);
+        }
+        Frame::Revoke { client_id, token } | Frame::Revoked { client_id, token } => {
+            put_str(&mut body, client_id)?;
+            body.put_u64(*token);
+        }
         Frame::SessionRelay(r) => {
             put_str(&mut body, &r.client_id)?;
             put_stamp(&mut body, &r.claim)?;

@@ -13,7 +13,7 @@ mod outbox;
 use bytes::Bytes;
 
 use crate::codec::Publish;
-use crate::retained::Stamp;
+use crate::retained::{Hlc, Stamp};
 use crate::routes::{NodeId, Owner, RouteDelta, SnapshotChunk};
 
 pub use codec::{LinkError, decode, encode, encoded_len};
@@ -231,6 +231,43 @@ pub enum Frame {
         /// The fence's token.
         token: u64,
     },
+    /// A client whose id is pinned to the receiver's region connected to the sender: may the
+    /// sender serve it? (The receiver is the region's node that decides for it.)
+    ClaimRequest {
+        /// The client id.
+        client_id: String,
+        /// The user the client logged in as.
+        user: Option<String>,
+        /// Told back in the answer.
+        token: u64,
+    },
+    /// The answer to a [`Frame::ClaimRequest`].
+    ClaimAnswer {
+        /// The client id.
+        client_id: String,
+        /// The request's token.
+        token: u64,
+        /// 0: granted (the sender's clock reading `hlc` is below nothing the previous owner
+        /// stamped); otherwise the MQTT 5.0 reason code the client is refused with.
+        reason: u8,
+        /// The deciding node's clock when it granted.
+        hlc: Hlc,
+    },
+    /// Close the connection of this client, if the receiver serves it: another node is
+    /// about to (its session stays, and follows the new node's claim).
+    Revoke {
+        /// The client id.
+        client_id: String,
+        /// Told back in [`Frame::Revoked`].
+        token: u64,
+    },
+    /// The receiver's [`Frame::Revoke`] was done: the sender serves the client no more.
+    Revoked {
+        /// The client id.
+        client_id: String,
+        /// The revocation's token.
+        token: u64,
+    },
 }
 
 /// A message relayed to the node a session was shipped to ([`Frame::SessionRelay`]), with its
@@ -279,6 +316,10 @@ impl Frame {
             Frame::SessionRelayDone { .. } => FrameKind::SessionRelayDone,
             Frame::Fence { .. } => FrameKind::Fence,
             Frame::FenceEcho { .. } => FrameKind::FenceEcho,
+            Frame::ClaimRequest { .. } => FrameKind::ClaimRequest,
+            Frame::ClaimAnswer { .. } => FrameKind::ClaimAnswer,
+            Frame::Revoke { .. } => FrameKind::Revoke,
+            Frame::Revoked { .. } => FrameKind::Revoked,
         }
     }
 
@@ -338,11 +379,19 @@ pub enum FrameKind {
     Fence = 22,
     /// Type 23: [`Frame::FenceEcho`].
     FenceEcho = 23,
+    /// Type 24: [`Frame::ClaimRequest`].
+    ClaimRequest = 24,
+    /// Type 25: [`Frame::ClaimAnswer`].
+    ClaimAnswer = 25,
+    /// Type 26: [`Frame::Revoke`].
+    Revoke = 26,
+    /// Type 27: [`Frame::Revoked`].
+    Revoked = 27,
 }
 
 impl FrameKind {
     /// Every kind, in the order of their type bytes.
-    pub const ALL: [FrameKind; 23] = [
+    pub const ALL: [FrameKind; 27] = [
         FrameKind::Hello,
         FrameKind::RouteDelta,
         FrameKind::RouteAck,
@@ -366,6 +415,10 @@ impl FrameKind {
         FrameKind::SessionRelayDone,
         FrameKind::Fence,
         FrameKind::FenceEcho,
+        FrameKind::ClaimRequest,
+        FrameKind::ClaimAnswer,
+        FrameKind::Revoke,
+        FrameKind::Revoked,
     ];
 
     /// The kind whose type byte this is.
@@ -404,6 +457,10 @@ impl FrameKind {
             FrameKind::SessionRelayDone => "session-relay-done",
             FrameKind::Fence => "fence",
             FrameKind::FenceEcho => "fence-echo",
+            FrameKind::ClaimRequest => "claim-request",
+            FrameKind::ClaimAnswer => "claim-answer",
+            FrameKind::Revoke => "revoke",
+            FrameKind::Revoked => "revoked",
         }
     }
 

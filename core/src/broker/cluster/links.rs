@@ -105,7 +105,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 | Frame::SessionRelay(_)
                 | Frame::SessionRelayAck { .. }
                 | Frame::SessionRouted { .. }
-                | Frame::SessionRelayDone { .. } => {
+                | Frame::SessionRelayDone { .. }
+                | Frame::ClaimRequest { .. }
+                | Frame::ClaimAnswer { .. }
+                | Frame::Revoke { .. }
+                | Frame::Revoked { .. } => {
                     return;
                 }
                 _ => {}
@@ -236,6 +240,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 client_id, claim, ..
             } => self.on_relay_done(&peer, &client_id, claim),
             Frame::Fence { token } => self.on_fence(&peer, token),
+            Frame::ClaimRequest {
+                client_id,
+                user,
+                token,
+            } => self.on_claim_request(&peer, client_id, user, token),
+            Frame::ClaimAnswer {
+                token, reason, hlc, ..
+            } => self.on_claim_answer(token, reason, hlc),
+            Frame::Revoke { client_id, token } => self.on_revoke(&peer, client_id, token),
+            Frame::Revoked { token, .. } => self.on_revoked(&peer, token),
             Frame::FenceEcho { token } => self.on_fence_echo(&peer, token),
         }
     }

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 mod claims;
 mod fence;
+mod home;
 mod relay;
 mod transfer;
 use fence::Fence;
@@ -22,6 +23,7 @@ mod retained;
 mod routes;
 mod trust;
 
+pub use home::HomeRegion;
 pub use leaves::{LEAF_PREFIX, LeafError};
 pub use membership::{ForgetError, ForgetReason, Forgotten};
 pub use trust::{PeerFault, PeerLimit, PeerLimits};
@@ -105,6 +107,13 @@ pub struct ClusterConfig {
     /// claim says) gets Session Present at once; its QoS 1/2 messages wait until the session
     /// arrives, at most this long (then they go, and a session arriving later still joins).
     pub session_transfer_wait_ms: u64,
+    /// Client ids pinned to a home region ([`HomeRegion`]): a node answers their CONNECT only
+    /// once the home region granted it, after the node that served the client closed its
+    /// connection; one node serves such a client at any moment. Empty by default.
+    pub home_regions: Vec<HomeRegion>,
+    /// How long a CONNECT waits for its home region's grant (and the home region for the
+    /// node serving the client to close its connection) before it is refused with 0x88.
+    pub home_wait_ms: u64,
 }
 
 impl ClusterConfig {
@@ -136,6 +145,8 @@ impl ClusterConfig {
             subscribe_fence_max_held: 100_000,
             retained_tombstones_max: 100_000,
             session_transfer_wait_ms: 5_000,
+            home_regions: Vec::new(),
+            home_wait_ms: 5_000,
         }
     }
 }
@@ -251,6 +262,8 @@ pub(super) struct Cluster {
     claims: claims::Claims,
     /// Sessions on their way between nodes.
     transfers: transfer::Transfers,
+    /// What this node decides for client ids pinned to its region.
+    homes: home::Homes,
     /// Sessions that moved: relays from here, windows of sessions taken here.
     moves: relay::Moves,
     /// The number the next message routed here from a client of this node gets.
@@ -293,6 +306,7 @@ impl Cluster {
             leaves: leaves::Leaves::default(),
             claims: claims::Claims::default(),
             transfers: transfer::Transfers::default(),
+            homes: home::Homes::default(),
             moves: relay::Moves::default(),
             next_message: 1,
             routing: None,

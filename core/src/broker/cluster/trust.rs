@@ -150,6 +150,10 @@ pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Optio
         Frame::SnapshotRequest
         | Frame::Fence { .. }
         | Frame::FenceEcho { .. }
+        | Frame::ClaimRequest { .. }
+        | Frame::ClaimAnswer { .. }
+        | Frame::Revoke { .. }
+        | Frame::Revoked { .. }
         | Frame::Forget { .. }
         | Frame::KeepAlive
         | Frame::RetainedDigest { .. }
