@@ -162,6 +162,41 @@ PY
 }
 check "meridian bench against mosquitto" bench_against_mosquitto
 
+# Two regions of one deployment: a paho client's persistent session follows it from one to the
+# other.
+paho_roaming() {
+  "$BIN" keygen --cluster-key "$TMP/cluster.key" >/dev/null || return 1
+  local pa pb qa qb wa wb aa ab rc=0
+  pa=$(free_port); pb=$(free_port); qa=$(free_port); qb=$(free_port); wa=$(free_port); wb=$(free_port)
+  aa=$(free_port); ab=$(free_port)
+  "$BIN" run --mqtt 127.0.0.1:$qa --ws 127.0.0.1:$wa --admin 127.0.0.1:$aa --data-dir "$TMP/region-a" \
+    --region euc1 --p2p /ip4/127.0.0.1/tcp/$pa --cluster-key "$TMP/cluster.key" 2>"$TMP/region-a.log" &
+  local a=$!
+  "$BIN" run --mqtt 127.0.0.1:$qb --ws 127.0.0.1:$wb --admin 127.0.0.1:$ab --data-dir "$TMP/region-b" \
+    --region ape1 --p2p /ip4/127.0.0.1/tcp/$pb --cluster-key "$TMP/cluster.key" \
+    --peer /ip4/127.0.0.1/tcp/$pa 2>"$TMP/region-b.log" &
+  local b=$!
+  # Linked when region a's admin API lists a connected peer (deadline 30 s).
+  python3 - "$aa" <<'PY' || rc=1
+import json, sys, time, urllib.request
+deadline = time.time() + 30
+while True:
+    try:
+        peers = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/api/peers", timeout=2))
+        if any(p.get("connected") for p in peers):
+            break
+    except OSError:
+        pass
+    if time.time() > deadline:
+        sys.exit("the regions did not link")
+    time.sleep(0.05)
+PY
+  [ $rc -eq 0 ] && { python3 "$HERE/interop/paho_roaming.py" 127.0.0.1 "$qa" "$qb" || rc=1; }
+  kill "$a" "$b" 2>/dev/null; wait "$a" "$b" 2>/dev/null
+  [ $rc -eq 0 ] || { tail -5 "$TMP/region-a.log" "$TMP/region-b.log" >&2; return 1; }
+}
+check "paho roaming between two regions" paho_roaming
+
 # The daemon is still healthy after all of it.
 check "daemon healthy" http_get /health
 

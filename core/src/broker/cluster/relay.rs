@@ -5,9 +5,11 @@
 //! session's subscriptions for a while, as a **relay**: what they match goes on to the new
 //! node ([`Frame::SessionRelay`], numbered, acknowledged, stored while QoS 1/2 and sent again
 //! after a cut). The new node answers [`Frame::SessionRouted`] once every node it knows has
-//! its routes; the old node then drops the subscriptions, and once every node it knows has
-//! that change too (nothing more can come its way), and every relayed message is
-//! acknowledged, it ends the relay ([`Frame::SessionRelayDone`]).
+//! its routes. What the others routed to the old node before that may still be on its way
+//! (in flight, or queued in their outboxes), so the old node sends every node it knows a
+//! [`Frame::Fence`], which each echoes after what it had queued for it; once every echo is in
+//! (a node that is away echoes when it is back, or is forgotten), the subscriptions go, and
+//! once every relayed message is acknowledged, the relay ends ([`Frame::SessionRelayDone`]).
 //!
 //! Meanwhile a message can reach the session both ways: sent by its publisher's node to both
 //! nodes (it knew both routes at once), or published on the new node and relayed back by the
