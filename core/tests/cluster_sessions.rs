@@ -681,6 +681,29 @@ mod home {
     }
 
     #[test]
+    fn only_the_node_asked_can_grant() {
+        let mut mesh = pinned();
+        let conn = start_connect(&mut mesh, "b", "plant-1");
+        // c makes up a grant for b's first request (token 0).
+        mesh.inject(
+            "c",
+            "b",
+            meridian_core::link::Frame::ClaimAnswer {
+                client_id: "plant-1".into(),
+                token: 0,
+                reason: 0,
+                hlc: Default::default(),
+            },
+        );
+        assert_eq!(connack(&mut mesh, "b", conn), None, "not from region-a");
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "b", conn).map(|a| a.reason),
+            Some(ReasonCode::SUCCESS)
+        );
+    }
+
+    #[test]
     fn a_grant_that_never_comes_ends_in_a_refusal() {
         let mut mesh = pinned();
         let conn = start_connect(&mut mesh, "b", "plant-1");

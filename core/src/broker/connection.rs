@@ -37,6 +37,8 @@ pub(crate) struct HomeWait {
     pub username: Option<String>,
     /// Names the request, told back in the answer.
     pub token: u64,
+    /// The node asked (`None`: this one decides): only its answer counts.
+    pub authority: Option<crate::routes::NodeId>,
 }
 
 /// What the shell told about a connection ([`ConnInfo`]), kept for as long as it lives: its

@@ -62,6 +62,9 @@ fn glob(pattern: &str, text: &str) -> bool {
     rest.ends_with(last)
 }
 
+/// Revocations a deciding node waits for at once; past it, requests get 0x89 (Server busy).
+const REVOKING_MAX: usize = 100_000;
+
 /// A grant the deciding node waits to give: the node serving the client must close first.
 #[derive(Debug)]
 struct Revoking {
@@ -121,6 +124,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let deadline = now.plus_ms(c.config.home_wait_ms);
         let client_id = connect.client_id.clone();
         let user = username.clone();
+        let authority = self.home_authority(region);
+        let me = self.node_id().cloned();
         let Some(conn_state) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -129,12 +134,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             assigned,
             username,
             token,
+            authority: authority.clone().filter(|a| Some(a) != me.as_ref()),
         }));
         self.timers.insert((deadline, Timer::HomeAnswer(conn)));
-        match self.home_authority(region) {
+        match authority {
             None => self.home_answered(conn, token, ReasonCode::SERVER_UNAVAILABLE.0, None),
             Some(authority) => {
-                let me = self.node_id().cloned();
                 if Some(&authority) == me.as_ref() {
                     self.decide_home(authority, client_id, user, token);
                 } else {
@@ -225,6 +230,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let holder = granted.or_else(|| c.claims.live(&client_id).map(|(s, _)| s.node.clone()));
         match holder {
             Some(holder) if holder != requester && holder != me => {
+                if c.homes.revoking.len() >= REVOKING_MAX {
+                    return self.answer_home(
+                        &requester,
+                        client_id,
+                        token,
+                        ReasonCode::SERVER_BUSY.0,
+                    );
+                }
                 if !c.peers.get(&holder).is_some_and(Peer::is_up) {
                     // It may be serving the client still: no second owner.
                     return self.answer_home(
@@ -310,10 +323,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// The deciding node's answer to a request of this node's.
-    pub(super) fn on_claim_answer(&mut self, token: u64, reason: u8, hlc: Hlc) {
+    /// The deciding node's answer to a request of this node's (from the node asked only).
+    pub(super) fn on_claim_answer(&mut self, peer: &NodeId, token: u64, reason: u8, hlc: Hlc) {
         let conn = self.conns.iter().find_map(|(id, conn)| match &conn.state {
-            ConnState::AwaitingHome(w) if w.token == token => Some(*id),
+            ConnState::AwaitingHome(w)
+                if w.token == token && w.authority.as_ref() == Some(peer) =>
+            {
+                Some(*id)
+            }
             _ => None,
         });
         if let Some(conn) = conn {

@@ -247,7 +247,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             } => self.on_claim_request(&peer, client_id, user, token),
             Frame::ClaimAnswer {
                 token, reason, hlc, ..
-            } => self.on_claim_answer(token, reason, hlc),
+            } => self.on_claim_answer(&peer, token, reason, hlc),
             Frame::Revoke { client_id, token } => self.on_revoke(&peer, client_id, token),
             Frame::Revoked { token, .. } => self.on_revoked(&peer, token),
             Frame::FenceEcho { token } => self.on_fence_echo(&peer, token),
