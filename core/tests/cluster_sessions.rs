@@ -168,8 +168,10 @@ fn messages_published_while_a_session_moves_reach_it_once() {
     mesh.settle();
     let (conn, _) = mesh.node("b").connect_with(V5, "dev", persistent);
     mesh.settle();
-    // The session is on b; c still routes its topic to a only, and a relays.
+    // The session is on b; c still routes its topic to a only, and a relays (it lists no
+    // client for that).
     assert_eq!(mesh.node("c").broker.nodes_for("t/x"), vec![id("a")]);
+    assert!(mesh.node("a").broker.clients().is_empty());
     mesh.node("c").publish(
         from_c,
         "t/x",

@@ -378,9 +378,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         filter: Option<&str>,
     ) -> (Vec<ClientSummary>, usize) {
         let mut ids: Vec<&Session> = self
-            .sessions
-            .iter()
-            .flatten()
+            .by_client_id
+            .values()
+            .filter_map(|&sid| self.session(sid))
             .filter(|s| filter.is_none_or(|f| s.client_id.contains(f)))
             .collect();
         ids.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
