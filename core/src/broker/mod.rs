@@ -302,29 +302,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = self.conns.get(&conn) else {
             return false;
         };
-        match &c.state {
-            ConnState::AwaitingHome(_) => {
-                let limit = c
-                    .info
-                    .max_packet_size
-                    .map_or(self.config.max_packet_size, |m| {
-                        m.min(self.config.max_packet_size)
-                    });
-                c.read_buf.len() < limit as usize
+        // A decision is pending: a plain authentication, or the grant of a home region.
+        let holding = match &c.state {
+            ConnState::AwaitingHome(_) => true,
+            ConnState::Authenticating { connect, .. } => {
+                connect.properties.authentication_method.is_none()
             }
-            ConnState::Authenticating { connect, .. }
-                if connect.properties.authentication_method.is_none() =>
-            {
-                let limit = c
-                    .info
-                    .max_packet_size
-                    .map_or(self.config.max_packet_size, |m| {
-                        m.min(self.config.max_packet_size)
-                    });
-                c.read_buf.len() < limit as usize
-            }
-            _ => true,
+            _ => false,
+        };
+        if !holding {
+            return true;
         }
+        let limit = c
+            .info
+            .max_packet_size
+            .map_or(self.config.max_packet_size, |m| {
+                m.min(self.config.max_packet_size)
+            });
+        c.read_buf.len() < limit as usize
     }
 
     /// The next thing for the shell to do, in order; `None` when there is nothing left.

@@ -501,29 +501,26 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         let seq = session.take_seq();
-        if session.is_persistent() {
-            session.persisted = true;
+        let record = session.is_persistent().then(|| {
             let key = Key::Queued {
                 client_id: session.client_id.to_string(),
                 seq,
             };
-            let value = persist::encode_queued(Some((packet_id, state)), &delivery);
-            session.inflight.push(Inflight {
-                packet_id,
-                state,
-                delivery,
-                seq,
-                sent: false,
-            });
+            (
+                key,
+                persist::encode_queued(Some((packet_id, state)), &delivery),
+            )
+        });
+        session.inflight.push(Inflight {
+            packet_id,
+            state,
+            delivery,
+            seq,
+            sent: false,
+        });
+        if let Some((key, value)) = record {
+            session.persisted = true;
             self.persist(key.encode(), Some(value));
-        } else {
-            session.inflight.push(Inflight {
-                packet_id,
-                state,
-                delivery,
-                seq,
-                sent: false,
-            });
         }
     }
 
