@@ -238,6 +238,24 @@ fn messages_published_while_a_session_moves_reach_it_once() {
 }
 
 #[test]
+fn what_waits_to_be_relayed_is_bounded_as_a_session_queue() {
+    let config = Config {
+        max_queued_messages: 3,
+        ..Config::default()
+    };
+    let mut mesh = Mesh::new(&["a", "b", "c"], config, |_| {});
+    subscriber(&mut mesh, "a", QoS::AtLeastOnce);
+    let _ = mesh.node("b").connect_with(V5, "dev", persistent);
+    // a hears b's claim and becomes a relay; then its link to b goes.
+    mesh.deliver_one_way("b", "a");
+    mesh.link_down(&id("a"), &id("b"));
+    publish_numbers(&mut mesh, "c", 0..5, QoS::AtLeastOnce);
+    let a = mesh.node("a").broker.stats();
+    assert_eq!(a.messages_relayed, 3, "held for b");
+    assert_eq!(a.dropped_queue_full, 2, "past the bound, counted");
+}
+
+#[test]
 fn a_clean_start_elsewhere_ends_the_old_session_and_its_will_goes_once() {
     let mut mesh = three();
     let watcher = mesh.node("c").connect(V5, "watcher");

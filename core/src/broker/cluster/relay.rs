@@ -299,6 +299,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(relay) = c.moves.relays.get_mut(key) else {
             return;
         };
+        if delivery.qos != QoS::AtMostOnce && relay.pending.len() >= self.config.max_queued_messages
+        {
+            // What waits for the new node is bounded as the session's queue was.
+            self.stats.dropped_queue_full += 1;
+            return;
+        }
         let n = relay.next_n;
         relay.next_n += 1;
         let to = relay.to.clone();
