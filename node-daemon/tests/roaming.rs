@@ -96,7 +96,15 @@ async fn a_persistent_session_resumed_in_another_region_brings_what_was_queued()
         ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
             .await;
     }
-    metric_reaches(a, "meridian_queued_messages", 10.0).await;
+    // All ten held for it in region a: queued, or (one sent as its connection dropped) in
+    // flight.
+    wait_for("region a to hold the ten commands", &[a], || async {
+        let m = a.metrics().await;
+        common::mesh::metric(&m, "meridian_queued_messages")
+            + common::mesh::metric(&m, "meridian_inflight_messages")
+            >= 10.0
+    })
+    .await;
 
     // It reappears in region b: Session Present, and every command, once, in order.
     let mut device = v3::connect(v3_login("device-7", b.mqtt(), "alice")).await;
@@ -110,7 +118,10 @@ async fn a_persistent_session_resumed_in_another_region_brings_what_was_queued()
     }
     metric_reaches(a, "meridian_sessions_moved_total{direction=\"out\"}", 1.0).await;
     metric_reaches(b, "meridian_sessions_moved_total{direction=\"in\"}", 1.0).await;
-    metric_reaches(a, "meridian_sessions", 0.0).await;
+    wait_for("region a to let the session go", &[a], || async {
+        common::mesh::metric(&a.metrics().await, "meridian_sessions") == 0.0
+    })
+    .await;
 
     // Its subscription came along: commands now reach it in b, and no longer a.
     wait_for("c to route to b only", &[c], || async {
