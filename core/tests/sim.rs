@@ -353,6 +353,24 @@ fn a_scenario_with_a_bad_reference_is_refused_naming_the_field() {
     assert_eq!(s.run(1).unwrap_err().field, "rtt_ms[0][1]");
 }
 
+/// fra (eu), hkg (ap) and cpt (af), `rtt_ms` apart with a quarter of it as jitter; gossip
+/// loses a fifth of its frames and duplicates a tenth.
+fn three_regions(seed: u64, rtt_ms: u64) -> Sim {
+    let link = move |_: &str, _: &str| LinkSpec {
+        rtt_ms,
+        jitter_ms: rtt_ms / 4,
+        gossip_loss_ppm: 200_000,
+        gossip_dup_ppm: 100_000,
+    };
+    Sim::new(
+        seed,
+        Config::default(),
+        &[("fra", "eu"), ("hkg", "ap"), ("cpt", "af")],
+        link,
+        |c| c.digest_interval_ms = 1_000,
+    )
+}
+
 /// A client with a persistent QoS 2 subscription roams fra → hkg → fra while a publisher in
 /// cpt sends QoS 1 and 2 messages every 25 ms throughout: some reach fra on the connection the
 /// client just left (in flight when it moves), some reach the old node after the session left
@@ -370,19 +388,7 @@ fn roaming_with(seed: u64, drop_first: bool, every_ms: u64) -> Sim {
 
 /// [`roaming_with`] on links of `rtt_ms` (a quarter of it as jitter).
 fn roaming_on(seed: u64, drop_first: bool, every_ms: u64, rtt_ms: u64) -> Sim {
-    let link = move |_: &str, _: &str| LinkSpec {
-        rtt_ms,
-        jitter_ms: rtt_ms / 4,
-        gossip_loss_ppm: 200_000,
-        gossip_dup_ppm: 100_000,
-    };
-    let mut sim = Sim::new(
-        seed,
-        Config::default(),
-        &[("fra", "eu"), ("hkg", "ap"), ("cpt", "af")],
-        link,
-        |c| c.digest_interval_ms = 1_000,
-    );
+    let mut sim = three_regions(seed, rtt_ms);
     let roamer = sim.add_client("roamer", &id("fra"), 10);
     sim.at(
         0,
@@ -539,19 +545,7 @@ fn a_roaming_client_gets_every_message_once() {
 /// region during the cut (dropping its connection first, or leaving it open), and messages
 /// for it are published all along.
 fn cut_off_while_holding(seed: u64) -> Sim {
-    let link = |_: &str, _: &str| LinkSpec {
-        rtt_ms: 160,
-        jitter_ms: 40,
-        gossip_loss_ppm: 200_000,
-        gossip_dup_ppm: 100_000,
-    };
-    let mut sim = Sim::new(
-        seed,
-        Config::default(),
-        &[("fra", "eu"), ("hkg", "ap"), ("cpt", "af")],
-        link,
-        |c| c.digest_interval_ms = 1_000,
-    );
+    let mut sim = three_regions(seed, 160);
     let watcher = sim.add_client("watcher", &id("cpt"), 10);
     sim.at(
         0,
@@ -669,19 +663,7 @@ fn a_region_cut_off_while_it_holds_a_session_loses_nothing_and_fires_one_will() 
 fn one_client_id_connecting_in_two_regions_at_once_ends_with_one_owner() {
     for seed in sweep(30) {
         eprintln!("sim seed {seed}: one client id in two regions");
-        let link = |_: &str, _: &str| LinkSpec {
-            rtt_ms: 160,
-            jitter_ms: 40,
-            gossip_loss_ppm: 200_000,
-            gossip_dup_ppm: 100_000,
-        };
-        let mut sim = Sim::new(
-            seed,
-            Config::default(),
-            &[("fra", "eu"), ("hkg", "ap"), ("cpt", "af")],
-            link,
-            |c| c.digest_interval_ms = 1_000,
-        );
+        let mut sim = three_regions(seed, 160);
         let mut rng = meridian_core::sim::Rng::new(seed ^ 0x7);
         let mut twins = Vec::new();
         for (node, filter) in [("fra", "twin/a"), ("hkg", "twin/b")] {

@@ -406,13 +406,14 @@ impl Key {
 }
 
 /// Reads values with bounds checks; every failure is a [`RecordError`].
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     kind: &'static str,
     buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn new(kind: &'static str, buf: &'a [u8]) -> Result<Self, RecordError> {
+    /// A reader of a value of `kind` that starts with the format byte.
+    pub(crate) fn new(kind: &'static str, buf: &'a [u8]) -> Result<Self, RecordError> {
         let mut r = Self { kind, buf };
         if r.u8()? != FORMAT {
             return Err(err(kind, "unknown format version"));
@@ -426,7 +427,7 @@ impl<'a> Reader<'a> {
             Ok(())
         }
     }
-    fn u8(&mut self) -> Result<u8, RecordError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, RecordError> {
         self.need(1)?;
         Ok(self.buf.get_u8())
     }
@@ -434,15 +435,15 @@ impl<'a> Reader<'a> {
         self.need(2)?;
         Ok(self.buf.get_u16())
     }
-    fn u32(&mut self) -> Result<u32, RecordError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, RecordError> {
         self.need(4)?;
         Ok(self.buf.get_u32())
     }
-    fn u64(&mut self) -> Result<u64, RecordError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, RecordError> {
         self.need(8)?;
         Ok(self.buf.get_u64())
     }
-    fn string(&mut self) -> Result<String, RecordError> {
+    pub(crate) fn string(&mut self) -> Result<String, RecordError> {
         let n = usize::from(self.u16()?);
         self.need(n)?;
         let s =
@@ -450,11 +451,29 @@ impl<'a> Reader<'a> {
         self.buf.advance(n);
         Ok(s)
     }
-    fn opt_string(&mut self) -> Result<Option<String>, RecordError> {
+    pub(crate) fn opt_string(&mut self) -> Result<Option<String>, RecordError> {
         Ok(if self.u8()? == 1 {
             Some(self.string()?)
         } else {
             None
+        })
+    }
+    /// What is left of the value.
+    pub(crate) fn rest(&self) -> &'a [u8] {
+        self.buf
+    }
+    pub(crate) fn node(&mut self) -> Result<NodeId, RecordError> {
+        NodeId::new(&self.string()?).map_err(|_| err(self.kind, "bad node id"))
+    }
+    /// A stamp as [`put_stamp_value`] wrote it.
+    pub(crate) fn stamp(&mut self) -> Result<Stamp, RecordError> {
+        let hlc = Hlc {
+            wall_ms: self.u64()?,
+            logical: self.u32()?,
+        };
+        Ok(Stamp {
+            hlc,
+            node: self.node()?,
         })
     }
     fn qos(&mut self) -> Result<QoS, RecordError> {
@@ -482,13 +501,13 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn put_string(v: &mut BytesMut, s: &str) {
+pub(crate) fn put_string(v: &mut BytesMut, s: &str) {
     // Strings in records come from MQTT strings, at most 65,535 bytes.
     v.put_u16(u16::try_from(s.len()).unwrap_or(u16::MAX));
     v.put_slice(&s.as_bytes()[..s.len().min(usize::from(u16::MAX))]);
 }
 
-fn put_opt_string(v: &mut BytesMut, s: Option<&str>) {
+pub(crate) fn put_opt_string(v: &mut BytesMut, s: Option<&str>) {
     match s {
         Some(s) => {
             v.put_u8(1);
@@ -496,6 +515,13 @@ fn put_opt_string(v: &mut BytesMut, s: Option<&str>) {
         }
         None => v.put_u8(0),
     }
+}
+
+/// Appends a stamp in a value: clock reading, then node id.
+pub(crate) fn put_stamp_value(v: &mut BytesMut, stamp: &Stamp) {
+    v.put_u64(stamp.hlc.wall_ms);
+    v.put_u32(stamp.hlc.logical);
+    put_string(v, stamp.node.as_str());
 }
 
 /// Appends the message as its expiry and an MQTT 5.0 PUBLISH frame (which carries every

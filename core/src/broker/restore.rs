@@ -8,7 +8,6 @@ use super::io::{ConnId, Timestamp};
 use super::persist::{self, ConnRecord, Key, QueuedRecord, RecordError, SessionRecord};
 use super::resume::Resuming;
 use super::session::{Inflight, Queued, SessionId, SubscriptionEntry};
-use super::subscriptions::Subscriber;
 use super::{Authenticator, Authorizer, Broker, Timer};
 use crate::topic::TopicFilter;
 
@@ -317,23 +316,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 continue;
             };
             let filtered = self.access_filtered(sid, &filter);
-            let change = self.subs.insert(
-                &filter,
-                sid,
-                Subscriber {
-                    options: entry.options,
-                    subscription_id: entry.subscription_id,
-                    filtered,
-                },
-            );
-            if change.route_changed {
-                self.route_added(filter.pattern());
-            }
-            if let Some(session) = self.session_mut(sid) {
-                session
-                    .subscriptions
-                    .insert(filter.as_str().to_owned(), entry);
-            }
+            self.hold_subscription(sid, &filter, entry, filtered);
             report.subscriptions += 1;
         }
     }

@@ -143,6 +143,28 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         entry: SubscriptionEntry,
         filtered: bool,
     ) -> Change {
+        let change = self.hold_subscription(sid, filter, entry, filtered);
+        if let Some(session) = self.session_mut(sid)
+            && session.is_persistent()
+        {
+            session.persisted = true;
+            let key = Key::Subscription {
+                client_id: session.client_id.to_string(),
+                filter: filter.as_str().to_owned(),
+            };
+            self.persist(key.encode(), Some(persist::encode_subscription(&entry)));
+        }
+        change
+    }
+
+    /// [`Broker::add_subscription`] without its record (one read back from storage).
+    pub(super) fn hold_subscription(
+        &mut self,
+        sid: SessionId,
+        filter: &TopicFilter,
+        entry: SubscriptionEntry,
+        filtered: bool,
+    ) -> Change {
         let change = self.subs.insert(
             filter,
             sid,
@@ -159,14 +181,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             session
                 .subscriptions
                 .insert(filter.as_str().to_owned(), entry);
-            if session.is_persistent() {
-                session.persisted = true;
-                let key = Key::Subscription {
-                    client_id: session.client_id.to_string(),
-                    filter: filter.as_str().to_owned(),
-                };
-                self.persist(key.encode(), Some(persist::encode_subscription(&entry)));
-            }
         }
         change
     }

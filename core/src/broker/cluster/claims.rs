@@ -14,15 +14,15 @@ use std::collections::BTreeMap;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::Cluster;
 use super::trust::{PeerFault, PeerLimit};
-use super::{Cluster, Peer};
 use crate::broker::io::DisconnectCause;
-use crate::broker::persist::{Key, RecordError};
+use crate::broker::persist::{self, Key, RecordError};
 use crate::broker::session::SessionId;
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::ReasonCode;
 use crate::link::{Claim, ClaimUpdate, Frame};
-use crate::retained::{Hlc, Stamp};
+use crate::retained::Stamp;
 use crate::routes::NodeId;
 
 /// Claims per [`Frame::ClaimSnapshot`].
@@ -103,128 +103,64 @@ impl Cluster {
     }
 }
 
-impl Peer {
-    pub(super) fn is_up(&self) -> bool {
-        self.connected
-    }
-}
-
 /// The value of a claim record: stamp, then 0 for a tombstone, or 1, flags and the user.
 fn encode_claim(stamp: &Stamp, claim: Option<&Claim>) -> Bytes {
     let mut v = BytesMut::with_capacity(32);
     v.put_u8(1);
-    v.put_u64(stamp.hlc.wall_ms);
-    v.put_u32(stamp.hlc.logical);
-    put_str(&mut v, stamp.node.as_str());
+    persist::put_stamp_value(&mut v, stamp);
     match claim {
         None => v.put_u8(0),
         Some(c) => {
             v.put_u8(1);
             v.put_u8(u8::from(c.resume) | u8::from(c.persistent) << 1);
-            match &c.user {
-                None => v.put_u8(0),
-                Some(u) => {
-                    v.put_u8(1);
-                    put_str(&mut v, u);
-                }
-            }
+            persist::put_opt_string(&mut v, c.user.as_deref());
         }
     }
     v.freeze()
 }
 
-pub(super) fn put_str(v: &mut BytesMut, s: &str) {
-    v.put_u16(u16::try_from(s.len()).unwrap_or(u16::MAX));
-    v.put_slice(&s.as_bytes()[..s.len().min(usize::from(u16::MAX))]);
-}
-
-pub(super) fn record_err(detail: &'static str) -> RecordError {
-    RecordError {
-        kind: "claim",
-        detail,
-    }
-}
-
-/// Reads a record value with bounds checks.
-pub(super) struct ValueReader<'a>(pub(super) &'a [u8]);
-
-impl ValueReader<'_> {
-    pub(super) fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
-        if self.0.len() < n {
-            return Err(record_err("truncated"));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    pub(super) fn u8(&mut self) -> Result<u8, RecordError> {
-        Ok(self.take(1)?[0])
-    }
-
-    pub(super) fn u64(&mut self) -> Result<u64, RecordError> {
-        let b = self.take(8)?;
-        Ok(u64::from_be_bytes(
-            b.try_into().map_err(|_| record_err("truncated"))?,
-        ))
-    }
-
-    pub(super) fn u32(&mut self) -> Result<u32, RecordError> {
-        let b = self.take(4)?;
-        Ok(u32::from_be_bytes(
-            b.try_into().map_err(|_| record_err("truncated"))?,
-        ))
-    }
-
-    pub(super) fn string(&mut self) -> Result<String, RecordError> {
-        let b = self.take(2)?;
-        let n = usize::from(u16::from_be_bytes([b[0], b[1]]));
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| record_err("not UTF-8"))
-    }
-
-    pub(super) fn stamp(&mut self) -> Result<Stamp, RecordError> {
-        let hlc = Hlc {
-            wall_ms: self.u64()?,
-            logical: self.u32()?,
-        };
-        let node = NodeId::new(&self.string()?).map_err(|_| record_err("bad node id"))?;
-        Ok(Stamp { hlc, node })
-    }
-}
-
 fn decode_claim(value: &[u8]) -> Result<(Stamp, Option<Claim>), RecordError> {
-    let mut r = ValueReader(value);
-    if r.u8()? != 1 {
-        return Err(record_err("unknown format"));
-    }
+    let mut r = persist::Reader::new("claim", value)?;
     let stamp = r.stamp()?;
     let claim = match r.u8()? {
         0 => None,
         1 => {
             let flags = r.u8()?;
-            let user = match r.u8()? {
-                0 => None,
-                _ => Some(r.string()?),
-            };
             Some(Claim {
-                user,
+                user: r.opt_string()?,
                 resume: flags & 1 != 0,
                 persistent: flags & 2 != 0,
             })
         }
-        _ => return Err(record_err("unknown operation")),
+        _ => {
+            return Err(RecordError {
+                kind: "claim",
+                detail: "unknown operation",
+            });
+        }
     };
     Ok((stamp, claim))
 }
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
-    /// Whether the claims known here refuse `client_id` to `user`: a live claim of another
-    /// node belongs to another user (the session is theirs).
+    /// Whether the claims known here refuse `client_id` to `user` connecting here: a live
+    /// claim of another node belongs to another user (the session is theirs).
     pub(in crate::broker) fn claim_refuses(&self, client_id: &str, user: Option<&str>) -> bool {
+        self.node_id()
+            .is_some_and(|me| self.claim_refuses_for(me, client_id, user))
+    }
+
+    /// Whether the claims known here refuse `client_id` to `user` connecting at `node`.
+    pub(super) fn claim_refuses_for(
+        &self,
+        node: &NodeId,
+        client_id: &str,
+        user: Option<&str>,
+    ) -> bool {
         let Some(c) = &self.cluster else { return false };
-        c.claims.live(client_id).is_some_and(|(stamp, claim)| {
-            stamp.node != c.owner.node && claim.user.as_deref() != user
-        })
+        c.claims
+            .live(client_id)
+            .is_some_and(|(stamp, claim)| stamp.node != *node && claim.user.as_deref() != user)
     }
 
     /// Whether the claims known here say another node holds the session a resuming client

@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 
-use super::Peer;
 use crate::broker::connection::{ConnState, HomeWait};
 use crate::broker::io::{ConnId, DisconnectCause, Timestamp};
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
@@ -102,7 +101,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let c = self.cluster.as_ref()?;
         let me = (c.config.region == region).then(|| c.owner.node.clone());
         let peers = c.peers.iter().filter(|(n, p)| {
-            p.is_up() && !c.leaves.is_leaf(n) && p.region.as_deref() == Some(region)
+            p.connected && !c.leaves.is_leaf(n) && p.region.as_deref() == Some(region)
         });
         me.into_iter().chain(peers.map(|(n, _)| n.clone())).min()
     }
@@ -238,7 +237,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         ReasonCode::SERVER_BUSY.0,
                     );
                 }
-                if !c.peers.get(&holder).is_some_and(Peer::is_up) {
+                if !c.peers.get(&holder).is_some_and(|p| p.connected) {
                     // It may be serving the client still: no second owner.
                     return self.answer_home(
                         &requester,
@@ -277,14 +276,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.grant_home(requester, client_id, token);
             }
         }
-    }
-
-    /// Whether the claims known here refuse `client_id` to `user` connecting at `requester`.
-    fn claim_refuses_for(&self, requester: &NodeId, client_id: &str, user: Option<&str>) -> bool {
-        let Some(c) = &self.cluster else { return false };
-        c.claims
-            .live(client_id)
-            .is_some_and(|(stamp, claim)| stamp.node != *requester && claim.user.as_deref() != user)
     }
 
     fn grant_home(&mut self, requester: NodeId, client_id: String, token: u64) {

@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::Cluster;
 use super::forward::{link_message, link_publish};
 use super::trust::PeerFault;
-use super::{Cluster, Peer};
 use crate::broker::io::Timestamp;
 use crate::broker::message::Delivery;
 use crate::broker::persist::{self, Key, RecordError};
@@ -50,11 +50,9 @@ pub(super) struct Relay {
     next_n: u64,
     /// Relayed messages not yet acknowledged, by number.
     pending: BTreeMap<u64, (Option<MessageId>, Delivery)>,
-    /// The new node has its routes everywhere.
-    routed: bool,
-    /// Then: the fence sent to every node this one knows, and those whose echo is awaited.
-    /// Once all echoed, what they routed here before they knew the new node's routes is in,
-    /// and the subscriptions go.
+    /// Once the new node has its routes everywhere: the fence sent to every node this one
+    /// knows, and those whose echo is awaited. Once all echoed, what they routed here before
+    /// they knew the new node's routes is in, and the subscriptions go.
     fence: Option<(u64, BTreeSet<NodeId>)>,
 }
 
@@ -123,76 +121,43 @@ impl Cluster {
     }
 }
 
+/// A message's identity in a value: origin node, incarnation, number.
+fn put_message_id(v: &mut BytesMut, (origin, seq): &MessageId) {
+    persist::put_string(v, origin.node.as_str());
+    v.put_u64(origin.incarnation);
+    v.put_u64(*seq);
+}
+
+fn read_message_id(r: &mut persist::Reader<'_>) -> Result<MessageId, RecordError> {
+    let node = r.node()?;
+    let incarnation = r.u64()?;
+    Ok((Owner { node, incarnation }, r.u64()?))
+}
+
 /// The value of a relayed message's record: its taker, its identity, then the delivery.
 fn encode_relayed(to: &NodeId, id: Option<&MessageId>, delivery: &Delivery) -> Bytes {
     let mut v = BytesMut::new();
     v.put_u8(1);
-    put_str(&mut v, to.as_str());
+    persist::put_string(&mut v, to.as_str());
     match id {
         None => v.put_u8(0),
-        Some((origin, seq)) => {
+        Some(id) => {
             v.put_u8(1);
-            put_str(&mut v, origin.node.as_str());
-            v.put_u64(origin.incarnation);
-            v.put_u64(*seq);
+            put_message_id(&mut v, id);
         }
     }
     v.put_slice(&persist::encode_queued(None, delivery));
     v.freeze()
 }
 
-fn put_str(v: &mut BytesMut, s: &str) {
-    // Node ids are at most 255 bytes.
-    v.put_u16(u16::try_from(s.len()).unwrap_or(u16::MAX));
-    v.put_slice(s.as_bytes());
-}
-
 fn decode_relayed(value: &[u8]) -> Result<(NodeId, Option<MessageId>, Delivery), RecordError> {
-    struct Reader<'a>(&'a [u8]);
-    impl<'a> Reader<'a> {
-        fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
-            if self.0.len() < n {
-                return Err(bad("truncated"));
-            }
-            let (head, rest) = self.0.split_at(n);
-            self.0 = rest;
-            Ok(head)
-        }
-        fn u64(&mut self) -> Result<u64, RecordError> {
-            let b = self.take(8)?;
-            Ok(u64::from_be_bytes(
-                b.try_into().map_err(|_| bad("truncated"))?,
-            ))
-        }
-        fn node(&mut self) -> Result<NodeId, RecordError> {
-            let b = self.take(2)?;
-            let len = usize::from(u16::from_be_bytes([b[0], b[1]]));
-            std::str::from_utf8(self.take(len)?)
-                .ok()
-                .and_then(|s| NodeId::new(s).ok())
-                .ok_or(bad("node id"))
-        }
-    }
-    fn bad(detail: &'static str) -> RecordError {
-        RecordError {
-            kind: "relayed message",
-            detail,
-        }
-    }
-    let mut r = Reader(value);
-    if r.take(1)?[0] != 1 {
-        return Err(bad("unknown format"));
-    }
+    let mut r = persist::Reader::new("relayed message", value)?;
     let to = r.node()?;
-    let id = match r.take(1)?[0] {
+    let id = match r.u8()? {
         0 => None,
-        _ => {
-            let node = r.node()?;
-            let incarnation = r.u64()?;
-            Some((Owner { node, incarnation }, r.u64()?))
-        }
+        _ => Some(read_message_id(&mut r)?),
     };
-    let record = persist::decode_queued(r.0)?;
+    let record = persist::decode_queued(r.rest())?;
     Ok((to, id, record.delivery))
 }
 
@@ -286,7 +251,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 sid: Some(sid),
                 next_n: 1,
                 pending: BTreeMap::new(),
-                routed: false,
                 fence: None,
             },
         );
@@ -308,7 +272,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let n = relay.next_n;
         relay.next_n += 1;
         let to = relay.to.clone();
-        let up = c.peers.get(&to).is_some_and(Peer::is_up);
+        let up = c.peers.get(&to).is_some_and(|p| p.connected);
         let frame = relay_frame(key, n, id.as_ref(), &delivery, now);
         if delivery.qos != QoS::AtMostOnce {
             let mut delivery = delivery;
@@ -370,16 +334,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .collect();
         let up: Vec<NodeId> = waiting
             .iter()
-            .filter(|p| c.peers.get(*p).is_some_and(Peer::is_up))
+            .filter(|p| c.peers.get(*p).is_some_and(|p| p.connected))
             .cloned()
             .collect();
         let Some(relay) = c.moves.relays.get_mut(&key) else {
             return;
         };
-        if relay.to != *peer || relay.routed {
+        if relay.to != *peer || relay.fence.is_some() {
             return;
         }
-        relay.routed = true;
         relay.fence = Some((token, waiting));
         c.moves.next_token += 1;
         for p in up {
@@ -487,7 +450,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(relay) = c.moves.relays.remove(key) else {
             return;
         };
-        let up = c.peers.get(&relay.to).is_some_and(Peer::is_up);
+        let up = c.peers.get(&relay.to).is_some_and(|p| p.connected);
         // Sent once: a taker that misses it (its link was down) closes its window with the
         // session, or when this node is forgotten.
         if up {
@@ -551,10 +514,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let mut v = BytesMut::new();
         v.put_u8(1);
         v.put_u32(u32::try_from(w.order.len()).unwrap_or(u32::MAX));
-        for (origin, seq) in &w.order {
-            put_str(&mut v, origin.node.as_str());
-            v.put_u64(origin.incarnation);
-            v.put_u64(*seq);
+        for id in &w.order {
+            put_message_id(&mut v, id);
         }
         let key = Key::Seen {
             client_id: client_id.to_owned(),
@@ -723,7 +684,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             sid: None,
             next_n: 1,
             pending: BTreeMap::new(),
-            routed: true,
             fence: Some((0, BTreeSet::new())),
         });
         relay.next_n = relay.next_n.max(n + 1);
@@ -734,34 +694,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
 /// The identities in a [`Key::Seen`] record (at most [`SEEN_KEPT`]).
 pub(super) fn decode_seen(value: &[u8]) -> Result<Vec<MessageId>, RecordError> {
-    let bad = || RecordError {
-        kind: "seen messages",
-        detail: "malformed",
-    };
-    let mut v = value;
-    let mut take = |n: usize| -> Result<&[u8], RecordError> {
-        if v.len() < n {
-            return Err(bad());
-        }
-        let (head, rest) = v.split_at(n);
-        v = rest;
-        Ok(head)
-    };
-    if take(1)?[0] != 1 {
-        return Err(bad());
-    }
-    let count = u32::from_be_bytes(take(4)?.try_into().map_err(|_| bad())?) as usize;
+    let mut r = persist::Reader::new("seen messages", value)?;
+    let count = r.u32()? as usize;
     // Each identity takes at least 19 bytes: no allocation beyond what the value holds.
     let mut ids = Vec::with_capacity(count.min(SEEN_KEPT).min(value.len() / 19));
     for _ in 0..count.min(SEEN_KEPT) {
-        let len = usize::from(u16::from_be_bytes(take(2)?.try_into().map_err(|_| bad())?));
-        let node = std::str::from_utf8(take(len)?)
-            .ok()
-            .and_then(|s| NodeId::new(s).ok())
-            .ok_or_else(bad)?;
-        let incarnation = u64::from_be_bytes(take(8)?.try_into().map_err(|_| bad())?);
-        let seq = u64::from_be_bytes(take(8)?.try_into().map_err(|_| bad())?);
-        ids.push((Owner { node, incarnation }, seq));
+        ids.push(read_message_id(&mut r)?);
     }
     Ok(ids)
 }

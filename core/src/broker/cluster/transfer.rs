@@ -16,8 +16,6 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::Peer;
-use super::claims::{ValueReader, put_str, record_err};
 use super::trust::{PeerFault, PeerLimit};
 use crate::broker::io::Event;
 use crate::broker::message::Delivery;
@@ -107,18 +105,15 @@ impl Transfers {
 fn encode_outgoing(out: &Outgoing) -> Bytes {
     let mut v = BytesMut::new();
     v.put_u8(1);
-    put_str(&mut v, out.to.as_str());
+    persist::put_string(&mut v, out.to.as_str());
     v.put_slice(&persist::pack(&out.records));
     v.freeze()
 }
 
 fn decode_outgoing(value: &Bytes) -> Result<Outgoing, RecordError> {
-    let mut r = ValueReader(value);
-    if r.u8()? != 1 {
-        return Err(record_err("unknown format"));
-    }
-    let to = NodeId::new(&r.string()?).map_err(|_| record_err("bad node id"))?;
-    let used = value.len() - r.0.len();
+    let mut r = persist::Reader::new("shipped session", value)?;
+    let to = r.node()?;
+    let used = value.len() - r.rest().len();
     let records = persist::unpack(&value.slice(used..))?;
     Ok(Outgoing { to, records })
 }
@@ -173,7 +168,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         self.persist(key.encode(), Some(encode_outgoing(&out)));
         let Some(c) = &mut self.cluster else { return };
-        let up = c.peers.get(&out.to).is_some_and(Peer::is_up);
+        let up = c.peers.get(&out.to).is_some_and(|p| p.connected);
         let to = out.to.clone();
         c.transfers
             .outgoing
