@@ -52,7 +52,8 @@ use tracing::debug;
 
 use crate::mailbox::{DaemonCounters, EngineHandle, Page};
 use crate::mesh::MeshStats;
-use crate::passwd::constant_time_eq;
+use crate::policy::{PolicyHandle, api};
+use crate::policy::tokens::{MIN_TOKEN_LEN, TokenSet, Tokens, token_hash};
 use crate::per_address::PerAddress;
 
 /// What the admin API says about this node itself.
@@ -78,63 +79,71 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// cannot hold them all.
 pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 8;
 
-/// Who may use the admin API, from `[admin]`.
-#[derive(Clone)]
+/// Who may use the admin API, from `[admin]` and the admin tokens.
+#[derive(Debug, Clone)]
 pub struct AdminAccess {
-    token: Option<String>,
+    /// The admin tokens (the policy document's, or `admin.token_file`'s): with none, no
+    /// token is asked for (on loopback) or nobody gets in (elsewhere).
+    tokens: Tokens,
     /// The listener is on a loopback address: requests must name a loopback host.
     loopback: bool,
     header_timeout: std::time::Duration,
 }
 
-impl std::fmt::Debug for AdminAccess {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminAccess")
-            .field("token", &self.token.as_ref().map(|_| "…"))
-            .field("loopback", &self.loopback)
-            .field("header_timeout", &self.header_timeout)
-            .finish()
-    }
-}
+/// Who made a request that was let in: the admin token's name, or `local` when no token is
+/// asked for.
+pub type Requester = String;
 
 impl AdminAccess {
-    /// Read the token file, if any; refuse a listener off loopback without one.
-    pub fn from_config(config: &crate::config::AdminConfig) -> anyhow::Result<Self> {
+    /// The token of `admin.token_file` (its first line), named `token-file`; none without
+    /// the file.
+    pub fn file_tokens(config: &crate::config::AdminConfig) -> anyhow::Result<TokenSet> {
         use anyhow::Context as _;
-        let token = if config.token_file.as_os_str().is_empty() {
-            None
-        } else {
-            let text = std::fs::read_to_string(&config.token_file).with_context(|| {
-                format!(
-                    "admin.token_file: cannot read {}",
-                    config.token_file.display()
-                )
-            })?;
-            let token = text.lines().next().unwrap_or("").trim().to_owned();
-            anyhow::ensure!(
-                token.len() >= 16,
-                "admin.token_file: {} holds no token of 16 characters or more on its first line",
+        if config.token_file.as_os_str().is_empty() {
+            return Ok(TokenSet::default());
+        }
+        let text = std::fs::read_to_string(&config.token_file).with_context(|| {
+            format!(
+                "admin.token_file: cannot read {}",
                 config.token_file.display()
-            );
-            Some(token)
-        };
+            )
+        })?;
+        let token = text.lines().next().unwrap_or("").trim().to_owned();
+        anyhow::ensure!(
+            token.len() >= MIN_TOKEN_LEN,
+            "admin.token_file: {} holds no token of {MIN_TOKEN_LEN} characters or more on its \
+             first line",
+            config.token_file.display()
+        );
+        let (name, hash) = ("token-file".to_owned(), token_hash(&token));
+        Ok(TokenSet::from_hashes([(&name, &hash)]))
+    }
+
+    /// Refuse a listener off loopback without a token.
+    pub fn new(config: &crate::config::AdminConfig, tokens: Tokens) -> anyhow::Result<Self> {
         let loopback = config.bind.ip().is_loopback();
         anyhow::ensure!(
-            loopback || token.is_some(),
-            "admin.bind is {} (not loopback) but admin.token_file is not set: anyone who \
-             reaches it could list and disconnect clients. Set admin.token_file (or \
-             --admin-token-file), or bind the admin API to 127.0.0.1",
+            loopback || !tokens.is_empty(),
+            "admin.bind is {} (not loopback) but there is no admin token: anyone who reaches \
+             it could list and disconnect clients. Set admin.token_file (or \
+             --admin-token-file; with policy.source = \"document\" it seeds the policy's \
+             tokens on the first start, `meridian ctl token add admin NAME` adds more), or \
+             bind the admin API to 127.0.0.1",
             config.bind
         );
         Ok(Self {
-            token,
+            tokens,
             loopback,
             header_timeout: std::time::Duration::from_millis(config.header_timeout_ms),
         })
     }
 
-    /// Why a request may not be answered, as the response to give instead.
-    fn refuse(&self, req: &Request<Incoming>, counters: &DaemonCounters) -> Option<Response<Body>> {
+    /// Who asks, or why the request may not be answered, as the response to give instead.
+    fn admit(
+        &self,
+        req: &Request<Incoming>,
+        counters: &DaemonCounters,
+    ) -> Result<Requester, Response<Body>> {
         if self.loopback {
             let host = req
                 .headers()
@@ -143,17 +152,21 @@ impl AdminAccess {
                 .unwrap_or("");
             if !crate::transport::listen::is_loopback_host(host) {
                 counters.admin_refused_host.fetch_add(1, Ordering::Relaxed);
-                return Some(closing(plain(
+                return Err(closing(plain(
                     StatusCode::MISDIRECTED_REQUEST,
                     "the admin API answers requests for 127.0.0.1, [::1] or localhost only\n",
                 )));
             }
         }
-        let token = self.token.as_deref()?;
+        // Off loopback the tokens cannot be empty at start; if all are removed later, nobody
+        // gets in until one is added on a node that still takes requests.
+        if self.loopback && self.tokens.is_empty() {
+            return Ok("local".to_owned());
+        }
         // The health check, and the status page, which holds no data (it asks for the token
         // and reads the API with it).
         if req.method() == Method::GET && matches!(req.uri().path(), "/health" | "/") {
-            return None;
+            return Ok("anonymous".to_owned());
         }
         // The scheme's name is case-insensitive (RFC 9110).
         let given = req
@@ -163,8 +176,8 @@ impl AdminAccess {
             .and_then(|h| h.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map_or("", |(_, token)| token.trim());
-        if constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            return None;
+        if let Some(name) = self.tokens.admits(given) {
+            return Ok(name);
         }
         counters.admin_refused_token.fetch_add(1, Ordering::Relaxed);
         let mut r = plain(
@@ -175,7 +188,7 @@ impl AdminAccess {
             hyper::header::WWW_AUTHENTICATE,
             hyper::header::HeaderValue::from_static("Bearer realm=\"meridian\""),
         );
-        Some(closing(r))
+        Err(closing(r))
     }
 }
 
@@ -197,6 +210,8 @@ pub struct AdminState {
     /// The region mesh's counters, in cluster mode.
     pub mesh: Option<std::sync::Arc<MeshStats>>,
     pub access: AdminAccess,
+    /// The policy document (`policy.source = "document"`).
+    pub policy: Option<PolicyHandle>,
 }
 
 /// Serve admin HTTP until `stop` changes.
@@ -234,9 +249,9 @@ pub async fn serve(
             let service = service_fn(move |req| {
                 let state = state.clone();
                 async move {
-                    let response = match state.access.refuse(&req, &state.engine.counters) {
-                        Some(refusal) => refusal,
-                        None => route(req, &state).await,
+                    let response = match state.access.admit(&req, &state.engine.counters) {
+                        Ok(who) => route(req, &state, who).await,
+                        Err(refusal) => refusal,
                     };
                     Ok::<_, Infallible>(response)
                 }
@@ -260,10 +275,13 @@ pub async fn serve(
     }
 }
 
-async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
+async fn route(req: Request<Incoming>, state: &AdminState, who: Requester) -> Response<Body> {
     let (engine, node) = (&state.engine, &state.node);
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    if path == "/api/policy" || path.starts_with("/api/policy/") {
+        return policy_route(req, state, who).await;
+    }
     match (method, path.as_str()) {
         (Method::GET, "/health") => match engine.stats().await {
             Some(_) => json(StatusCode::OK, serde_json::json!({"status": "ok"})),
@@ -494,6 +512,37 @@ async fn route(req: Request<Incoming>, state: &AdminState) -> Response<Body> {
                     None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
                 },
                 _ => plain(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+            }
+        }
+        _ => plain(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+/// The policy endpoints ([`crate::policy::api`]).
+async fn policy_route(req: Request<Incoming>, state: &AdminState, who: Requester) -> Response<Body> {
+    use http_body_util::BodyExt as _;
+    let Some(policy) = &state.policy else {
+        return json(
+            StatusCode::CONFLICT,
+            serde_json::json!({"error": "this node reads users, rules and tokens from files \
+                (policy.source = \"files\"): edit the files and send SIGHUP"}),
+        );
+    };
+    let path = req.uri().path().to_owned();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/api/policy") => json(StatusCode::OK, api::show(policy)),
+        (Method::GET, "/api/policy/history") => json(StatusCode::OK, api::history(policy).await),
+        (Method::POST, "/api/policy") => {
+            let body = http_body_util::Limited::new(req.into_body(), api::MAX_BODY_BYTES);
+            match body.collect().await {
+                Ok(b) => {
+                    let (status, value) = api::edit(policy, &b.to_bytes(), who).await;
+                    json(status, value)
+                }
+                Err(e) => json(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    serde_json::json!({"error": format!("the body could not be read: {e}")}),
+                ),
             }
         }
         _ => plain(StatusCode::NOT_FOUND, "not found\n"),

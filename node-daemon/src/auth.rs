@@ -54,6 +54,37 @@ impl AuthSetup {
                 &config.auth.password_file,
             ))?))
         };
+        Self::new(config, users, config.acl.clone())
+    }
+
+    /// The users and access rules of the policy document, with the rest of `[auth]`. Without
+    /// users, clients get in without logging in while every listener is on loopback, and only
+    /// with a client certificate otherwise.
+    pub fn from_policy(
+        config: &DaemonConfig,
+        policy: &crate::policy::document::Policy,
+    ) -> anyhow::Result<Self> {
+        let all_loopback = config
+            .listeners()
+            .iter()
+            .all(|(_, l)| !l.enabled || l.bind.ip().is_loopback());
+        let users = (!policy.users.is_empty() || !all_loopback).then(|| {
+            Arc::new(
+                policy
+                    .users
+                    .iter()
+                    .map(|(u, h)| (u.clone(), h.clone()))
+                    .collect(),
+            )
+        });
+        Self::new(config, users, policy.acl())
+    }
+
+    fn new(
+        config: &DaemonConfig,
+        users: Option<Arc<PasswordDb>>,
+        acl: Acl,
+    ) -> anyhow::Result<Self> {
         let mut all_loopback = true;
         for (name, l) in config.listeners() {
             if l.enabled && !l.bind.ip().is_loopback() {
@@ -87,7 +118,7 @@ impl AuthSetup {
             dummy_hash,
             anonymous,
             pending_per_address: config.auth.max_pending_per_address,
-            acl: config.acl.clone(),
+            acl,
         })
     }
 

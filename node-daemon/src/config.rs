@@ -49,6 +49,25 @@ pub struct DaemonConfig {
     /// `[acl]`: the access rules, read as the core's rule engine.
     pub acl: acl::Acl,
     pub cluster: ClusterSection,
+    pub policy: PolicyConfig,
+}
+
+/// `[policy]`: where users, access rules and tokens come from.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    pub source: PolicySource,
+    pub max_document_bytes: usize,
+}
+
+/// Where the policy comes from.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicySource {
+    /// The replicated policy document, seeded from the files on first start.
+    Document,
+    /// The files, read at start and on SIGHUP.
+    Files,
 }
 
 /// `[cluster]`: this node as a region of a multi-region deployment (the libp2p mesh).
@@ -736,6 +755,7 @@ struct Partial {
     auth: Option<PAuth>,
     acl: Option<PAcl>,
     cluster: Option<PCluster>,
+    policy: Option<PPolicy>,
 }
 
 macro_rules! partial {
@@ -827,6 +847,10 @@ partial!(PAuth {
     max_pending_per_address: usize,
 });
 partial!(PAcl { default: acl::Permission, rules: Vec<acl::Rule> });
+partial!(PPolicy {
+    source: PolicySource,
+    max_document_bytes: usize
+});
 partial!(PCluster {
     enabled: bool,
     region: String,

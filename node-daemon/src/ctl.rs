@@ -1,6 +1,9 @@
 //! `meridian ctl`: the admin CLI. It talks to the admin API of a running node (HTTP/1.1,
-//! with the bearer token of `admin.token_file` when the node has one) and prints what the
-//! node answered.
+//! with a bearer admin token when the node asks for one) and prints what the node answered.
+//!
+//! Policy edits (`user`, `acl`, `token`, `residency`) go to the node's policy document and
+//! from there to every node of the deployment. Passwords and tokens never leave this process:
+//! they are hashed here and only the hashes are sent.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +13,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
+
+use crate::policy::document::{Edit, RuleEntry, TokenKind};
 
 /// How long one request to the admin API may take.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -33,6 +38,112 @@ pub enum CtlCommand {
     /// The other nodes of the deployment.
     #[command(subcommand)]
     Peers(PeersCommand),
+    /// The users who may log in (the policy document).
+    #[command(subcommand)]
+    User(UserCommand),
+    /// The access rules (the policy document).
+    #[command(subcommand)]
+    Acl(AclCommand),
+    /// Admin API and edge-link tokens (the policy document).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Data-residency rules: the regions a topic's messages may reach (the policy document).
+    #[command(subcommand)]
+    Residency(ResidencyCommand),
+    /// Every change of the policy document: when, by which token, on which node and region,
+    /// and what.
+    History,
+}
+
+/// `meridian ctl user ...`
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum UserCommand {
+    /// The users' names.
+    List,
+    /// Add a user; the password is the first line of stdin (`echo secret | meridian ctl user
+    /// add alice`).
+    Add { name: String },
+    /// Change a user's password (from stdin, as for `add`).
+    Passwd { name: String },
+    /// Remove a user: its next login is refused (connected clients stay connected).
+    Remove { name: String },
+}
+
+/// `meridian ctl acl ...`
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum AclCommand {
+    /// The rules in the order they are tried, numbered, and the default.
+    List,
+    /// Add a rule, at the end or before rule N; the same rule with the other permission is
+    /// replaced.
+    Add {
+        #[command(flatten)]
+        rule: RuleArgs,
+        /// Place it before rule N (as `acl list` numbers them).
+        #[arg(long, value_name = "N")]
+        before: Option<usize>,
+    },
+    /// Remove a rule (whatever its permission).
+    Remove {
+        #[command(flatten)]
+        rule: RuleArgs,
+    },
+    /// What holds where no rule applies: allow or deny.
+    Default { permission: String },
+}
+
+/// One access rule on the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RuleArgs {
+    /// allow or deny
+    pub permission: String,
+    /// publish, subscribe or all
+    pub action: String,
+    /// A topic filter; %u and %c stand for the username and client id.
+    pub topic: String,
+    /// Only for this username.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Only for this client id.
+    #[arg(long)]
+    pub client_id: Option<String>,
+}
+
+/// Which kind of token.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TokenKindArg {
+    /// Bearer tokens of the admin API.
+    Admin,
+    /// Tokens edge objects link with.
+    Edge,
+}
+
+/// `meridian ctl token ...`
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum TokenCommand {
+    /// The tokens' names.
+    List,
+    /// Make a new random token; it is printed once, only its hash is kept.
+    Add { kind: TokenKindArg, name: String },
+    /// Revoke a token on every node.
+    Remove { kind: TokenKindArg, name: String },
+}
+
+/// `meridian ctl residency ...`
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ResidencyCommand {
+    /// The rules: a filter and the regions its messages may reach.
+    List,
+    /// Keep the messages of the topics `filter` matches in `regions`: they are not forwarded
+    /// to other regions, nor retained there, and subscriptions to them are not advertised
+    /// there. Replaces the filter's rule if it has one.
+    Add {
+        filter: String,
+        #[arg(required = true)]
+        regions: Vec<String>,
+    },
+    /// Remove the filter's rule.
+    Remove { filter: String },
 }
 
 /// `meridian ctl peers ...`
@@ -64,11 +175,11 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
         .build()
         .context("cannot start a runtime")?;
     // A node that takes the connection and never answers does not hang the command.
-    let call = |method: Method, path: String| {
+    let call = |method: Method, path: String, body: Option<serde_json::Value>| {
         runtime.block_on(async {
             tokio::time::timeout(
                 REQUEST_TIMEOUT,
-                request(args.admin, token.as_deref(), method, &path),
+                request(args.admin, token.as_deref(), method, &path, body),
             )
             .await
             .unwrap_or_else(|_| {
@@ -81,7 +192,7 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
     };
     match &args.command {
         CtlCommand::Peers(PeersCommand::List) => {
-            let peers = call(Method::GET, "/api/peers".to_owned())?;
+            let peers = call(Method::GET, "/api/peers".to_owned(), None)?;
             writeln!(
                 out,
                 "{:<54} {:<10} {:<9} {:>8} {:>10} {:>12}",
@@ -109,15 +220,200 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
             let peer_id: libp2p::PeerId = peer_id
                 .parse()
                 .with_context(|| format!("{peer_id:?} is not a peer id"))?;
-            let answer = call(Method::DELETE, format!("/api/peers/{peer_id}"))?;
+            let answer = call(Method::DELETE, format!("/api/peers/{peer_id}"), None)?;
             writeln!(
                 out,
                 "forgot {peer_id}: {} routes withdrawn, {} queued messages dropped",
                 answer["routes_withdrawn"], answer["messages_dropped"]
             )?;
         }
+        CtlCommand::History => {
+            let history = call(Method::GET, "/api/policy/history".to_owned(), None)?;
+            writeln!(
+                out,
+                "{:<24} {:<16} {:<16} {:<10} WHAT",
+                "WHEN (UTC)", "BY", "NODE", "REGION"
+            )?;
+            for h in history.as_array().into_iter().flatten() {
+                let s = |k: &str| h[k].as_str().unwrap_or("").to_owned();
+                writeln!(
+                    out,
+                    "{:<24} {:<16} {:<16} {:<10} {}",
+                    utc(h["at_ms"].as_i64().unwrap_or(0)),
+                    s("by"),
+                    s("node"),
+                    if s("region").is_empty() {
+                        "-".to_owned()
+                    } else {
+                        s("region")
+                    },
+                    s("what")
+                )?;
+            }
+        }
+        CtlCommand::User(UserCommand::List) => {
+            let policy = call(Method::GET, "/api/policy".to_owned(), None)?;
+            for name in policy["users"].as_array().into_iter().flatten() {
+                writeln!(out, "{}", name.as_str().unwrap_or(""))?;
+            }
+        }
+        CtlCommand::Acl(AclCommand::List) => {
+            let policy = call(Method::GET, "/api/policy".to_owned(), None)?;
+            writeln!(out, "default: {}", policy["acl_default"].as_str().unwrap_or("?"))?;
+            for (i, r) in policy["acl"].as_array().into_iter().flatten().enumerate() {
+                let rule: crate::policy::document::RuleEntry =
+                    serde_json::from_value(r.clone()).context("the node's answer")?;
+                writeln!(out, "{:>4}  {rule}", i + 1)?;
+            }
+        }
+        CtlCommand::Token(TokenCommand::List) => {
+            let policy = call(Method::GET, "/api/policy".to_owned(), None)?;
+            for kind in ["admin", "edge"] {
+                for name in policy[format!("{kind}_tokens")].as_array().into_iter().flatten() {
+                    writeln!(out, "{kind:<6} {}", name.as_str().unwrap_or(""))?;
+                }
+            }
+        }
+        CtlCommand::Residency(ResidencyCommand::List) => {
+            let policy = call(Method::GET, "/api/policy".to_owned(), None)?;
+            for r in policy["residency"].as_array().into_iter().flatten() {
+                let regions: Vec<&str> = r["regions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str())
+                    .collect();
+                writeln!(
+                    out,
+                    "{} -> {}",
+                    r["filter"].as_str().unwrap_or(""),
+                    regions.join(",")
+                )?;
+            }
+        }
+        CtlCommand::User(_)
+        | CtlCommand::Acl(_)
+        | CtlCommand::Token(_)
+        | CtlCommand::Residency(_) => {
+            let (edit, secret) = policy_edit(&args.command)?;
+            let body = serde_json::json!({ "edits": [edit] });
+            let answer = call(Method::POST, "/api/policy".to_owned(), Some(body))?;
+            let what = edit.describe();
+            match secret {
+                // The new token, alone on its line (`ctl token add admin ops > ops.token`).
+                Some(token) => writeln!(out, "{token}")?,
+                None if answer["changed"] == true => writeln!(out, "done: {what}")?,
+                None => writeln!(out, "unchanged: {what} (already so)")?,
+            }
+        }
     }
     Ok(())
+}
+
+/// The policy edit a command asks for, and the new token it made, if any.
+fn policy_edit(command: &CtlCommand) -> anyhow::Result<(Edit, Option<String>)> {
+    let rule = |r: &RuleArgs| RuleEntry {
+        permission: r.permission.clone(),
+        action: r.action.clone(),
+        topic: r.topic.clone(),
+        user: r.user.clone(),
+        client_id: r.client_id.clone(),
+    };
+    let kind = |k: TokenKindArg| match k {
+        TokenKindArg::Admin => TokenKind::Admin,
+        TokenKindArg::Edge => TokenKind::Edge,
+    };
+    let password = |name: &str| -> anyhow::Result<String> {
+        let password = crate::passwd::read_password(&format!("meridian ctl user add {name}"))?;
+        crate::passwd::hash(password.as_bytes())
+    };
+    Ok(match command {
+        CtlCommand::User(UserCommand::Add { name } | UserCommand::Passwd { name }) => (
+            Edit::UserSet {
+                name: name.clone(),
+                hash: password(name)?,
+            },
+            None,
+        ),
+        CtlCommand::User(UserCommand::Remove { name }) => {
+            (Edit::UserRemove { name: name.clone() }, None)
+        }
+        CtlCommand::Acl(AclCommand::Add { rule: r, before }) => {
+            let before = match before {
+                Some(0) => bail!("--before: rules are numbered from 1 (`meridian ctl acl list`)"),
+                Some(n) => Some(n - 1),
+                None => None,
+            };
+            (
+                Edit::AclAdd {
+                    rule: rule(r),
+                    before,
+                },
+                None,
+            )
+        }
+        CtlCommand::Acl(AclCommand::Remove { rule: r }) => (Edit::AclRemove { rule: rule(r) }, None),
+        CtlCommand::Acl(AclCommand::Default { permission }) => (
+            Edit::AclDefault {
+                permission: permission.clone(),
+            },
+            None,
+        ),
+        CtlCommand::Token(TokenCommand::Add { kind: k, name }) => {
+            let token = crate::policy::tokens::new_token()?;
+            (
+                Edit::TokenSet {
+                    kind: kind(*k),
+                    name: name.clone(),
+                    hash: crate::policy::tokens::token_hash(&token),
+                },
+                Some(token),
+            )
+        }
+        CtlCommand::Token(TokenCommand::Remove { kind: k, name }) => (
+            Edit::TokenRemove {
+                kind: kind(*k),
+                name: name.clone(),
+            },
+            None,
+        ),
+        CtlCommand::Residency(ResidencyCommand::Add { filter, regions }) => (
+            Edit::ResidencySet {
+                filter: filter.clone(),
+                regions: regions.clone(),
+            },
+            None,
+        ),
+        CtlCommand::Residency(ResidencyCommand::Remove { filter }) => (
+            Edit::ResidencyRemove {
+                filter: filter.clone(),
+            },
+            None,
+        ),
+        _ => bail!("not a policy edit"),
+    })
+}
+
+/// `YYYY-MM-DD HH:MM:SS.mmm` of milliseconds since the Unix epoch (UTC).
+fn utc(ms: i64) -> String {
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Days to a civil date (proleptic Gregorian), by eras of 400 years.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03}",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
 }
 
 /// One request to the admin API; the JSON answer of a 2xx, else an error with the node's
@@ -127,6 +423,7 @@ async fn request(
     token: Option<&str>,
     method: Method,
     path: &str,
+    body: Option<serde_json::Value>,
 ) -> anyhow::Result<serde_json::Value> {
     let stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -142,9 +439,14 @@ async fn request(
     if let Some(token) = token {
         req = req.header("authorization", format!("Bearer {token}"));
     }
-    let req = req
-        .body(Full::new(Bytes::new()))
-        .context("building the request")?;
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Bytes::from(v.to_string())
+        }
+        None => Bytes::new(),
+    };
+    let req = req.body(Full::new(body)).context("building the request")?;
     let resp = sender
         .send_request(req)
         .await
@@ -165,4 +467,14 @@ async fn request(
         bail!("{path}: {status}: {why}");
     }
     serde_json::from_str(&text).with_context(|| format!("{path}: the answer is not JSON"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00.000");
+        assert_eq!(super::utc(951_782_400_123), "2000-02-29 00:00:00.123");
+        assert_eq!(super::utc(1_795_000_000_000), "2026-11-18 11:06:40.000");
+    }
 }

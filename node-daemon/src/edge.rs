@@ -4,7 +4,8 @@
 //! node's route set, it sees everything wanted elsewhere, and messages cross between it and
 //! the mesh only towards interest (`docs/geo.md`, "Leaves").
 //!
-//! Who may link: a client that presents one of the tokens of `cluster.edge.token_file` as
+//! Who may link: a client that presents one of the edge-link tokens (the policy document's,
+//! or with `policy.source = "files"` those of `cluster.edge.token_file`) as
 //! `Authorization: Bearer TOKEN` in its upgrade request. A wrong or missing token is refused
 //! with 401 before the upgrade, so before any frame is read
 //! (`meridian_edge_links_refused_total{reason="token"}`). An accepted upgrade names this node
@@ -37,8 +38,8 @@ use tracing::{debug, info, warn};
 
 use crate::mailbox::{DaemonCounters, ToEngine};
 use crate::mesh::queue::{LinkLimits, PeerWriter};
-use crate::passwd::constant_time_eq;
 use crate::per_address::{AddressSlot, PerAddress};
+use crate::policy::tokens::{TokenSet, Tokens};
 
 /// The path edge links upgrade on.
 pub const LINK_PATH: &str = "/link";
@@ -51,53 +52,9 @@ pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 8;
 /// The answer to a connection past [`MAX_HANDSHAKES_PER_ADDRESS`].
 const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-/// Shortest token accepted in the token file.
-const MIN_TOKEN_LEN: usize = 16;
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1 << 48);
 
-/// The tokens that let an edge link in.
-#[derive(Clone)]
-pub struct EdgeTokens(Arc<Vec<String>>);
-
-impl std::fmt::Debug for EdgeTokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "EdgeTokens({} tokens)", self.0.len())
-    }
-}
-
-impl EdgeTokens {
-    /// The tokens of a token file: one per line, `#` comments and blank lines skipped, each at
-    /// least 16 characters. `file` names the file in errors.
-    pub fn parse(text: &str, file: &str) -> Result<Self, String> {
-        let mut tokens = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let token = line.trim();
-            if token.is_empty() || token.starts_with('#') {
-                continue;
-            }
-            if token.len() < MIN_TOKEN_LEN || token.chars().any(char::is_whitespace) {
-                return Err(format!(
-                    "{file}: line {}: a token is {MIN_TOKEN_LEN} characters or more, without spaces",
-                    i + 1
-                ));
-            }
-            tokens.push(token.to_owned());
-        }
-        if tokens.is_empty() {
-            return Err(format!("{file}: no token (one per line)"));
-        }
-        Ok(Self(Arc::new(tokens)))
-    }
-
-    /// Whether `given` is one of the tokens; every token is compared, each in a time that
-    /// depends on the lengths only.
-    fn admits(&self, given: &str) -> bool {
-        self.0.iter().fold(false, |found, t| {
-            found | constant_time_eq(given.as_bytes(), t.as_bytes())
-        })
-    }
-}
 
 /// The response header of an accepted upgrade that names this node, so that the leaf knows
 /// its hub before any frame.
@@ -108,12 +65,36 @@ pub const NODE_HEADER: &str = "meridian-node";
 pub struct EdgeSettings {
     /// This node's id, told to each leaf ([`NODE_HEADER`]).
     pub node: String,
-    pub tokens: EdgeTokens,
+    pub tokens: Tokens,
     /// TLS (wss), required off loopback.
     pub tls: Option<TlsAcceptor>,
     /// Links open at once, handshakes included.
     pub max_links: usize,
     pub limits: LinkLimits,
+}
+
+/// The tokens of `cluster.edge.token_file`, named `edge-token-file`, `edge-token-file-2`...;
+/// none without the file.
+pub fn file_tokens(edge: &crate::config::EdgeSection) -> anyhow::Result<TokenSet> {
+    use anyhow::Context as _;
+    let path = &edge.token_file;
+    if path.as_os_str().is_empty() {
+        return Ok(TokenSet::default());
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cluster.edge.token_file: cannot read {}", path.display()))?;
+    let tokens = TokenSet::parse_file(
+        &text,
+        &format!("cluster.edge.token_file {}", path.display()),
+        "edge-token-file",
+    )
+    .map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !tokens.is_empty(),
+        "cluster.edge.token_file {}: no token (one per line)",
+        path.display()
+    );
+    Ok(tokens)
 }
 
 /// Accept edge links on `listener` until `stop` turns true.
@@ -204,7 +185,7 @@ async fn link<S>(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map_or("", str::trim);
-        if !settings.tokens.admits(token) {
+        if settings.tokens.admits(token).is_none() {
             counters
                 .edge_links_refused_token
                 .fetch_add(1, Ordering::Relaxed);
@@ -363,21 +344,5 @@ where
                 Err(_) => return Some(Err("a malformed frame")),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_files_name_their_bad_line() {
-        let ok = EdgeTokens::parse("# edge objects\n\n0123456789abcdef0123\n", "tokens").unwrap();
-        assert!(ok.admits("0123456789abcdef0123"));
-        assert!(!ok.admits("0123456789abcdef012"));
-        assert!(!ok.admits(""));
-        let short = EdgeTokens::parse("0123456789abcdef\nshort\n", "tokens").unwrap_err();
-        assert!(short.contains("line 2"), "{short}");
-        assert!(EdgeTokens::parse("# none\n", "tokens").is_err());
     }
 }

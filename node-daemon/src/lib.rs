@@ -32,6 +32,7 @@ mod mailbox;
 mod mesh;
 pub mod passwd;
 mod per_address;
+mod policy;
 mod server;
 mod storage;
 mod transport;
@@ -41,7 +42,10 @@ pub use server::{AuthDecisions, AuthFactory, AuthReload, BrokerBuilder, Server};
 
 /// What the `meridian` binary's own subcommands run, besides the broker.
 pub mod cli {
-    pub use crate::ctl::{CtlArgs, CtlCommand, PeersCommand, ctl_command};
+    pub use crate::ctl::{
+        AclCommand, CtlArgs, CtlCommand, PeersCommand, ResidencyCommand, RuleArgs, TokenCommand,
+        TokenKindArg, UserCommand, ctl_command,
+    };
     pub use crate::mesh::keys::{keygen_command, peer_id_command};
     pub use crate::passwd::passwd_command;
 }

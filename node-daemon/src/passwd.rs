@@ -46,6 +46,21 @@ pub fn hash(password: &[u8]) -> anyhow::Result<String> {
 }
 
 /// Whether `password` matches the PHC string `hash`.
+/// The password written to stdin: its first line, without the line ending. `command` shows
+/// how to call it in the error for an empty one.
+pub fn read_password(command: &str) -> anyhow::Result<String> {
+    let mut input = String::new();
+    std::io::stdin()
+        .take(64 * 1024)
+        .read_to_string(&mut input)
+        .context("cannot read the password from stdin")?;
+    let password = input.lines().next().unwrap_or("").to_owned();
+    if password.is_empty() {
+        bail!("empty password (write it to stdin, e.g. `echo secret | {command}`)");
+    }
+    Ok(password)
+}
+
 /// Equal bytes, compared in a time that depends on their lengths only (bearer tokens).
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -62,15 +77,7 @@ pub fn passwd_command(file: &Path, user: &str) -> anyhow::Result<()> {
     if user.is_empty() || user.contains([':', '\n', '\r']) {
         bail!("a user name must be non-empty and contain no ':' or line breaks");
     }
-    let mut input = String::new();
-    std::io::stdin()
-        .take(64 * 1024)
-        .read_to_string(&mut input)
-        .context("cannot read the password from stdin")?;
-    let password = input.lines().next().unwrap_or("");
-    if password.is_empty() {
-        bail!("empty password (write it to stdin, e.g. `echo secret | meridian passwd FILE USER`)");
-    }
+    let password = read_password("meridian passwd FILE USER")?;
     let existing = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),

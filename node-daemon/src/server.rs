@@ -21,7 +21,12 @@ use crate::mailbox::{
     DaemonCounters, ENGINE_QUEUE, EngineHandle, MeshCmd, SendAuthenticator, SendAuthorizer,
     ToEngine,
 };
+use crate::config::PolicySource;
 use crate::mesh::{self, Mesh, MeshSettings, MeshStats};
+use crate::policy::document::TokenKind;
+use crate::policy::tokens::{TokenSet, Tokens};
+use crate::policy::document::Policy;
+use crate::policy::{PolicyHandle, PolicySettings, Snapshot};
 use crate::storage::Store;
 use crate::transport::listen::{self, ListenerSpec, Transport};
 
@@ -160,6 +165,8 @@ pub struct Server {
     custom_auth: bool,
     /// Shared by its hooks and those of every reload.
     verify_limits: auth::VerifyLimits,
+    /// The policy document, when users and rules come from it.
+    policy: Option<PolicyHandle>,
 }
 
 impl Server {
@@ -176,14 +183,8 @@ impl Server {
         let has_custom_auth = custom_auth.is_some();
         let counters = Arc::new(DaemonCounters::default());
         let verify_limits = auth::VerifyLimits::new(counters.clone());
-        let auth_setup = match custom_auth {
-            Some(f) => Err(f),
-            None => Ok(auth::AuthSetup::from_config(&config)?),
-        };
-        let admin_access = crate::admin::AdminAccess::from_config(&config.admin)?;
         // Whether clients get in without logging in, for the WebSocket listeners' origin
         // policy. The application's own hooks are taken to decide who gets in.
-        let anonymous = auth_setup.as_ref().is_ok_and(auth::AuthSetup::anonymous);
         let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
         // Cluster mode: the secrets first, so that a missing key stops the start early.
         let cluster = &config.cluster;
@@ -210,6 +211,39 @@ impl Server {
             counters: counters.clone(),
         };
         let node_id = p2p.as_ref().map(|p| p.node.to_string());
+        // The policy document, unless the application decides who gets in or the files do.
+        let policy = if custom_auth.is_none() && config.policy.source == PolicySource::Document {
+            let settings = PolicySettings::from_config(&config, node_id.clone())?;
+            Some(PolicyHandle::start(settings).await?)
+        } else {
+            None
+        };
+        let auth_setup = match (custom_auth, &policy) {
+            (Some(f), _) => Err(f),
+            (None, Some(p)) => Ok(auth::AuthSetup::from_policy(&config, &p.current())?),
+            (None, None) => Ok(auth::AuthSetup::from_config(&config)?),
+        };
+        let token_source = |kind: TokenKind, file: anyhow::Result<TokenSet>| {
+            anyhow::Ok(match &policy {
+                Some(p) => Tokens::Policy(p.watch(), kind),
+                None => Tokens::Fixed(Arc::new(file?)),
+            })
+        };
+        let admin_tokens = token_source(
+            TokenKind::Admin,
+            crate::admin::AdminAccess::file_tokens(&config.admin),
+        )?;
+        let admin_access = crate::admin::AdminAccess::new(&config.admin, admin_tokens)?;
+        let anonymous = auth_setup.as_ref().is_ok_and(auth::AuthSetup::anonymous);
+        if let Some(p) = &policy {
+            let current = p.current();
+            info!(
+                users = current.users.len(),
+                acl_rules = current.acl.len(),
+                admin_tokens = current.admin_tokens.len(),
+                "users, access rules and tokens from the policy document"
+            );
+        }
         let core_cluster = p2p.as_ref().map(|p| {
             (
                 core_cluster_config(cluster, p.node.clone()),
@@ -300,6 +334,9 @@ impl Server {
                     advertise: cluster.advertise.iter().map(|a| a.0.clone()).collect(),
                     announce_every: Duration::from_millis(cluster.announce_interval_ms),
                     link_limits: cluster.link_limits(),
+                    policy: policy
+                        .clone()
+                        .map(|p| (p, config.policy.max_document_bytes)),
                 };
                 mesh = Some(
                     mesh::start(
@@ -315,17 +352,13 @@ impl Server {
             }
             if let Some(addr) = cluster.edge.listen_addr().filter(|_| cluster.enabled) {
                 let edge = &cluster.edge;
-                let text = std::fs::read_to_string(&edge.token_file).with_context(|| {
-                    format!(
-                        "cluster.edge.token_file: cannot read {}",
-                        edge.token_file.display()
-                    )
-                })?;
-                let tokens = crate::edge::EdgeTokens::parse(
-                    &text,
-                    &format!("cluster.edge.token_file {}", edge.token_file.display()),
-                )
-                .map_err(anyhow::Error::msg)?;
+                let tokens = token_source(TokenKind::Edge, crate::edge::file_tokens(edge))?;
+                if tokens.is_empty() {
+                    warn!(
+                        "edge links: no edge-link token, no edge object can link until one is \
+                         added (meridian ctl token add edge NAME)"
+                    );
+                }
                 let tls = if edge.tls() {
                     Some(
                         crate::transport::tls::server_acceptor(&edge.cert, &edge.key)
@@ -377,6 +410,7 @@ impl Server {
                     node,
                     mesh: mesh.as_ref().map(|m: &Mesh| m.stats.clone()),
                     access: admin_access.clone(),
+                    policy: policy.clone(),
                 };
                 tokio::spawn(crate::admin::serve(
                     listener,
@@ -459,6 +493,14 @@ impl Server {
         if addrs.iter().all(|(n, _)| *n == "admin") {
             warn!("no MQTT listener is enabled");
         }
+        if let Some(p) = &policy {
+            tokio::spawn(follow_policy(
+                p.watch(),
+                config.clone(),
+                handle.tx.clone(),
+                verify_limits.clone(),
+            ));
+        }
         Ok(Self {
             handle,
             addrs,
@@ -469,6 +511,7 @@ impl Server {
             config,
             custom_auth: has_custom_auth,
             verify_limits,
+            policy,
         })
     }
 
@@ -538,6 +581,11 @@ impl Server {
             !self.custom_auth,
             "this broker uses the application's own authentication hooks"
         );
+        anyhow::ensure!(
+            self.policy.is_none(),
+            "users and access rules come from the policy document (policy.source = \
+             \"document\"): edit them with `meridian ctl user|acl`, on any node"
+        );
         let reloaded = DaemonConfig {
             auth: config.auth.clone(),
             acl: config.acl.clone(),
@@ -545,19 +593,7 @@ impl Server {
         };
         let setup = auth::AuthSetup::from_config(&reloaded)?;
         let summary = setup.summary();
-        let (authenticator, authorizer) = setup.build(self.handle.tx.clone(), &self.verify_limits);
-        let (reply, applied) = oneshot::channel();
-        let hooks = crate::mailbox::Hooks {
-            authenticator,
-            authorizer,
-        };
-        let gone = || anyhow::anyhow!("the broker task has stopped");
-        self.handle
-            .tx
-            .send(ToEngine::SetHooks { hooks, reply })
-            .await
-            .map_err(|_| gone())?;
-        applied.await.map_err(|_| gone())?;
+        set_hooks(&self.handle.tx, setup, &self.verify_limits).await?;
         Ok(AuthReload {
             summary,
             other_changes: reloaded != *config,
@@ -599,6 +635,64 @@ struct MeshStart {
 }
 
 /// The core's cluster configuration from `[cluster]` (the incarnation is set at start).
+/// Make the broker task use the hooks of `setup`; returns once it does.
+async fn set_hooks(
+    tx: &mpsc::Sender<ToEngine>,
+    setup: auth::AuthSetup,
+    limits: &auth::VerifyLimits,
+) -> anyhow::Result<()> {
+    let (authenticator, authorizer) = setup.build(tx.clone(), limits);
+    let (reply, applied) = oneshot::channel();
+    let hooks = crate::mailbox::Hooks {
+        authenticator,
+        authorizer,
+    };
+    let gone = || anyhow::anyhow!("the broker task has stopped");
+    tx.send(ToEngine::SetHooks { hooks, reply })
+        .await
+        .map_err(|_| gone())?;
+    applied.await.map_err(|_| gone())
+}
+
+/// Follow the policy document: each change of its users or access rules replaces the
+/// broker's hooks, so the next login and the next operation follow it (connected clients
+/// stay connected). Ends with the policy task or the broker task.
+async fn follow_policy(
+    mut rx: watch::Receiver<Snapshot>,
+    config: DaemonConfig,
+    tx: mpsc::Sender<ToEngine>,
+    limits: auth::VerifyLimits,
+) {
+    let auth_part = |p: &Policy| (p.users.clone(), p.acl_default, p.acl.clone());
+    let mut applied = auth_part(&rx.borrow_and_update().policy);
+    while rx.changed().await.is_ok() {
+        let policy = rx.borrow_and_update().policy.clone();
+        let now = auth_part(&policy);
+        if now == applied {
+            continue;
+        }
+        applied = now;
+        match auth::AuthSetup::from_policy(&config, &policy) {
+            Ok(setup) => {
+                let summary = setup.summary();
+                if set_hooks(&tx, setup, &limits).await.is_err() {
+                    return;
+                }
+                info!(
+                    users = summary.users,
+                    anonymous = summary.anonymous,
+                    acl_rules = summary.acl_rules,
+                    "policy changed: users and access rules applied"
+                );
+            }
+            Err(e) => warn!(
+                error = format!("{e:#}"),
+                "policy changed but cannot be applied: the previous users and rules stay"
+            ),
+        }
+    }
+}
+
 fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> ClusterConfig {
     let mut config = ClusterConfig::new(node, 0, c.region.clone());
     config.route_batch_ms = c.route_batch_ms;

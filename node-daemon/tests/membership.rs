@@ -258,6 +258,7 @@ async fn a_peer_with_the_key_that_forges_other_nodes_state_changes_nothing() {
         advertise: Vec::new(),
         announce_every: Duration::from_secs(10),
         link_limits: LinkLimits::default(),
+        policy: None,
     };
     let (engine_tx, mut engine_rx) = mpsc::channel(1024);
     let (cmd_tx, cmd_rx) = mpsc::channel(64);

@@ -16,6 +16,7 @@
 
 pub mod discovery;
 pub mod keys;
+pub mod policy_sync;
 pub mod queue;
 pub mod session;
 
@@ -76,6 +77,9 @@ pub struct MeshSettings {
     pub announce_every: Duration,
     /// The bounds of each link session's queue.
     pub link_limits: queue::LinkLimits,
+    /// The policy document to keep in sync with every peer (`policy.source = "document"`),
+    /// and the largest one accepted.
+    pub policy: Option<(crate::policy::PolicyHandle, usize)>,
 }
 
 /// Counters and gauges of the mesh, read by the metrics page.
@@ -270,6 +274,20 @@ pub async fn start(
         }
     }
 
+    // Incoming policy sync streams, opened by the peer with the smaller id too.
+    if let Some((policy, max)) = settings.policy.clone() {
+        let mut incoming = swarm
+            .behaviour()
+            .stream
+            .new_control()
+            .accept(policy_sync::POLICY_PROTOCOL)
+            .context("policy protocol registered twice")?;
+        tokio::spawn(async move {
+            while let Some((peer, stream)) = incoming.next().await {
+                tokio::spawn(policy_sync::run(peer, stream, policy.clone(), max));
+            }
+        });
+    }
     // Incoming link sessions: the peer with the smaller id opened them.
     let accept_engine = engine.clone();
     let link_limits = settings.link_limits;
@@ -315,6 +333,7 @@ pub async fn start(
         next_periodic_announce: tokio::time::Instant::now(),
         announce_pending: false,
         link_limits: settings.link_limits,
+        policy: settings.policy.clone(),
         engine,
         stats: stats.clone(),
         bootstrap: settings
@@ -391,7 +410,9 @@ struct Driver {
     redial_min: Duration,
     redial_max: Duration,
     /// Tasks that keep a link session open to a peer (for peers with a larger id).
-    openers: HashMap<PeerId, JoinHandle<()>>,
+    /// The tasks that keep a stream open to a peer, by peer and protocol.
+    openers: HashMap<(PeerId, StreamProtocol), JoinHandle<()>>,
+    policy: Option<(crate::policy::PolicyHandle, usize)>,
     peer_id: PeerId,
     /// Authors of refused gossip, warned about once each (at most [`MAX_WARNED`]).
     gossip_warned: HashSet<PeerId>,
@@ -749,32 +770,52 @@ impl Driver {
         }
     }
 
-    /// Keep one link session open to `peer` if this node is the one that opens it.
+    /// Keep one link session (and one policy sync stream) open to `peer` if this node is the
+    /// one that opens them.
     fn ensure_session(&mut self, peer: PeerId) {
         if self.peer_id.to_bytes() >= peer.to_bytes() {
-            return; // The peer opens it.
-        }
-        if self.openers.get(&peer).is_some_and(|t| !t.is_finished()) {
-            return;
+            return; // The peer opens them.
         }
         let Ok(node) = NodeId::new(&peer.to_string()) else {
             return;
         };
-        let mut control = self.swarm.behaviour().stream.new_control();
         let engine = self.engine.clone();
         let limits = self.link_limits;
+        self.keep_open(peer, LINK_PROTOCOL, move |stream| {
+            session::run(node.clone(), stream, engine.clone(), limits)
+        });
+        if let Some((policy, max)) = self.policy.clone() {
+            self.keep_open(peer, policy_sync::POLICY_PROTOCOL, move |stream| {
+                policy_sync::run(peer, stream, policy.clone(), max)
+            });
+        }
+    }
+
+    /// Open a `protocol` stream to `peer` and run `serve` on it, again whenever it ends, while
+    /// the broker task runs and the peer answers.
+    fn keep_open<F, Fut>(&mut self, peer: PeerId, protocol: StreamProtocol, serve: F)
+    where
+        F: Fn(libp2p::Stream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let key = (peer, protocol.clone());
+        if self.openers.get(&key).is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let mut control = self.swarm.behaviour().stream.new_control();
+        let engine = self.engine.clone();
         let task = tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             loop {
                 // Bounded: a request made while the peer was reconnecting can go unanswered.
-                let open = control.open_stream(peer, LINK_PROTOCOL);
+                let open = control.open_stream(peer, protocol.clone());
                 match tokio::time::timeout(OPEN_TIMEOUT, open).await {
                     Ok(Ok(stream)) => {
-                        session::run(node.clone(), stream, engine.clone(), limits).await;
+                        serve(stream).await;
                         backoff = Duration::from_millis(50);
                     }
-                    Ok(Err(e)) => debug!(%peer, error = %e, "cannot open a link session"),
-                    Err(_) => debug!(%peer, "opening a link session timed out; retrying"),
+                    Ok(Err(e)) => debug!(%peer, %protocol, error = %e, "cannot open a stream"),
+                    Err(_) => debug!(%peer, %protocol, "opening a stream timed out; retrying"),
                 }
                 if engine.is_closed() {
                     return;
@@ -788,7 +829,7 @@ impl Driver {
                 }
             }
         });
-        self.openers.insert(peer, task);
+        self.openers.insert(key, task);
     }
 
     /// Remember why `peer`'s connection last ended or failed (bounded like the peers).

@@ -1,0 +1,74 @@
+//! The admin API's policy endpoints (`meridian ctl user|acl|token|residency|history` use them):
+//!
+//! | method and path | answer |
+//! |---|---|
+//! | `GET /api/policy` | what the document says: user and token names (never hashes), the access rules in order, the residency rules, the nodes |
+//! | `POST /api/policy` | `{"edits": [EDIT, ...]}` applied as one change by the request's token: 200 `{"changed": bool}`, 400 for an edit that is not valid, 404 for removing what is not there |
+//! | `GET /api/policy/history` | every change, oldest first: `at_ms`, `by`, `node`, `region`, `what`, `change` |
+//!
+//! An edit is a JSON object named by its `edit` field, as [`Edit`] serializes:
+//! `{"edit": "user_set", "name": "alice", "hash": "$argon2id$..."}`,
+//! `{"edit": "acl_add", "rule": {"permission": "deny", "action": "subscribe", "topic":
+//! "secret/#"}, "before": 0}`, `{"edit": "token_set", "kind": "admin", "name": "ops", "hash":
+//! SHA256_HEX}`, `{"edit": "residency_set", "filter": "health/#", "regions": ["fra"]}`...
+//! Passwords and tokens never travel: `meridian ctl` hashes them first.
+
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::PolicyHandle;
+use super::document::{Edit, EditError};
+
+/// Largest request body of `POST /api/policy`.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Edits {
+    edits: Vec<Edit>,
+}
+
+/// `GET /api/policy`.
+pub fn show(policy: &PolicyHandle) -> Value {
+    let p = policy.current();
+    json!({
+        "users": p.users.keys().collect::<Vec<_>>(),
+        "acl_default": p.acl_default.map_or("allow".to_owned(), |d| d.to_string()),
+        "acl": p.acl,
+        "admin_tokens": p.admin_tokens.keys().collect::<Vec<_>>(),
+        "edge_tokens": p.edge_tokens.keys().collect::<Vec<_>>(),
+        "residency": p.residency.iter().map(|(filter, regions)| json!({
+            "filter": filter,
+            "regions": regions,
+        })).collect::<Vec<_>>(),
+        "nodes": p.nodes.iter().map(|(peer_id, n)| json!({
+            "peer_id": peer_id,
+            "name": n.name,
+            "region": n.region,
+        })).collect::<Vec<_>>(),
+        "unreadable": p.unreadable,
+    })
+}
+
+/// `POST /api/policy`: the body's edits, made by `who`.
+pub async fn edit(policy: &PolicyHandle, body: &[u8], who: String) -> (StatusCode, Value) {
+    let edits: Edits = match serde_json::from_slice(body) {
+        Ok(e) => e,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                json!({"error": format!("the body is not {{\"edits\": [...]}}: {e}")}),
+            );
+        }
+    };
+    match policy.edit(edits.edits, who).await {
+        Ok(changed) => (StatusCode::OK, json!({"changed": changed})),
+        Err(EditError::NotFound(why)) => (StatusCode::NOT_FOUND, json!({"error": why})),
+        Err(EditError::Invalid(why)) => (StatusCode::BAD_REQUEST, json!({"error": why})),
+    }
+}
+
+/// `GET /api/policy/history`.
+pub async fn history(policy: &PolicyHandle) -> Value {
+    json!(policy.history().await)
+}

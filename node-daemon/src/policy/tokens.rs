@@ -1,0 +1,150 @@
+//! Bearer tokens (admin API, edge links) as hashes: the files' tokens are hashed as they are
+//! read, the policy document holds hashes only, and a presented token is hashed and compared
+//! with every hash in a time that does not depend on which one it matches.
+//!
+//! Tokens are random strings of 16 characters or more, so one SHA-256 is enough: there is no
+//! dictionary to guess from, unlike passwords (which are Argon2 hashes).
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use super::Snapshot;
+use super::document::TokenKind;
+use crate::passwd::constant_time_eq;
+
+/// Shortest token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// A token's hash as the document holds it: SHA-256, lower-case hex.
+pub fn token_hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A fresh random token (32 bytes, hex).
+pub fn new_token() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Named token hashes.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct TokenSet(Vec<(String, String)>);
+
+impl std::fmt::Debug for TokenSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TokenSet({} tokens)", self.0.len())
+    }
+}
+
+impl TokenSet {
+    /// Tokens by name and hash.
+    pub fn from_hashes<'a>(hashes: impl IntoIterator<Item = (&'a String, &'a String)>) -> Self {
+        Self(
+            hashes
+                .into_iter()
+                .map(|(n, h)| (n.clone(), h.clone()))
+                .collect(),
+        )
+    }
+
+    /// The tokens of a file: one per line, `#` comments and blank lines skipped, each at least
+    /// [`MIN_TOKEN_LEN`] characters, named `NAME` (the first) and `NAME-2`, `NAME-3`... `file`
+    /// names the file in errors.
+    pub fn parse_file(text: &str, file: &str, name: &str) -> Result<Self, String> {
+        let mut tokens = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let token = line.trim();
+            if token.is_empty() || token.starts_with('#') {
+                continue;
+            }
+            if token.len() < MIN_TOKEN_LEN || token.chars().any(char::is_whitespace) {
+                return Err(format!(
+                    "{file}: line {}: a token is {MIN_TOKEN_LEN} characters or more, without spaces",
+                    i + 1
+                ));
+            }
+            let n = match tokens.len() {
+                0 => name.to_owned(),
+                k => format!("{name}-{}", k + 1),
+            };
+            tokens.push((n, token_hash(token)));
+        }
+        Ok(Self(tokens))
+    }
+
+    /// The name of the token `given` is, if any. Every hash is compared.
+    pub fn admits(&self, given: &str) -> Option<&str> {
+        let hash = token_hash(given);
+        self.0.iter().fold(None, |found, (name, h)| {
+            if constant_time_eq(hash.as_bytes(), h.as_bytes()) {
+                Some(name.as_str())
+            } else {
+                found
+            }
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The tokens by name and hash.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.iter().map(|(n, h)| (n, h))
+    }
+}
+
+/// Where a listener's tokens come from: fixed at start (files), or the policy document's of
+/// one kind, as they are now.
+#[derive(Debug, Clone)]
+pub enum Tokens {
+    Fixed(Arc<TokenSet>),
+    Policy(watch::Receiver<Snapshot>, TokenKind),
+}
+
+impl Tokens {
+    /// The name of the token `given` is, if any.
+    pub fn admits(&self, given: &str) -> Option<String> {
+        match self {
+            Self::Fixed(set) => set.admits(given).map(str::to_owned),
+            Self::Policy(rx, kind) => rx.borrow().tokens(*kind).admits(given).map(str::to_owned),
+        }
+    }
+
+    /// Whether there is no token at all (so none is asked for, or nobody gets in).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::Fixed(set) => set.is_empty(),
+            Self::Policy(rx, kind) => rx.borrow().tokens(*kind).is_empty(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_tokens_are_hashed_named_and_checked() {
+        let set = TokenSet::parse_file(
+            "# edge objects\n\n0123456789abcdef0123\nfedcba9876543210fedc\n",
+            "tokens",
+            "edge",
+        )
+        .unwrap();
+        assert_eq!(set.admits("0123456789abcdef0123"), Some("edge"));
+        assert_eq!(set.admits("fedcba9876543210fedc"), Some("edge-2"));
+        assert_eq!(set.admits("0123456789abcdef012"), None);
+        assert_eq!(set.admits(""), None);
+        assert!(set.iter().all(|(_, h)| h.len() == 64));
+        let short = TokenSet::parse_file("0123456789abcdef\nshort\n", "tokens", "t").unwrap_err();
+        assert!(short.contains("line 2"), "{short}");
+        assert!(TokenSet::parse_file("# none\n", "t", "t").unwrap().is_empty());
+    }
+}
