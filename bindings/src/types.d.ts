@@ -209,6 +209,8 @@ export interface BrokerStats {
   sessionsTransferWaitsOver: number;
   /** Messages relayed to the node a session moved to. */
   messagesRelayed: number;
+  /** Forwards and retained writes a data-residency rule kept from a node of another region. */
+  residencyWithheld: number;
   /** CONNECTs of client ids pinned to a home region that it did not grant in time. */
   connectsHomeRefused: number;
   connectsRefused: number;

@@ -375,7 +375,7 @@ impl Acl {
 /// How a rule's pattern stands to a subscription's filter (or a topic, which either it
 /// matches — `Covers` — or not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Relation {
+pub(crate) enum Relation {
     /// No topic is matched by both.
     Disjoint,
     /// Some topic is matched by both; some topic of the filter may not be matched by the rule.
@@ -386,10 +386,10 @@ enum Relation {
 
 /// A rule's topic, parsed: levels, some with placeholders.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Pattern {
+pub(crate) struct Pattern {
     levels: Vec<Level>,
-    uses_user: bool,
-    uses_client_id: bool,
+    pub(crate) uses_user: bool,
+    pub(crate) uses_client_id: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -415,7 +415,7 @@ enum Piece {
 const MAX_TOPIC_LEN: usize = u16::MAX as usize;
 
 impl Pattern {
-    fn parse(topic: &str) -> Result<Self, RuleError> {
+    pub(crate) fn parse(topic: &str) -> Result<Self, RuleError> {
         let bad = |reason| RuleError::Topic {
             topic: topic.to_owned(),
             reason,
@@ -469,7 +469,7 @@ impl Pattern {
 
     /// How this pattern, its placeholders filled from `client`, stands to `subject`, a topic
     /// filter or a topic name. The rule must apply to the client ([`Rule::applies`]).
-    fn relation(&self, subject: &str, client: &ClientRef<'_>) -> Relation {
+    pub(crate) fn relation(&self, subject: &str, client: &ClientRef<'_>) -> Relation {
         let mut subject_levels = subject.split('/');
         let mut covers = true;
         for (i, level) in self.levels.iter().enumerate() {

@@ -57,6 +57,7 @@ pub mod acl;
 pub mod broker;
 pub mod codec;
 pub mod link;
+pub mod residency;
 pub mod retained;
 pub mod routes;
 #[cfg(feature = "sim")]

@@ -246,6 +246,8 @@ fn frame() -> impl Strategy<Value = Frame> {
             .prop_map(|(client_id, token)| Frame::Revoke { client_id, token }),
         ("[a-z0-9]{0,12}", any::<u64>())
             .prop_map(|(client_id, token)| Frame::Revoked { client_id, token }),
+        prop::collection::vec("[a-z0-9/#+]{0,12}", 0..4)
+            .prop_map(|filters| Frame::ScopedRoutes { filters }),
         ("[a-z0-9]{0,12}", stamp(), any::<u64>()).prop_map(|(client_id, claim, last)| {
             Frame::SessionRelayDone {
                 client_id,

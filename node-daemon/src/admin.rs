@@ -52,9 +52,9 @@ use tracing::debug;
 
 use crate::mailbox::{DaemonCounters, EngineHandle, Page};
 use crate::mesh::MeshStats;
-use crate::policy::{PolicyHandle, api};
-use crate::policy::tokens::{MIN_TOKEN_LEN, TokenSet, Tokens, token_hash};
 use crate::per_address::PerAddress;
+use crate::policy::tokens::{MIN_TOKEN_LEN, TokenSet, Tokens, token_hash};
+use crate::policy::{PolicyHandle, api};
 
 /// What the admin API says about this node itself.
 #[derive(Debug, Clone)]
@@ -519,7 +519,11 @@ async fn route(req: Request<Incoming>, state: &AdminState, who: Requester) -> Re
 }
 
 /// The policy endpoints ([`crate::policy::api`]).
-async fn policy_route(req: Request<Incoming>, state: &AdminState, who: Requester) -> Response<Body> {
+async fn policy_route(
+    req: Request<Incoming>,
+    state: &AdminState,
+    who: Requester,
+) -> Response<Body> {
     use http_body_util::BodyExt as _;
     let Some(policy) = &state.policy else {
         return json(

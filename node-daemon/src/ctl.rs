@@ -259,7 +259,11 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
         }
         CtlCommand::Acl(AclCommand::List) => {
             let policy = call(Method::GET, "/api/policy".to_owned(), None)?;
-            writeln!(out, "default: {}", policy["acl_default"].as_str().unwrap_or("?"))?;
+            writeln!(
+                out,
+                "default: {}",
+                policy["acl_default"].as_str().unwrap_or("?")
+            )?;
             for (i, r) in policy["acl"].as_array().into_iter().flatten().enumerate() {
                 let rule: crate::policy::document::RuleEntry =
                     serde_json::from_value(r.clone()).context("the node's answer")?;
@@ -269,7 +273,11 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
         CtlCommand::Token(TokenCommand::List) => {
             let policy = call(Method::GET, "/api/policy".to_owned(), None)?;
             for kind in ["admin", "edge"] {
-                for name in policy[format!("{kind}_tokens")].as_array().into_iter().flatten() {
+                for name in policy[format!("{kind}_tokens")]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
                     writeln!(out, "{kind:<6} {}", name.as_str().unwrap_or(""))?;
                 }
             }
@@ -352,7 +360,9 @@ fn policy_edit(command: &CtlCommand) -> anyhow::Result<(Edit, Option<String>)> {
                 None,
             )
         }
-        CtlCommand::Acl(AclCommand::Remove { rule: r }) => (Edit::AclRemove { rule: rule(r) }, None),
+        CtlCommand::Acl(AclCommand::Remove { rule: r }) => {
+            (Edit::AclRemove { rule: rule(r) }, None)
+        }
         CtlCommand::Acl(AclCommand::Default { permission }) => (
             Edit::AclDefault {
                 permission: permission.clone(),

@@ -55,7 +55,6 @@ const BUSY: &[u8] =
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1 << 48);
 
-
 /// The response header of an accepted upgrade that names this node, so that the leaf knows
 /// its hub before any frame.
 pub const NODE_HEADER: &str = "meridian-node";

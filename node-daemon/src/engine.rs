@@ -593,6 +593,7 @@ impl Engine {
                 self.broker.set_hooks(hooks.authenticator, hooks.authorizer);
                 let _ = reply.send(());
             }
+            ToEngine::SetResidency(residency) => self.broker.set_residency(residency),
             ToEngine::Shutdown => self.stopping = true,
         }
     }

@@ -134,6 +134,8 @@ pub enum ToEngine {
         hooks: Hooks,
         reply: oneshot::Sender<()>,
     },
+    /// Put these data-residency rules in force.
+    SetResidency(meridian_core::residency::Residency),
     Shutdown,
 }
 

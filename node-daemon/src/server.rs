@@ -16,16 +16,16 @@ use tracing::{info, warn};
 
 use crate::auth;
 use crate::config::DaemonConfig;
+use crate::config::PolicySource;
 use crate::engine::Engine;
 use crate::mailbox::{
     DaemonCounters, ENGINE_QUEUE, EngineHandle, MeshCmd, SendAuthenticator, SendAuthorizer,
     ToEngine,
 };
-use crate::config::PolicySource;
 use crate::mesh::{self, Mesh, MeshSettings, MeshStats};
+use crate::policy::document::Policy;
 use crate::policy::document::TokenKind;
 use crate::policy::tokens::{TokenSet, Tokens};
-use crate::policy::document::Policy;
 use crate::policy::{PolicyHandle, PolicySettings, Snapshot};
 use crate::storage::Store;
 use crate::transport::listen::{self, ListenerSpec, Transport};
@@ -656,7 +656,8 @@ async fn set_hooks(
 
 /// Follow the policy document: each change of its users or access rules replaces the
 /// broker's hooks, so the next login and the next operation follow it (connected clients
-/// stay connected). Ends with the policy task or the broker task.
+/// stay connected), and each change of its residency rules is put in force at once. Ends
+/// with the policy task or the broker task.
 async fn follow_policy(
     mut rx: watch::Receiver<Snapshot>,
     config: DaemonConfig,
@@ -664,9 +665,33 @@ async fn follow_policy(
     limits: auth::VerifyLimits,
 ) {
     let auth_part = |p: &Policy| (p.users.clone(), p.acl_default, p.acl.clone());
-    let mut applied = auth_part(&rx.borrow_and_update().policy);
+    let policy = rx.borrow_and_update().policy.clone();
+    let mut applied = auth_part(&policy);
+    let mut residency = policy.residency.clone();
+    if !residency.is_empty()
+        && tx
+            .send(ToEngine::SetResidency(policy.residency()))
+            .await
+            .is_err()
+    {
+        return;
+    }
     while rx.changed().await.is_ok() {
         let policy = rx.borrow_and_update().policy.clone();
+        if policy.residency != residency {
+            residency = policy.residency.clone();
+            if tx
+                .send(ToEngine::SetResidency(policy.residency()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            info!(
+                rules = residency.len(),
+                "policy changed: residency rules applied"
+            );
+        }
         let now = auth_part(&policy);
         if now == applied {
             continue;

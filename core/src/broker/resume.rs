@@ -272,6 +272,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 /// The records a session would have if it were persistent: its own, its subscriptions, its
 /// messages in flight and queued, the QoS 2 packet ids it received and has not released.
 pub(in crate::broker) fn session_records(s: &Session) -> Vec<(Bytes, Bytes)> {
+    session_records_where(s, |_| true).0
+}
+
+/// The same, with only the messages whose topic `keep` allows; how many were left out.
+pub(in crate::broker) fn session_records_where(
+    s: &Session,
+    keep: impl Fn(&str) -> bool,
+) -> (Vec<(Bytes, Bytes)>, u64) {
+    let mut left_out = 0;
     let client_id = || s.client_id.to_string();
     let mut records = vec![(
         Key::Session {
@@ -288,6 +297,10 @@ pub(in crate::broker) fn session_records(s: &Session) -> Vec<(Bytes, Bytes)> {
         records.push((key.encode(), persist::encode_subscription(entry)));
     }
     for m in s.inflight.iter() {
+        if !keep(&m.delivery.message.topic) {
+            left_out += 1;
+            continue;
+        }
         let key = Key::Queued {
             client_id: client_id(),
             seq: m.seq,
@@ -296,6 +309,10 @@ pub(in crate::broker) fn session_records(s: &Session) -> Vec<(Bytes, Bytes)> {
         records.push((key.encode(), value));
     }
     for q in s.queue.iter() {
+        if !keep(&q.delivery.message.topic) {
+            left_out += 1;
+            continue;
+        }
         let key = Key::Queued {
             client_id: client_id(),
             seq: q.seq,
@@ -309,5 +326,5 @@ pub(in crate::broker) fn session_records(s: &Session) -> Vec<(Bytes, Bytes)> {
         };
         records.push((key.encode(), marker()));
     }
-    records
+    (records, left_out)
 }

@@ -227,6 +227,9 @@ stats! {
     Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";
     /// Messages a node relayed to the node a session moved to, for that session.
     Counter messages_relayed: u64 => "messages_relayed";
+    /// Forwards and retained writes that a data-residency rule kept from a node of a region
+    /// it does not name (counted on the node that would have sent them).
+    Counter residency_withheld: u64 => "residency_withheld";
     /// CONNECTs of client ids pinned to a home region that it did not grant (or not in time).
     Counter connects_home_refused: u64 => "connects_home_refused";
     /// CONNECTs refused.

@@ -233,6 +233,14 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             token: r.u64()?,
         },
         FrameKind::FenceEcho => Frame::FenceEcho { token: r.u64()? },
+        FrameKind::ScopedRoutes => {
+            let n = r.count(2)?;
+            let mut filters = Vec::with_capacity(n);
+            for _ in 0..n {
+                filters.push(r.string()?);
+            }
+            Frame::ScopedRoutes { filters }
+        }
     };
     if !r.buf.is_empty() {
         return Err(r.bad("bytes after the frame's content"));
@@ -384,6 +392,12 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
         Frame::Revoke { client_id, token } | Frame::Revoked { client_id, token } => {
             put_str(&mut body, client_id)?;
             body.put_u64(*token);
+        }
+        Frame::ScopedRoutes { filters } => {
+            put_count(&mut body, filters.len())?;
+            for f in filters {
+                put_str(&mut body, f)?;
+            }
         }
         Frame::SessionRelay(r) => {
             put_str(&mut body, &r.client_id)?;

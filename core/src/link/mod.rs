@@ -268,6 +268,13 @@ pub enum Frame {
         /// The revocation's token.
         token: u64,
     },
+    /// The sender's filters that a data-residency rule keeps out of its route set, those the
+    /// receiver's region may know of: all of them, replacing what it sent before. Sent on the
+    /// link session to the nodes of those regions only, never by gossip.
+    ScopedRoutes {
+        /// The filters, each once.
+        filters: Vec<String>,
+    },
 }
 
 /// A message relayed to the node a session was shipped to ([`Frame::SessionRelay`]), with its
@@ -320,6 +327,7 @@ impl Frame {
             Frame::ClaimAnswer { .. } => FrameKind::ClaimAnswer,
             Frame::Revoke { .. } => FrameKind::Revoke,
             Frame::Revoked { .. } => FrameKind::Revoked,
+            Frame::ScopedRoutes { .. } => FrameKind::ScopedRoutes,
         }
     }
 
@@ -387,11 +395,13 @@ pub enum FrameKind {
     Revoke = 26,
     /// Type 27: [`Frame::Revoked`].
     Revoked = 27,
+    /// Type 28: [`Frame::ScopedRoutes`].
+    ScopedRoutes = 28,
 }
 
 impl FrameKind {
     /// Every kind, in the order of their type bytes.
-    pub const ALL: [FrameKind; 27] = [
+    pub const ALL: [FrameKind; 28] = [
         FrameKind::Hello,
         FrameKind::RouteDelta,
         FrameKind::RouteAck,
@@ -419,6 +429,7 @@ impl FrameKind {
         FrameKind::ClaimAnswer,
         FrameKind::Revoke,
         FrameKind::Revoked,
+        FrameKind::ScopedRoutes,
     ];
 
     /// The kind whose type byte this is.
@@ -461,6 +472,7 @@ impl FrameKind {
             FrameKind::ClaimAnswer => "claim-answer",
             FrameKind::Revoke => "revoke",
             FrameKind::Revoked => "revoked",
+            FrameKind::ScopedRoutes => "scoped-routes",
         }
     }
 

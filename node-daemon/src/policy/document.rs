@@ -110,7 +110,9 @@ impl RuleEntry {
         }
         let mut rule = Rule::new(permission, action, &self.topic).map_err(|e| format!("{e}"))?;
         for (what, v) in [("user", &self.user), ("client_id", &self.client_id)] {
-            if v.as_ref().is_some_and(|v| v.is_empty() || v.len() > MAX_NAME_LEN) {
+            if v.as_ref()
+                .is_some_and(|v| v.is_empty() || v.len() > MAX_NAME_LEN)
+            {
                 return Err(format!("{what}: empty or longer than {MAX_NAME_LEN} bytes"));
             }
         }
@@ -152,8 +154,13 @@ impl std::fmt::Display for RuleEntry {
 #[serde(tag = "edit", rename_all = "snake_case")]
 pub enum Edit {
     /// Add a user or change its password (`hash` is a PHC string, `$argon2id$...`).
-    UserSet { name: String, hash: String },
-    UserRemove { name: String },
+    UserSet {
+        name: String,
+        hash: String,
+    },
+    UserRemove {
+        name: String,
+    },
     /// Place a rule before the `before`-th rule of the list (from 0), or at its end; the same
     /// rule with another permission is taken out.
     AclAdd {
@@ -162,18 +169,30 @@ pub enum Edit {
         before: Option<usize>,
     },
     /// Take out the rule (whatever its permission).
-    AclRemove { rule: RuleEntry },
-    AclDefault { permission: String },
+    AclRemove {
+        rule: RuleEntry,
+    },
+    AclDefault {
+        permission: String,
+    },
     /// Add a token or replace its hash (`hash` is the token's SHA-256, in hex).
     TokenSet {
         kind: TokenKind,
         name: String,
         hash: String,
     },
-    TokenRemove { kind: TokenKind, name: String },
+    TokenRemove {
+        kind: TokenKind,
+        name: String,
+    },
     /// Restrict the topics `filter` matches to `regions`.
-    ResidencySet { filter: String, regions: Vec<String> },
-    ResidencyRemove { filter: String },
+    ResidencySet {
+        filter: String,
+        regions: Vec<String>,
+    },
+    ResidencyRemove {
+        filter: String,
+    },
     /// A node of the deployment says where it is.
     Node {
         peer_id: String,
@@ -199,9 +218,7 @@ impl Edit {
         match self {
             Self::UserSet { name, hash } => {
                 if !name_ok(name) {
-                    return bad(format!(
-                        "user name: 1 to {MAX_NAME_LEN} bytes, without ':'"
-                    ));
+                    return bad(format!("user name: 1 to {MAX_NAME_LEN} bytes, without ':'"));
                 }
                 if hash.len() > MAX_HASH_LEN
                     || argon2::password_hash::phc::PasswordHash::new(hash).is_err()
@@ -225,7 +242,9 @@ impl Edit {
             }
             Self::TokenSet { name, hash, .. } => {
                 if !name_ok(name) {
-                    return bad(format!("token name: 1 to {MAX_NAME_LEN} bytes, without ':'"));
+                    return bad(format!(
+                        "token name: 1 to {MAX_NAME_LEN} bytes, without ':'"
+                    ));
                 }
                 if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return bad("hash: not a SHA-256 in hex (64 characters)".to_owned());
@@ -298,15 +317,16 @@ fn kind_name(kind: TokenKind) -> &'static str {
     }
 }
 
+/// A residency rule's filter: a topic filter, without placeholders or `$share/`.
 fn check_filter(filter: &str) -> Result<(), EditError> {
     if filter.len() > MAX_TOPIC_LEN {
         return Err(EditError::Invalid(format!(
             "filter longer than {MAX_TOPIC_LEN} bytes"
         )));
     }
-    meridian_core::topic::TopicFilter::new(filter)
+    meridian_core::residency::ResidencyRule::new(filter, Vec::<String>::new())
         .map(|_| ())
-        .map_err(|e| EditError::Invalid(format!("filter {filter:?}: {e}")))
+        .map_err(|e| EditError::Invalid(format!("filter: {e}")))
 }
 
 /// Who made an edit, and where: written in the change's message (the history).
@@ -385,6 +405,20 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// The data-residency rules of the core (entries whose filter the core refuses, such as
+    /// one with `%u`, are left out).
+    pub fn residency(&self) -> meridian_core::residency::Residency {
+        meridian_core::residency::Residency::new(
+            self.residency
+                .iter()
+                .filter_map(|(filter, regions)| {
+                    meridian_core::residency::ResidencyRule::new(filter, regions.iter().cloned())
+                        .ok()
+                })
+                .collect(),
+        )
+    }
+
     /// The access rules of the core's engine (the default is `allow` until one is set).
     pub fn acl(&self) -> meridian_core::acl::Acl {
         meridian_core::acl::Acl::new(
@@ -422,7 +456,11 @@ impl PolicyDoc {
             objs.push(doc.put_object(ROOT, key, kind).expect("root is a map"));
         }
         doc.put(ROOT, "schema", SCHEMA).expect("root is a map");
-        doc.commit_with(CommitOptions::default().with_message("genesis").with_time(0));
+        doc.commit_with(
+            CommitOptions::default()
+                .with_message("genesis")
+                .with_time(0),
+        );
         doc.set_actor(actor);
         Self { doc, objs }
     }
@@ -473,8 +511,11 @@ impl PolicyDoc {
             what,
         };
         let message = serde_json::to_string(&note).unwrap_or_default();
-        self.doc
-            .commit_with(CommitOptions::default().with_message(message).with_time(now_ms));
+        self.doc.commit_with(
+            CommitOptions::default()
+                .with_message(message)
+                .with_time(now_ms),
+        );
         Ok(true)
     }
 
@@ -558,9 +599,12 @@ impl PolicyDoc {
                 put(&mut self.doc, &self.objs[5], peer_id, v)?;
             }
             Edit::AclDefault { permission } => {
-                let p: Permission = permission
-                    .parse()
-                    .map_err(|e: meridian_core::acl::RuleError| EditError::Invalid(e.to_string()))?;
+                let p: Permission =
+                    permission
+                        .parse()
+                        .map_err(|e: meridian_core::acl::RuleError| {
+                            EditError::Invalid(e.to_string())
+                        })?;
                 if before.acl_default == Some(p) {
                     return Ok(false);
                 }
@@ -653,10 +697,9 @@ impl PolicyDoc {
                 .collect();
             // The regions every concurrent change allows.
             if let Some(first) = sets.first() {
-                let keep = sets
-                    .iter()
-                    .skip(1)
-                    .fold(first.clone(), |acc, s| acc.intersection(s).cloned().collect());
+                let keep = sets.iter().skip(1).fold(first.clone(), |acc, s| {
+                    acc.intersection(s).cloned().collect()
+                });
                 p.residency.insert(filter, keep);
             }
         }
@@ -780,7 +823,10 @@ impl PolicyDoc {
 
     /// The next message for a peer whose sync state is `state`, if it needs one.
     pub fn sync_message(&mut self, state: &mut sync::State) -> Option<Vec<u8>> {
-        self.doc.sync().generate_sync_message(state).map(sync::Message::encode)
+        self.doc
+            .sync()
+            .generate_sync_message(state)
+            .map(sync::Message::encode)
     }
 
     /// Apply a peer's sync message. Refused, leaving the document as it was, when it is
@@ -990,7 +1036,14 @@ mod tests {
         edit(&mut a, user_set("alice", 0), 1).unwrap();
         let mut b = PolicyDoc::load(&a.save(), actor(2)).unwrap();
         // Concurrently: a removes alice, b changes her password.
-        edit(&mut a, Edit::UserRemove { name: "alice".into() }, 2).unwrap();
+        edit(
+            &mut a,
+            Edit::UserRemove {
+                name: "alice".into(),
+            },
+            2,
+        )
+        .unwrap();
         edit(&mut b, user_set("alice", 1), 2).unwrap();
         merge(&mut a, &mut b);
         assert!(!a.policy().users.contains_key("alice"));
@@ -1107,7 +1160,10 @@ mod tests {
         assert_eq!(p, b.policy());
         assert_eq!(
             p.acl,
-            vec![rule("deny", "subscribe", "secret/#"), rule("allow", "all", "public/#")]
+            vec![
+                rule("deny", "subscribe", "secret/#"),
+                rule("allow", "all", "public/#")
+            ]
         );
         assert_eq!(p.acl_default, Some(Permission::Deny));
         // Sequential edits: the later permission replaces the earlier, in place.
@@ -1122,7 +1178,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             a.policy().acl,
-            vec![rule("allow", "subscribe", "secret/#"), rule("allow", "all", "public/#")]
+            vec![
+                rule("allow", "subscribe", "secret/#"),
+                rule("allow", "all", "public/#")
+            ]
         );
         edit(
             &mut a,
@@ -1144,7 +1203,13 @@ mod tests {
         let acl = a.objs[1].clone();
         a.doc.put(&users, "mallory", "{not json").unwrap();
         a.doc.put(&users, "eve", 42).unwrap();
-        a.doc.insert(&acl, 0, r#"{"permission":"deny","action":"all","topic":"a/#/b"}"#).unwrap();
+        a.doc
+            .insert(
+                &acl,
+                0,
+                r#"{"permission":"deny","action":"all","topic":"a/#/b"}"#,
+            )
+            .unwrap();
         a.doc.put(ROOT, "acl_default", "sometimes").unwrap();
         a.doc.commit();
         let p = a.policy();
@@ -1222,7 +1287,10 @@ mod tests {
         assert_eq!(h[0].what, "user set alice");
         assert!(!h[0].what.contains("argon2"), "no secret in the history");
         assert_eq!(h[1].what, "acl add deny publish secret/#");
-        assert_eq!((h[1].node.as_str(), h[1].region.as_str()), ("node-sec", "eu"));
+        assert_eq!(
+            (h[1].node.as_str(), h[1].region.as_str()),
+            ("node-sec", "eu")
+        );
     }
 
     #[derive(Debug, Clone)]
@@ -1240,7 +1308,8 @@ mod tests {
         let regions = prop::sample::subsequence(vec!["fra", "par", "nyc"], 1..=3);
         prop_oneof![
             (name.clone(), 0..3usize).prop_map(|(n, i)| user_set(n, i)),
-            name.clone().prop_map(|n| Edit::UserRemove { name: n.into() }),
+            name.clone()
+                .prop_map(|n| Edit::UserRemove { name: n.into() }),
             (perm.clone(), topic.clone(), prop::option::of(0..3usize)).prop_map(|(p, t, b)| {
                 Edit::AclAdd {
                     rule: rule(p, "all", t),

@@ -367,11 +367,14 @@ impl PolicyTask {
                     reply,
                 } => {
                     let state = self.sessions.entry(session).or_default();
-                    let r = self
-                        .doc
-                        .receive_sync(state, &message, self.settings.max_document_bytes);
+                    let r =
+                        self.doc
+                            .receive_sync(state, &message, self.settings.max_document_bytes);
                     let r = match r {
-                        Ok(true) => self.changed().await.map_err(|e| DocError::Sync(e.to_string())),
+                        Ok(true) => self
+                            .changed()
+                            .await
+                            .map_err(|e| DocError::Sync(e.to_string())),
                         Ok(false) => Ok(()),
                         Err(e) => Err(e),
                     };

@@ -145,6 +145,10 @@ mod tests {
         assert!(set.iter().all(|(_, h)| h.len() == 64));
         let short = TokenSet::parse_file("0123456789abcdef\nshort\n", "tokens", "t").unwrap_err();
         assert!(short.contains("line 2"), "{short}");
-        assert!(TokenSet::parse_file("# none\n", "t", "t").unwrap().is_empty());
+        assert!(
+            TokenSet::parse_file("# none\n", "t", "t")
+                .unwrap()
+                .is_empty()
+        );
     }
 }

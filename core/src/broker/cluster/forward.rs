@@ -75,6 +75,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else { return };
         let mut nodes = std::mem::take(&mut c.scratch);
         c.table.nodes_for(&message.topic, &mut nodes);
+        c.scoped_nodes_for(&message.topic, &mut nodes);
+        if !c.residency.is_empty() {
+            let withheld = c.residency_filter(&message.topic, &mut nodes);
+            self.stats.residency_withheld += withheld;
+        }
+        let Some(c) = &mut self.cluster else { return };
         if let Some(from) = from {
             if c.leaves.is_leaf(from) {
                 nodes.retain(|n| n != from);

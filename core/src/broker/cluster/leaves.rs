@@ -92,14 +92,17 @@ impl Cluster {
     /// Brings the routes of `filter` up to date after who wants it changed: this node's own
     /// set and every view (staging is idempotent: a filter already where it should be is left).
     fn refresh(&mut self, filter: &Arc<str>) {
+        let Some(own) = self.leaves.interest.get(filter).map(|i| i.in_own()) else {
+            return;
+        };
+        if own {
+            self.advertise(filter);
+        } else {
+            self.withdraw_filter(filter);
+        }
         let Some(interest) = self.leaves.interest.get(filter) else {
             return;
         };
-        if interest.in_own() {
-            self.routes.add(filter);
-        } else {
-            self.routes.remove(filter);
-        }
         for (leaf, view) in &mut self.leaves.views {
             if interest.in_view_of(leaf) {
                 view.add(filter);
@@ -195,7 +198,7 @@ impl Cluster {
             for filter in filters {
                 let local = self.leaves.interest.get(&filter).is_some_and(|i| i.local);
                 if !local {
-                    self.routes.remove(&filter);
+                    self.withdraw_filter(&filter);
                 }
             }
             self.leaves.interest.clear();

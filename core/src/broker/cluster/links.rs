@@ -109,7 +109,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 | Frame::ClaimRequest { .. }
                 | Frame::ClaimAnswer { .. }
                 | Frame::Revoke { .. }
-                | Frame::Revoked { .. } => {
+                | Frame::Revoked { .. }
+                // A leaf's filters come in its route deltas.
+                | Frame::ScopedRoutes { .. } => {
                     return;
                 }
                 _ => {}
@@ -124,7 +126,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     self.stats.protocol_errors += 1;
                 }
                 c.peer(&peer).region = Some(region);
+                self.send_scoped_to(&peer, true);
             }
+            Frame::ScopedRoutes { filters } => self.on_scoped_routes(&peer, filters),
             Frame::RouteDelta(delta) => {
                 let owner = delta.owner.clone();
                 let outcome = c.table.apply_delta(&delta);

@@ -127,6 +127,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let (routes, incarnation) = replica.unwrap_or((0, 0));
         c.table.remove_node(node);
         c.routes.remove_peer(node);
+        self.forget_scoped(node);
         self.moves_forget_node(node);
         let Some(c) = &mut self.cluster else {
             return Forgotten {

@@ -19,6 +19,7 @@ mod leaves;
 mod links;
 mod membership;
 mod records;
+mod residency;
 mod retained;
 mod routes;
 mod trust;
@@ -201,6 +202,8 @@ struct Peer {
     faults_reported: u8,
     /// Fences the peer asked for, echoed once its outbox has sent what it holds.
     echoes: Vec<u64>,
+    /// The scoped filters last sent on its link session ([`residency`]).
+    scoped_sent: Option<Vec<String>>,
 }
 
 /// A node forgotten here, remembered so that forwards to it continue their numbering if it
@@ -270,6 +273,15 @@ pub(super) struct Cluster {
     next_message: u64,
     /// The identity of the message being routed now.
     routing: Option<crate::link::MessageId>,
+    /// The data-residency rules in force ([`Broker::set_residency`]).
+    residency: crate::residency::Residency,
+    /// This node's filters that a residency rule holds whole, with the regions they may be
+    /// advertised to: kept out of `routes`.
+    scoped: BTreeMap<std::sync::Arc<str>, std::collections::BTreeSet<String>>,
+    /// `scoped` changed since it was last sent.
+    scoped_dirty: bool,
+    /// The other nodes' scoped filters.
+    scoped_remote: residency::ScopedRemote,
 }
 
 impl Peer {
@@ -310,6 +322,10 @@ impl Cluster {
             moves: relay::Moves::default(),
             next_message: 1,
             routing: None,
+            residency: crate::residency::Residency::default(),
+            scoped: BTreeMap::new(),
+            scoped_dirty: false,
+            scoped_remote: residency::ScopedRemote::new(seed),
             config,
         }
     }
@@ -345,6 +361,7 @@ impl Cluster {
                 up_since: None,
                 faults_reported: 0,
                 echoes: Vec::new(),
+                scoped_sent: None,
             }
         })
     }
@@ -463,7 +480,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     node: node.clone(),
                     connected: p.connected,
                     region: p.region.clone(),
-                    routes: replica.map_or(0, |r| r.len()),
+                    routes: replica.map_or(0, |r| r.len()) + c.scoped_remote.of(node).count(),
                     route_version: replica.map_or(0, |r| r.version),
                     announced_version: p.announced_version,
                     outbox_messages: p.outbox.len(),
@@ -482,6 +499,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let mut out = Vec::new();
         if let Some(c) = &self.cluster {
             c.table.nodes_for(topic, &mut out);
+            c.scoped_nodes_for(topic, &mut out);
         }
         out
     }
@@ -490,11 +508,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.outputs.push_back(Output::ToPeer { peer, frame });
     }
 
-    /// This node's own route set (filters with a local subscriber), as last flushed.
+    /// This node's own route set (filters with a local subscriber), as last flushed, with
+    /// the filters a residency rule keeps out of it (sorted).
     pub fn route_set(&self) -> Vec<String> {
-        self.cluster
-            .as_ref()
-            .map_or_else(Vec::new, |c| c.routes.live().map(str::to_owned).collect())
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        let mut routes: Vec<String> = c.routes.live().map(str::to_owned).collect();
+        routes.extend(c.scoped.keys().map(|f| f.to_string()));
+        routes.sort();
+        routes
     }
 
     /// Another node's route set as replicated here.
@@ -507,7 +530,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .replica(node)
             .map(|r| r.filters().map(str::to_owned).collect())
             .unwrap_or_default();
+        routes.extend(c.scoped_remote.of(node).map(str::to_owned));
         routes.sort();
+        routes.dedup();
         routes
     }
 

@@ -260,6 +260,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let now = self.now;
         let id = self.routing_id();
         let Some(c) = &mut self.cluster else { return };
+        let Some(relay) = c.moves.relays.get(key) else {
+            return;
+        };
+        if !c.residency_allows(&delivery.message.topic, &relay.to) {
+            // The session moved to a region this message may not reach.
+            self.stats.residency_withheld += 1;
+            return;
+        }
         let Some(relay) = c.moves.relays.get_mut(key) else {
             return;
         };

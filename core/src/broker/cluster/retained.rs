@@ -38,7 +38,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         });
         c.account_retained(&message.topic, charge.as_ref());
         c.retained.apply(&message.topic, stamp.clone(), charge);
-        let peers = c.connected_peers();
+        let mut peers = c.connected_peers();
+        if !c.residency.is_empty() {
+            let withheld = c.residency_filter(&message.topic, &mut peers);
+            self.stats.residency_withheld += withheld;
+        }
         self.persist_stamp(&message.topic, &stamp, deleted);
         self.prune_retained_tombstones();
         for peer in peers {
@@ -160,6 +164,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let mut chunk = Vec::new();
         let mut bytes = 0;
         for (topic, entry) in c.retained.iter() {
+            if !c.residency_allows(topic, peer) {
+                continue;
+            }
             let message = match entry.value {
                 None => None,
                 Some(_) => match self.retained.get(topic) {

@@ -24,7 +24,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         });
         if let Some(c) = &mut self.cluster {
             if c.leaves.is_empty() {
-                c.routes.add(filter);
+                c.advertise(filter);
             } else {
                 c.local_interest(filter, true);
             }
@@ -35,9 +35,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Whether a new local subscription to `filter` would take this node's route set past
     /// [`super::ClusterConfig::max_route_filters`].
     pub(in crate::broker) fn route_set_full(&self, filter: &str) -> bool {
-        self.cluster.as_ref().is_some_and(|c| {
-            !c.routes.wants(filter) && c.routes.wanted_len() >= c.config.max_route_filters
-        })
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| !c.wants(filter) && c.wanted_len() >= c.config.max_route_filters)
     }
 
     /// A filter pattern lost its last local subscriber.
@@ -47,7 +47,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         });
         if let Some(c) = &mut self.cluster {
             if c.leaves.is_empty() {
-                c.routes.remove(filter);
+                c.withdraw_filter(filter);
             } else {
                 c.local_interest(filter, false);
             }
@@ -58,7 +58,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn arm_route_flush(&mut self) {
         let now = self.now;
         let Some(c) = &mut self.cluster else { return };
-        if !c.flush_armed && (c.routes.has_pending() || c.leaves.has_pending()) {
+        if !c.flush_armed && (c.routes.has_pending() || c.leaves.has_pending() || c.scoped_dirty) {
             c.flush_armed = true;
             self.timers
                 .insert((now.plus_ms(c.config.route_batch_ms), Timer::RouteFlush));
@@ -80,6 +80,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
         }
         self.flush_views();
+        self.send_scoped_routes();
         self.release_fences();
         self.moves_flushed();
     }

@@ -143,7 +143,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         session.pending_will = None;
         let client_id = session.client_id.to_string();
-        let mut records = crate::broker::resume::session_records(session);
+        let Some(session) = self.session(sid) else {
+            return;
+        };
+        // Messages a residency rule keeps from the new node's region stay behind (and go).
+        let (mut records, withheld) =
+            crate::broker::resume::session_records_where(session, |topic| {
+                self.cluster
+                    .as_ref()
+                    .is_none_or(|c| c.residency_allows(topic, &stamp.node))
+            });
+        self.stats.residency_withheld += withheld;
         records.extend(self.seen_record(&client_id));
         self.vacate_session(sid);
         self.start_relay(sid, &client_id, &stamp.node, stamp);

@@ -147,7 +147,9 @@ pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Optio
         Frame::SessionRelay(r) => r.claim.node == *me,
         Frame::SessionRelayDone { claim, .. } => claim.node == *me,
         Frame::SessionRelayAck { claim, .. } => claim.node == *peer,
-        Frame::SnapshotRequest
+        // The sender's own filters: they name no other node.
+        Frame::ScopedRoutes { .. }
+        | Frame::SnapshotRequest
         | Frame::Fence { .. }
         | Frame::FenceEcho { .. }
         | Frame::ClaimRequest { .. }
