@@ -145,7 +145,22 @@ impl AuthSetup {
         engine: mpsc::Sender<ToEngine>,
         limits: &VerifyLimits,
     ) -> (SendAuthenticator, SendAuthorizer) {
-        let generation = limits.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.build_for(engine, limits, true)
+    }
+
+    /// [`build`](Self::build); with `new_users` false (the users are those of the hooks in
+    /// place, only the rules changed), verifications still running stay valid.
+    pub fn build_for(
+        self,
+        engine: mpsc::Sender<ToEngine>,
+        limits: &VerifyLimits,
+        new_users: bool,
+    ) -> (SendAuthenticator, SendAuthorizer) {
+        let generation = if new_users {
+            limits.generation.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            limits.generation.load(Ordering::Acquire)
+        };
         let authn = PasswordAuth {
             users: self.users,
             dummy_hash: self.dummy_hash,

@@ -593,7 +593,7 @@ impl Server {
         };
         let setup = auth::AuthSetup::from_config(&reloaded)?;
         let summary = setup.summary();
-        set_hooks(&self.handle.tx, setup, &self.verify_limits).await?;
+        set_hooks(&self.handle.tx, setup, &self.verify_limits, true).await?;
         Ok(AuthReload {
             summary,
             other_changes: reloaded != *config,
@@ -640,8 +640,9 @@ async fn set_hooks(
     tx: &mpsc::Sender<ToEngine>,
     setup: auth::AuthSetup,
     limits: &auth::VerifyLimits,
+    new_users: bool,
 ) -> anyhow::Result<()> {
-    let (authenticator, authorizer) = setup.build(tx.clone(), limits);
+    let (authenticator, authorizer) = setup.build_for(tx.clone(), limits, new_users);
     let (reply, applied) = oneshot::channel();
     let hooks = crate::mailbox::Hooks {
         authenticator,
@@ -696,11 +697,13 @@ async fn follow_policy(
         if now == applied {
             continue;
         }
+        // A login being checked against users that did not change stays valid.
+        let new_users = now.0 != applied.0;
         applied = now;
         match auth::AuthSetup::from_policy(&config, &policy) {
             Ok(setup) => {
                 let summary = setup.summary();
-                if set_hooks(&tx, setup, &limits).await.is_err() {
+                if set_hooks(&tx, setup, &limits, new_users).await.is_err() {
                     return;
                 }
                 info!(

@@ -1,0 +1,389 @@
+//! The cluster policy document with real processes: users, access rules, tokens and
+//! residency rules edited with `meridian ctl` in one region and in force in the others,
+//! edits on both sides of a cut link merged when it returns, and the history of who changed
+//! what, where and when. Clients are rumqttc (MQTT 3.1.1 and 5.0).
+
+mod common;
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use common::mesh::{Node, cluster_key, metric, next_publish, wait_for};
+use common::{Daemon, cheap_hash, free_port, http, v3, v5};
+use meridian_tools::link_proxy::LinkProxy as Proxy;
+use rumqttc::QoS;
+
+/// `meridian ctl --admin 127.0.0.1:PORT ARGS`, with `stdin` written to it: its exit status
+/// and what it printed.
+fn ctl(admin: u16, args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .arg("ctl")
+        .arg("--admin")
+        .arg(format!("127.0.0.1:{admin}"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run meridian ctl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("meridian ctl ends");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `ctl` that must succeed; its output.
+fn ctl_ok(node: &Node, args: &[&str], stdin: &str) -> String {
+    let (ok, out, err) = ctl(node.daemon.admin, args, stdin);
+    assert!(ok, "meridian ctl {args:?} failed: {err}");
+    out
+}
+
+/// Whether `user` (password `pw`) logs in at `port` now.
+async fn logs_in(port: u16, user: &str) -> bool {
+    let mut o = v5::options(&format!("probe-{user}-{}", free_port()), port);
+    o.set_credentials(user, "pw");
+    let (client, mut eventloop) = rumqttc::v5::AsyncClient::new(o, 10);
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            match eventloop.poll().await {
+                Ok(rumqttc::v5::Event::Incoming(rumqttc::v5::mqttbytes::v5::Packet::ConnAck(
+                    ack,
+                ))) => {
+                    return ack.code == rumqttc::v5::mqttbytes::v5::ConnectReturnCode::Success;
+                }
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    let _ = client.disconnect().await;
+    answer
+}
+
+/// Three regions, each link through a proxy, every node seeded with user alice (password
+/// `pw`) and no anonymous logins, each named after its region.
+async fn three() -> (Vec<Node>, Vec<Proxy>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let passwords = dir.path().join("passwords");
+    std::fs::write(&passwords, format!("alice:{}\n", cheap_hash("pw"))).unwrap();
+    let extra = |region: &str| {
+        format!(
+            "\n[node]\nname = \"node-{region}\"\n[auth]\npassword_file = \"{}\"\n\
+             allow_anonymous = false\n",
+            passwords.display()
+        )
+    };
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let ab = Proxy::start(pa).await.unwrap();
+    let ac = Proxy::start(pa).await.unwrap();
+    let bc = Proxy::start(pb).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, &extra("euc1")).await;
+    let b = Node::start_with("ape1", pb, &[ab.port], &key, &extra("ape1")).await;
+    let c = Node::start_with("afs1", pc, &[ac.port, bc.port], &key, &extra("afs1")).await;
+    for (x, y) in [(&a, &b), (&a, &c), (&b, &c)] {
+        wait_for("the mesh to connect", &[x, y], || async {
+            x.connected_to(y).await && y.connected_to(x).await
+        })
+        .await;
+    }
+    (vec![a, b, c], vec![ab, ac, bc], dir)
+}
+
+/// A node's policy as its admin API shows it.
+async fn policy(node: &Node) -> serde_json::Value {
+    let (status, body) = http(node.daemon.admin, "GET", "/api/policy").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn v3_login(id: &str, port: u16, user: &str) -> rumqttc::MqttOptions {
+    let mut o = v3::options(id, port);
+    o.set_credentials(user, "pw");
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_and_rules_edited_in_one_region_are_in_force_in_every_region() {
+    let (nodes, _proxies, _dir) = three().await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    assert!(!logs_in(c.mqtt(), "carol").await);
+
+    // Added in region a: carol logs in at c, once the document got there.
+    let out = ctl_ok(a, &["user", "add", "carol"], "pw\n");
+    assert_eq!(out.trim(), "done: user set carol");
+    wait_for("carol to log in at c", &[a, c], || logs_in(c.mqtt(), "carol")).await;
+    assert!(logs_in(b.mqtt(), "carol").await);
+
+    // A rule added in a denies a client at c.
+    let mut early = v3::connect(v3_login("early", c.mqtt(), "carol")).await;
+    early.subscribe("secret/plans", QoS::AtLeastOnce).await;
+    early.subscribe("open/news", QoS::AtLeastOnce).await;
+    wait_for("a to route both to c", &[a, c], || async {
+        a.routes_of(c).await.len() == 2
+    })
+    .await;
+    ctl_ok(a, &["acl", "add", "deny", "subscribe", "secret/#"], "");
+    wait_for("the rule to refuse carol's subscription at c", &[a, c], || async {
+        let mut probe = v3::connect(v3_login(
+            &format!("probe-{}", free_port()),
+            c.mqtt(),
+            "carol",
+        ))
+        .await;
+        probe
+            .client
+            .subscribe("secret/x", QoS::AtLeastOnce)
+            .await
+            .unwrap();
+        let refused = probe
+            .expect(|p| match p {
+                rumqttc::Packet::SubAck(ack) => Some(
+                    ack.return_codes
+                        .iter()
+                        .all(|r| matches!(r, rumqttc::SubscribeReasonCode::Failure)),
+                ),
+                _ => None,
+            })
+            .await;
+        probe.abort();
+        refused
+    })
+    .await;
+    // The subscription made before the rule stays, and the rule decides each delivery: the
+    // message published first never comes.
+    let publisher = v3::connect(v3_login("pub", a.mqtt(), "alice")).await;
+    for topic in ["secret/plans", "open/news"] {
+        publisher
+            .client
+            .publish(topic, QoS::AtLeastOnce, false, topic)
+            .await
+            .unwrap();
+    }
+    let got = next_publish(&mut early, |_| true).await;
+    assert_eq!(got.topic, "open/news", "nothing under secret/ was delivered");
+
+    // Removed in region b: refused at c.
+    ctl_ok(b, &["user", "remove", "carol"], "");
+    wait_for("carol to be refused at c", &[b, c], || async {
+        !logs_in(c.mqtt(), "carol").await
+    })
+    .await;
+
+    // Every node lists the same rules, and c's history says who did what, where and when.
+    let listed = ctl_ok(c, &["acl", "list"], "");
+    assert!(listed.contains("1  deny subscribe secret/#"), "{listed}");
+    let history = ctl_ok(c, &["history"], "");
+    let line = |what: &str| {
+        history
+            .lines()
+            .find(|l| l.ends_with(what))
+            .unwrap_or_else(|| panic!("no {what:?} in the history:\n{history}"))
+            .to_owned()
+    };
+    let added = line("user set carol");
+    assert!(added.contains("node-euc1") && added.contains("euc1") && added.contains("local"));
+    assert!(line("acl add deny subscribe secret/#").contains("node-euc1"));
+    assert!(line("user remove carol").contains("node-ape1"));
+    assert!(history.contains("user set alice"), "the seed: {history}");
+    let year = &added[..4];
+    assert!(year.parse::<u32>().is_ok_and(|y| y >= 2024), "a date: {added}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_residency_rule_keeps_messages_in_its_regions() {
+    let (nodes, _proxies, _dir) = three().await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    ctl_ok(b, &["residency", "add", "health/#", "euc1", "ape1"], "");
+    for n in [a, c] {
+        wait_for("the rule everywhere", &[n], || async {
+            policy(n).await["residency"][0]["filter"] == "health/#"
+        })
+        .await;
+    }
+
+    // A subscriber inside the rule's regions (b) and one outside (c, every topic).
+    let mut inside = v3::connect(v3_login("inside", b.mqtt(), "alice")).await;
+    inside.subscribe("health/#", QoS::AtLeastOnce).await;
+    let mut outside = v3::connect(v3_login("outside", c.mqtt(), "alice")).await;
+    outside.subscribe("#", QoS::AtLeastOnce).await;
+    wait_for("a to route health/# to b and # to c", &[a, b, c], || async {
+        a.routes_of(b).await.iter().any(|f| f == "health/#")
+            && a.routes_of(c).await.iter().any(|f| f == "#")
+    })
+    .await;
+    assert!(
+        !c.routes_of(b).await.iter().any(|f| f == "health/#"),
+        "b's subscription is never advertised to c"
+    );
+
+    let publisher = v3::connect(v3_login("pub", a.mqtt(), "alice")).await;
+    for i in 0..20 {
+        publisher
+            .client
+            .publish("health/p1", QoS::AtLeastOnce, false, format!("h{i}"))
+            .await
+            .unwrap();
+    }
+    publisher
+        .client
+        .publish("news/today", QoS::AtLeastOnce, false, "news")
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let p = next_publish(&mut inside, |_| true).await;
+        assert_eq!(p.payload, format!("h{i}").as_bytes(), "b gets everything, in order");
+    }
+    // The news crossed to c after the health messages were routed: none of them came first.
+    let first = next_publish(&mut outside, |_| true).await;
+    assert_eq!(first.topic, "news/today");
+    wait_for("a to count what it kept home", &[a], || async {
+        metric(&a.metrics().await, "meridian_residency_withheld_total") >= 20.0
+    })
+    .await;
+    assert_eq!(
+        metric(&c.metrics().await, "meridian_residency_withheld_total"),
+        0.0
+    );
+
+    // Removed in c: health crosses to c again.
+    ctl_ok(c, &["residency", "remove", "health/#"], "");
+    wait_for("a to drop the rule", &[a], || async {
+        policy(a).await["residency"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    })
+    .await;
+    publisher
+        .client
+        .publish("health/p2", QoS::AtLeastOnce, false, "after")
+        .await
+        .unwrap();
+    let p = next_publish(&mut outside, |_| true).await;
+    assert_eq!(p.topic, "health/p2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_on_both_sides_of_a_cut_link_converge_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let a = Node::start("euc1", pa, &[], &key).await;
+    let c = Node::start("afs1", pc, &[link.port], &key).await;
+    let both = [&a, &c];
+    wait_for("the link", &both, || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    ctl_ok(&a, &["user", "add", "frank"], "pw\n");
+    wait_for("frank at c", &both, || async {
+        policy(&c).await["users"] == serde_json::json!(["frank"])
+    })
+    .await;
+
+    link.cut();
+    wait_for("the cut", &both, || async { !c.connected_to(&a).await }).await;
+    // Meanwhile, on each side: new users, the same rule with opposite permissions, frank
+    // removed on one side and given a new password on the other, and two residency rules
+    // for one filter.
+    ctl_ok(&a, &["user", "add", "dave"], "pw\n");
+    ctl_ok(&c, &["user", "add", "erin"], "pw\n");
+    ctl_ok(&a, &["acl", "add", "allow", "subscribe", "y/#"], "");
+    ctl_ok(&c, &["acl", "add", "deny", "subscribe", "y/#"], "");
+    ctl_ok(&a, &["user", "remove", "frank"], "");
+    ctl_ok(&c, &["user", "passwd", "frank"], "other\n");
+    ctl_ok(&a, &["residency", "add", "h/#", "euc1", "afs1"], "");
+    ctl_ok(&c, &["residency", "add", "h/#", "afs1", "ape1"], "");
+    assert_ne!(policy(&a).await, policy(&c).await);
+
+    link.restore();
+    wait_for("both sides to say the same", &both, || async {
+        policy(&a).await == policy(&c).await
+    })
+    .await;
+    let p = policy(&a).await;
+    assert_eq!(p["users"], serde_json::json!(["dave", "erin"]), "frank stays removed");
+    assert_eq!(
+        p["acl"],
+        serde_json::json!([{"permission": "deny", "action": "subscribe", "topic": "y/#"}]),
+        "a deny beats a concurrent allow"
+    );
+    assert_eq!(
+        p["residency"],
+        serde_json::json!([{"filter": "h/#", "regions": ["afs1"]}]),
+        "only the region both allowed"
+    );
+    // In force, not only listed: dave logs in at c, frank nowhere.
+    assert!(logs_in(c.mqtt(), "dave").await);
+    assert!(!logs_in(a.mqtt(), "frank").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_answers_the_document_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, "seeded-token-0123456789\n").unwrap();
+    let config = format!("[admin]\ntoken_file = \"{}\"\n", token_file.display());
+    let mut d = Daemon::start_with(Some(&config), Vec::new());
+    let admin = d.admin;
+    let file = token_file.to_str().unwrap();
+    let with_seed = |args: &[&str]| {
+        let mut all = vec!["--token-file", file];
+        all.extend_from_slice(args);
+        ctl(admin, &all, "")
+    };
+    // The file seeded the document's first token; without a token, nothing.
+    let (ok, out, _) = with_seed(&["token", "list"]);
+    assert!(ok && out.contains("admin  token-file"), "{out}");
+    assert!(!ctl(admin, &["token", "list"], "").0);
+
+    // A new token, printed once, works at once; the seeded one, revoked, does not.
+    let (ok, new_token, err) = with_seed(&["token", "add", "admin", "ops"]);
+    assert!(ok, "{err}");
+    let new_token = new_token.trim().to_owned();
+    assert_eq!(new_token.len(), 64);
+    let ops_file = dir.path().join("ops.token");
+    std::fs::write(&ops_file, &new_token).unwrap();
+    let ops = ops_file.to_str().unwrap();
+    let (ok, out, err) = ctl(admin, &["--token-file", ops, "token", "remove", "admin", "token-file"], "");
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "done: token remove admin token-file");
+    let (ok, _, err) = with_seed(&["token", "list"]);
+    assert!(!ok && err.contains("401"), "{err}");
+    let (ok, history, _) = ctl(admin, &["--token-file", ops, "history"], "");
+    assert!(ok);
+    assert!(
+        history
+            .lines()
+            .any(|l| l.contains(" ops ") && l.ends_with("token remove admin token-file")),
+        "the history names the token that did it:\n{history}"
+    );
+    assert!(!history.contains(&new_token), "no secret in the history");
+
+    // Bad edits are refused with the reason; removing what is not there is a 404.
+    let (ok, _, err) = ctl(admin, &["--token-file", ops, "acl", "add", "deny", "subscribe", "a/#/b"], "");
+    assert!(!ok && err.contains("400"), "{err}");
+    let (ok, _, err) = ctl(admin, &["--token-file", ops, "user", "remove", "nobody"], "");
+    assert!(!ok && err.contains("404") && err.contains("nobody"), "{err}");
+
+    // The document outlives a restart; the token file is not read again.
+    std::fs::write(&token_file, "another-token-0123456789\n").unwrap();
+    d.terminate();
+    d.restart();
+    let (ok, out, _) = ctl(admin, &["--token-file", ops, "token", "list"], "");
+    assert!(ok && out.trim() == "admin  ops", "{out}");
+    let (ok, _, _) = with_seed(&["token", "list"]);
+    assert!(!ok, "the file's new token was not taken");
+}
