@@ -143,7 +143,7 @@ impl AdminAccess {
         &self,
         req: &Request<Incoming>,
         counters: &DaemonCounters,
-    ) -> Result<Requester, Response<Body>> {
+    ) -> Result<Requester, Box<Response<Body>>> {
         if self.loopback {
             let host = req
                 .headers()
@@ -152,10 +152,10 @@ impl AdminAccess {
                 .unwrap_or("");
             if !crate::transport::listen::is_loopback_host(host) {
                 counters.admin_refused_host.fetch_add(1, Ordering::Relaxed);
-                return Err(closing(plain(
+                return Err(Box::new(closing(plain(
                     StatusCode::MISDIRECTED_REQUEST,
                     "the admin API answers requests for 127.0.0.1, [::1] or localhost only\n",
-                )));
+                ))));
             }
         }
         // Off loopback the tokens cannot be empty at start; if all are removed later, nobody
@@ -188,7 +188,7 @@ impl AdminAccess {
             hyper::header::WWW_AUTHENTICATE,
             hyper::header::HeaderValue::from_static("Bearer realm=\"meridian\""),
         );
-        Err(closing(r))
+        Err(Box::new(closing(r)))
     }
 }
 
@@ -251,7 +251,7 @@ pub async fn serve(
                 async move {
                     let response = match state.access.admit(&req, &state.engine.counters) {
                         Ok(who) => route(req, &state, who).await,
-                        Err(refusal) => refusal,
+                        Err(refusal) => *refusal,
                     };
                     Ok::<_, Infallible>(response)
                 }
@@ -411,15 +411,27 @@ async fn route(req: Request<Incoming>, state: &AdminState, who: Requester) -> Re
                 return plain(StatusCode::BAD_REQUEST, "bad peer id\n");
             };
             match engine.forget_peer(node).await {
-                Some(Ok(forgotten)) => json(
-                    StatusCode::OK,
-                    serde_json::json!({
-                        "peer_id": id,
-                        "forgotten": true,
-                        "routes_withdrawn": forgotten.routes,
-                        "messages_dropped": forgotten.dropped_messages,
-                    }),
-                ),
+                Some(Ok(forgotten)) => {
+                    // Gone from the deployment: no longer one of the policy document's nodes
+                    // (which compaction waits for).
+                    if let Some(policy) = &state.policy {
+                        let gone = crate::policy::document::Edit::NodeRemove {
+                            peer_id: id.to_owned(),
+                        };
+                        if let Err(e) = policy.edit(vec![gone], who.clone()).await {
+                            debug!(error = %e, "forgotten node not removed from the policy");
+                        }
+                    }
+                    json(
+                        StatusCode::OK,
+                        serde_json::json!({
+                            "peer_id": id,
+                            "forgotten": true,
+                            "routes_withdrawn": forgotten.routes,
+                            "messages_dropped": forgotten.dropped_messages,
+                        }),
+                    )
+                }
                 Some(Err(e)) => {
                     let status = match e {
                         ForgetError::Unknown => StatusCode::NOT_FOUND,

@@ -58,12 +58,22 @@ impl AuthSetup {
     }
 
     /// The users and access rules of the policy document, with the rest of `[auth]`. Without
-    /// users, clients get in without logging in while every listener is on loopback, and only
-    /// with a client certificate otherwise.
+    /// users, clients get in without logging in while every listener is on loopback; with a
+    /// listener elsewhere, a start is refused (as without a password file), and a change that
+    /// removes the last user lets nobody in but clients with a certificate.
     pub fn from_policy(
         config: &DaemonConfig,
         policy: &crate::policy::document::Policy,
+        at_start: bool,
     ) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        if at_start && policy.users.is_empty() {
+            return Self::new(config, None, policy.acl()).context(
+                "the policy document holds no user: add one with `meridian ctl user add NAME` \
+                 while the listeners are on 127.0.0.1 (or, before the first start, set \
+                 auth.password_file, which seeds the document)",
+            );
+        }
         let all_loopback = config
             .listeners()
             .iter()

@@ -58,6 +58,9 @@ pub struct DaemonConfig {
 pub struct PolicyConfig {
     pub source: PolicySource,
     pub max_document_bytes: usize,
+    pub history_retention_days: u64,
+    pub compact_after_changes: usize,
+    pub compact_interval_ms: u64,
 }
 
 /// Where the policy comes from.
@@ -849,7 +852,10 @@ partial!(PAuth {
 partial!(PAcl { default: acl::Permission, rules: Vec<acl::Rule> });
 partial!(PPolicy {
     source: PolicySource,
-    max_document_bytes: usize
+    max_document_bytes: usize,
+    history_retention_days: u64,
+    compact_after_changes: usize,
+    compact_interval_ms: u64,
 });
 partial!(PCluster {
     enabled: bool,

@@ -220,7 +220,7 @@ impl Server {
         };
         let auth_setup = match (custom_auth, &policy) {
             (Some(f), _) => Err(f),
-            (None, Some(p)) => Ok(auth::AuthSetup::from_policy(&config, &p.current())?),
+            (None, Some(p)) => Ok(auth::AuthSetup::from_policy(&config, &p.current(), true)?),
             (None, None) => Ok(auth::AuthSetup::from_config(&config)?),
         };
         let token_source = |kind: TokenKind, file: anyhow::Result<TokenSet>| {
@@ -700,7 +700,7 @@ async fn follow_policy(
         // A login being checked against users that did not change stays valid.
         let new_users = now.0 != applied.0;
         applied = now;
-        match auth::AuthSetup::from_policy(&config, &policy) {
+        match auth::AuthSetup::from_policy(&config, &policy, false) {
             Ok(setup) => {
                 let summary = setup.summary();
                 if set_hooks(&tx, setup, &limits, new_users).await.is_err() {

@@ -265,9 +265,22 @@ fn non_loopback_listener_with_password_file_starts() {
     assert!(up, "daemon listening on 0.0.0.0 with a password file");
 }
 
+/// [`config_text`], reading users and rules from the files (`policy.source = "files"`).
+fn files_config_text(password_file: &std::path::Path, first: &str) -> String {
+    format!(
+        "{}\n[policy]\nsource = \"files\"\n",
+        config_text(password_file, first)
+    )
+}
+
 #[tokio::test]
 async fn sighup_reloads_the_password_file_and_acl_rules() {
-    let s = start();
+    let mut s = start();
+    let file = s._dir.path().join("passwd");
+    let config = s.daemon.config.clone().expect("a config file");
+    std::fs::write(&config, files_config_text(&file, "")).unwrap();
+    s.daemon.terminate();
+    s.daemon.restart();
     let port = s.daemon.mqtt;
     let (mut alice, r) = login(port, V5, "alice", Some("alice"), Some("looking-glass")).await;
     assert!(!r.is_error(), "{r:?}");
@@ -275,7 +288,6 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
     assert_eq!(r, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
 
     // carol in, bob out, and no more publishing under public/.
-    let file = s._dir.path().join("passwd");
     std::fs::write(
         &file,
         format!(
@@ -285,10 +297,10 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
         ),
     )
     .unwrap();
-    let config = s.daemon.config.as_ref().expect("a config file");
+    let config = &config;
     let deny_public =
         "[[acl.rules]]\npermission = \"deny\"\naction = \"publish\"\ntopic = \"public/#\"\n";
-    std::fs::write(config, config_text(&file, deny_public)).unwrap();
+    std::fs::write(config, files_config_text(&file, deny_public)).unwrap();
     s.daemon.hangup();
     let log = s
         .daemon
@@ -339,13 +351,34 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
     }
 
     // Other changes wait for a restart, and are said to.
-    let moved =
-        config_text(&file, deny_public).replace("[acl]", "[limits]\nmax_inflight = 7\n\n[acl]");
+    let moved = files_config_text(&file, deny_public)
+        .replace("[acl]", "[limits]\nmax_inflight = 7\n\n[acl]");
     std::fs::write(config, moved).unwrap();
     s.daemon.hangup();
     s.daemon
         .wait_for_log("take effect at the next start", 1)
         .await;
+}
+
+/// With the policy document (the default), the files seed it once: SIGHUP reloads nothing
+/// and says where users and rules come from.
+#[tokio::test]
+async fn sighup_with_the_policy_document_points_to_meridian_ctl() {
+    let s = start();
+    let port = s.daemon.mqtt;
+    let file = s._dir.path().join("passwd");
+    std::fs::write(&file, format!("carol:{}\n", cheap_hash("oak"))).unwrap();
+    s.daemon.hangup();
+    let log = s.daemon.wait_for_log("reload failed", 1).await;
+    assert!(log.contains("meridian ctl user|acl"), "{log}");
+    let (_, r) = login(port, V5, "carol", Some("carol"), Some("oak")).await;
+    assert_eq!(
+        r,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+        "the file is not read again"
+    );
+    let (_, r) = login(port, V5, "alice", Some("alice"), Some("looking-glass")).await;
+    assert!(!r.is_error(), "{r:?}");
 }
 
 /// A monitoring client subscribed to `#` under a deny rule: everything but the denied topics

@@ -123,7 +123,10 @@ async fn users_and_rules_edited_in_one_region_are_in_force_in_every_region() {
     // Added in region a: carol logs in at c, once the document got there.
     let out = ctl_ok(a, &["user", "add", "carol"], "pw\n");
     assert_eq!(out.trim(), "done: user set carol");
-    wait_for("carol to log in at c", &[a, c], || logs_in(c.mqtt(), "carol")).await;
+    wait_for("carol to log in at c", &[a, c], || {
+        logs_in(c.mqtt(), "carol")
+    })
+    .await;
     assert!(logs_in(b.mqtt(), "carol").await);
 
     // A rule added in a denies a client at c.
@@ -135,31 +138,35 @@ async fn users_and_rules_edited_in_one_region_are_in_force_in_every_region() {
     })
     .await;
     ctl_ok(a, &["acl", "add", "deny", "subscribe", "secret/#"], "");
-    wait_for("the rule to refuse carol's subscription at c", &[a, c], || async {
-        let mut probe = v3::connect(v3_login(
-            &format!("probe-{}", free_port()),
-            c.mqtt(),
-            "carol",
-        ))
-        .await;
-        probe
-            .client
-            .subscribe("secret/x", QoS::AtLeastOnce)
-            .await
-            .unwrap();
-        let refused = probe
-            .expect(|p| match p {
-                rumqttc::Packet::SubAck(ack) => Some(
-                    ack.return_codes
-                        .iter()
-                        .all(|r| matches!(r, rumqttc::SubscribeReasonCode::Failure)),
-                ),
-                _ => None,
-            })
+    wait_for(
+        "the rule to refuse carol's subscription at c",
+        &[a, c],
+        || async {
+            let mut probe = v3::connect(v3_login(
+                &format!("probe-{}", free_port()),
+                c.mqtt(),
+                "carol",
+            ))
             .await;
-        probe.abort();
-        refused
-    })
+            probe
+                .client
+                .subscribe("secret/x", QoS::AtLeastOnce)
+                .await
+                .unwrap();
+            let refused = probe
+                .expect(|p| match p {
+                    rumqttc::Packet::SubAck(ack) => Some(
+                        ack.return_codes
+                            .iter()
+                            .all(|r| matches!(r, rumqttc::SubscribeReasonCode::Failure)),
+                    ),
+                    _ => None,
+                })
+                .await;
+            probe.abort();
+            refused
+        },
+    )
     .await;
     // The subscription made before the rule stays, and the rule decides each delivery: the
     // message published first never comes.
@@ -172,7 +179,10 @@ async fn users_and_rules_edited_in_one_region_are_in_force_in_every_region() {
             .unwrap();
     }
     let got = next_publish(&mut early, |_| true).await;
-    assert_eq!(got.topic, "open/news", "nothing under secret/ was delivered");
+    assert_eq!(
+        got.topic, "open/news",
+        "nothing under secret/ was delivered"
+    );
 
     // Removed in region b: refused at c.
     ctl_ok(b, &["user", "remove", "carol"], "");
@@ -198,7 +208,10 @@ async fn users_and_rules_edited_in_one_region_are_in_force_in_every_region() {
     assert!(line("user remove carol").contains("node-ape1"));
     assert!(history.contains("user set alice"), "the seed: {history}");
     let year = &added[..4];
-    assert!(year.parse::<u32>().is_ok_and(|y| y >= 2024), "a date: {added}");
+    assert!(
+        year.parse::<u32>().is_ok_and(|y| y >= 2024),
+        "a date: {added}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,10 +231,14 @@ async fn a_residency_rule_keeps_messages_in_its_regions() {
     inside.subscribe("health/#", QoS::AtLeastOnce).await;
     let mut outside = v3::connect(v3_login("outside", c.mqtt(), "alice")).await;
     outside.subscribe("#", QoS::AtLeastOnce).await;
-    wait_for("a to route health/# to b and # to c", &[a, b, c], || async {
-        a.routes_of(b).await.iter().any(|f| f == "health/#")
-            && a.routes_of(c).await.iter().any(|f| f == "#")
-    })
+    wait_for(
+        "a to route health/# to b and # to c",
+        &[a, b, c],
+        || async {
+            a.routes_of(b).await.iter().any(|f| f == "health/#")
+                && a.routes_of(c).await.iter().any(|f| f == "#")
+        },
+    )
     .await;
     assert!(
         !c.routes_of(b).await.iter().any(|f| f == "health/#"),
@@ -243,7 +260,11 @@ async fn a_residency_rule_keeps_messages_in_its_regions() {
         .unwrap();
     for i in 0..20 {
         let p = next_publish(&mut inside, |_| true).await;
-        assert_eq!(p.payload, format!("h{i}").as_bytes(), "b gets everything, in order");
+        assert_eq!(
+            p.payload,
+            format!("h{i}").as_bytes(),
+            "b gets everything, in order"
+        );
     }
     // The news crossed to c after the health messages were routed: none of them came first.
     let first = next_publish(&mut outside, |_| true).await;
@@ -314,7 +335,11 @@ async fn edits_on_both_sides_of_a_cut_link_converge_when_it_returns() {
     })
     .await;
     let p = policy(&a).await;
-    assert_eq!(p["users"], serde_json::json!(["dave", "erin"]), "frank stays removed");
+    assert_eq!(
+        p["users"],
+        serde_json::json!(["dave", "erin"]),
+        "frank stays removed"
+    );
     assert_eq!(
         p["acl"],
         serde_json::json!([{"permission": "deny", "action": "subscribe", "topic": "y/#"}]),
@@ -357,7 +382,18 @@ async fn the_admin_api_answers_the_document_tokens() {
     let ops_file = dir.path().join("ops.token");
     std::fs::write(&ops_file, &new_token).unwrap();
     let ops = ops_file.to_str().unwrap();
-    let (ok, out, err) = ctl(admin, &["--token-file", ops, "token", "remove", "admin", "token-file"], "");
+    let (ok, out, err) = ctl(
+        admin,
+        &[
+            "--token-file",
+            ops,
+            "token",
+            "remove",
+            "admin",
+            "token-file",
+        ],
+        "",
+    );
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "done: token remove admin token-file");
     let (ok, _, err) = with_seed(&["token", "list"]);
@@ -373,10 +409,29 @@ async fn the_admin_api_answers_the_document_tokens() {
     assert!(!history.contains(&new_token), "no secret in the history");
 
     // Bad edits are refused with the reason; removing what is not there is a 404.
-    let (ok, _, err) = ctl(admin, &["--token-file", ops, "acl", "add", "deny", "subscribe", "a/#/b"], "");
+    let (ok, _, err) = ctl(
+        admin,
+        &[
+            "--token-file",
+            ops,
+            "acl",
+            "add",
+            "deny",
+            "subscribe",
+            "a/#/b",
+        ],
+        "",
+    );
     assert!(!ok && err.contains("400"), "{err}");
-    let (ok, _, err) = ctl(admin, &["--token-file", ops, "user", "remove", "nobody"], "");
-    assert!(!ok && err.contains("404") && err.contains("nobody"), "{err}");
+    let (ok, _, err) = ctl(
+        admin,
+        &["--token-file", ops, "user", "remove", "nobody"],
+        "",
+    );
+    assert!(
+        !ok && err.contains("404") && err.contains("nobody"),
+        "{err}"
+    );
 
     // The document outlives a restart; the token file is not read again.
     std::fs::write(&token_file, "another-token-0123456789\n").unwrap();
@@ -386,4 +441,66 @@ async fn the_admin_api_answers_the_document_tokens() {
     assert!(ok && out.trim() == "admin  ops", "{out}");
     let (ok, _, _) = with_seed(&["token", "list"]);
     assert!(!ok, "the file's new token was not taken");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_is_compacted_once_every_node_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let link = Proxy::start(pa).await.unwrap();
+    let compact = "\n[policy]\ncompact_after_changes = 5\ncompact_interval_ms = 100\n";
+    let a = Node::start_with("euc1", pa, &[], &key, compact).await;
+    let c = Node::start_with("afs1", pc, &[link.port], &key, compact).await;
+    let both = [&a, &c];
+    wait_for("the link", &both, || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    // The node that compacts: the smaller peer id.
+    let (coordinator, other) = if a.peer_id < c.peer_id {
+        (&a, &c)
+    } else {
+        (&c, &a)
+    };
+
+    // While the other node cannot be reached, enough edits are made on both sides, and the
+    // coordinator waits.
+    link.cut();
+    wait_for("the cut", &both, || async { !c.connected_to(&a).await }).await;
+    for i in 0..6 {
+        ctl_ok(coordinator, &["user", "add", &format!("u{i}")], "pw\n");
+    }
+    ctl_ok(other, &["acl", "add", "deny", "publish", "ro/#"], "");
+    coordinator
+        .daemon
+        .wait_for_log("policy compaction waits for every node", 1)
+        .await;
+    assert_eq!(policy(coordinator).await["epoch"], 0);
+
+    // Linked again: the documents merge, then the coordinator compacts, and both take the
+    // new epoch with every edit in it.
+    link.restore();
+    wait_for("epoch 1 on both nodes, the same", &both, || async {
+        let (pa, pc) = (policy(&a).await, policy(&c).await);
+        pa["epoch"] == 1 && pc["epoch"] == 1 && pa == pc
+    })
+    .await;
+    let p = policy(&a).await;
+    assert_eq!(p["users"].as_array().unwrap().len(), 6);
+    assert_eq!(p["acl"][0]["topic"], "ro/#");
+    coordinator
+        .daemon
+        .wait_for_log("policy document compacted", 1)
+        .await;
+    // The history is still there to read, and edits go on in the new epoch.
+    let history = ctl_ok(other, &["history"], "");
+    assert!(history.contains("user set u5"), "{history}");
+    assert!(history.contains("acl add deny publish ro/#"), "{history}");
+    ctl_ok(other, &["user", "remove", "u0"], "");
+    wait_for("the removal at the coordinator", &both, || async {
+        policy(coordinator).await["users"].as_array().unwrap().len() == 5
+    })
+    .await;
+    assert!(logs_in(coordinator.mqtt(), "u1").await);
 }

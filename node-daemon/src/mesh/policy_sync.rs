@@ -26,6 +26,7 @@ pub async fn run(peer: PeerId, stream: Stream, policy: PolicyHandle, max_documen
     static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let session = NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let max_frame = max_document_bytes.saturating_add(FRAME_OVERHEAD);
+    let peer_id = peer.to_string();
     let mut changes = policy.watch();
     let (mut reader, mut writer) = stream.split();
     // Frames read on their own future, so that a partly read frame is never dropped.
@@ -51,7 +52,7 @@ pub async fn run(peer: PeerId, stream: Stream, policy: PolicyHandle, max_documen
     let sync = async {
         changes.borrow_and_update();
         loop {
-            while let Some(message) = policy.sync_out(session).await {
+            while let Some(message) = policy.sync_out(session, &peer_id).await {
                 let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
                 writer.write_all(&len.to_be_bytes()).await?;
                 writer.write_all(&message).await?;
@@ -60,7 +61,7 @@ pub async fn run(peer: PeerId, stream: Stream, policy: PolicyHandle, max_documen
             tokio::select! {
                 message = inbox.recv() => {
                     let Some(message) = message else { return Ok(()) };
-                    if let Err(e) = policy.sync_in(session, message).await {
+                    if let Err(e) = policy.sync_in(session, &peer_id, message).await {
                         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
                     }
                 }

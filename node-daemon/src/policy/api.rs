@@ -47,6 +47,7 @@ pub fn show(policy: &PolicyHandle) -> Value {
             "region": n.region,
         })).collect::<Vec<_>>(),
         "unreadable": p.unreadable,
+        "epoch": policy.epoch(),
     })
 }
 

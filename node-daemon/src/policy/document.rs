@@ -33,6 +33,9 @@ use serde::{Deserialize, Serialize};
 
 /// The actor of the genesis change, the same on every node.
 const GENESIS_ACTOR: &[u8] = b"meridian-policy-genesis";
+/// The actor of the change that starts a compacted document with the state of the previous
+/// one ([`PolicyDoc::compacted`]).
+const BASE_ACTOR: &[u8] = b"meridian-policy-base";
 /// The version of the document's layout, written by the genesis.
 const SCHEMA: i64 = 1;
 /// What a removal writes in place of an entry.
@@ -48,14 +51,22 @@ pub const MAX_TOPIC_LEN: usize = 1024;
 pub const MAX_REGIONS: usize = 64;
 
 /// The document's top-level objects, in the order the genesis makes them.
-const OBJECTS: [(&str, ObjType); 6] = [
+const OBJECTS: [(&str, ObjType); 7] = [
     ("users", ObjType::Map),
     ("acl", ObjType::List),
     ("admin_tokens", ObjType::Map),
     ("edge_tokens", ObjType::Map),
     ("residency", ObjType::Map),
     ("nodes", ObjType::Map),
+    // The history a compaction kept (recent changes, and a summary of older ones).
+    ("history", ObjType::List),
 ];
+/// Where each object is in [`OBJECTS`].
+const USERS: usize = 0;
+const ACL: usize = 1;
+const RESIDENCY: usize = 4;
+const NODES: usize = 5;
+const HISTORY: usize = 6;
 
 /// Which kind of token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +83,14 @@ impl TokenKind {
         match self {
             Self::Admin => 2,
             Self::Edge => 3,
+        }
+    }
+
+    /// The policy's tokens of this kind.
+    fn of(self, policy: &Policy) -> &BTreeMap<String, String> {
+        match self {
+            Self::Admin => &policy.admin_tokens,
+            Self::Edge => &policy.edge_tokens,
         }
     }
 }
@@ -199,6 +218,10 @@ pub enum Edit {
         name: String,
         region: String,
     },
+    /// A node left the deployment for good (it was forgotten).
+    NodeRemove {
+        peer_id: String,
+    },
 }
 
 /// Why an edit was refused.
@@ -260,6 +283,11 @@ impl Edit {
                 }
             }
             Self::ResidencyRemove { filter } => check_filter(filter)?,
+            Self::NodeRemove { peer_id } => {
+                if peer_id.is_empty() || peer_id.len() > MAX_NAME_LEN {
+                    return bad(format!("node: 1 to {MAX_NAME_LEN} bytes"));
+                }
+            }
             Self::Node {
                 peer_id,
                 name,
@@ -306,6 +334,7 @@ impl Edit {
                 name,
                 region,
             } => format!("node {name} ({peer_id}) in region {region}"),
+            Self::NodeRemove { peer_id } => format!("node {peer_id} removed"),
         }
     }
 }
@@ -341,26 +370,90 @@ pub struct Author {
     pub region: String,
 }
 
-/// One change of the history.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One change of the history, or the summary of the changes older than the retention.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryEntry {
-    /// When, in milliseconds since the Unix epoch (the editing node's clock).
+    /// When, in milliseconds since the Unix epoch (the editing node's clock); for a summary,
+    /// its last change.
     pub at_ms: i64,
     pub by: String,
     pub node: String,
     pub region: String,
     /// What it did.
     pub what: String,
-    /// The change's hash.
+    /// The change's hash (empty for a summary).
     pub change: String,
+    /// For a summary: how many changes, from when, of which kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
 }
 
-/// What a change's message holds.
+/// Changes summarised by a compaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub count: u64,
+    pub from_ms: i64,
+    /// Changes by kind (`user`, `acl`, `token`, `residency`, `node`).
+    pub kinds: BTreeMap<String, u64>,
+}
+
+impl HistoryEntry {
+    /// The changes of `entries` (changes and summaries) as one summary.
+    fn summarise(entries: &[HistoryEntry]) -> Option<HistoryEntry> {
+        let mut summary = Summary {
+            from_ms: i64::MAX,
+            ..Summary::default()
+        };
+        let mut to_ms = i64::MIN;
+        for e in entries {
+            match &e.summary {
+                Some(s) => {
+                    summary.count += s.count;
+                    summary.from_ms = summary.from_ms.min(s.from_ms);
+                    for (k, n) in &s.kinds {
+                        *summary.kinds.entry(k.clone()).or_default() += n;
+                    }
+                }
+                None => {
+                    summary.count += 1;
+                    summary.from_ms = summary.from_ms.min(e.at_ms);
+                    let kind = e.what.split(' ').next().unwrap_or("").to_owned();
+                    *summary.kinds.entry(kind).or_default() += 1;
+                }
+            }
+            to_ms = to_ms.max(e.at_ms);
+        }
+        (summary.count > 0).then(|| HistoryEntry {
+            at_ms: to_ms,
+            by: "summary".to_owned(),
+            node: String::new(),
+            region: String::new(),
+            what: format!(
+                "{} earlier changes ({})",
+                summary.count,
+                summary
+                    .kinds
+                    .iter()
+                    .map(|(k, n)| format!("{k}: {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            change: String::new(),
+            summary: Some(summary),
+        })
+    }
+}
+
+/// What a change's message holds: who made it, what it did in words, and the edits
+/// themselves (so that a change made on a document that was compacted meanwhile can be made
+/// again on the compacted one).
 #[derive(Debug, Serialize, Deserialize)]
 struct ChangeNote {
     #[serde(flatten)]
     author: Author,
     what: Vec<String>,
+    #[serde(default)]
+    edits: Vec<Edit>,
 }
 
 /// A user as the document holds it.
@@ -444,11 +537,19 @@ pub enum DocError {
 pub struct PolicyDoc {
     doc: AutoCommit,
     objs: Vec<ObjId>,
+    /// How many times the document was compacted: each compaction starts a new document
+    /// (a new genesis) from the state of the previous one.
+    epoch: u64,
 }
 
 impl PolicyDoc {
     /// The document as every node starts it, edited from now on as `actor`.
     pub fn genesis(actor: ActorId) -> Self {
+        Self::genesis_of(0, actor)
+    }
+
+    /// The genesis of `epoch`, the same on every node.
+    fn genesis_of(epoch: u64, actor: ActorId) -> Self {
         let mut doc = AutoCommit::new().with_actor(ActorId::from(GENESIS_ACTOR));
         let mut objs = Vec::with_capacity(OBJECTS.len());
         for (key, kind) in OBJECTS {
@@ -456,21 +557,29 @@ impl PolicyDoc {
             objs.push(doc.put_object(ROOT, key, kind).expect("root is a map"));
         }
         doc.put(ROOT, "schema", SCHEMA).expect("root is a map");
+        let e = i64::try_from(epoch).unwrap_or(i64::MAX);
+        doc.put(ROOT, "epoch", e).expect("root is a map");
         doc.commit_with(
             CommitOptions::default()
                 .with_message("genesis")
                 .with_time(0),
         );
         doc.set_actor(actor);
-        Self { doc, objs }
+        Self { doc, objs, epoch }
     }
 
     /// A saved document, edited from now on as `actor`.
     pub fn load(bytes: &[u8], actor: ActorId) -> Result<Self, DocError> {
         let mut doc = AutoCommit::load(bytes).map_err(|e| DocError::Load(e.to_string()))?;
         doc.set_actor(actor);
-        let objs = genesis_objects(&doc)?;
-        Ok(Self { doc, objs })
+        let epoch = epoch_of(&doc)?;
+        let objs = genesis_objects(&doc, epoch)?;
+        Ok(Self { doc, objs, epoch })
+    }
+
+    /// How many compactions the document has been through.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// The whole document, compacted.
@@ -479,7 +588,6 @@ impl PolicyDoc {
     }
 
     /// The current heads (equal heads, equal documents).
-    #[cfg(test)]
     pub fn heads(&mut self) -> Vec<automerge::ChangeHash> {
         self.doc.get_heads()
     }
@@ -509,6 +617,7 @@ impl PolicyDoc {
         let note = ChangeNote {
             author: author.clone(),
             what,
+            edits: edits.to_vec(),
         };
         let message = serde_json::to_string(&note).unwrap_or_default();
         self.doc.commit_with(
@@ -596,7 +705,18 @@ impl PolicyDoc {
                     return Ok(false);
                 }
                 let v = json(&entry);
-                put(&mut self.doc, &self.objs[5], peer_id, v)?;
+                put(&mut self.doc, &self.objs[NODES], peer_id, v)?;
+            }
+            Edit::NodeRemove { peer_id } => {
+                if !before.nodes.contains_key(peer_id) {
+                    return Ok(false);
+                }
+                put(
+                    &mut self.doc,
+                    &self.objs[NODES],
+                    peer_id,
+                    REMOVED.to_owned(),
+                )?;
             }
             Edit::AclDefault { permission } => {
                 let p: Permission =
@@ -686,9 +806,8 @@ impl PolicyDoc {
                 .iter()
                 .filter(|v| v.as_str() != REMOVED)
                 .filter_map(|v| match serde_json::from_str::<ResidencyEntry>(v) {
-                    Ok(e) if check_filter(&filter).is_ok() && !e.regions.is_empty() => {
-                        Some(e.regions.into_iter().collect())
-                    }
+                    // Empty after concurrent edits kept no region in common: nowhere else.
+                    Ok(e) if check_filter(&filter).is_ok() => Some(e.regions.into_iter().collect()),
                     _ => {
                         unreadable += 1;
                         None
@@ -703,7 +822,10 @@ impl PolicyDoc {
                 p.residency.insert(filter, keep);
             }
         }
-        for (peer, values) in self.entries(5) {
+        for (peer, values) in self.entries(NODES) {
+            if values.iter().any(|v| v == REMOVED) {
+                continue;
+            }
             match values
                 .last()
                 .and_then(|v| serde_json::from_str::<NodeEntry>(v).ok())
@@ -784,18 +906,14 @@ impl PolicyDoc {
             .collect()
     }
 
-    /// The document's history, oldest first (the genesis left out).
+    /// The document's history, oldest first: what the last compaction kept (a summary of
+    /// older changes, then each recent one), then every change since.
     pub fn history(&mut self) -> Vec<HistoryEntry> {
-        let mut out: Vec<HistoryEntry> = self
-            .doc
-            .get_changes_meta(&[])
+        let mut out: Vec<HistoryEntry> = self.kept_history();
+        let mut changes: Vec<HistoryEntry> = self
+            .edits()
             .into_iter()
-            .filter(|c| c.actor.as_ref().to_bytes() != GENESIS_ACTOR)
-            .map(|c| {
-                let note = c
-                    .message
-                    .as_deref()
-                    .and_then(|m| serde_json::from_str::<ChangeNote>(m).ok());
+            .map(|(c, note)| {
                 let (author, what) = match note {
                     Some(n) => (n.author, n.what.join("; ")),
                     None => (
@@ -804,7 +922,7 @@ impl PolicyDoc {
                             node: "?".to_owned(),
                             region: String::new(),
                         },
-                        c.message.as_deref().unwrap_or("").to_owned(),
+                        c.message.clone().unwrap_or_default(),
                     ),
                 };
                 HistoryEntry {
@@ -814,11 +932,194 @@ impl PolicyDoc {
                     region: author.region,
                     what,
                     change: c.hash.to_string(),
+                    summary: None,
                 }
             })
             .collect();
-        out.sort_by(|a, b| a.at_ms.cmp(&b.at_ms).then_with(|| a.change.cmp(&b.change)));
+        changes.sort_by(|a, b| a.at_ms.cmp(&b.at_ms).then_with(|| a.change.cmp(&b.change)));
+        // An edit made again on the compacted document by two nodes is one edit.
+        let key = |e: &HistoryEntry| {
+            (
+                e.at_ms,
+                e.by.clone(),
+                e.node.clone(),
+                e.region.clone(),
+                e.what.clone(),
+            )
+        };
+        let mut seen: BTreeSet<_> = out.iter().map(key).collect();
+        changes.retain(|e| seen.insert(key(e)));
+        out.extend(changes);
         out
+    }
+
+    /// The history the last compaction wrote into the document.
+    fn kept_history(&self) -> Vec<HistoryEntry> {
+        let list = &self.objs[HISTORY];
+        (0..self.doc.length(list))
+            .filter_map(|i| text(self.doc.get(list, i).ok().flatten().map(|(v, _)| v)))
+            .filter_map(|s| serde_json::from_str(&s).ok())
+            .collect()
+    }
+
+    /// Every change since the document's genesis and base, with its note.
+    fn edits(&mut self) -> Vec<(ChangeMeta, Option<ChangeNote>)> {
+        self.doc
+            .get_changes_meta(&[])
+            .into_iter()
+            .filter(|c| {
+                let actor = c.actor.as_ref().to_bytes();
+                actor != GENESIS_ACTOR && actor != BASE_ACTOR
+            })
+            .map(|c| {
+                let note = c
+                    .message
+                    .as_deref()
+                    .and_then(|m| serde_json::from_str::<ChangeNote>(m).ok());
+                let meta = ChangeMeta {
+                    hash: c.hash,
+                    timestamp: c.timestamp,
+                    message: c.message.as_deref().map(str::to_owned),
+                };
+                (meta, note)
+            })
+            .collect()
+    }
+
+    /// Changes since the last compaction (or the genesis).
+    pub fn changes_since_base(&mut self) -> usize {
+        self.edits().len()
+    }
+
+    /// When the oldest change the history lists one by one was made.
+    pub fn oldest_listed_ms(&mut self) -> Option<i64> {
+        self.history()
+            .iter()
+            .filter(|e| e.summary.is_none())
+            .map(|e| e.at_ms)
+            .min()
+    }
+
+    /// The heads of the document this one was compacted from (none for epoch 0).
+    pub fn base_of(&self) -> Vec<automerge::ChangeHash> {
+        text(self.doc.get(ROOT, "base_of").ok().flatten().map(|(v, _)| v))
+            .and_then(|s| serde_json::from_str::<Vec<String>>(&s).ok())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|h| h.parse().ok())
+            .collect()
+    }
+
+    /// The next epoch's document: what this one says now, every conflict decided, in one
+    /// change (so none of this document's history weighs on it), with its history kept as
+    /// data — the changes of the last `retention_ms` one by one, older ones as one summary.
+    /// Edited from then on as `actor`.
+    pub fn compacted(
+        &mut self,
+        author: &Author,
+        now_ms: i64,
+        retention_ms: u64,
+        actor: ActorId,
+    ) -> Self {
+        let policy = self.policy();
+        let history = self.history();
+        let cutoff = now_ms.saturating_sub(i64::try_from(retention_ms).unwrap_or(i64::MAX));
+        let (recent, old): (Vec<HistoryEntry>, Vec<HistoryEntry>) = history
+            .into_iter()
+            .partition(|e| e.summary.is_none() && e.at_ms >= cutoff);
+        let heads: Vec<String> = self
+            .doc
+            .get_heads()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let mut next = Self::genesis_of(self.epoch + 1, ActorId::from(BASE_ACTOR));
+        // Writes to a new document's own objects: they cannot fail.
+        let doc = &mut next.doc;
+        let objs = &next.objs;
+        let mut put = |obj: usize, key: &str, value: String| {
+            let _ = doc.put(&objs[obj], key, value);
+        };
+        for (name, hash) in &policy.users {
+            put(USERS, name, json(&SecretEntry { hash: hash.clone() }));
+        }
+        for kind in [TokenKind::Admin, TokenKind::Edge] {
+            for (name, hash) in kind.of(&policy) {
+                let hash = hash.clone();
+                put(kind.object(), name, json(&SecretEntry { hash }));
+            }
+        }
+        for (filter, regions) in &policy.residency {
+            let regions = regions.iter().cloned().collect();
+            put(RESIDENCY, filter, json(&ResidencyEntry { regions }));
+        }
+        for (peer, node) in &policy.nodes {
+            put(NODES, peer, json(node));
+        }
+        for (i, rule) in policy.acl.iter().enumerate() {
+            let _ = doc.insert(&objs[ACL], i, json(rule));
+        }
+        if let Some(d) = policy.acl_default {
+            let _ = doc.put(ROOT, "acl_default", d.to_string());
+        }
+        let kept: Vec<HistoryEntry> = HistoryEntry::summarise(&old)
+            .into_iter()
+            .chain(recent)
+            .collect();
+        for (i, e) in kept.iter().enumerate() {
+            let _ = doc.insert(&objs[HISTORY], i, json(e));
+        }
+        let _ = doc.put(ROOT, "base_of", json(&heads));
+        let note = ChangeNote {
+            author: author.clone(),
+            what: vec![format!("compacted into epoch {}", self.epoch + 1)],
+            edits: Vec::new(),
+        };
+        doc.commit_with(
+            CommitOptions::default()
+                .with_message(json(&note))
+                .with_time(now_ms),
+        );
+        doc.set_actor(actor);
+        next
+    }
+
+    /// Make again on `next` (a later epoch's document) the edits of this document that it
+    /// does not hold: those made after the heads it was compacted from, but not what the
+    /// files seeded (a node that joins a deployment takes the deployment's policy). Each
+    /// keeps its author and time; one that no longer applies (removing what is not there) is
+    /// skipped. Returns how many changes were made again.
+    pub fn replay_onto(&mut self, next: &mut Self) -> usize {
+        let base: Vec<automerge::ChangeHash> = next
+            .base_of()
+            .into_iter()
+            .filter(|h| self.doc.get_change_meta_by_hash(h).is_some())
+            .collect();
+        let changes = self.doc.get_changes(&base);
+        let mut replayed = 0;
+        for change in changes {
+            let actor = change.actor_id().to_bytes();
+            if actor == GENESIS_ACTOR || actor == BASE_ACTOR {
+                continue;
+            }
+            let Some(note) = change
+                .message()
+                .and_then(|m| serde_json::from_str::<ChangeNote>(m).ok())
+            else {
+                continue;
+            };
+            if note.author.by == "seed" {
+                continue;
+            }
+            let mut any = false;
+            for edit in &note.edits {
+                any |= next
+                    .apply(std::slice::from_ref(edit), &note.author, change.timestamp())
+                    .unwrap_or(false);
+            }
+            replayed += usize::from(any);
+        }
+        replayed
     }
 
     /// The next message for a peer whose sync state is `state`, if it needs one.
@@ -861,7 +1162,7 @@ impl PolicyDoc {
                 max: max_bytes,
             });
         }
-        let objs = genesis_objects(&doc)?;
+        let objs = genesis_objects(&doc, self.epoch)?;
         let changed = doc.get_heads() != heads;
         self.doc = doc;
         self.objs = objs;
@@ -870,9 +1171,29 @@ impl PolicyDoc {
     }
 }
 
-/// The genesis's objects in `doc`, which must hold the genesis.
-fn genesis_objects(doc: &AutoCommit) -> Result<Vec<ObjId>, DocError> {
-    let genesis = PolicyDoc::genesis(ActorId::from(GENESIS_ACTOR));
+/// What a change of the history is, from its metadata.
+#[derive(Debug)]
+struct ChangeMeta {
+    hash: automerge::ChangeHash,
+    timestamp: i64,
+    message: Option<String>,
+}
+
+/// The epoch a document's genesis names.
+fn epoch_of(doc: &AutoCommit) -> Result<u64, DocError> {
+    match doc.get(ROOT, "epoch") {
+        Ok(Some((Value::Scalar(v), _))) => match v.as_ref() {
+            automerge::ScalarValue::Int(e) => u64::try_from(*e).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+    .ok_or_else(|| DocError::Load("it names no epoch".to_owned()))
+}
+
+/// The genesis's objects in `doc`, which must hold the genesis of `epoch`.
+fn genesis_objects(doc: &AutoCommit, epoch: u64) -> Result<Vec<ObjId>, DocError> {
+    let genesis = PolicyDoc::genesis_of(epoch, ActorId::from(GENESIS_ACTOR));
     genesis
         .objs
         .iter()
@@ -1293,6 +1614,103 @@ mod tests {
         );
     }
 
+    #[test]
+    fn compaction_keeps_the_policy_and_summarises_old_history() {
+        let mut a = PolicyDoc::genesis(actor(1));
+        // 300 old changes (a password changed over and over), then two recent ones.
+        for t in 0..300i64 {
+            let i = usize::try_from(t).unwrap() % 3;
+            a.apply(&[user_set("alice", i)], &by("ops"), 1_000 + t)
+                .unwrap();
+        }
+        a.apply(
+            &[Edit::AclAdd {
+                rule: rule("deny", "all", "secret/#"),
+                before: None,
+            }],
+            &by("sec"),
+            1_000_000,
+        )
+        .unwrap();
+        a.apply(&[user_set("bob", 1)], &by("ops"), 1_000_500)
+            .unwrap();
+        let want = a.policy();
+        let before = a.save().len();
+
+        let mut next = a.compacted(&by("compaction"), 1_001_000, 10_000, actor(2));
+        assert_eq!(next.epoch(), 1);
+        assert_eq!(next.policy(), want, "what the document says is kept");
+        assert!(
+            next.save().len() < before,
+            "{} → {}",
+            before,
+            next.save().len()
+        );
+        assert_eq!(next.changes_since_base(), 0);
+        let h = next.history();
+        let summary = h[0].summary.as_ref().expect("the old changes summarised");
+        assert_eq!(summary.count, 300);
+        assert_eq!(summary.kinds["user"], 300);
+        assert_eq!((summary.from_ms, h[0].at_ms), (1_000, 1_299));
+        assert_eq!(h[1].what, "acl add deny all secret/#");
+        assert_eq!(h[2].what, "user set bob");
+        assert_eq!(h.len(), 3);
+
+        // Saved and loaded it is epoch 1; compacted again, the summary grows, nothing else.
+        let mut again = PolicyDoc::load(&next.save(), actor(3)).unwrap();
+        assert_eq!(again.epoch(), 1);
+        again
+            .apply(&[user_set("carol", 0)], &by("ops"), 3_000_000)
+            .unwrap();
+        let mut third = again.compacted(&by("compaction"), 3_000_001, 10_000, actor(4));
+        assert_eq!(third.epoch(), 2);
+        let h = third.history();
+        assert_eq!(h[0].summary.as_ref().unwrap().count, 302);
+        assert_eq!(h[1].what, "user set carol");
+        assert_eq!(PolicyDoc::load(&third.save(), actor(5)).unwrap().epoch(), 2);
+    }
+
+    #[test]
+    fn edits_made_meanwhile_are_made_again_on_the_next_epoch() {
+        let mut a = PolicyDoc::genesis(actor(1));
+        a.apply(&[user_set("alice", 0)], &by("ops"), 1_000).unwrap();
+        let mut b = PolicyDoc::load(&a.save(), actor(2)).unwrap();
+        // a compacts while b, not yet told, adds a user and a rule.
+        let mut next = a.compacted(&by("compaction"), 2_000, 1 << 40, actor(3));
+        b.apply(&[user_set("bob", 1)], &by("ops"), 2_500).unwrap();
+        b.apply(
+            &[Edit::AclAdd {
+                rule: rule("deny", "all", "x/#"),
+                before: None,
+            }],
+            &by("sec"),
+            2_600,
+        )
+        .unwrap();
+        let mut b_next = PolicyDoc::load(&next.save(), actor(4)).unwrap();
+        assert_eq!(b.replay_onto(&mut b_next), 2);
+        assert_eq!(b_next.policy().users.len(), 2);
+        assert_eq!(b_next.policy().acl, vec![rule("deny", "all", "x/#")]);
+        let last = b_next.history().pop().unwrap();
+        assert_eq!(
+            (last.at_ms, last.by.as_str()),
+            (2_600, "sec"),
+            "author and time kept"
+        );
+        // Back at a through the sync protocol: the same everywhere.
+        sync_pair(&mut next, &mut b_next, 1 << 20).unwrap();
+        assert_eq!(next.policy(), b_next.policy());
+
+        // A node that joins with its own seed takes the deployment's policy as it is.
+        let mut fresh = PolicyDoc::genesis(actor(5));
+        fresh
+            .apply(&[user_set("mallory", 0)], &by("seed"), 3_000)
+            .unwrap();
+        let mut joined = PolicyDoc::load(&next.save(), actor(6)).unwrap();
+        assert_eq!(fresh.replay_onto(&mut joined), 0);
+        assert!(!joined.policy().users.contains_key("mallory"));
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Edit(usize, Edit),
@@ -1408,6 +1826,9 @@ mod tests {
             for r in &mut replicas {
                 prop_assert_eq!(r.policy(), want.clone());
             }
+            // Compaction changes nothing the document says.
+            let compacted = all.compacted(&by("compaction"), 1_000, 10, actor(11));
+            prop_assert_eq!(compacted.policy(), want);
         }
     }
 }

@@ -10,6 +10,20 @@
 //! On the first start (no saved document) the files seed it: the password file's users, the
 //! `[acl]` rules, `admin.token_file` and `cluster.edge.token_file`, in one change by `seed`.
 //! Every start then records the node itself (`nodes/PEER_ID`: its name and region).
+//!
+//! **Compaction.** An automerge document keeps every change it ever had. Every
+//! `policy.compact_interval_ms` the node with the smallest peer id of the document's nodes
+//! checks whether `policy.compact_after_changes` changes were made since the last compaction,
+//! or the history lists a change older than `policy.history_retention_days`; if so, and
+//! every node of the document is linked to it with the same document (same heads), it starts
+//! the next epoch: a new document holding what this one says, with the history of the
+//! retention kept one change at a time and older changes as one summary
+//! ([`PolicyDoc::compacted`]). It sends it whole on every policy stream; a node that gets a
+//! later epoch takes it and makes again on it the edits it made meanwhile
+//! ([`PolicyDoc::replay_onto`]). A node that joins later gets it the same way.
+//!
+//! On the policy streams each message is a tag (0: a sync message, 1: a whole document), the
+//! sender's epoch (8 bytes, big-endian), and the body.
 
 pub mod api;
 pub mod document;
@@ -23,13 +37,16 @@ use anyhow::Context;
 use automerge::ActorId;
 use automerge::sync;
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use document::{Author, DocError, Edit, EditError, HistoryEntry, Policy, PolicyDoc, TokenKind};
 use tokens::TokenSet;
 
 /// The saved document's file name in the data directory.
 pub const DOCUMENT_FILE: &str = "policy.automerge";
+/// Policy stream message tags.
+const TAG_SYNC: u8 = 0;
+const TAG_DOCUMENT: u8 = 1;
 /// Requests waiting for the policy task.
 const QUEUE: usize = 256;
 
@@ -38,15 +55,18 @@ const QUEUE: usize = 256;
 pub struct Snapshot {
     /// Counts the document's changes since this process started (sync sessions wake on it).
     pub version: u64,
+    /// The document's epoch (compactions).
+    pub epoch: u64,
     pub policy: Arc<Policy>,
     admin_tokens: Arc<TokenSet>,
     edge_tokens: Arc<TokenSet>,
 }
 
 impl Snapshot {
-    fn of(version: u64, policy: Policy) -> Self {
+    fn of(version: u64, epoch: u64, policy: Policy) -> Self {
         Self {
             version,
+            epoch,
             admin_tokens: Arc::new(TokenSet::from_hashes(&policy.admin_tokens)),
             edge_tokens: Arc::new(TokenSet::from_hashes(&policy.edge_tokens)),
             policy: Arc::new(policy),
@@ -71,6 +91,12 @@ pub struct PolicySettings {
     pub region: String,
     pub peer_id: Option<String>,
     pub max_document_bytes: usize,
+    /// History listed change by change; older changes are summarised at the next compaction.
+    pub history_retention_ms: u64,
+    /// Changes since the last compaction that call for the next one.
+    pub compact_after_changes: usize,
+    /// How often compaction is considered.
+    pub compact_interval_ms: u64,
     /// What seeds a new document.
     pub seed: Seed,
 }
@@ -107,6 +133,12 @@ impl PolicySettings {
             },
             peer_id,
             max_document_bytes: config.policy.max_document_bytes,
+            history_retention_ms: config
+                .policy
+                .history_retention_days
+                .saturating_mul(86_400_000),
+            compact_after_changes: config.policy.compact_after_changes,
+            compact_interval_ms: config.policy.compact_interval_ms,
             seed,
         })
     }
@@ -172,10 +204,12 @@ enum Cmd {
     History(oneshot::Sender<Vec<HistoryEntry>>),
     SyncOut {
         session: u64,
+        peer: String,
         reply: oneshot::Sender<Option<Vec<u8>>>,
     },
     SyncIn {
         session: u64,
+        peer: String,
         message: Vec<u8>,
         reply: oneshot::Sender<Result<(), DocError>>,
     },
@@ -255,7 +289,7 @@ impl PolicyHandle {
                 "policy document: entries that cannot be read are left out"
             );
         }
-        let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(0, policy));
+        let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(0, doc.epoch(), policy));
         let (tx, rx) = mpsc::channel(QUEUE);
         let task = PolicyTask {
             doc,
@@ -272,6 +306,11 @@ impl PolicyHandle {
     /// What the document says now, and every later change.
     pub fn watch(&self) -> watch::Receiver<Snapshot> {
         self.snapshot.clone()
+    }
+
+    /// How many times the document was compacted.
+    pub fn epoch(&self) -> u64 {
+        self.snapshot.borrow().epoch
     }
 
     /// What the document says now.
@@ -299,20 +338,32 @@ impl PolicyHandle {
         answer.await.unwrap_or_default()
     }
 
-    /// The next sync message for the peer of `session`, if it needs one.
-    pub async fn sync_out(&self, session: u64) -> Option<Vec<u8>> {
+    /// The next message for `peer` on `session`, if it needs one.
+    pub async fn sync_out(&self, session: u64, peer: &str) -> Option<Vec<u8>> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Cmd::SyncOut { session, reply }).await.ok()?;
+        let peer = peer.to_owned();
+        let cmd = Cmd::SyncOut {
+            session,
+            peer,
+            reply,
+        };
+        self.tx.send(cmd).await.ok()?;
         answer.await.ok().flatten()
     }
 
-    /// A sync message from the peer of `session`.
-    pub async fn sync_in(&self, session: u64, message: Vec<u8>) -> Result<(), DocError> {
+    /// A message from `peer` on `session`.
+    pub async fn sync_in(
+        &self,
+        session: u64,
+        peer: &str,
+        message: Vec<u8>,
+    ) -> Result<(), DocError> {
         let (reply, answer) = oneshot::channel();
         let gone = || DocError::Sync("the policy task has stopped".to_owned());
         self.tx
             .send(Cmd::SyncIn {
                 session,
+                peer: peer.to_owned(),
                 message,
                 reply,
             })
@@ -331,59 +382,269 @@ struct PolicyTask {
     doc: PolicyDoc,
     path: PathBuf,
     settings: PolicySettings,
-    /// Sync state per mesh policy stream.
-    sessions: HashMap<u64, sync::State>,
+    /// Per mesh policy stream.
+    sessions: HashMap<u64, Session>,
     version: u64,
     snapshot: watch::Sender<Snapshot>,
 }
 
+/// A policy stream to a peer.
+#[derive(Debug, Default)]
+struct Session {
+    peer: String,
+    /// Automerge's sync state, for this node's epoch.
+    state: sync::State,
+    /// The epoch the peer's last message named.
+    their_epoch: Option<u64>,
+    /// Messages to send before any sync message (a whole document).
+    outbox: std::collections::VecDeque<Vec<u8>>,
+    /// The epoch whose document it was sent.
+    sent_document: Option<u64>,
+}
+
+/// The state of a policy stream, new at its first message.
+fn session_in(sessions: &mut HashMap<u64, Session>, session: u64, peer: String) -> &mut Session {
+    sessions.entry(session).or_insert_with(|| Session {
+        peer,
+        ..Session::default()
+    })
+}
+
+/// A policy stream message.
+fn frame(tag: u8, epoch: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + body.len());
+    out.push(tag);
+    out.extend_from_slice(&epoch.to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// A policy stream message's tag, epoch and body.
+fn unframe(message: &[u8]) -> Result<(u8, u64, &[u8]), DocError> {
+    let bad = || DocError::Sync("a policy message shorter than its header".to_owned());
+    let (&tag, rest) = message.split_first().ok_or_else(bad)?;
+    let (epoch, body) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
+    Ok((tag, u64::from_be_bytes(*epoch), body))
+}
+
 impl PolicyTask {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
-        while let Some(cmd) = rx.recv().await {
-            match cmd {
-                Cmd::Edit { edits, by, reply } => {
-                    let author = Author {
-                        by,
-                        node: self.settings.node.clone(),
-                        region: self.settings.region.clone(),
-                    };
-                    let r = self.doc.apply(&edits, &author, now_ms());
-                    let r = match r {
-                        Ok(true) => self.changed().await.map(|()| true),
-                        other => other,
-                    };
-                    let _ = reply.send(r);
+        let every = std::time::Duration::from_millis(self.settings.compact_interval_ms.max(10));
+        let mut compaction = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        compaction.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let cmd = tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => cmd,
+                    None => return,
+                },
+                _ = compaction.tick() => {
+                    if self.compaction_due() {
+                        self.compact().await;
+                    }
+                    continue;
                 }
-                Cmd::History(reply) => {
-                    let _ = reply.send(self.doc.history());
-                }
-                Cmd::SyncOut { session, reply } => {
-                    let state = self.sessions.entry(session).or_default();
-                    let _ = reply.send(self.doc.sync_message(state));
-                }
-                Cmd::SyncIn {
-                    session,
-                    message,
-                    reply,
-                } => {
-                    let state = self.sessions.entry(session).or_default();
-                    let r =
-                        self.doc
-                            .receive_sync(state, &message, self.settings.max_document_bytes);
-                    let r = match r {
-                        Ok(true) => self
-                            .changed()
-                            .await
-                            .map_err(|e| DocError::Sync(e.to_string())),
-                        Ok(false) => Ok(()),
-                        Err(e) => Err(e),
-                    };
-                    let _ = reply.send(r);
-                }
-                Cmd::SyncEnd { session } => {
-                    self.sessions.remove(&session);
-                }
+            };
+            self.handle(cmd).await;
+        }
+    }
+
+    async fn handle(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Edit { edits, by, reply } => {
+                let author = self.author(by);
+                let r = self.doc.apply(&edits, &author, now_ms());
+                let r = match r {
+                    Ok(true) => self.changed().await.map(|()| true),
+                    other => other,
+                };
+                let _ = reply.send(r);
             }
+            Cmd::History(reply) => {
+                let _ = reply.send(self.doc.history());
+            }
+            Cmd::SyncOut {
+                session,
+                peer,
+                reply,
+            } => {
+                let epoch = self.doc.epoch();
+                let s = session_in(&mut self.sessions, session, peer);
+                let message = match s.outbox.pop_front() {
+                    Some(m) => Some(m),
+                    None => self
+                        .doc
+                        .sync_message(&mut s.state)
+                        .map(|m| frame(TAG_SYNC, epoch, &m)),
+                };
+                let _ = reply.send(message);
+            }
+            Cmd::SyncIn {
+                session,
+                peer,
+                message,
+                reply,
+            } => {
+                let r = self.receive(session, peer, &message).await;
+                let _ = reply.send(r);
+            }
+            Cmd::SyncEnd { session } => {
+                self.sessions.remove(&session);
+            }
+        }
+    }
+
+    fn author(&self, by: String) -> Author {
+        Author {
+            by,
+            node: self.settings.node.clone(),
+            region: self.settings.region.clone(),
+        }
+    }
+
+    /// A message from a peer: a sync message of its epoch, or a whole document.
+    async fn receive(
+        &mut self,
+        session: u64,
+        peer: String,
+        message: &[u8],
+    ) -> Result<(), DocError> {
+        let (tag, epoch, body) = unframe(message)?;
+        let mine = self.doc.epoch();
+        let max = self.settings.max_document_bytes;
+        match tag {
+            TAG_SYNC => {
+                let s = session_in(&mut self.sessions, session, peer);
+                s.their_epoch = Some(epoch);
+                if epoch < mine {
+                    // Behind: it gets this epoch's document, once.
+                    if s.sent_document != Some(mine) {
+                        s.sent_document = Some(mine);
+                        let whole = frame(TAG_DOCUMENT, mine, &self.doc.save());
+                        if let Some(s) = self.sessions.get_mut(&session) {
+                            s.outbox.push_back(whole);
+                        }
+                    }
+                    return Ok(());
+                }
+                if epoch > mine {
+                    // Ahead: its document is on its way.
+                    return Ok(());
+                }
+                if self.doc.receive_sync(&mut s.state, body, max)? {
+                    self.changed()
+                        .await
+                        .map_err(|e| DocError::Sync(e.to_string()))?;
+                }
+                Ok(())
+            }
+            TAG_DOCUMENT if epoch > mine => {
+                if body.len() > max {
+                    return Err(DocError::TooLarge {
+                        size: body.len(),
+                        max,
+                    });
+                }
+                let mut next = PolicyDoc::load(
+                    body,
+                    fresh_actor().map_err(|e| DocError::Load(e.to_string()))?,
+                )?;
+                if next.epoch() != epoch {
+                    return Err(DocError::Load(
+                        "its epoch is not the one it names".to_owned(),
+                    ));
+                }
+                let replayed = self.doc.replay_onto(&mut next);
+                info!(%peer, epoch, replayed, "policy document: took the next epoch's document");
+                session_in(&mut self.sessions, session, peer).their_epoch = Some(epoch);
+                self.switch(next).await;
+                Ok(())
+            }
+            TAG_DOCUMENT => Ok(()),
+            _ => Err(DocError::Sync(format!("unknown policy message tag {tag}"))),
+        }
+    }
+
+    /// Whether this node should compact the document now: it is the one that does (the
+    /// smallest peer id among the document's nodes), there is something to compact, and
+    /// every other node of the document holds the same document.
+    fn compaction_due(&mut self) -> bool {
+        let policy = self.doc.policy();
+        let me = self.settings.peer_id.as_deref();
+        let smallest = policy.nodes.keys().map(String::as_str).chain(me).min();
+        if smallest != me {
+            return false;
+        }
+        let enough = self.doc.changes_since_base() >= self.settings.compact_after_changes.max(1);
+        let cutoff = now_ms()
+            .saturating_sub(i64::try_from(self.settings.history_retention_ms).unwrap_or(i64::MAX));
+        let aged = self.doc.oldest_listed_ms().is_some_and(|t| t < cutoff);
+        if !enough && !aged {
+            return false;
+        }
+        let heads = self.doc.heads();
+        let epoch = self.doc.epoch();
+        let behind: Vec<&String> = policy
+            .nodes
+            .keys()
+            .filter(|n| Some(n.as_str()) != me)
+            .filter(|n| {
+                !self.sessions.values().any(|s| {
+                    s.peer == **n
+                        && s.their_epoch == Some(epoch)
+                        && s.state.their_heads.as_ref() == Some(&heads)
+                })
+            })
+            .collect();
+        if !behind.is_empty() {
+            debug!(
+                nodes = ?behind,
+                "policy compaction waits for every node to hold the same document"
+            );
+        }
+        behind.is_empty()
+    }
+
+    /// Start the next epoch from this document.
+    async fn compact(&mut self) {
+        let author = self.author("compaction".to_owned());
+        let actor = match fresh_actor() {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(error = %e, "policy document: cannot compact");
+                return;
+            }
+        };
+        let changes = self.doc.changes_since_base();
+        let before = self.doc.save().len();
+        let next = self
+            .doc
+            .compacted(&author, now_ms(), self.settings.history_retention_ms, actor);
+        self.switch(next).await;
+        let after = self.doc.save().len();
+        info!(
+            epoch = self.doc.epoch(),
+            changes,
+            bytes_before = before,
+            bytes_after = after,
+            "policy document compacted"
+        );
+    }
+
+    /// This node's document is now `next` (a later epoch): every peer behind gets it whole.
+    async fn switch(&mut self, next: PolicyDoc) {
+        self.doc = next;
+        let epoch = self.doc.epoch();
+        let whole = frame(TAG_DOCUMENT, epoch, &self.doc.save());
+        for s in self.sessions.values_mut() {
+            s.state = sync::State::new();
+            if s.their_epoch.is_none_or(|e| e < epoch) && s.sent_document != Some(epoch) {
+                s.sent_document = Some(epoch);
+                s.outbox.push_back(whole.clone());
+            }
+        }
+        if let Err(e) = self.changed().await {
+            warn!(error = %e, "policy document: the new epoch is in force but not saved");
         }
     }
 
@@ -393,7 +654,7 @@ impl PolicyTask {
         let policy = self.doc.policy();
         let bytes = self.doc.save();
         self.snapshot
-            .send_replace(Snapshot::of(self.version, policy));
+            .send_replace(Snapshot::of(self.version, self.doc.epoch(), policy));
         let path = self.path.clone();
         match tokio::task::spawn_blocking(move || save(&path, &bytes)).await {
             Ok(Ok(())) => Ok(()),
