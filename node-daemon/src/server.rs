@@ -218,9 +218,11 @@ impl Server {
         } else {
             None
         };
-        let auth_setup = match (custom_auth, &policy) {
+        // What the broker starts with (the follower applies any later change).
+        let started_with = policy.as_ref().map(PolicyHandle::current);
+        let auth_setup = match (custom_auth, &started_with) {
             (Some(f), _) => Err(f),
-            (None, Some(p)) => Ok(auth::AuthSetup::from_policy(&config, &p.current(), true)?),
+            (None, Some(p)) => Ok(auth::AuthSetup::from_policy(&config, p, true)?),
             (None, None) => Ok(auth::AuthSetup::from_config(&config)?),
         };
         let token_source = |kind: TokenKind, file: anyhow::Result<TokenSet>| {
@@ -250,6 +252,8 @@ impl Server {
                 p.commands.clone(),
             )
         });
+        // In force before anything is restored or advertised.
+        let residency = started_with.as_ref().map(|p| p.residency());
 
         // The broker task. Opening the store and restoring from it may take a while: that
         // runs on the blocking pool; serving runs on the runtime's workers.
@@ -290,6 +294,9 @@ impl Server {
                     "cluster mode"
                 );
                 broker.enable_cluster(cluster);
+                if let Some(residency) = residency {
+                    broker.set_residency(residency);
+                }
                 mesh_tx = Some(cmd_tx);
             }
             let mut engine = Engine::new(broker, store, write_limits, counters, tcp)?;
@@ -493,9 +500,10 @@ impl Server {
         if addrs.iter().all(|(n, _)| *n == "admin") {
             warn!("no MQTT listener is enabled");
         }
-        if let Some(p) = &policy {
+        if let (Some(p), Some(started)) = (&policy, started_with) {
             tokio::spawn(follow_policy(
                 p.watch(),
+                started,
                 config.clone(),
                 handle.tx.clone(),
                 verify_limits.clone(),
@@ -661,23 +669,16 @@ async fn set_hooks(
 /// with the policy task or the broker task.
 async fn follow_policy(
     mut rx: watch::Receiver<Snapshot>,
+    started: Arc<Policy>,
     config: DaemonConfig,
     tx: mpsc::Sender<ToEngine>,
     limits: auth::VerifyLimits,
 ) {
     let auth_part = |p: &Policy| (p.users.clone(), p.acl_default, p.acl.clone());
-    let policy = rx.borrow_and_update().policy.clone();
-    let mut applied = auth_part(&policy);
-    let mut residency = policy.residency.clone();
-    if !residency.is_empty()
-        && tx
-            .send(ToEngine::SetResidency(policy.residency()))
-            .await
-            .is_err()
-    {
-        return;
-    }
-    while rx.changed().await.is_ok() {
+    // What the broker started with; a change made since is applied at once.
+    let mut applied = auth_part(&started);
+    let mut residency = started.residency.clone();
+    loop {
         let policy = rx.borrow_and_update().policy.clone();
         if policy.residency != residency {
             residency = policy.residency.clone();
@@ -694,31 +695,47 @@ async fn follow_policy(
             );
         }
         let now = auth_part(&policy);
-        if now == applied {
-            continue;
-        }
-        // A login being checked against users that did not change stays valid.
-        let new_users = now.0 != applied.0;
-        applied = now;
-        match auth::AuthSetup::from_policy(&config, &policy, false) {
-            Ok(setup) => {
-                let summary = setup.summary();
-                if set_hooks(&tx, setup, &limits, new_users).await.is_err() {
-                    return;
-                }
-                info!(
-                    users = summary.users,
-                    anonymous = summary.anonymous,
-                    acl_rules = summary.acl_rules,
-                    "policy changed: users and access rules applied"
-                );
+        if now != applied {
+            // A login being checked against users that did not change stays valid.
+            let new_users = now.0 != applied.0;
+            applied = now;
+            if !apply_auth(&config, &policy, &tx, &limits, new_users).await {
+                return;
             }
-            Err(e) => warn!(
-                error = format!("{e:#}"),
-                "policy changed but cannot be applied: the previous users and rules stay"
-            ),
+        }
+        if rx.changed().await.is_err() {
+            return;
         }
     }
+}
+
+/// Make the broker use the users and rules of `policy`. False once the broker task is gone.
+async fn apply_auth(
+    config: &DaemonConfig,
+    policy: &Policy,
+    tx: &mpsc::Sender<ToEngine>,
+    limits: &auth::VerifyLimits,
+    new_users: bool,
+) -> bool {
+    match auth::AuthSetup::from_policy(config, policy, false) {
+        Ok(setup) => {
+            let summary = setup.summary();
+            if set_hooks(tx, setup, limits, new_users).await.is_err() {
+                return false;
+            }
+            info!(
+                users = summary.users,
+                anonymous = summary.anonymous,
+                acl_rules = summary.acl_rules,
+                "policy changed: users and access rules applied"
+            );
+        }
+        Err(e) => warn!(
+            error = format!("{e:#}"),
+            "policy changed but cannot be applied: the previous users and rules stay"
+        ),
+    }
+    true
 }
 
 fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> ClusterConfig {
