@@ -277,6 +277,22 @@ async fn a_residency_rule_keeps_messages_in_its_regions() {
         metric(&c.metrics().await, "meridian_residency_withheld_total"),
         0.0
     );
+    // The forward counters say the same: 20 to b, the news alone to c.
+    assert_eq!(
+        a.peer_metric("meridian_forward_sent_messages_total", b)
+            .await,
+        20.0
+    );
+    assert_eq!(
+        a.peer_metric("meridian_forward_sent_messages_total", c)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        c.peer_metric("meridian_forward_received_messages_total", a)
+            .await,
+        1.0
+    );
 
     // Removed in c: health crosses to c again.
     ctl_ok(c, &["residency", "remove", "health/#"], "");

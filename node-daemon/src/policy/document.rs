@@ -1000,14 +1000,19 @@ impl PolicyDoc {
             .min()
     }
 
-    /// The heads of the document this one was compacted from (none for epoch 0).
-    pub fn base_of(&self) -> Vec<automerge::ChangeHash> {
-        text(self.doc.get(ROOT, "base_of").ok().flatten().map(|(v, _)| v))
-            .and_then(|s| serde_json::from_str::<Vec<String>>(&s).ok())
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|h| h.parse().ok())
-            .collect()
+    /// What the previous epoch's document held when this one was made from it: each
+    /// actor's last change (automerge numbers an actor's changes 1, 2, ...). Empty for
+    /// epoch 0.
+    fn base_clock(&self) -> BTreeMap<String, u64> {
+        text(
+            self.doc
+                .get(ROOT, "base_clock")
+                .ok()
+                .flatten()
+                .map(|(v, _)| v),
+        )
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default()
     }
 
     /// The next epoch's document: what this one says now, every conflict decided, in one
@@ -1027,12 +1032,11 @@ impl PolicyDoc {
         let (recent, old): (Vec<HistoryEntry>, Vec<HistoryEntry>) = history
             .into_iter()
             .partition(|e| e.summary.is_none() && e.at_ms >= cutoff);
-        let heads: Vec<String> = self
-            .doc
-            .get_heads()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let mut clock: BTreeMap<String, u64> = BTreeMap::new();
+        for c in self.doc.get_changes_meta(&[]) {
+            let last = clock.entry(c.actor.to_hex_string()).or_default();
+            *last = (*last).max(c.seq);
+        }
         let mut next = Self::genesis_of(self.epoch + 1, ActorId::from(BASE_ACTOR));
         // Writes to a new document's own objects: they cannot fail.
         let doc = &mut next.doc;
@@ -1069,7 +1073,7 @@ impl PolicyDoc {
         for (i, e) in kept.iter().enumerate() {
             let _ = doc.insert(&objs[HISTORY], i, json(e));
         }
-        let _ = doc.put(ROOT, "base_of", json(&heads));
+        let _ = doc.put(ROOT, "base_clock", json(&clock));
         let note = ChangeNote {
             author: author.clone(),
             what: vec![format!("compacted into epoch {}", self.epoch + 1)],
@@ -1084,22 +1088,26 @@ impl PolicyDoc {
         next
     }
 
-    /// Make again on `next` (a later epoch's document) the edits of this document that it
-    /// does not hold: those made after the heads it was compacted from, but not what the
-    /// files seeded (a node that joins a deployment takes the deployment's policy). Each
-    /// keeps its author and time; one that no longer applies (removing what is not there) is
-    /// skipped. Returns how many changes were made again.
-    pub fn replay_onto(&mut self, next: &mut Self) -> usize {
-        let base: Vec<automerge::ChangeHash> = next
-            .base_of()
-            .into_iter()
-            .filter(|h| self.doc.get_change_meta_by_hash(h).is_some())
-            .collect();
-        let changes = self.doc.get_changes(&base);
+    /// Make again on `next`, the next epoch's document, the edits of this document that it
+    /// does not hold (those its base did not count: made after it was compacted from this
+    /// epoch, or on a node that was not part of it), but not what the files seeded (a node
+    /// that joins a deployment takes the deployment's policy). Each keeps its author and
+    /// time; one that no longer applies (removing what is not there) is skipped. A document
+    /// more than one epoch behind cannot tell what the later one holds: nothing is made again
+    /// (`None`). Returns how many changes were made again.
+    pub fn replay_onto(&mut self, next: &mut Self) -> Option<usize> {
+        if next.epoch != self.epoch + 1 {
+            return None;
+        }
+        let clock = next.base_clock();
         let mut replayed = 0;
-        for change in changes {
-            let actor = change.actor_id().to_bytes();
-            if actor == GENESIS_ACTOR || actor == BASE_ACTOR {
+        for change in self.doc.get_changes(&[]) {
+            let actor = change.actor_id();
+            if [GENESIS_ACTOR, BASE_ACTOR].contains(&actor.to_bytes())
+                || clock
+                    .get(&actor.to_hex_string())
+                    .is_some_and(|&last| change.seq() <= last)
+            {
                 continue;
             }
             let Some(note) = change
@@ -1119,7 +1127,7 @@ impl PolicyDoc {
             }
             replayed += usize::from(any);
         }
-        replayed
+        Some(replayed)
     }
 
     /// The next message for a peer whose sync state is `state`, if it needs one.
@@ -1688,7 +1696,7 @@ mod tests {
         )
         .unwrap();
         let mut b_next = PolicyDoc::load(&next.save(), actor(4)).unwrap();
-        assert_eq!(b.replay_onto(&mut b_next), 2);
+        assert_eq!(b.replay_onto(&mut b_next), Some(2));
         assert_eq!(b_next.policy().users.len(), 2);
         assert_eq!(b_next.policy().acl, vec![rule("deny", "all", "x/#")]);
         let last = b_next.history().pop().unwrap();
@@ -1707,8 +1715,24 @@ mod tests {
             .apply(&[user_set("mallory", 0)], &by("seed"), 3_000)
             .unwrap();
         let mut joined = PolicyDoc::load(&next.save(), actor(6)).unwrap();
-        assert_eq!(fresh.replay_onto(&mut joined), 0);
+        assert_eq!(fresh.replay_onto(&mut joined), Some(0));
         assert!(!joined.policy().users.contains_key("mallory"));
+        // One whose edits the base counted, even one that never saw the later ones, makes
+        // nothing again: no stale value comes back.
+        let mut stale = PolicyDoc::genesis(actor(7));
+        stale
+            .apply(&[user_set("alice", 0)], &by("ops"), 10)
+            .unwrap();
+        let mut newer = PolicyDoc::load(&stale.save(), actor(8)).unwrap();
+        newer
+            .apply(&[user_set("alice", 2)], &by("ops"), 20)
+            .unwrap();
+        let mut after = newer.compacted(&by("compaction"), 30, 1 << 40, actor(9));
+        assert_eq!(stale.replay_onto(&mut after), Some(0));
+        assert_eq!(after.policy().users["alice"], hashes()[2]);
+        // Two epochs behind: nothing can be told, nothing is made again.
+        let mut far = after.compacted(&by("compaction"), 40, 1 << 40, actor(10));
+        assert_eq!(stale.replay_onto(&mut far), None);
     }
 
     #[derive(Debug, Clone)]

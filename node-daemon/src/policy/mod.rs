@@ -554,8 +554,31 @@ impl PolicyTask {
                         "its epoch is not the one it names".to_owned(),
                     ));
                 }
-                let replayed = self.doc.replay_onto(&mut next);
-                info!(%peer, epoch, replayed, "policy document: took the next epoch's document");
+                match self.doc.replay_onto(&mut next) {
+                    Some(replayed) => info!(
+                        %peer,
+                        epoch,
+                        replayed,
+                        "policy document: took the deployment's next epoch, with this node's \
+                         edits since"
+                    ),
+                    None => warn!(
+                        %peer,
+                        epoch,
+                        mine,
+                        "policy document: took the deployment's document; this node missed \
+                         more than one compaction, its edits since are not carried over"
+                    ),
+                }
+                // This node is one of the deployment's, whatever the document it took says.
+                if let Some(peer_id) = &self.settings.peer_id {
+                    let me = Edit::Node {
+                        peer_id: peer_id.clone(),
+                        name: self.settings.node.clone(),
+                        region: self.settings.region.clone(),
+                    };
+                    let _ = next.apply(&[me], &self.author("node".to_owned()), now_ms());
+                }
                 session_in(&mut self.sessions, session, peer).their_epoch = Some(epoch);
                 self.switch(next).await;
                 Ok(())
