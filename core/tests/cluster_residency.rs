@@ -366,3 +366,78 @@ fn a_session_that_moves_out_of_the_regions_leaves_their_messages_behind() {
     assert_eq!(mesh.node("us").read_numbers(conn), vec![1, 3]);
     assert_eq!(mesh.node("eu1").broker.stats().residency_withheld, 2);
 }
+
+#[test]
+fn forwards_queued_before_a_rule_do_not_leave_for_other_regions() {
+    let mut mesh = Mesh::new(&["eu1", "eu2", "us"], Config::default(), |_| {});
+    let us = mesh.node("us").connect(V5, "us-sub");
+    mesh.node("us").subscribe(us, "#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    mesh.link_down(&id("eu1"), &id("us"));
+    let publisher = mesh.node("eu1").connect(V5, "pub");
+    for (i, topic) in ["health/p1", "news/a"].iter().enumerate() {
+        mesh.node("eu1").publish(
+            publisher,
+            topic,
+            &(i as u32).to_be_bytes(),
+            QoS::AtLeastOnce,
+            false,
+            i as u16 + 1,
+        );
+        mesh.settle();
+    }
+    // Queued for us while its link is down; then the rule comes.
+    apply(&mut mesh, &[("health/#", &["region-eu1", "region-eu2"])]);
+    assert_eq!(mesh.node("eu1").broker.stats().residency_withheld, 1);
+    mesh.link_up(&id("eu1"), &id("us"));
+    mesh.advance(50);
+    assert_eq!(mesh.node("us").read_numbers(us), vec![1], "the news only");
+}
+
+#[test]
+fn after_a_restart_what_waits_for_an_allowed_region_is_kept() {
+    let mut mesh = Mesh::new(&["eu1", "eu2", "us"], Config::default(), |_| {});
+    let persistent = |c: &mut meridian_core::codec::Connect| {
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(3600);
+    };
+    let sub = mesh.node("eu2").connect_with(V5, "eu-sub", persistent).0;
+    mesh.node("eu2")
+        .subscribe(sub, "health/#", QoS::AtLeastOnce);
+    mesh.advance(50);
+    // eu1 restarts while its link to eu2 is down: it knows eu2's routes (stored), not yet its
+    // region from a hello — the deployment's record of it says.
+    mesh.link_down(&id("eu1"), &id("eu2"));
+    mesh.link_down(&id("eu1"), &id("us"));
+    mesh.node("eu1").restart();
+    let rules = Residency::new(vec![
+        ResidencyRule::new("health/#", ["region-eu1", "region-eu2"]).unwrap(),
+    ]);
+    let b = &mut mesh.node("eu1").broker;
+    b.set_residency(rules);
+    b.set_node_regions(
+        [("eu2", "region-eu2"), ("us", "region-us")]
+            .into_iter()
+            .map(|(n, r)| (id(n), r.to_owned()))
+            .collect(),
+    );
+    let publisher = mesh.node("eu1").connect(V5, "pub");
+    mesh.node("eu1").publish(
+        publisher,
+        "health/p1",
+        &5u32.to_be_bytes(),
+        QoS::AtLeastOnce,
+        false,
+        1,
+    );
+    mesh.settle();
+    assert_eq!(
+        mesh.node("eu1").broker.stats().residency_withheld,
+        0,
+        "queued for eu2"
+    );
+    mesh.link_up(&id("eu1"), &id("eu2"));
+    mesh.link_up(&id("eu1"), &id("us"));
+    mesh.advance(50);
+    assert_eq!(mesh.node("eu2").read_numbers(sub), vec![5]);
+}

@@ -53,7 +53,7 @@ use tracing::debug;
 use crate::mailbox::{DaemonCounters, EngineHandle, Page};
 use crate::mesh::MeshStats;
 use crate::per_address::PerAddress;
-use crate::policy::tokens::{MIN_TOKEN_LEN, TokenSet, Tokens, token_hash};
+use crate::policy::tokens::{MIN_TOKEN_LEN, TokenSet, Tokens};
 use crate::policy::{PolicyHandle, api};
 
 /// What the admin API says about this node itself.
@@ -95,7 +95,8 @@ pub struct AdminAccess {
 pub type Requester = String;
 
 impl AdminAccess {
-    /// The token of `admin.token_file` (its first line), named `token-file`; none without
+    /// The token of `admin.token_file` (its first line), named `token-file-` and the start of
+    /// its hash; none without
     /// the file.
     pub fn file_tokens(config: &crate::config::AdminConfig) -> anyhow::Result<TokenSet> {
         use anyhow::Context as _;
@@ -115,7 +116,7 @@ impl AdminAccess {
              first line",
             config.token_file.display()
         );
-        let (name, hash) = ("token-file".to_owned(), token_hash(&token));
+        let (name, hash) = crate::policy::tokens::seeded("token-file", &token);
         Ok(TokenSet::from_hashes([(&name, &hash)]))
     }
 

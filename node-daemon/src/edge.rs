@@ -72,7 +72,8 @@ pub struct EdgeSettings {
     pub limits: LinkLimits,
 }
 
-/// The tokens of `cluster.edge.token_file`, named `edge-token-file`, `edge-token-file-2`...;
+/// The tokens of `cluster.edge.token_file`, each named `edge-token-file-` and the start of its
+/// hash;
 /// none without the file.
 pub fn file_tokens(edge: &crate::config::EdgeSection) -> anyhow::Result<TokenSet> {
     use anyhow::Context as _;

@@ -593,7 +593,13 @@ impl Engine {
                 self.broker.set_hooks(hooks.authenticator, hooks.authorizer);
                 let _ = reply.send(());
             }
-            ToEngine::SetResidency(residency) => self.broker.set_residency(residency),
+            ToEngine::SetResidency {
+                rules,
+                node_regions,
+            } => {
+                self.broker.set_residency(rules);
+                self.broker.set_node_regions(node_regions);
+            }
             ToEngine::Shutdown => self.stopping = true,
         }
     }

@@ -134,8 +134,12 @@ pub enum ToEngine {
         hooks: Hooks,
         reply: oneshot::Sender<()>,
     },
-    /// Put these data-residency rules in force.
-    SetResidency(meridian_core::residency::Residency),
+    /// Put these data-residency rules in force, with the regions of the deployment's nodes
+    /// as the cluster policy records them.
+    SetResidency {
+        rules: meridian_core::residency::Residency,
+        node_regions: std::collections::BTreeMap<NodeId, String>,
+    },
     Shutdown,
 }
 

@@ -253,7 +253,9 @@ impl Server {
             )
         });
         // In force before anything is restored or advertised.
-        let residency = started_with.as_ref().map(|p| p.residency());
+        let residency = started_with
+            .as_ref()
+            .map(|p| (p.residency(), p.node_regions()));
 
         // The broker task. Opening the store and restoring from it may take a while: that
         // runs on the blocking pool; serving runs on the runtime's workers.
@@ -294,8 +296,9 @@ impl Server {
                     "cluster mode"
                 );
                 broker.enable_cluster(cluster);
-                if let Some(residency) = residency {
-                    broker.set_residency(residency);
+                if let Some((rules, node_regions)) = residency {
+                    broker.set_residency(rules);
+                    broker.set_node_regions(node_regions);
                 }
                 mesh_tx = Some(cmd_tx);
             }
@@ -642,7 +645,6 @@ struct MeshStart {
     stats: Arc<MeshStats>,
 }
 
-/// The core's cluster configuration from `[cluster]` (the incarnation is set at start).
 /// Make the broker task use the hooks of `setup`; returns once it does.
 async fn set_hooks(
     tx: &mpsc::Sender<ToEngine>,
@@ -677,20 +679,22 @@ async fn follow_policy(
     let auth_part = |p: &Policy| (p.users.clone(), p.acl_default, p.acl.clone());
     // What the broker started with; a change made since is applied at once.
     let mut applied = auth_part(&started);
-    let mut residency = started.residency.clone();
+    let residency_part = |p: &Policy| (p.residency.clone(), p.node_regions());
+    let mut residency = residency_part(&started);
     loop {
         let policy = rx.borrow_and_update().policy.clone();
-        if policy.residency != residency {
-            residency = policy.residency.clone();
-            if tx
-                .send(ToEngine::SetResidency(policy.residency()))
-                .await
-                .is_err()
-            {
+        let now = residency_part(&policy);
+        if now != residency {
+            residency = now;
+            let set = ToEngine::SetResidency {
+                rules: policy.residency(),
+                node_regions: residency.1.clone(),
+            };
+            if tx.send(set).await.is_err() {
                 return;
             }
             info!(
-                rules = residency.len(),
+                rules = residency.0.len(),
                 "policy changed: residency rules applied"
             );
         }
@@ -738,6 +742,7 @@ async fn apply_auth(
     true
 }
 
+/// The core's cluster configuration from `[cluster]` (the incarnation is set at start).
 fn core_cluster_config(c: &crate::config::ClusterSection, node: NodeId) -> ClusterConfig {
     let mut config = ClusterConfig::new(node, 0, c.region.clone());
     config.route_batch_ms = c.route_batch_ms;

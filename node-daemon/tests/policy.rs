@@ -387,7 +387,16 @@ async fn the_admin_api_answers_the_document_tokens() {
     };
     // The file seeded the document's first token; without a token, nothing.
     let (ok, out, _) = with_seed(&["token", "list"]);
-    assert!(ok && out.contains("admin  token-file"), "{out}");
+    assert!(ok, "{out}");
+    let seeded = out
+        .trim()
+        .strip_prefix("admin  ")
+        .expect("one admin token")
+        .to_owned();
+    assert!(
+        seeded.starts_with("token-file-") && seeded.len() == 19,
+        "{seeded}"
+    );
     assert!(!ctl(admin, &["token", "list"], "").0);
 
     // A new token, printed once, works at once; the seeded one, revoked, does not.
@@ -400,18 +409,11 @@ async fn the_admin_api_answers_the_document_tokens() {
     let ops = ops_file.to_str().unwrap();
     let (ok, out, err) = ctl(
         admin,
-        &[
-            "--token-file",
-            ops,
-            "token",
-            "remove",
-            "admin",
-            "token-file",
-        ],
+        &["--token-file", ops, "token", "remove", "admin", &seeded],
         "",
     );
     assert!(ok, "{err}");
-    assert_eq!(out.trim(), "done: token remove admin token-file");
+    assert_eq!(out.trim(), format!("done: token remove admin {seeded}"));
     let (ok, _, err) = with_seed(&["token", "list"]);
     assert!(!ok && err.contains("401"), "{err}");
     let (ok, history, _) = ctl(admin, &["--token-file", ops, "history"], "");
@@ -419,7 +421,7 @@ async fn the_admin_api_answers_the_document_tokens() {
     assert!(
         history
             .lines()
-            .any(|l| l.contains(" ops ") && l.ends_with("token remove admin token-file")),
+            .any(|l| l.contains(" ops ") && l.ends_with(&format!("token remove admin {seeded}"))),
         "the history names the token that did it:\n{history}"
     );
     assert!(!history.contains(&new_token), "no secret in the history");

@@ -382,6 +382,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// restart does not start their expiry (or will delay) over again; arm the wills; fire
     /// what is already due.
     fn finish_restore(&mut self, pending: Pending) {
+        // Forwards stored before a residency rule was added do not leave for its regions.
+        self.purge_withheld_forwards();
         if self.routes_pending() {
             // The route set is whole before any peer sees it: a peer that asks for it when the
             // link comes up must not be given the empty set of a node still restoring, or what

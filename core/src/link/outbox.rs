@@ -198,6 +198,26 @@ impl Outbox {
         done
     }
 
+    /// Drop the forwards `drop` picks, sent or not (the peer may already have one that was
+    /// sent). Returns their sequence numbers (so their records can be deleted).
+    pub fn remove_where(&mut self, mut drop: impl FnMut(&Forward) -> bool) -> Vec<u64> {
+        let mut removed = Vec::new();
+        let mut sent_removed = 0;
+        let mut kept = VecDeque::with_capacity(self.entries.len());
+        for (i, e) in self.entries.drain(..).enumerate() {
+            if drop(&e.forward) {
+                removed.push(e.forward.seq);
+                self.bytes -= e.weight;
+                sent_removed += usize::from(i < self.sent);
+            } else {
+                kept.push_back(e);
+            }
+        }
+        self.entries = kept;
+        self.sent -= sent_removed;
+        removed
+    }
+
     /// The link went down: whatever was sent and not acknowledged is sent again when it
     /// comes back, in order (the peer drops what it already has).
     pub fn link_down(&mut self) {

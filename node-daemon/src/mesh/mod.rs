@@ -283,8 +283,21 @@ pub async fn start(
             .accept(policy_sync::POLICY_PROTOCOL)
             .context("policy protocol registered twice")?;
         tokio::spawn(async move {
+            // One stream per peer: a newer one stops the older.
+            let mut standing: HashMap<PeerId, oneshot::Sender<()>> = HashMap::new();
             while let Some((peer, stream)) = incoming.next().await {
-                tokio::spawn(policy_sync::run(peer, stream, policy.clone(), max));
+                standing.retain(|_, stop| !stop.is_closed());
+                let (stop, stopped) = oneshot::channel();
+                if let Some(older) = standing.insert(peer, stop) {
+                    let _ = older.send(());
+                }
+                tokio::spawn(policy_sync::run(
+                    peer,
+                    stream,
+                    policy.clone(),
+                    max,
+                    Some(stopped),
+                ));
             }
         });
     }
@@ -781,20 +794,29 @@ impl Driver {
         };
         let engine = self.engine.clone();
         let limits = self.link_limits;
-        self.keep_open(peer, LINK_PROTOCOL, move |stream| {
+        self.keep_open(peer, LINK_PROTOCOL, None, move |stream| {
             session::run(node.clone(), stream, engine.clone(), limits)
         });
         if let Some((policy, max)) = self.policy.clone() {
-            self.keep_open(peer, policy_sync::POLICY_PROTOCOL, move |stream| {
-                policy_sync::run(peer, stream, policy.clone(), max)
+            // A policy stream the peer refuses at once (a document past its bound) is not
+            // opened again and again: the pause grows, and the next connection tries anew.
+            let healthy = Some(Duration::from_secs(1));
+            self.keep_open(peer, policy_sync::POLICY_PROTOCOL, healthy, move |stream| {
+                policy_sync::run(peer, stream, policy.clone(), max, None)
             });
         }
     }
 
     /// Open a `protocol` stream to `peer` and run `serve` on it, again whenever it ends, while
-    /// the broker task runs and the peer answers.
-    fn keep_open<F, Fut>(&mut self, peer: PeerId, protocol: StreamProtocol, serve: F)
-    where
+    /// the broker task runs and the peer answers. The pause between tries starts again from
+    /// the shortest after a stream that was served (for at least `healthy`, if given).
+    fn keep_open<F, Fut>(
+        &mut self,
+        peer: PeerId,
+        protocol: StreamProtocol,
+        healthy: Option<Duration>,
+        serve: F,
+    ) where
         F: Fn(libp2p::Stream) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send,
     {
@@ -811,8 +833,11 @@ impl Driver {
                 let open = control.open_stream(peer, protocol.clone());
                 match tokio::time::timeout(OPEN_TIMEOUT, open).await {
                     Ok(Ok(stream)) => {
+                        let started = tokio::time::Instant::now();
                         serve(stream).await;
-                        backoff = Duration::from_millis(50);
+                        if healthy.is_none_or(|h| started.elapsed() >= h) {
+                            backoff = Duration::from_millis(50);
+                        }
                     }
                     Ok(Err(e)) => debug!(%peer, %protocol, error = %e, "cannot open a stream"),
                     Err(_) => debug!(%peer, %protocol, "opening a stream timed out; retrying"),

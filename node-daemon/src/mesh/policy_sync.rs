@@ -6,7 +6,9 @@
 //! Frames are a 4-byte big-endian length and the message. A frame longer than
 //! `policy.max_document_bytes` (plus room for the sync message's own fields), a message that
 //! does not decode, or one whose changes would make the document larger than that bound ends
-//! the stream; the opener tries again later, and the document stays as it was.
+//! the stream; the opener tries again later (backing off while streams end at once), and the
+//! document stays as it was. One stream per peer stands at a time: a newer one from the same
+//! peer replaces the older.
 
 use futures_util::io::{AsyncReadExt, AsyncWriteExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
@@ -21,8 +23,15 @@ pub const POLICY_PROTOCOL: StreamProtocol = StreamProtocol::new("/meridian/polic
 /// Room for a sync message's heads, need list and bloom filter beyond the changes.
 const FRAME_OVERHEAD: usize = 1024 * 1024;
 
-/// Sync the policy document with `peer` over `stream` until either side ends it.
-pub async fn run(peer: PeerId, stream: Stream, policy: PolicyHandle, max_document_bytes: usize) {
+/// Sync the policy document with `peer` over `stream` until either side ends it, or `stop`
+/// fires (a newer stream from the same peer replaces this one).
+pub async fn run(
+    peer: PeerId,
+    stream: Stream,
+    policy: PolicyHandle,
+    max_document_bytes: usize,
+    stop: Option<tokio::sync::oneshot::Receiver<()>>,
+) {
     static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let session = NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let max_frame = max_document_bytes.saturating_add(FRAME_OVERHEAD);
@@ -74,9 +83,18 @@ pub async fn run(peer: PeerId, stream: Stream, policy: PolicyHandle, max_documen
             }
         }
     };
+    let stopped = async {
+        match stop {
+            Some(stop) => {
+                let _ = stop.await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
     let ended: std::io::Result<()> = tokio::select! {
         r = read => r,
         r = sync => r,
+        () = stopped => Ok(()),
     };
     match ended {
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {

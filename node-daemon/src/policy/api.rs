@@ -62,10 +62,18 @@ pub async fn edit(policy: &PolicyHandle, body: &[u8], who: String) -> (StatusCod
             );
         }
     };
+    // A node's own entry is the node's to write.
+    if edits.edits.iter().any(|e| matches!(e, Edit::Node { .. })) {
+        return (
+            StatusCode::BAD_REQUEST,
+            json!({"error": "nodes record themselves; `node_remove` takes one out"}),
+        );
+    }
     match policy.edit(edits.edits, who).await {
         Ok(changed) => (StatusCode::OK, json!({"changed": changed})),
         Err(EditError::NotFound(why)) => (StatusCode::NOT_FOUND, json!({"error": why})),
         Err(EditError::Invalid(why)) => (StatusCode::BAD_REQUEST, json!({"error": why})),
+        Err(EditError::Storage(why)) => (StatusCode::INTERNAL_SERVER_ERROR, json!({"error": why})),
     }
 }
 

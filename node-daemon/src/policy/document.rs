@@ -95,9 +95,9 @@ impl TokenKind {
     }
 }
 
-/// An access rule as the document holds it.
+/// An access rule as the document holds it. Fields it does not know (written by a later
+/// version) are ignored, so that such a rule still counts here.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RuleEntry {
     pub permission: String,
     pub action: String,
@@ -231,6 +231,9 @@ pub enum EditError {
     Invalid(String),
     #[error("{0}")]
     NotFound(String),
+    /// Applied and in force, but not saved (the data directory refused the write).
+    #[error("{0}")]
+    Storage(String),
 }
 
 impl Edit {
@@ -310,7 +313,7 @@ impl Edit {
             Self::UserSet { name, .. } => format!("user set {name}"),
             Self::UserRemove { name } => format!("user remove {name}"),
             Self::AclAdd { rule, before } => match before {
-                Some(i) => format!("acl add {rule} (before rule {})", i + 1),
+                Some(i) => format!("acl add {rule} (before rule {})", i.saturating_add(1)),
                 None => format!("acl add {rule}"),
             },
             Self::AclRemove { rule } => format!(
@@ -362,7 +365,8 @@ fn check_filter(filter: &str) -> Result<(), EditError> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Author {
     /// The admin token's name, `seed` for what the files seeded, `node` for a node's own
-    /// entry, `loopback` for a request without a token to a node that has none.
+    /// entry, `compaction` for a new epoch, `local` for a request without a token to a node
+    /// on loopback that has none.
     pub by: String,
     /// The node's name.
     pub node: String,
@@ -408,10 +412,11 @@ impl HistoryEntry {
         for e in entries {
             match &e.summary {
                 Some(s) => {
-                    summary.count += s.count;
+                    summary.count = summary.count.saturating_add(s.count);
                     summary.from_ms = summary.from_ms.min(s.from_ms);
                     for (k, n) in &s.kinds {
-                        *summary.kinds.entry(k.clone()).or_default() += n;
+                        let count = summary.kinds.entry(k.clone()).or_default();
+                        *count = count.saturating_add(*n);
                     }
                 }
                 None => {
@@ -512,6 +517,19 @@ impl Policy {
         )
     }
 
+    /// The regions of the deployment's nodes, by node id (entries whose peer id is not a node
+    /// id are left out).
+    pub fn node_regions(&self) -> BTreeMap<meridian_core::routes::NodeId, String> {
+        self.nodes
+            .iter()
+            .filter_map(|(peer, n)| {
+                meridian_core::routes::NodeId::new(peer)
+                    .ok()
+                    .map(|id| (id, n.region.clone()))
+            })
+            .collect()
+    }
+
     /// The access rules of the core's engine (the default is `allow` until one is set).
     pub fn acl(&self) -> meridian_core::acl::Acl {
         meridian_core::acl::Acl::new(
@@ -533,7 +551,7 @@ pub enum DocError {
 }
 
 /// A replica of the policy document.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PolicyDoc {
     doc: AutoCommit,
     objs: Vec<ObjId>,
@@ -572,7 +590,7 @@ impl PolicyDoc {
     pub fn load(bytes: &[u8], actor: ActorId) -> Result<Self, DocError> {
         let mut doc = AutoCommit::load(bytes).map_err(|e| DocError::Load(e.to_string()))?;
         doc.set_actor(actor);
-        let epoch = epoch_of(&doc)?;
+        let epoch = epoch_of(&mut doc)?;
         let objs = genesis_objects(&doc, epoch)?;
         Ok(Self { doc, objs, epoch })
     }
@@ -603,11 +621,18 @@ impl PolicyDoc {
         for e in edits {
             e.check()?;
         }
-        let before = self.policy();
         let mut what = Vec::new();
         for e in edits {
-            if self.write(e, &before)? {
-                what.push(e.describe());
+            // What the document says with the edits before this one.
+            let before = self.policy();
+            match self.write(e, &before) {
+                Ok(true) => what.push(e.describe()),
+                Ok(false) => {}
+                Err(err) => {
+                    // None of the batch is written.
+                    self.doc.rollback();
+                    return Err(err);
+                }
             }
         }
         if what.is_empty() {
@@ -625,6 +650,30 @@ impl PolicyDoc {
                 .with_message(message)
                 .with_time(now_ms),
         );
+        Ok(true)
+    }
+
+    /// [`apply`](Self::apply), refused if it would make the saved document larger than
+    /// `max_bytes` (the bound every peer holds it to: past it, no peer would take it).
+    pub fn apply_bounded(
+        &mut self,
+        edits: &[Edit],
+        author: &Author,
+        now_ms: i64,
+        max_bytes: usize,
+    ) -> Result<bool, EditError> {
+        let mut trial = self.clone();
+        if !trial.apply(edits, author, now_ms)? {
+            return Ok(false);
+        }
+        let size = trial.save().len();
+        if size > max_bytes {
+            return Err(EditError::Invalid(format!(
+                "the policy document would grow to {size} bytes, past policy.max_document_bytes \
+                 ({max_bytes})"
+            )));
+        }
+        *self = trial;
         Ok(true)
     }
 
@@ -801,16 +850,21 @@ impl PolicyDoc {
         p.users = self.secrets(0, &mut unreadable);
         p.admin_tokens = self.secrets(2, &mut unreadable);
         p.edge_tokens = self.secrets(3, &mut unreadable);
-        for (filter, values) in self.entries(4) {
+        for (filter, values) in self.entries(RESIDENCY) {
+            if check_filter(&filter).is_err() {
+                unreadable += 1;
+                continue;
+            }
+            // A value that cannot be read is a rule this node cannot follow: it keeps the
+            // filter's messages in no other region (fails closed).
             let sets: Vec<BTreeSet<String>> = values
                 .iter()
                 .filter(|v| v.as_str() != REMOVED)
-                .filter_map(|v| match serde_json::from_str::<ResidencyEntry>(v) {
-                    // Empty after concurrent edits kept no region in common: nowhere else.
-                    Ok(e) if check_filter(&filter).is_ok() => Some(e.regions.into_iter().collect()),
-                    _ => {
+                .map(|v| match serde_json::from_str::<ResidencyEntry>(v) {
+                    Ok(e) => e.regions.into_iter().collect(),
+                    Err(_) => {
                         unreadable += 1;
-                        None
+                        BTreeSet::new()
                     }
                 })
                 .collect();
@@ -1187,16 +1241,32 @@ struct ChangeMeta {
     message: Option<String>,
 }
 
-/// The epoch a document's genesis names.
-fn epoch_of(doc: &AutoCommit) -> Result<u64, DocError> {
-    match doc.get(ROOT, "epoch") {
-        Ok(Some((Value::Scalar(v), _))) => match v.as_ref() {
-            automerge::ScalarValue::Int(e) => u64::try_from(*e).ok(),
-            _ => None,
-        },
-        _ => None,
-    }
-    .ok_or_else(|| DocError::Load("it names no epoch".to_owned()))
+/// The epoch a document's genesis names: of the values at `epoch`, the one whose genesis the
+/// document holds (another written there by a peer changes nothing).
+fn epoch_of(doc: &mut AutoCommit) -> Result<u64, DocError> {
+    let candidates: Vec<u64> = doc
+        .get_all(ROOT, "epoch")
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(v, _)| match v {
+            Value::Scalar(v) => match v.as_ref() {
+                automerge::ScalarValue::Int(e) => u64::try_from(*e).ok(),
+                _ => None,
+            },
+            Value::Object(_) => None,
+        })
+        .collect();
+    candidates
+        .into_iter()
+        .find(|&e| {
+            let mut genesis = PolicyDoc::genesis_of(e, ActorId::from(GENESIS_ACTOR));
+            genesis
+                .doc
+                .get_heads()
+                .first()
+                .is_some_and(|h| doc.get_change_meta_by_hash(h).is_some())
+        })
+        .ok_or_else(|| DocError::Load("it holds no policy document's genesis".to_owned()))
 }
 
 /// The genesis's objects in `doc`, which must hold the genesis of `epoch`.
@@ -1357,6 +1427,41 @@ mod tests {
         );
         assert!(r.is_err());
         assert!(!d.policy().users.contains_key("carol"));
+        // Nor does one refused for removing what is not there, even after a valid edit.
+        let heads = d.heads();
+        let r = d.apply(
+            &[
+                user_set("carol", 1),
+                Edit::UserRemove {
+                    name: "nobody".into(),
+                },
+            ],
+            &by("ops"),
+            6,
+        );
+        assert!(matches!(r, Err(EditError::NotFound(_))));
+        assert_eq!(d.heads(), heads, "nothing written, nothing left open");
+        assert!(!d.policy().users.contains_key("carol"));
+        // Edits of one batch see the ones before them.
+        assert!(
+            d.apply(
+                &[
+                    user_set("dave", 1),
+                    Edit::UserRemove {
+                        name: "dave".into()
+                    }
+                ],
+                &by("ops"),
+                7,
+            )
+            .unwrap()
+        );
+        assert!(!d.policy().users.contains_key("dave"));
+        // A document past its bound takes no more edits.
+        let size = d.save().len();
+        let r = d.apply_bounded(&[user_set("erin", 2)], &by("ops"), 8, size);
+        assert!(matches!(r, Err(EditError::Invalid(e)) if e.contains("max_document_bytes")));
+        assert!(!d.policy().users.contains_key("erin"));
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub struct PolicySettings {
     pub compact_after_changes: usize,
     /// How often compaction is considered.
     pub compact_interval_ms: u64,
+    /// A node of the document with no policy stream to this one for this long is taken out
+    /// of it (`cluster.peer_expiry_ms`, as the mesh forgets it); 0 = never.
+    pub node_expiry_ms: u64,
     /// What seeds a new document.
     pub seed: Seed,
 }
@@ -139,6 +142,7 @@ impl PolicySettings {
                 .saturating_mul(86_400_000),
             compact_after_changes: config.policy.compact_after_changes,
             compact_interval_ms: config.policy.compact_interval_ms,
+            node_expiry_ms: config.cluster.peer_expiry_ms,
             seed,
         })
     }
@@ -238,7 +242,7 @@ impl std::fmt::Debug for Cmd {
 }
 
 fn stopped() -> EditError {
-    EditError::Invalid("the policy task has stopped".to_owned())
+    EditError::Storage("the policy task has stopped".to_owned())
 }
 
 impl PolicyHandle {
@@ -298,6 +302,9 @@ impl PolicyHandle {
             sessions: HashMap::new(),
             version: 0,
             snapshot: snapshot_tx,
+            quiet_heads: None,
+            last_seen: HashMap::new(),
+            started_ms: now_ms(),
         };
         tokio::spawn(task.run(rx));
         Ok(Self { tx, snapshot })
@@ -386,6 +393,12 @@ struct PolicyTask {
     sessions: HashMap<u64, Session>,
     version: u64,
     snapshot: watch::Sender<Snapshot>,
+    /// The heads at the last compaction check: a document compacts only once it stayed the
+    /// same for a whole interval.
+    quiet_heads: Option<Vec<automerge::ChangeHash>>,
+    /// When each peer last sent a policy message (ms since the Unix epoch).
+    last_seen: HashMap<String, i64>,
+    started_ms: i64,
 }
 
 /// A policy stream to a peer.
@@ -439,6 +452,7 @@ impl PolicyTask {
                     None => return,
                 },
                 _ = compaction.tick() => {
+                    self.expire_nodes().await;
                     if self.compaction_due() {
                         self.compact().await;
                     }
@@ -453,7 +467,8 @@ impl PolicyTask {
         match cmd {
             Cmd::Edit { edits, by, reply } => {
                 let author = self.author(by);
-                let r = self.doc.apply(&edits, &author, now_ms());
+                let max = self.settings.max_document_bytes;
+                let r = self.doc.apply_bounded(&edits, &author, now_ms(), max);
                 let r = match r {
                     Ok(true) => self.changed().await.map(|()| true),
                     other => other,
@@ -510,6 +525,7 @@ impl PolicyTask {
         message: &[u8],
     ) -> Result<(), DocError> {
         let (tag, epoch, body) = unframe(message)?;
+        self.last_seen.insert(peer.clone(), now_ms());
         let mine = self.doc.epoch();
         let max = self.settings.max_document_bytes;
         match tag {
@@ -594,8 +610,18 @@ impl PolicyTask {
     fn compaction_due(&mut self) -> bool {
         let policy = self.doc.policy();
         let me = self.settings.peer_id.as_deref();
-        let smallest = policy.nodes.keys().map(String::as_str).chain(me).min();
-        if smallest != me {
+        // One node compacts: the smallest of the document's nodes, if it is one of them.
+        if me.is_some_and(|me| !policy.nodes.contains_key(me))
+            || policy.nodes.keys().map(String::as_str).chain(me).min() != me
+        {
+            return false;
+        }
+        // The document stayed the same for a whole interval: every peer's latest word on it
+        // is fresher than the last change.
+        let heads = self.doc.heads();
+        let unchanged = self.quiet_heads.as_ref() == Some(&heads);
+        self.quiet_heads = Some(heads.clone());
+        if !unchanged {
             return false;
         }
         let enough = self.doc.changes_since_base() >= self.settings.compact_after_changes.max(1);
@@ -605,7 +631,6 @@ impl PolicyTask {
         if !enough && !aged {
             return false;
         }
-        let heads = self.doc.heads();
         let epoch = self.doc.epoch();
         let behind: Vec<&String> = policy
             .nodes
@@ -626,6 +651,46 @@ impl PolicyTask {
             );
         }
         behind.is_empty()
+    }
+
+    /// Take out of the document the nodes no policy stream came from for
+    /// `node_expiry_ms` (counted from this node's start at the earliest): the mesh forgets
+    /// them after as long, and compaction does not wait for them.
+    async fn expire_nodes(&mut self) {
+        let expiry = self.settings.node_expiry_ms;
+        if expiry == 0 {
+            return;
+        }
+        let now = now_ms();
+        let cutoff = now.saturating_sub(i64::try_from(expiry).unwrap_or(i64::MAX));
+        let me = self.settings.peer_id.as_deref();
+        let gone: Vec<Edit> = self
+            .doc
+            .policy()
+            .nodes
+            .keys()
+            .filter(|n| Some(n.as_str()) != me)
+            .filter(|n| !self.sessions.values().any(|s| s.peer == **n))
+            .filter(|n| self.last_seen.get(*n).copied().unwrap_or(self.started_ms) < cutoff)
+            .map(|n| Edit::NodeRemove { peer_id: n.clone() })
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let author = self.author("expiry".to_owned());
+        match self.doc.apply(&gone, &author, now) {
+            Ok(true) => {
+                info!(
+                    nodes = gone.len(),
+                    "policy document: nodes gone for good taken out"
+                );
+                if let Err(e) = self.changed().await {
+                    warn!(error = %e, "policy document: not saved");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "policy document: cannot take out nodes gone for good"),
+        }
     }
 
     /// Start the next epoch from this document.
@@ -683,11 +748,11 @@ impl PolicyTask {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {
                 warn!(error = %e, path = %self.path.display(), "cannot save the policy document");
-                Err(EditError::Invalid(format!(
+                Err(EditError::Storage(format!(
                     "applied, but the document could not be saved: {e}"
                 )))
             }
-            Err(e) => Err(EditError::Invalid(format!("saving panicked: {e}"))),
+            Err(e) => Err(EditError::Storage(format!("saving panicked: {e}"))),
         }
     }
 }

@@ -127,6 +127,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
                 c.peer(&peer).region = Some(region);
                 self.send_scoped_to(&peer, true);
+                self.purge_withheld_forwards();
             }
             Frame::ScopedRoutes { filters } => self.on_scoped_routes(&peer, filters),
             Frame::RouteDelta(delta) => {

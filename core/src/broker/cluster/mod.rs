@@ -282,6 +282,8 @@ pub(super) struct Cluster {
     scoped_dirty: bool,
     /// The other nodes' scoped filters.
     scoped_remote: residency::ScopedRemote,
+    /// The deployment's nodes' regions as recorded ([`Broker::set_node_regions`]).
+    node_regions: BTreeMap<NodeId, String>,
 }
 
 impl Peer {
@@ -326,6 +328,7 @@ impl Cluster {
             scoped: BTreeMap::new(),
             scoped_dirty: false,
             scoped_remote: residency::ScopedRemote::new(seed),
+            node_regions: BTreeMap::new(),
             config,
         }
     }

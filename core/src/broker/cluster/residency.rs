@@ -133,12 +133,16 @@ impl Cluster {
     }
 
     /// The region of `node` for residency: its own for a leaf, what it said in its hello
-    /// for a mesh node (none before).
+    /// for a mesh node, else what the deployment says of it ([`Broker::set_node_regions`]);
+    /// none if nobody said.
     fn region_of(&self, node: &NodeId) -> Option<&str> {
         if self.leaves.is_leaf(node) {
             return Some(&self.config.region);
         }
-        self.peers.get(node).and_then(|p| p.region.as_deref())
+        self.peers
+            .get(node)
+            .and_then(|p| p.region.as_deref())
+            .or_else(|| self.node_regions.get(node).map(String::as_str))
     }
 
     /// Keep in `nodes` those a message on `topic` may reach; how many were taken out.
@@ -206,6 +210,48 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         c.scoped_dirty = true;
         self.arm_route_flush();
+        self.purge_withheld_forwards();
+    }
+
+    /// The regions of the deployment's nodes as its operators recorded them, for residency
+    /// decisions about a node that has not said hello on a link yet (after a restart, say,
+    /// so that what waits for it is kept rather than withheld).
+    pub fn set_node_regions(&mut self, regions: BTreeMap<NodeId, String>) {
+        let Some(c) = &mut self.cluster else { return };
+        c.node_regions = regions;
+        self.purge_withheld_forwards();
+    }
+
+    /// Drop from the outboxes the forwards that the rules now keep from their peer (queued
+    /// before a rule was added, or restored from storage), counted as withheld. A peer whose
+    /// region nobody said keeps its forwards.
+    pub(in crate::broker) fn purge_withheld_forwards(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        if c.residency.is_empty() {
+            return;
+        }
+        let mut dropped: Vec<(NodeId, u64)> = Vec::new();
+        let nodes: Vec<NodeId> = c.peers.keys().cloned().collect();
+        for node in nodes {
+            let Some(region) = c.region_of(&node).map(str::to_owned) else {
+                continue;
+            };
+            let residency = &c.residency;
+            if let Some(p) = c.peers.get_mut(&node) {
+                let gone = p
+                    .outbox
+                    .remove_where(|f| !residency.allows(&f.message.topic, &region));
+                dropped.extend(gone.into_iter().map(|seq| (node.clone(), seq)));
+            }
+        }
+        self.stats.residency_withheld += dropped.len() as u64;
+        for (node, seq) in dropped {
+            let key = crate::broker::persist::Key::Outbox {
+                peer: node.to_string(),
+                seq,
+            };
+            self.persist(key.encode(), None);
+        }
     }
 
     /// Send each connected mesh node the scoped filters of its region, where they changed.
