@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use foldhash::{HashMap as ConnMap, HashSet as ConnSet};
+use meridian_core::broker::record_may_wait;
 use meridian_core::codec::ReasonCode;
 use meridian_core::link::{self, Frame};
 use meridian_core::routes::NodeId;
@@ -773,7 +774,15 @@ impl Engine {
                 }
             }
             if !self.records.is_empty() {
-                if self.store.commit_syncs() && self.records.len() > INLINE_SYNC_MAX_RECORDS {
+                let may_wait = self
+                    .records
+                    .iter()
+                    .all(|(key, value)| record_may_wait(key, value.as_ref()));
+                if may_wait {
+                    // Acknowledged forwards let go of: no fsync of their own.
+                    self.store.apply_deferred(&self.records)?;
+                } else if self.store.commit_syncs() && self.records.len() > INLINE_SYNC_MAX_RECORDS
+                {
                     off_worker(|| self.store.apply(&self.records))?;
                 } else {
                     self.store.apply(&self.records)?;

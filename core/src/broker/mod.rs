@@ -37,7 +37,7 @@ pub use cluster::{
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
 pub use message::{Message, MessageProperties};
-pub use persist::RecordError;
+pub use persist::{RecordError, record_may_wait};
 pub use restore::RestoreReport;
 pub use stats::{Figure, FigureKind, FigureValue, Stats};
 

@@ -294,6 +294,14 @@ impl Key {
         }
     }
 
+    /// Whether losing this write in a crash costs only work done again — never a message lost
+    /// or delivered twice: the deletion of a forward its peer acknowledged (after a crash it is
+    /// sent again and the peer drops it as a duplicate), or of a duplicate mark the inbox let
+    /// go of.
+    fn may_wait(&self, deleted: bool) -> bool {
+        deleted && matches!(self, Key::Outbox { .. } | Key::InboxMark { .. })
+    }
+
     pub fn decode(mut k: &[u8]) -> Result<Key, RecordError> {
         let e = |d| err("key", d);
         if k.is_empty() {
@@ -882,9 +890,51 @@ pub(crate) fn marker() -> Bytes {
     Bytes::from_static(&[FORMAT])
 }
 
+/// Whether a [`Output::Persist`](super::Output::Persist) record may wait for the next one that
+/// reaches the disk instead of reaching it before what follows: its loss in a crash costs
+/// only work done again (a forward its peer acknowledged is sent again and dropped as a
+/// duplicate). A shell that writes records in order to one log (a journal) may skip waiting
+/// for the disk for a batch made only of such records; the next batch it waits for takes them
+/// along.
+pub fn record_may_wait(key: &[u8], value: Option<&Bytes>) -> bool {
+    Key::decode(key).is_ok_and(|k| k.may_wait(value.is_none()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_deletions_of_acknowledged_forwards_and_old_marks_may_wait() {
+        let outbox = Key::Outbox {
+            peer: "hkg-2".to_owned(),
+            seq: 7,
+        }
+        .encode();
+        let mark = Key::InboxMark {
+            origin: "hkg-2".to_owned(),
+            incarnation: 3,
+        }
+        .encode();
+        let queued = Key::Queued {
+            client_id: "c".to_owned(),
+            seq: 7,
+        }
+        .encode();
+        let value = Some(Bytes::from_static(b"v"));
+        assert!(record_may_wait(&outbox, None));
+        assert!(record_may_wait(&mark, None));
+        assert!(
+            !record_may_wait(&outbox, value.as_ref()),
+            "a forward to keep"
+        );
+        assert!(!record_may_wait(&mark, value.as_ref()), "a mark to keep");
+        assert!(
+            !record_may_wait(&queued, None),
+            "a delivery done: QoS 2 exactly once"
+        );
+        assert!(!record_may_wait(b"", None));
+    }
 
     fn stamp() -> Stamp {
         Stamp {

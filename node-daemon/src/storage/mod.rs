@@ -241,6 +241,25 @@ impl Store {
     /// [`Store::checkpoint_due`] says so: a checkpoint writes the B-tree, which the caller may
     /// want to do off the path of its commits.
     pub fn apply(&mut self, records: &[(Bytes, Option<Bytes>)]) -> Result<(), StorageError> {
+        self.apply_with(records, self.commit_syncs())
+    }
+
+    /// [`Store::apply`] without waiting for the disk, whatever the sync policy, for records
+    /// that may wait for the next batch that does
+    /// ([`meridian_core::broker::record_may_wait`]): one fsync of the journal takes every
+    /// earlier batch along.
+    pub fn apply_deferred(
+        &mut self,
+        records: &[(Bytes, Option<Bytes>)],
+    ) -> Result<(), StorageError> {
+        self.apply_with(records, false)
+    }
+
+    fn apply_with(
+        &mut self,
+        records: &[(Bytes, Option<Bytes>)],
+        durable: bool,
+    ) -> Result<(), StorageError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -252,7 +271,6 @@ impl Store {
             // commit writes over it. Nothing the batch held is acknowledged.
             return Err(self.journal_err(error));
         }
-        let durable = self.commit_syncs();
         if durable {
             self.journal.sync_data().map_err(|e| self.journal_err(e))?;
             self.last_sync = Instant::now();
@@ -556,6 +574,19 @@ mod tests {
             .apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
             .unwrap();
         assert_eq!(always.sync_due(), None, "always: durable at commit");
+    }
+
+    /// A batch that may wait does not wait for the disk; the next durable one takes it along.
+    #[test]
+    fn a_deferred_batch_waits_for_the_next_durable_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path(), SyncPolicy::Always, Duration::ZERO);
+        s.apply_deferred(&[(Bytes::from_static(b"gone"), None)])
+            .unwrap();
+        assert!(s.unsynced, "written, not yet on the disk");
+        s.apply(&[(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))])
+            .unwrap();
+        assert!(!s.unsynced, "one fsync for both");
     }
 
     /// A periodic commit never waits for the disk itself, even when the interval has passed:
