@@ -15,9 +15,10 @@ NAMES = {
     "rumqttd": "rumqttd",
     "relay-floor": "relay floor",
     "meridian-1w": "Meridian, 1 worker",
+    "meridian-before": "Meridian, before the change",
 }
 # Whose ratios against the peers are printed.
-OURS = ["meridian", "meridian-1w"]
+OURS = ["meridian", "meridian-1w", "meridian-before"]
 
 
 def med(values):
