@@ -5,10 +5,10 @@ mod common;
 
 use common::mesh::{Mesh, id};
 use common::*;
-use meridian_core::Config;
 use meridian_core::codec::{Packet, QoS, SubscriptionOptions};
 use meridian_core::link::Frame;
 use meridian_core::residency::{Residency, ResidencyRule};
+use meridian_core::{Config, ConnId};
 
 /// Nodes `eu1`, `eu2` and `us` (each its own region, `region-NAME`), with `health/#` kept in
 /// the two European regions.
@@ -16,6 +16,20 @@ fn three() -> Mesh {
     let mut mesh = Mesh::new(&["eu1", "eu2", "us"], Config::default(), |_| {});
     apply(&mut mesh, &[("health/#", &["region-eu1", "region-eu2"])]);
     mesh
+}
+
+/// Publish `n` (QoS 1) on `topic` from `conn` at `node`, and let it travel.
+fn publish_number(mesh: &mut Mesh, node: &str, conn: ConnId, topic: &str, n: u32, retain: bool) {
+    let packet_id = u16::try_from(n + 1).unwrap();
+    mesh.node(node).publish(
+        conn,
+        topic,
+        &n.to_be_bytes(),
+        QoS::AtLeastOnce,
+        retain,
+        packet_id,
+    );
+    mesh.settle();
 }
 
 /// Whether node `at` knows of `of`'s subscription to `filter` (replicated or scoped).
@@ -71,15 +85,7 @@ fn messages_under_a_rule_reach_only_its_regions() {
 
     let publisher = mesh.node("eu1").connect(V5, "pub");
     for (i, topic) in ["health/p1", "news/today", "health/p2"].iter().enumerate() {
-        mesh.node("eu1").publish(
-            publisher,
-            topic,
-            &(i as u32).to_be_bytes(),
-            QoS::AtLeastOnce,
-            false,
-            i as u16 + 1,
-        );
-        mesh.settle();
+        publish_number(&mut mesh, "eu1", publisher, topic, i as u32, false);
     }
     assert_eq!(mesh.node("eu2").read_numbers(eu), vec![0, 1, 2]);
     assert_eq!(
@@ -148,23 +154,8 @@ fn a_subscription_inside_a_rule_is_advertised_to_its_regions_only() {
 fn retained_messages_under_a_rule_stay_in_its_regions() {
     let mut mesh = three();
     let publisher = mesh.node("eu1").connect(V5, "pub");
-    mesh.node("eu1").publish(
-        publisher,
-        "health/p1",
-        &1u32.to_be_bytes(),
-        QoS::AtLeastOnce,
-        true,
-        1,
-    );
-    mesh.node("eu1").publish(
-        publisher,
-        "news/x",
-        &2u32.to_be_bytes(),
-        QoS::AtLeastOnce,
-        true,
-        2,
-    );
-    mesh.settle();
+    publish_number(&mut mesh, "eu1", publisher, "health/p1", 1, true);
+    publish_number(&mut mesh, "eu1", publisher, "news/x", 2, true);
     assert_eq!(retained_for(&mut mesh, "eu2", "late-eu", "#"), vec![1, 2]);
     assert_eq!(retained_for(&mut mesh, "us", "late-us", "#"), vec![2]);
     assert_eq!(mesh.node("eu1").broker.stats().residency_withheld, 1);
@@ -172,15 +163,7 @@ fn retained_messages_under_a_rule_stay_in_its_regions() {
     // A node that was away gets the retained snapshot of its region only.
     mesh.link_down(&id("eu1"), &id("us"));
     mesh.link_down(&id("eu2"), &id("us"));
-    mesh.node("eu1").publish(
-        publisher,
-        "health/p2",
-        &3u32.to_be_bytes(),
-        QoS::AtLeastOnce,
-        true,
-        3,
-    );
-    mesh.settle();
+    publish_number(&mut mesh, "eu1", publisher, "health/p2", 3, true);
     mesh.link_up(&id("eu1"), &id("us"));
     mesh.link_up(&id("eu2"), &id("us"));
     mesh.advance(2_000);
@@ -206,26 +189,10 @@ fn a_change_of_rules_rescopes_what_was_advertised() {
     assert!(!knows(&mut mesh, "us", "eu1", &filter));
     assert!(knows(&mut mesh, "eu2", "eu1", &filter));
     let publisher = mesh.node("us").connect(V5, "pub");
-    mesh.node("us").publish(
-        publisher,
-        "health/p1",
-        &1u32.to_be_bytes(),
-        QoS::AtLeastOnce,
-        false,
-        1,
-    );
-    mesh.settle();
+    publish_number(&mut mesh, "us", publisher, "health/p1", 1, false);
     assert_eq!(mesh.node("eu1").read_numbers(eu), Vec::<u32>::new());
     let p1 = mesh.node("eu2").connect(V5, "pub1");
-    mesh.node("eu2").publish(
-        p1,
-        "health/p1",
-        &1u32.to_be_bytes(),
-        QoS::AtLeastOnce,
-        false,
-        1,
-    );
-    mesh.settle();
+    publish_number(&mut mesh, "eu2", p1, "health/p1", 1, false);
     assert_eq!(mesh.node("eu1").read_numbers(eu), vec![1], "eu2 does");
 
     // Narrowed to eu2's region only: eu1's own subscription is advertised nowhere, and
@@ -233,15 +200,7 @@ fn a_change_of_rules_rescopes_what_was_advertised() {
     apply(&mut mesh, &[("health/#", &["region-eu2"])]);
     assert!(!knows(&mut mesh, "eu2", "eu1", &filter));
     let p2 = mesh.node("eu2").connect(V5, "pub2");
-    mesh.node("eu2").publish(
-        p2,
-        "health/p1",
-        &2u32.to_be_bytes(),
-        QoS::AtLeastOnce,
-        false,
-        1,
-    );
-    mesh.settle();
+    publish_number(&mut mesh, "eu2", p2, "health/p1", 2, false);
     assert_eq!(mesh.node("eu1").read_numbers(eu), Vec::<u32>::new());
 
     // No rule: back in the replicated route set, everywhere.
@@ -313,15 +272,7 @@ fn a_session_that_moves_out_of_the_regions_leaves_their_messages_behind() {
         .iter()
         .enumerate()
     {
-        mesh.node("eu2").publish(
-            publisher,
-            topic,
-            &(i as u32).to_be_bytes(),
-            QoS::AtLeastOnce,
-            false,
-            i as u16 + 1,
-        );
-        mesh.settle();
+        publish_number(&mut mesh, "eu2", publisher, topic, i as u32, false);
     }
     assert_eq!(mesh.node("eu1").broker.stats().queued_messages, 4);
 
@@ -342,15 +293,7 @@ fn forwards_queued_before_a_rule_do_not_leave_for_other_regions() {
     mesh.link_down(&id("eu1"), &id("us"));
     let publisher = mesh.node("eu1").connect(V5, "pub");
     for (i, topic) in ["health/p1", "news/a"].iter().enumerate() {
-        mesh.node("eu1").publish(
-            publisher,
-            topic,
-            &(i as u32).to_be_bytes(),
-            QoS::AtLeastOnce,
-            false,
-            i as u16 + 1,
-        );
-        mesh.settle();
+        publish_number(&mut mesh, "eu1", publisher, topic, i as u32, false);
     }
     // Queued for us while its link is down; then the rule comes.
     apply(&mut mesh, &[("health/#", &["region-eu1", "region-eu2"])]);
@@ -388,15 +331,7 @@ fn after_a_restart_what_waits_for_an_allowed_region_is_kept() {
             .collect(),
     );
     let publisher = mesh.node("eu1").connect(V5, "pub");
-    mesh.node("eu1").publish(
-        publisher,
-        "health/p1",
-        &5u32.to_be_bytes(),
-        QoS::AtLeastOnce,
-        false,
-        1,
-    );
-    mesh.settle();
+    publish_number(&mut mesh, "eu1", publisher, "health/p1", 5, false);
     assert_eq!(
         mesh.node("eu1").broker.stats().residency_withheld,
         0,
