@@ -50,11 +50,9 @@ const TAG_DOCUMENT: u8 = 1;
 /// Requests waiting for the policy task.
 const QUEUE: usize = 256;
 
-/// What the document says now.
+/// What the document says now (a new one after every change: the policy streams wake on it).
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    /// Counts the document's changes since this process started (sync sessions wake on it).
-    pub version: u64,
     /// The document's epoch (compactions).
     pub epoch: u64,
     pub policy: Arc<Policy>,
@@ -63,9 +61,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn of(version: u64, epoch: u64, policy: Policy) -> Self {
+    fn of(epoch: u64, policy: Policy) -> Self {
         Self {
-            version,
             epoch,
             admin_tokens: Arc::new(TokenSet::from_hashes(&policy.admin_tokens)),
             edge_tokens: Arc::new(TokenSet::from_hashes(&policy.edge_tokens)),
@@ -293,14 +290,13 @@ impl PolicyHandle {
                 "policy document: entries that cannot be read are left out"
             );
         }
-        let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(0, doc.epoch(), policy));
+        let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(doc.epoch(), policy));
         let (tx, rx) = mpsc::channel(QUEUE);
         let task = PolicyTask {
             doc,
             path,
             settings,
             sessions: HashMap::new(),
-            version: 0,
             snapshot: snapshot_tx,
             quiet_heads: None,
             last_seen: HashMap::new(),
@@ -391,7 +387,6 @@ struct PolicyTask {
     settings: PolicySettings,
     /// Per mesh policy stream.
     sessions: HashMap<u64, Session>,
-    version: u64,
     snapshot: watch::Sender<Snapshot>,
     /// The heads at the last compaction check: a document compacts only once it stayed the
     /// same for a whole interval.
@@ -738,11 +733,10 @@ impl PolicyTask {
 
     /// The document changed: save it and tell everyone who follows it.
     async fn changed(&mut self) -> Result<(), EditError> {
-        self.version += 1;
         let policy = self.doc.policy();
         let bytes = self.doc.save();
         self.snapshot
-            .send_replace(Snapshot::of(self.version, self.doc.epoch(), policy));
+            .send_replace(Snapshot::of(self.doc.epoch(), policy));
         let path = self.path.clone();
         match tokio::task::spawn_blocking(move || save(&path, &bytes)).await {
             Ok(Ok(())) => Ok(()),
