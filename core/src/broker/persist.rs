@@ -294,12 +294,20 @@ impl Key {
         }
     }
 
-    /// Whether losing this write in a crash costs only work done again — never a message lost
-    /// or delivered twice: the deletion of a forward its peer acknowledged (after a crash it is
-    /// sent again and the peer drops it as a duplicate), or of a duplicate mark the inbox let
-    /// go of.
-    fn may_wait(&self, deleted: bool) -> bool {
-        deleted && matches!(self, Key::Outbox { .. } | Key::InboxMark { .. })
+    /// Whether losing this write in a crash costs only work done again, or a duplicate MQTT
+    /// allows — never a message lost, never a QoS 2 message delivered twice: the deletion of a
+    /// forward its peer acknowledged (after a crash it is sent again and the peer drops it as
+    /// a duplicate), of a duplicate mark the inbox let go of, or a duplicate mark that only
+    /// guards a QoS 1 message (after a crash, a forward its peer had no acknowledgement for
+    /// yet is delivered again: at least once, as QoS 1 promises).
+    fn may_wait(&self, value: Option<&Bytes>) -> bool {
+        match (self, value) {
+            (Key::Outbox { .. } | Key::InboxMark { .. }, None) => true,
+            (Key::InboxMark { .. }, Some(mark)) => {
+                InboxMark::decode(mark).is_some_and(|m| m.qos != QoS::ExactlyOnce)
+            }
+            _ => false,
+        }
     }
 
     pub fn decode(mut k: &[u8]) -> Result<Key, RecordError> {
@@ -897,7 +905,38 @@ pub(crate) fn marker() -> Bytes {
 /// for the disk for a batch made only of such records; the next batch it waits for takes them
 /// along.
 pub fn record_may_wait(key: &[u8], value: Option<&Bytes>) -> bool {
-    Key::decode(key).is_ok_and(|k| k.may_wait(value.is_none()))
+    Key::decode(key).is_ok_and(|k| k.may_wait(value))
+}
+
+/// The value of a [`Key::InboxMark`]: the highest sequence delivered from an origin
+/// incarnation, and the QoS of that message (what a duplicate of it after a crash would
+/// break).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InboxMark {
+    pub seq: u64,
+    pub qos: QoS,
+}
+
+impl InboxMark {
+    pub fn encode(self) -> Bytes {
+        let mut v = BytesMut::with_capacity(9);
+        v.put_u64(self.seq);
+        v.put_u8(self.qos as u8);
+        v.freeze()
+    }
+
+    /// A mark of the sequence alone counts as guarding a QoS 2 message: kept durable.
+    pub fn decode(value: &[u8]) -> Option<InboxMark> {
+        let (seq, qos) = match value.len() {
+            8 => (value, QoS::ExactlyOnce),
+            9 => (&value[..8], QoS::from_u8(value[8])?),
+            _ => return None,
+        };
+        Some(InboxMark {
+            seq: u64::from_be_bytes(seq.try_into().ok()?),
+            qos,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -922,18 +961,57 @@ mod tests {
         }
         .encode();
         let value = Some(Bytes::from_static(b"v"));
+        let mark_of = |seq, qos| Some(InboxMark { seq, qos }.encode());
         assert!(record_may_wait(&outbox, None));
         assert!(record_may_wait(&mark, None));
         assert!(
             !record_may_wait(&outbox, value.as_ref()),
             "a forward to keep"
         );
-        assert!(!record_may_wait(&mark, value.as_ref()), "a mark to keep");
+        assert!(
+            record_may_wait(&mark, mark_of(9, QoS::AtLeastOnce).as_ref()),
+            "a QoS 1 message may come again after a crash"
+        );
+        assert!(
+            !record_may_wait(&mark, mark_of(9, QoS::ExactlyOnce).as_ref()),
+            "a QoS 2 message's mark is kept"
+        );
+        assert!(
+            !record_may_wait(
+                &mark,
+                Some(Bytes::copy_from_slice(&9u64.to_be_bytes())).as_ref()
+            ),
+            "a mark of the sequence alone is kept"
+        );
+        assert!(
+            !record_may_wait(&mark, value.as_ref()),
+            "an unreadable mark is kept"
+        );
         assert!(
             !record_may_wait(&queued, None),
             "a delivery done: QoS 2 exactly once"
         );
         assert!(!record_may_wait(b"", None));
+    }
+
+    #[test]
+    fn an_inbox_mark_keeps_its_sequence_and_qos() {
+        for qos in [QoS::AtLeastOnce, QoS::ExactlyOnce] {
+            let mark = InboxMark { seq: 41, qos };
+            assert_eq!(InboxMark::decode(&mark.encode()), Some(mark));
+        }
+        assert_eq!(
+            InboxMark::decode(&41u64.to_be_bytes()),
+            Some(InboxMark {
+                seq: 41,
+                qos: QoS::ExactlyOnce
+            }),
+            "the sequence alone"
+        );
+        let mut bad_qos = 41u64.to_be_bytes().to_vec();
+        bad_qos.push(3);
+        assert_eq!(InboxMark::decode(&bad_qos), None);
+        assert_eq!(InboxMark::decode(b"short"), None);
     }
 
     fn stamp() -> Stamp {

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
 use crate::broker::io::Timestamp;
 use crate::broker::message::Message;
-use crate::broker::persist::Key;
+use crate::broker::persist::{InboxMark, Key};
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::{Publish, PublishProperties, QoS};
 use crate::link::{self, Arrival, Forward, Frame};
@@ -223,10 +223,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 origin: origin.node.to_string(),
                 incarnation: origin.incarnation,
             };
-            self.persist(
-                key.encode(),
-                Some(Bytes::copy_from_slice(&seq.to_be_bytes())),
-            );
+            self.persist(key.encode(), Some(InboxMark { seq, qos }.encode()));
         }
         self.send_to_peer(peer, Frame::ForwardAck { origin, seq });
     }

@@ -3,7 +3,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::broker::persist::Key;
+use crate::broker::persist::{InboxMark, Key};
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
 use crate::routes::{NodeId, Owner, RoutePosition};
@@ -104,13 +104,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 incarnation,
             } => {
                 let node = NodeId::new(origin).map_err(|_| bad("origin id"))?;
-                let seq = <[u8; 8]>::try_from(value).map_err(|_| bad("inbox mark"))?;
+                let mark = InboxMark::decode(value).ok_or_else(|| bad("inbox mark"))?;
                 c.inbox.restore(
                     &Owner {
                         node,
                         incarnation: *incarnation,
                     },
-                    u64::from_be_bytes(seq),
+                    mark.seq,
                 );
                 self.delete_forgotten_marks();
                 Ok(true)
