@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use foldhash::{HashMap as ConnMap, HashSet as ConnSet};
-use meridian_core::broker::record_may_wait;
+use meridian_core::broker::{coalesce_forward_acks, record_may_wait};
 use meridian_core::codec::ReasonCode;
 use meridian_core::link::{self, Frame};
 use meridian_core::routes::NodeId;
@@ -767,6 +767,8 @@ impl Engine {
                 }
             }
             let mut outputs = std::mem::take(&mut self.outputs);
+            // The turn's acknowledgements of forwards received: one frame per peer.
+            coalesce_forward_acks(&mut outputs);
             self.records.clear();
             for out in &outputs {
                 if let Output::Persist { key, value } = out {

@@ -175,6 +175,68 @@ pub enum Output {
     },
 }
 
+/// Keep, of the forward acknowledgements among `outputs` (taken in order from
+/// [`crate::Broker::poll_output`]), one per peer and origin: the highest, where the last of
+/// them stood.
+///
+/// [`Frame::ForwardAck`] is cumulative, so the peer learns the same from one frame as from
+/// all of them. Each acknowledgement kept is at or after every one it stands for, so it still
+/// follows the records it depends on. A shell that takes several inputs' outputs before it
+/// writes to its peers saves a frame (and often a system call) per forward received.
+pub fn coalesce_forward_acks(outputs: &mut Vec<Output>) {
+    /// An acknowledgement's peer and origin.
+    fn ack(out: &Output) -> Option<(&NodeId, &crate::routes::Owner, u64)> {
+        match out {
+            Output::ToPeer {
+                peer,
+                frame: Frame::ForwardAck { origin, seq },
+            } => Some((peer, origin, *seq)),
+            _ => None,
+        }
+    }
+    // Per peer and origin: where its first and last acknowledgements are, and the highest.
+    let mut kept: Vec<(usize, usize, u64)> = Vec::new();
+    let mut acks = 0;
+    for (i, out) in outputs.iter().enumerate() {
+        let Some((peer, origin, seq)) = ack(out) else {
+            continue;
+        };
+        acks += 1;
+        let same = kept.iter_mut().find(|(first, ..)| {
+            ack(&outputs[*first]).is_some_and(|(p, o, _)| p == peer && o == origin)
+        });
+        match same {
+            Some(entry) => {
+                entry.1 = i;
+                entry.2 = entry.2.max(seq);
+            }
+            None => kept.push((i, i, seq)),
+        }
+    }
+    if kept.len() == acks {
+        return;
+    }
+    let mut i = 0;
+    outputs.retain_mut(|out| {
+        let at = i;
+        i += 1;
+        let Output::ToPeer {
+            frame: Frame::ForwardAck { seq, .. },
+            ..
+        } = out
+        else {
+            return true;
+        };
+        match kept.iter().find(|(_, last, _)| *last == at) {
+            Some((_, _, highest)) => {
+                *seq = *highest;
+                true
+            }
+            None => false,
+        }
+    });
+}
+
 /// Why a connection ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DisconnectCause {
@@ -286,4 +348,77 @@ pub enum Event {
         /// Forwards that waited for it, dropped.
         dropped_messages: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routes::Owner;
+
+    fn ack(peer: &str, origin: &str, incarnation: u64, seq: u64) -> Output {
+        Output::ToPeer {
+            peer: NodeId::new(peer).expect("a node id"),
+            frame: Frame::ForwardAck {
+                origin: Owner {
+                    node: NodeId::new(origin).expect("a node id"),
+                    incarnation,
+                },
+                seq,
+            },
+        }
+    }
+
+    fn record(key: &'static [u8]) -> Output {
+        Output::Persist {
+            key: Bytes::from_static(key),
+            value: None,
+        }
+    }
+
+    #[test]
+    fn one_acknowledgement_per_peer_and_origin_the_highest_where_the_last_stood() {
+        let send = Output::Send {
+            conn: ConnId(1),
+            data: Bytes::from_static(b"x"),
+        };
+        let mut outputs = vec![
+            record(b"mark 5"),
+            ack("b", "a", 1, 5),
+            send.clone(),
+            ack("c", "a", 1, 3),
+            record(b"mark 7"),
+            ack("b", "a", 1, 7),
+            ack("b", "a", 2, 1),
+            // A duplicate acknowledged again: lower than what came before it.
+            ack("b", "a", 1, 6),
+            Output::ToPeer {
+                peer: NodeId::new("b").expect("a node id"),
+                frame: Frame::KeepAlive,
+            },
+        ];
+        coalesce_forward_acks(&mut outputs);
+        assert_eq!(
+            outputs,
+            vec![
+                record(b"mark 5"),
+                send,
+                ack("c", "a", 1, 3),
+                record(b"mark 7"),
+                ack("b", "a", 2, 1),
+                ack("b", "a", 1, 7),
+                Output::ToPeer {
+                    peer: NodeId::new("b").expect("a node id"),
+                    frame: Frame::KeepAlive,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn outputs_without_repeated_acknowledgements_are_left_as_they_are() {
+        let mut outputs = vec![ack("b", "a", 1, 5), record(b"k"), ack("c", "a", 1, 5)];
+        let before = outputs.clone();
+        coalesce_forward_acks(&mut outputs);
+        assert_eq!(outputs, before);
+    }
 }

@@ -35,7 +35,9 @@ pub use cluster::{
     PeerFault, PeerLimit, PeerLimits, PeerSummary,
 };
 pub use config::Config;
-pub use io::{ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp};
+pub use io::{
+    ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp, coalesce_forward_acks,
+};
 pub use message::{Message, MessageProperties};
 pub use persist::{RecordError, record_may_wait};
 pub use restore::RestoreReport;

@@ -6,10 +6,10 @@
 //! on the next (the outbox) and deduplicated on arrival (the inbox). Frames are the link
 //! codec's own length-prefixed encoding, written back to back.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::BytesMut;
-use futures_util::io::{AsyncReadExt, AsyncWriteExt};
+use futures_util::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::Stream;
 use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
 use meridian_core::routes::NodeId;
@@ -20,6 +20,10 @@ use super::queue::{LinkLimits, PeerWriter};
 use crate::mailbox::ToEngine;
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// Frames are gathered into writes of about this size (the multiplexer's own frame size);
+/// a frame this large or larger is written by itself.
+const WRITE_BATCH_BYTES: usize = 16 * 1024;
 
 /// Run one session over `stream` until either side ends it, the stream fails, or the broker
 /// task cuts it. Returns once the broker task was told it ended.
@@ -73,13 +77,26 @@ pub async fn run(
             }
         };
         let write = async {
+            // The frames queued when the session gets to run, written as one: one frame of
+            // the multiplexer and of the encryption, and one system call, for all of them.
+            let mut batch = BytesMut::new();
             while let Some(first) = rx.recv().await {
-                writer.write_all(&first).await?;
-                queued_bytes.fetch_sub(first.len(), Ordering::AcqRel);
-                while let Ok(more) = rx.try_recv() {
-                    writer.write_all(&more).await?;
-                    queued_bytes.fetch_sub(more.len(), Ordering::AcqRel);
+                let mut next = Some(first);
+                while let Some(frame) = next {
+                    if frame.len() >= WRITE_BATCH_BYTES {
+                        // A large one (a snapshot chunk) goes as it is, after what came first.
+                        write_batch(&mut writer, &mut batch, &queued_bytes).await?;
+                        writer.write_all(&frame).await?;
+                        queued_bytes.fetch_sub(frame.len(), Ordering::AcqRel);
+                    } else {
+                        batch.extend_from_slice(&frame);
+                        if batch.len() >= WRITE_BATCH_BYTES {
+                            write_batch(&mut writer, &mut batch, &queued_bytes).await?;
+                        }
+                    }
+                    next = rx.try_recv().ok();
                 }
+                write_batch(&mut writer, &mut batch, &queued_bytes).await?;
                 writer.flush().await?;
             }
             Ok::<_, std::io::Error>("ended by the broker".to_owned())
@@ -96,4 +113,19 @@ pub async fn run(
     }
     let _ = stream.close().await;
     let _ = engine.send(ToEngine::PeerDown { peer, session }).await;
+}
+
+/// Write what `batch` gathered, if anything, and count it as written.
+async fn write_batch(
+    writer: &mut (impl AsyncWrite + Unpin),
+    batch: &mut BytesMut,
+    queued_bytes: &AtomicUsize,
+) -> std::io::Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    writer.write_all(batch).await?;
+    queued_bytes.fetch_sub(batch.len(), Ordering::AcqRel);
+    batch.clear();
+    Ok(())
 }
