@@ -26,7 +26,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Create or update USER in the password FILE (the password is read from stdin).
     Passwd { file: PathBuf, user: String },
-    /// Write a new cluster key (the deployment's private-network key) to FILE.
+    /// Write a new cluster key (the deployment's shared secret) to FILE.
     Keygen {
         #[arg(long, value_name = "FILE")]
         cluster_key: PathBuf,

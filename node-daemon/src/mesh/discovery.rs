@@ -210,7 +210,7 @@ impl Directory {
             if peer == self.me || !self.allowed(&peer) {
                 continue;
             }
-            // pnet keeps strangers out of TCP only; over QUIC the allowlist must.
+            // The cluster key keeps strangers out of TCP only; over QUIC the allowlist must.
             addrs.retain(|a| quic_ok || !a.iter().any(|p| matches!(p, Protocol::QuicV1)));
             if addrs.is_empty() {
                 continue;

@@ -1,6 +1,7 @@
 //! The two secrets of a mesh node: its identity key (kept in the data dir, created once; its
-//! peer id is the node's id in the deployment) and the deployment's cluster key (a libp2p
-//! private-network key shared by every node, in a file the operator distributes).
+//! peer id is the node's id in the deployment) and the deployment's cluster key (32 random
+//! bytes in libp2p's pre-shared key file format, shared by every node, in a file the operator
+//! distributes; [`super::member`] says what it is for).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! The region mesh: the daemon as a node of a multi-region deployment, over libp2p.
 //!
-//! Transport: TCP, then the deployment's private-network key (libp2p pnet: a node without the
-//! key cannot even complete a handshake), Noise, Yamux. On top:
+//! Transport: TCP, Noise, then the proof of the deployment's cluster key ([`member`]: a node
+//! without the key cannot complete the handshake), Yamux. On top:
 //! - **gossipsub** carries what the core broadcasts (route deltas in batches, route digests);
 //! - one long-lived **stream per peer pair** ([`session`]) carries what the core addresses to
 //!   one peer: forwarded messages and their acks, route acks, digests, snapshot chunks. The node
@@ -16,6 +16,7 @@
 
 pub mod discovery;
 pub mod keys;
+pub mod member;
 pub mod policy_sync;
 pub mod queue;
 pub mod session;
@@ -32,7 +33,7 @@ use libp2p::core::transport::Transport as _;
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
-use libp2p::pnet::{PnetConfig, PreSharedKey};
+use libp2p::pnet::PreSharedKey;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, DialError, ListenError, NetworkBehaviour, SwarmEvent};
@@ -158,7 +159,7 @@ pub async fn start(
         anyhow::bail!("cluster: a /quic-v1 address needs a build with the `quic` feature");
     }
     if uses_quic && settings.allow.is_empty() {
-        // pnet protects TCP only: over QUIC, the allowlist is what keeps strangers out.
+        // The cluster key guards TCP only: over QUIC, the allowlist is what keeps strangers out.
         anyhow::bail!(
             "cluster.allow_peers: QUIC connections do not carry the cluster key; \
              list the peer ids allowed in (--allow-peer) to use a /quic-v1 address"
@@ -178,9 +179,9 @@ pub async fn start(
     let builder = builder.with_quic();
     let mut swarm = builder
         .with_other_transport(|key| {
-            let noise = noise::Config::new(key)?;
+            let noise =
+                member::NoiseMember::new(noise::Config::new(key)?, &psk, key.public().to_peer_id());
             let transport = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
-                .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
                 .upgrade(Version::V1Lazy)
                 .authenticate(noise)
                 .multiplex(yamux::Config::default())
