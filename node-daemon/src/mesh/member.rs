@@ -8,6 +8,7 @@
 //! keyed stream cipher under it (libp2p's private networks) would repeat for every byte.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures_util::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use hmac::{Hmac, Mac};
@@ -39,7 +40,7 @@ pub enum MemberError {
 pub struct NoiseMember {
     noise: noise::Config,
     /// The key file's canonical text, which holds the key's 32 random bytes.
-    key: std::sync::Arc<str>,
+    key: Arc<str>,
     local: PeerId,
 }
 
@@ -86,6 +87,19 @@ async fn prove<C: AsyncRead + AsyncWrite + Unpin>(
 type Upgraded<C> =
     Pin<Box<dyn Future<Output = Result<(PeerId, noise::Output<C>), MemberError>> + Send + 'static>>;
 
+/// The Noise handshake `noise`, then the proof of the key over what it gives.
+fn then_prove<C: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    key: Arc<str>,
+    local: PeerId,
+    noise: impl Future<Output = Result<(PeerId, noise::Output<C>), noise::Error>> + Send + 'static,
+) -> Upgraded<C> {
+    Box::pin(async move {
+        let (remote, mut io) = noise.await?;
+        prove(&key, &local, &remote, &mut io).await?;
+        Ok((remote, io))
+    })
+}
+
 impl UpgradeInfo for NoiseMember {
     type Info = <noise::Config as UpgradeInfo>::Info;
     type InfoIter = <noise::Config as UpgradeInfo>::InfoIter;
@@ -104,11 +118,11 @@ where
     type Future = Upgraded<C>;
 
     fn upgrade_inbound(self, socket: C, info: Self::Info) -> Self::Future {
-        Box::pin(async move {
-            let (remote, mut io) = self.noise.upgrade_inbound(socket, info).await?;
-            prove(&self.key, &self.local, &remote, &mut io).await?;
-            Ok((remote, io))
-        })
+        then_prove(
+            self.key,
+            self.local,
+            self.noise.upgrade_inbound(socket, info),
+        )
     }
 }
 
@@ -121,11 +135,11 @@ where
     type Future = Upgraded<C>;
 
     fn upgrade_outbound(self, socket: C, info: Self::Info) -> Self::Future {
-        Box::pin(async move {
-            let (remote, mut io) = self.noise.upgrade_outbound(socket, info).await?;
-            prove(&self.key, &self.local, &remote, &mut io).await?;
-            Ok((remote, io))
-        })
+        then_prove(
+            self.key,
+            self.local,
+            self.noise.upgrade_outbound(socket, info),
+        )
     }
 }
 
