@@ -139,6 +139,43 @@ fn qos1_and_qos2_cross_a_cut_link_exactly_once_in_order() {
     assert_eq!(peer(&mesh.node("c").broker.peers(), "a").outbox_messages, 0);
 }
 
+/// What the receiving node stores for a forwarded message, and whether a shell may let it
+/// wait for a later fsync (`record_may_wait`): everything a QoS 1 forward to a subscriber
+/// without a stored session leaves may wait (after a power loss it may come once more, as QoS 1
+/// allows); a QoS 2 forward's duplicate mark may not.
+#[test]
+fn only_a_qos1_forwards_records_at_the_receiver_may_wait_for_the_disk() {
+    use meridian_core::Output;
+    use meridian_core::broker::record_may_wait;
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "w/#", QoS::ExactlyOnce);
+    mesh.advance(50);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    // The publisher's client-id claim reaches a first: only the forward is carried below.
+    mesh.settle();
+    for (i, qos) in [QoS::AtLeastOnce, QoS::ExactlyOnce].into_iter().enumerate() {
+        let w = mesh.node("c");
+        w.publish(publisher, "w/x", &[i as u8], qos, false, i as u16 + 1);
+        w.recv(publisher);
+        let seen = mesh.node("a").log.len();
+        mesh.deliver_one_way("c", "a");
+        let records: Vec<_> = mesh.node("a").log[seen..]
+            .iter()
+            .filter_map(|out| match out {
+                Output::Persist { key, value } => Some((key.clone(), value.clone())),
+                _ => None,
+            })
+            .collect();
+        assert!(!records.is_empty(), "{qos:?}: a duplicate mark is stored");
+        let may_wait = records
+            .iter()
+            .all(|(key, value)| record_may_wait(key, value.as_ref()));
+        assert_eq!(may_wait, qos == QoS::AtLeastOnce, "{qos:?}: {records:?}");
+        assert_eq!(mesh.node("a").received_publishes(sub).len(), 1, "{qos:?}");
+    }
+}
+
 #[test]
 fn outbox_survives_a_crash_of_the_publishing_node() {
     let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
