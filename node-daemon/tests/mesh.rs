@@ -784,7 +784,7 @@ async fn geo_writeup_scenarios_with_real_processes() {
     }
 }
 
-/// QUIC (cargo feature `quic`): pnet does not cover it, so the allowlist must.
+/// QUIC (cargo feature `quic`): the cluster key does not guard it, so the allowlist must.
 #[cfg(feature = "quic")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_mesh_over_quic_with_an_allowlist() {
