@@ -379,23 +379,23 @@ fn zero_past(
         .iter()
         .rposition(|&b| b != 0)
         .map_or(valid_len, |last| valid_len + last + 1);
-    let end = contents.len().max(journal_max);
-    // Bytes already zero stay as they are, but for those between a torn tail and the end.
-    let from = if dirty_to > valid_len {
-        valid_len
-    } else {
-        contents.len()
-    };
-    let to = if contents.len() < end { end } else { dirty_to };
-    if from >= to {
+    // What follows the last whole batch and is not zero yet, and what the file lacks of its
+    // size.
+    let ranges = [
+        valid_len..dirty_to,
+        contents.len()..contents.len().max(journal_max),
+    ];
+    if ranges.iter().all(|r| r.is_empty()) {
         return Ok(());
     }
     let zeros = [0u8; CHUNK];
-    let mut at = from;
-    while at < to {
-        let n = (CHUNK - at % CHUNK).min(to - at);
-        journal.write_all_at(&zeros[..n], at as u64)?;
-        at += n;
+    for range in ranges {
+        let mut at = range.start;
+        while at < range.end {
+            let n = (CHUNK - at % CHUNK).min(range.end - at);
+            journal.write_all_at(&zeros[..n], at as u64)?;
+            at += n;
+        }
     }
     journal.sync_all()
 }
