@@ -213,6 +213,8 @@ pub struct AdminState {
     pub access: AdminAccess,
     /// The policy document (`policy.source = "document"`).
     pub policy: Option<PolicyHandle>,
+    /// The broker thread's runtime ([`crate::broker_thread`]).
+    pub broker_thread: RuntimeMetrics,
 }
 
 /// Serve admin HTTP until `stop` changes.
@@ -303,6 +305,7 @@ async fn route(req: Request<Incoming>, state: &AdminState, who: Requester) -> Re
                     &peers,
                     state.mesh.as_deref(),
                     &tokio::runtime::Handle::current().metrics(),
+                    &state.broker_thread,
                 ))))
                 .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
             _ => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
@@ -744,13 +747,14 @@ fn render_stats(r: &mut Registry, s: &Stats) {
 }
 
 /// The metrics page from a snapshot of the broker's [`Stats`], the daemon's counters, the
-/// runtime's threads and, in cluster mode, the peers and the mesh's counters.
+/// runtime's worker threads and the broker thread, and, in cluster mode, the peers and the mesh's counters.
 pub fn render_metrics(
     s: &Stats,
     d: &DaemonCounters,
     peers: &[PeerSummary],
     mesh: Option<&MeshStats>,
     runtime: &RuntimeMetrics,
+    broker_thread: &RuntimeMetrics,
 ) -> String {
     let mut r = Registry::with_prefix("meridian");
     let counter = |r: &mut Registry, name: &str, help: &str, v: u64| {
@@ -877,6 +881,13 @@ pub fn render_metrics(
         render_mesh_metrics(&mut r, peers, m);
     }
     render_runtime_metrics(&mut r, runtime);
+    let busy = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+    busy.inc_by(broker_thread.worker_total_busy_duration(0).as_secs_f64());
+    r.register(
+        "broker_thread_busy_seconds",
+        "Time the broker thread (the broker task and the region mesh) spent running",
+        busy,
+    );
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &r);
@@ -896,7 +907,8 @@ fn render_runtime_metrics(r: &mut Registry, rt: &RuntimeMetrics) {
     tasks.set(i64::try_from(rt.num_alive_tasks()).unwrap_or(i64::MAX));
     r.register(
         "runtime_tasks",
-        "Tasks alive: one per connection, plus the daemon's own (broker, listeners, admin)",
+        "Tasks alive on the worker threads: one per TLS or WebSocket connection, plus \
+         listeners and admin HTTP",
         tasks,
     );
     let busy = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
@@ -1068,6 +1080,7 @@ mod tests {
             &[],
             None,
             &runtime.metrics(),
+            &runtime.metrics(),
         );
         assert!(page.contains("meridian_connections 3"), "{page}");
         assert!(
@@ -1083,6 +1096,10 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("meridian_runtime_workers 2"), "{page}");
+        assert!(
+            page.contains("meridian_broker_thread_busy_seconds_total "),
+            "{page}"
+        );
         assert!(
             page.contains("meridian_runtime_worker_parks_total{worker=\"1\"}"),
             "{page}"

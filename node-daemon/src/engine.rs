@@ -11,9 +11,9 @@
 //! [`Outbox`]es. Then it waits for a socket, a message or the broker's deadline.
 //!
 //! A message between plain TCP clients is read, routed and written within one turn of one
-//! task, without a hand-off. Commits that wait for the disk, and route snapshots and large
-//! route deltas from peers, leave the worker to the other tasks while they run
-//! ([`off_worker`]).
+//! task, without a hand-off. The task runs on the broker thread ([`crate::broker_thread`]),
+//! beside the region mesh: what it waits for (an fsync, a route snapshot from a peer) holds up
+//! only them, which wait for it anyway.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,10 +39,6 @@ use crate::transport::tcp::{Poller, Read, TcpConns};
 
 /// Inputs taken per turn of the loop before outputs are committed and sent.
 pub const MAX_BATCH: usize = 256;
-/// Route changes in one delta from a peer from which applying it leaves the worker thread
-/// ([`off_worker`]): 1,000 changes take about 2 ms, and handing the worker over costs tens of
-/// microseconds.
-const LARGE_ROUTE_DELTA: usize = 256;
 
 /// Reads from plain TCP sockets per turn of the loop, each at most [`tcp::READ_BYTES`].
 pub const READS_PER_TURN: usize = 256;
@@ -79,8 +75,8 @@ impl WriteLimits {
     }
 }
 
-/// The broker as the daemon runs it: with hooks that are `Send`, so that the broker task may
-/// run on any worker thread of the runtime.
+/// The broker as the daemon runs it: with hooks that are `Send`, so that the broker, built on
+/// the blocking pool, may run on the broker thread.
 pub type DaemonBroker = Broker<SendAuthenticator, SendAuthorizer>;
 /// Wall-clock milliseconds since the Unix epoch (stable across restarts, as the core needs
 /// for persisted deadlines), never going backwards within a process.
@@ -286,7 +282,7 @@ impl Engine {
                 self.broker.shutdown(now);
                 self.drain();
                 self.flush()?;
-                off_worker(|| self.store.sync())?;
+                self.store.sync()?;
                 info!("broker stopped; storage flushed");
                 return Ok(());
             }
@@ -296,7 +292,7 @@ impl Engine {
                 .sync_due()
                 .is_some_and(|at| at <= std::time::Instant::now())
             {
-                off_worker(|| self.store.sync())?;
+                self.store.sync()?;
             }
             if !rx.is_empty() || self.tcp.has_readable() {
                 // More is waiting: let the tasks this turn woke on this worker run first.
@@ -547,20 +543,9 @@ impl Engine {
                 self.session_up(now, leaf, session, writer, true);
             }
             ToEngine::PeerFrame { peer, frame } => {
-                // A snapshot chunk (10,000 routes, or a batch of retained messages) takes tens
-                // of milliseconds, a large route delta milliseconds: the worker's other tasks
-                // go on meanwhile.
-                let large = match &*frame {
-                    Frame::SnapshotChunk(_) | Frame::RetainedSnapshot(_) => true,
-                    Frame::RouteDelta(delta) => delta.changes.len() >= LARGE_ROUTE_DELTA,
-                    _ => false,
-                };
-                let apply = || {
-                    self.broker
-                        .handle_input(now, Input::PeerFrame { peer, frame });
-                    self.drain();
-                };
-                if large { off_worker(apply) } else { apply() }
+                self.broker
+                    .handle_input(now, Input::PeerFrame { peer, frame });
+                self.drain();
             }
             ToEngine::PeerDown { peer, session } => {
                 if self.links.get(&peer).is_some_and(|l| l.session == session) {
@@ -783,15 +768,12 @@ impl Engine {
                 if may_wait {
                     // Acknowledged forwards let go of: no fsync of their own.
                     self.store.apply_deferred(&self.records)?;
-                } else if self.store.commit_syncs() && self.records.len() > INLINE_SYNC_MAX_RECORDS
-                {
-                    off_worker(|| self.store.apply(&self.records))?;
                 } else {
                     self.store.apply(&self.records)?;
                 }
                 if self.store.checkpoint_due() {
-                    // Written to the B-tree: tens of milliseconds, off the worker.
-                    off_worker(|| self.store.checkpoint())?;
+                    // Written to the B-tree: tens of milliseconds.
+                    self.store.checkpoint()?;
                 }
                 self.counters
                     .storage_commits
@@ -918,24 +900,6 @@ fn queued(tcp: &TcpConns, outboxes: &ConnMap<ConnId, Arc<Outbox>>, conn: ConnId)
         .or_else(|| outboxes.get(&conn).map(|o| o.queued()))
 }
 
-/// A commit of at most this many records waits for the disk (its fsync, about 110 µs here) on
-/// the worker itself; a larger one hands the worker's other tasks to another thread meanwhile
-/// (`off_worker`). The handing over costs more CPU than the fsync (across two regions at
-/// 2,000 QoS 1 msg/s, a commit or two of 1–3 records each per message: 140–180 µs of CPU per
-/// message inline against 230–250 µs handed over), but a worker held by a stream of large
-/// commits under heavy load holds up the tasks queued on it (p99 51–320 ms against 9–12 ms
-/// unthrottled). A small batch is a light load. `docs/benchmarks.md`, "Across regions".
-const INLINE_SYNC_MAX_RECORDS: usize = 8;
-
-/// Run `f`, which waits for the disk or computes for long, without holding up the other tasks
-/// of a multi-thread runtime's worker; on a current-thread runtime (or none) it simply runs.
-fn off_worker<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
-
 fn log_event(event: &Event) {
     match event {
         Event::ClientConnected {
@@ -1049,59 +1013,6 @@ mod tests {
         drop(engine);
         let mut out = std::collections::VecDeque::new();
         assert_eq!(outbox.take(&mut out), Some(End::Kill));
-    }
-
-    /// A route delta large enough to be applied off the worker thread is applied whole, from
-    /// a task on a worker of a multi-thread runtime.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_large_route_delta_is_applied_off_the_worker() {
-        use meridian_core::broker::ClusterConfig;
-        use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp, set_hash};
-
-        let routes = tokio::spawn(async {
-            let dir = tempfile::tempdir().unwrap();
-            let store = store(dir.path());
-            let mut broker = allow_all();
-            broker.enable_cluster(ClusterConfig::new(NodeId::new("here").unwrap(), 1, "r1"));
-            let mut engine =
-                Engine::new(broker, store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
-            let there = NodeId::new("there").unwrap();
-            let filters: Vec<String> = (0..LARGE_ROUTE_DELTA + 10)
-                .map(|i| format!("t/{i}/#"))
-                .collect();
-            let delta = RouteDelta {
-                owner: Owner {
-                    node: there.clone(),
-                    incarnation: 1,
-                },
-                after: 0,
-                changes: filters
-                    .iter()
-                    .zip(1..)
-                    .map(|(f, version)| RouteChange {
-                        version,
-                        filter: f.as_str().into(),
-                        op: RouteOp::Add,
-                    })
-                    .collect(),
-                hash: set_hash(filters.iter().map(String::as_str)),
-            };
-            engine.handle(ToEngine::PeerFrame {
-                peer: there.clone(),
-                frame: Box::new(Frame::RouteDelta(delta)),
-            });
-            let (reply, routes) = oneshot::channel();
-            engine.handle(ToEngine::Routes {
-                peer: Some(there),
-                reply,
-            });
-            (routes.await.unwrap(), filters)
-        });
-        let (mut routes, filters) = routes.await.unwrap();
-        routes.sort();
-        let mut expected = filters;
-        expected.sort();
-        assert_eq!(routes, expected);
     }
 
     /// A link session whose queue is full is cut once, at the end of the batch: its task is

@@ -23,6 +23,7 @@
 
 mod admin;
 mod auth;
+mod broker_thread;
 pub mod client;
 pub mod config;
 mod ctl;

@@ -15,6 +15,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tracing::{info, warn};
 
 use crate::auth;
+use crate::broker_thread::BrokerThread;
 use crate::config::DaemonConfig;
 use crate::config::PolicySource;
 use crate::engine::Engine;
@@ -58,8 +59,8 @@ impl std::fmt::Debug for BrokerBuilder {
     }
 }
 
-/// Builds the broker's authenticator and authorizer. They are `Send`: the broker task runs on
-/// the runtime's worker threads. The [`AuthDecisions`] handle lets an authenticator that
+/// Builds the broker's authenticator and authorizer. They are `Send`: the broker is built on
+/// the blocking pool and runs on the broker thread. The [`AuthDecisions`] handle lets an authenticator that
 /// answered `AuthOutcome::Pending` deliver its decision later, from any thread or task.
 pub type AuthFactory =
     Box<dyn FnOnce(AuthDecisions) -> (SendAuthenticator, SendAuthorizer) + Send + 'static>;
@@ -149,8 +150,8 @@ impl BrokerBuilder {
     }
 }
 
-/// A running broker. Dropping it without [`Server::shutdown`] leaves it running until the
-/// runtime ends.
+/// A running broker. Dropping it without [`Server::shutdown`] stops its broker thread at once,
+/// without the orderly steps (as a crash would).
 #[derive(Debug)]
 pub struct Server {
     handle: EngineHandle,
@@ -167,6 +168,8 @@ pub struct Server {
     verify_limits: auth::VerifyLimits,
     /// The policy document, when users and rules come from it.
     policy: Option<PolicyHandle>,
+    /// Runs the broker task and the mesh.
+    broker_thread: BrokerThread,
 }
 
 impl Server {
@@ -269,8 +272,12 @@ impl Server {
         let engine_tx = handle.tx.clone();
         let hook_limits = verify_limits.clone();
         let (poll, tcp) = crate::transport::tcp::new().context("cannot create an epoll set")?;
-        let poller =
-            crate::transport::tcp::Poller::new(poll).context("cannot watch the epoll set")?;
+        let broker_thread = BrokerThread::start()?;
+        let poller = {
+            // Watched by the broker thread's runtime, which runs the broker task.
+            let _on_it = broker_thread.handle().enter();
+            crate::transport::tcp::Poller::new(poll).context("cannot watch the epoll set")?
+        };
         let engine = tokio::task::spawn_blocking(move || {
             let mut store = Store::open(
                 &storage.data_dir,
@@ -310,7 +317,7 @@ impl Server {
         })
         .await
         .context("broker start-up panicked")??;
-        tokio::spawn(async move {
+        broker_thread.handle().spawn(async move {
             let r = engine.run(rx, poller).await;
             if let Err(e) = &r {
                 crate::engine::log_storage_failure(e);
@@ -348,17 +355,14 @@ impl Server {
                         .clone()
                         .map(|p| (p, config.policy.max_document_bytes)),
                 };
-                mesh = Some(
-                    mesh::start(
-                        settings,
-                        identity,
-                        handle.tx.clone(),
-                        orders,
-                        stats,
-                        &cluster.region,
-                    )
-                    .await?,
-                );
+                // On the broker thread: the swarm's connections and the link sessions are
+                // spawned from it, beside the broker task.
+                let engine_tx = handle.tx.clone();
+                let region = cluster.region.clone();
+                let started = broker_thread.handle().spawn(async move {
+                    mesh::start(settings, identity, engine_tx, orders, stats, &region).await
+                });
+                mesh = Some(started.await.context("the mesh's start panicked")??);
             }
             if let Some(addr) = cluster.edge.listen_addr().filter(|_| cluster.enabled) {
                 let edge = &cluster.edge;
@@ -421,6 +425,7 @@ impl Server {
                     mesh: mesh.as_ref().map(|m: &Mesh| m.stats.clone()),
                     access: admin_access.clone(),
                     policy: policy.clone(),
+                    broker_thread: broker_thread.metrics(),
                 };
                 tokio::spawn(crate::admin::serve(
                     listener,
@@ -523,6 +528,7 @@ impl Server {
             custom_auth: has_custom_auth,
             verify_limits,
             policy,
+            broker_thread,
         })
     }
 
@@ -577,6 +583,9 @@ impl Server {
             }
         })
         .await;
+        // What the broker thread still runs (nothing, once the broker task and the mesh ended)
+        // stops with it, and the store is closed when this returns.
+        drop(self.broker_thread);
         result
     }
 
