@@ -60,8 +60,9 @@ impl std::fmt::Debug for BrokerBuilder {
 }
 
 /// Builds the broker's authenticator and authorizer. They are `Send`: the broker is built on
-/// the blocking pool and runs on the broker thread. The [`AuthDecisions`] handle lets an authenticator that
-/// answered `AuthOutcome::Pending` deliver its decision later, from any thread or task.
+/// the blocking pool and runs on the broker thread. The [`AuthDecisions`] handle lets an
+/// authenticator that answered `AuthOutcome::Pending` deliver its decision later, from any
+/// thread or task.
 pub type AuthFactory =
     Box<dyn FnOnce(AuthDecisions) -> (SendAuthenticator, SendAuthorizer) + Send + 'static>;
 
