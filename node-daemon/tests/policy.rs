@@ -482,6 +482,12 @@ async fn the_document_is_compacted_once_every_node_holds_it() {
         a.connected_to(&c).await && c.connected_to(&a).await
     })
     .await;
+    // Compaction waits for the nodes the document lists: both, once the documents met.
+    wait_for("both nodes in both documents", &both, || async {
+        let listed = |p: serde_json::Value| p["nodes"].as_array().map_or(0, Vec::len);
+        listed(policy(&a).await) == 2 && listed(policy(&c).await) == 2
+    })
+    .await;
     // The node that compacts: the smaller peer id.
     let (coordinator, other) = if a.peer_id < c.peer_id {
         (&a, &c)

@@ -92,7 +92,7 @@ static NO_PROPERTIES: PublishProperties = PublishProperties {
 
 impl From<PublishProperties> for MessageProperties {
     fn from(properties: PublishProperties) -> Self {
-        Self((properties != NO_PROPERTIES).then(|| Box::new(properties)))
+        Self((!properties.is_empty()).then(|| Box::new(properties)))
     }
 }
 
@@ -112,7 +112,7 @@ impl MessageProperties {
             p.message_expiry_interval = None;
             p.topic_alias = None;
             p.subscription_identifiers.clear();
-            if *p == NO_PROPERTIES {
+            if p.is_empty() {
                 self.0 = None;
             }
         }
@@ -223,5 +223,49 @@ mod tests {
         kept.strip_per_delivery();
         assert_eq!(kept.user_properties, user_properties);
         assert_eq!(kept.message_expiry_interval, None);
+    }
+
+    /// Any one property set makes a message's properties worth a box.
+    #[test]
+    fn any_property_set_is_kept() {
+        let set: [PublishProperties; 8] = [
+            PublishProperties {
+                payload_format_indicator: Some(0),
+                ..Default::default()
+            },
+            PublishProperties {
+                message_expiry_interval: Some(1),
+                ..Default::default()
+            },
+            PublishProperties {
+                topic_alias: Some(1),
+                ..Default::default()
+            },
+            PublishProperties {
+                response_topic: Some(String::new()),
+                ..Default::default()
+            },
+            PublishProperties {
+                correlation_data: Some(bytes::Bytes::new()),
+                ..Default::default()
+            },
+            PublishProperties {
+                user_properties: vec![("k".into(), "v".into())],
+                ..Default::default()
+            },
+            PublishProperties {
+                subscription_identifiers: vec![1],
+                ..Default::default()
+            },
+            PublishProperties {
+                content_type: Some(String::new()),
+                ..Default::default()
+            },
+        ];
+        assert!(PublishProperties::default().is_empty());
+        for p in set {
+            assert!(!p.is_empty(), "{p:?}");
+            assert!(MessageProperties::from(p).0.is_some());
+        }
     }
 }

@@ -289,6 +289,31 @@ pub struct PublishProperties {
     pub content_type: Option<String>,
 }
 
+impl PublishProperties {
+    /// Whether none is set: what most messages carry, and what a message keeps no box for.
+    pub fn is_empty(&self) -> bool {
+        // Every field named, so that a new one cannot be forgotten here.
+        let Self {
+            payload_format_indicator,
+            message_expiry_interval,
+            topic_alias,
+            response_topic,
+            correlation_data,
+            user_properties,
+            subscription_identifiers,
+            content_type,
+        } = self;
+        payload_format_indicator.is_none()
+            && message_expiry_interval.is_none()
+            && topic_alias.is_none()
+            && response_topic.is_none()
+            && correlation_data.is_none()
+            && user_properties.is_empty()
+            && subscription_identifiers.is_empty()
+            && content_type.is_none()
+    }
+}
+
 /// PUBACK, PUBREC, PUBREL and PUBCOMP share this shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ack {
