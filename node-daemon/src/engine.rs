@@ -13,7 +13,7 @@
 //! A message between plain TCP clients is read, routed and written within one turn of one
 //! task, without a hand-off. The task runs on the broker thread ([`crate::broker_thread`]),
 //! beside the region mesh: what it waits for (an fsync, a route snapshot from a peer) holds up
-//! only them, which wait for it anyway.
+//! only the mesh, which waits for it anyway.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -295,7 +295,8 @@ impl Engine {
                 self.store.sync()?;
             }
             if !rx.is_empty() || self.tcp.has_readable() {
-                // More is waiting: let the tasks this turn woke on this worker run first.
+                // More is waiting: let the tasks this turn woke on this thread (the link
+                // sessions and connections of the mesh) run first.
                 tokio::task::yield_now().await;
             }
         }
