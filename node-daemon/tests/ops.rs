@@ -98,7 +98,8 @@ fn listener_backlog_comes_from_the_config() {
     assert_eq!(listen_backlog(d.ws), 1024.min(somaxconn), "the default");
 }
 
-/// `runtime.worker_threads` sets how many threads serve clients, and one serves them all.
+/// `runtime.worker_threads` sets how many worker threads serve connections beside the broker
+/// thread, and one is enough.
 #[tokio::test]
 async fn worker_threads_come_from_the_config() {
     let d = Daemon::start_with_config(Some("[runtime]\nworker_threads = 1\n"));
@@ -120,6 +121,13 @@ async fn worker_threads_come_from_the_config() {
     }
     let (_, metrics) = http(d.admin, "GET", "/metrics").await;
     assert!(metrics.contains("meridian_runtime_workers 1"), "{metrics}");
+    // The broker task routed them on the broker thread, whose busy time counts it.
+    let busy: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("meridian_broker_thread_busy_seconds_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no broker thread figure:\n{metrics}"));
+    assert!(busy > 0.0, "{metrics}");
 
     let d = Daemon::start_with_config(Some("[runtime]\nworker_threads = 3\n"));
     let (_, metrics) = http(d.admin, "GET", "/metrics").await;
