@@ -747,7 +747,8 @@ fn render_stats(r: &mut Registry, s: &Stats) {
 }
 
 /// The metrics page from a snapshot of the broker's [`Stats`], the daemon's counters, the
-/// runtime's worker threads and the broker thread, and, in cluster mode, the peers and the mesh's counters.
+/// runtime's worker threads and the broker thread, and, in cluster mode, the peers and the
+/// mesh's counters.
 pub fn render_metrics(
     s: &Stats,
     d: &DaemonCounters,
@@ -907,8 +908,8 @@ fn render_runtime_metrics(r: &mut Registry, rt: &RuntimeMetrics) {
     tasks.set(i64::try_from(rt.num_alive_tasks()).unwrap_or(i64::MAX));
     r.register(
         "runtime_tasks",
-        "Tasks alive on the worker threads: one per TLS or WebSocket connection, plus \
-         listeners and admin HTTP",
+        "Tasks alive on the worker threads: one per TLS or WebSocket connection, plus the \
+         daemon's own (listeners, edge links, the policy document, admin HTTP)",
         tasks,
     );
     let busy = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
