@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Medians of scripts/bench-baseline's results.jsonl as Markdown tables, with Meridian's ratios
 against each peer, and Mosquitto's against the relay floor when it ran; Meridian with one worker
-thread (meridian-1w) gets the same ratios as Meridian. Usage: bench-table.py results.jsonl"""
+thread (meridian-1w) and with a commit window (meridian-window) get the same ratios as Meridian. Usage: bench-table.py results.jsonl"""
 
 import json
 import statistics
@@ -16,9 +16,10 @@ NAMES = {
     "relay-floor": "relay floor",
     "meridian-1w": "Meridian, 1 worker",
     "meridian-before": "Meridian, before the change",
+    "meridian-window": "Meridian, commit window",
 }
 # Whose ratios against the peers are printed.
-OURS = ["meridian", "meridian-1w", "meridian-before"]
+OURS = ["meridian", "meridian-1w", "meridian-before", "meridian-window"]
 
 
 def med(values):

@@ -868,6 +868,12 @@ pub fn render_metrics(
     );
     counter(
         &mut r,
+        "storage_syncs",
+        "Fsyncs of the journal: commits made durable, alone or together (storage.commit_window_ms)",
+        d.storage_syncs.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut r,
         "storage_checkpoints",
         "Journal checkpoints: the changes since the last written to the database (storage.journal_max_bytes)",
         d.storage_checkpoints.load(Ordering::Relaxed),

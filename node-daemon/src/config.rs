@@ -285,6 +285,9 @@ pub struct StorageConfig {
     pub data_dir: PathBuf,
     pub sync: SyncPolicy,
     pub sync_interval_ms: u64,
+    /// With `sync = "always"`: how long the fsync that acknowledgements wait for may wait for
+    /// more commits to share it (0: none).
+    pub commit_window_ms: u64,
     /// Memory the store may keep for its pages (redb's cache).
     pub cache_bytes: usize,
     /// The journal's size at which the store checkpoints.
@@ -315,6 +318,9 @@ pub struct RuntimeConfig {
 
 /// More worker threads than this is a mistake, not a tuning.
 pub const MAX_WORKER_THREADS: usize = 1024;
+
+/// The longest `storage.commit_window_ms`: past it, acknowledgements would wait seconds.
+pub const MAX_COMMIT_WINDOW_MS: u64 = 1000;
 
 impl RuntimeConfig {
     /// The daemon's multi-thread runtime, with this many workers.
@@ -560,6 +566,11 @@ impl DaemonConfig {
                 "storage.sync_interval_ms: must be at least 1 with sync = \"periodic\"".to_owned(),
             ));
         }
+        if self.storage.commit_window_ms > MAX_COMMIT_WINDOW_MS {
+            return Err(invalid(format!(
+                "storage.commit_window_ms: must be at most {MAX_COMMIT_WINDOW_MS}"
+            )));
+        }
         if self.storage.cache_bytes < crate::storage::MIN_CACHE_BYTES {
             return Err(invalid(format!(
                 "storage.cache_bytes: must be at least {}",
@@ -800,6 +811,7 @@ partial!(PStorage {
     data_dir: PathBuf,
     sync: SyncPolicy,
     sync_interval_ms: u64,
+    commit_window_ms: u64,
     cache_bytes: usize,
     journal_max_bytes: usize
 });
@@ -977,6 +989,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("storage.cache_bytes"), "{e}");
+        let e = DaemonConfig::parse("[storage]\ncommit_window_ms = 1001\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("storage.commit_window_ms"), "{e}");
+        let c = DaemonConfig::parse("[storage]\ncommit_window_ms = 1000\n", "x.toml").unwrap();
+        assert_eq!(c.storage.commit_window_ms, 1000);
         let e = DaemonConfig::parse("[listeners.ws]\nbacklog = 0\n", "x.toml")
             .unwrap_err()
             .to_string();

@@ -47,6 +47,17 @@ pub const READS_PER_TURN: usize = 256;
 /// more is read, so that subscribers are fed while publishers are read.
 pub const TURN_OUTPUT_BYTES: usize = 1 << 20;
 
+/// Outputs, and bytes for connections and peers, a commit window holds at most: past either
+/// it closes early, so that what waits for its fsync stays within a turn's worth at any rate.
+pub const HELD_OUTPUTS_MAX: usize = 16 * 1024;
+pub const HELD_BYTES_MAX: usize = TURN_OUTPUT_BYTES;
+
+/// Records whose commits a window waits for at most: once its commits hold this many, it
+/// closes at the end of the turn. An fsync shared this many ways costs little per record,
+/// and publishers that keep this many messages in flight are not held back by the window:
+/// what they send next waits for the acknowledgements it holds.
+pub const COMMIT_WINDOW_RECORDS: usize = 8;
+
 /// How far the task's timer may be from the next deadline before it is moved. Deadlines are
 /// recomputed from the clock every turn and drift by microseconds; broker timers count in
 /// milliseconds.
@@ -126,6 +137,18 @@ pub struct Engine {
     mesh: Option<mpsc::Sender<MeshCmd>>,
     frame_buf: BytesMut,
     stopping: bool,
+    /// `storage.commit_window_ms`: how long a commit that outputs wait for may wait for
+    /// others to share its fsync (zero: it is fsynced at once).
+    commit_window: Duration,
+    /// When the commit the held outputs wait for is fsynced, while a window is open.
+    commit_due: Option<std::time::Instant>,
+    /// Records committed since the window opened.
+    window_records: usize,
+    /// Outputs of the turns since the window opened, in order, waiting for its fsync (their
+    /// records are in the journal).
+    held: Vec<Output>,
+    /// Bytes of the held outputs for connections and peers.
+    held_bytes: usize,
 }
 
 #[derive(Debug)]
@@ -180,6 +203,11 @@ impl Engine {
             mesh: None,
             frame_buf: BytesMut::new(),
             stopping: false,
+            commit_window: Duration::ZERO,
+            commit_due: None,
+            window_records: 0,
+            held: Vec::new(),
+            held_bytes: 0,
         };
         let records = engine.store.load_all()?;
         let count = records.len();
@@ -199,6 +227,15 @@ impl Engine {
         engine.drain();
         engine.flush()?;
         Ok(engine)
+    }
+
+    /// Let a commit that acknowledgements wait for wait up to `window` for the commits of the
+    /// turns after it, so that one fsync makes them all durable (`storage.commit_window_ms`;
+    /// only with a store whose commits sync). Everything those turns send waits with them,
+    /// in order.
+    pub fn with_commit_window(mut self, window: Duration) -> Self {
+        self.commit_window = window;
+        self
     }
 
     /// Send broadcasts to the region mesh (cluster mode; the broker must have cluster enabled).
@@ -282,11 +319,20 @@ impl Engine {
                 self.broker.shutdown(now);
                 self.drain();
                 self.flush()?;
+                self.commit_held()?;
                 self.store.sync()?;
                 info!("broker stopped; storage flushed");
                 return Ok(());
             }
             self.flush()?;
+            if self.held.len() >= HELD_OUTPUTS_MAX
+                || self.held_bytes >= HELD_BYTES_MAX
+                || self
+                    .commit_due
+                    .is_some_and(|at| at <= std::time::Instant::now())
+            {
+                self.commit_held()?;
+            }
             if self
                 .store
                 .sync_due()
@@ -403,7 +449,8 @@ impl Engine {
             .map(|at| tokio::time::Instant::now() + Duration::from_millis(at.millis_since(now)));
         let sync = self.store.sync_due().map(tokio::time::Instant::from_std);
         let close = self.tcp.next_deadline().map(tokio::time::Instant::from_std);
-        [broker, sync, close].into_iter().flatten().min()
+        let commit = self.commit_due.map(tokio::time::Instant::from_std);
+        [broker, sync, close, commit].into_iter().flatten().min()
     }
 
     /// A new connection for the broker.
@@ -766,9 +813,23 @@ impl Engine {
                     .records
                     .iter()
                     .all(|(key, value)| record_may_wait(key, value.as_ref()));
+                let windowed = !self.commit_window.is_zero() && self.store.commit_syncs();
                 if may_wait {
                     // Acknowledged forwards let go of: no fsync of their own.
                     self.store.apply_deferred(&self.records)?;
+                } else if windowed || self.commit_due.is_some() {
+                    // The window's fsync makes it durable, with the others it holds.
+                    self.store.apply_deferred(&self.records)?;
+                    let now = std::time::Instant::now();
+                    if self.commit_due.is_none() {
+                        self.commit_due = Some(now + self.commit_window);
+                        self.window_records = 0;
+                    }
+                    self.window_records += self.records.len();
+                    if self.window_records >= COMMIT_WINDOW_RECORDS {
+                        // Closed at the end of the turn.
+                        self.commit_due = Some(now);
+                    }
                 } else {
                     self.store.apply(&self.records)?;
                 }
@@ -785,6 +846,23 @@ impl Engine {
                 self.counters
                     .storage_checkpoints
                     .store(self.store.checkpoints(), Ordering::Relaxed);
+                self.counters
+                    .storage_syncs
+                    .store(self.store.syncs(), Ordering::Relaxed);
+            }
+            if self.commit_due.is_some() {
+                // Their records are written; they go out once the window's fsync is done.
+                for out in outputs.drain(..) {
+                    self.held_bytes += match &out {
+                        Output::Persist { .. } => continue,
+                        Output::Send { data, .. } => data.len(),
+                        Output::ToPeer { frame, .. } | Output::Broadcast { frame } => {
+                            link::encoded_len(frame).unwrap_or(0)
+                        }
+                        _ => 0,
+                    };
+                    self.held.push(out);
+                }
             }
             for out in outputs.drain(..) {
                 match out {
@@ -843,6 +921,23 @@ impl Engine {
                 self.outputs = outputs;
             }
         }
+    }
+
+    /// Close the commit window: one fsync makes the journal's batches since it opened
+    /// durable, then what waited for them goes out, in order.
+    fn commit_held(&mut self) -> Result<(), StorageError> {
+        if self.commit_due.take().is_none() {
+            return Ok(());
+        }
+        self.store.sync()?;
+        self.counters
+            .storage_syncs
+            .store(self.store.syncs(), Ordering::Relaxed);
+        self.held_bytes = 0;
+        let mut held = std::mem::take(&mut self.held);
+        held.append(&mut self.outputs);
+        self.outputs = held;
+        self.flush()
     }
 
     /// What the batch noted for each connection and peer is in their queues now.
@@ -1203,5 +1298,115 @@ mod tests {
             "{backlog} bytes queued, past the mark by more than one message"
         );
         assert!(engine.slow.is_empty() && engine.outboxes.contains_key(&sub));
+    }
+
+    /// The packets queued on a connection since the last look.
+    fn packets(outbox: &Outbox) -> Vec<meridian_core::codec::Packet> {
+        use meridian_core::codec::{ProtocolVersion, decode};
+        let mut taken = std::collections::VecDeque::new();
+        outbox.take(&mut taken);
+        let mut buf: BytesMut = taken.iter().flat_map(|b| b.iter().copied()).collect();
+        outbox.written(buf.len());
+        let mut packets = Vec::new();
+        while let Some(p) = decode(&mut buf, ProtocolVersion::V5, u32::MAX).unwrap() {
+            packets.push(p);
+        }
+        packets
+    }
+
+    /// With a commit window, what the turns after a commit send waits for one fsync that
+    /// makes all their commits durable, and then goes out in order.
+    #[test]
+    fn turns_in_a_commit_window_share_one_fsync_and_send_after_it() {
+        use meridian_core::codec::{Ack, Packet, Publish, QoS, Subscribe, SubscribeFilter};
+        let dir = tempfile::tempdir().unwrap();
+        let mut engine = Engine::new(
+            allow_all(),
+            store(dir.path()),
+            TEST_LIMITS,
+            Arc::default(),
+            tcp_conns(),
+        )
+        .unwrap();
+        let (sub, sub_box) = client(&mut engine, "sub");
+        engine.handle(ToEngine::Bytes {
+            conn: sub,
+            data: wire(Packet::Subscribe(Subscribe {
+                packet_id: 1,
+                filters: vec![SubscribeFilter {
+                    filter: "#".to_owned(),
+                    options: Default::default(),
+                }],
+                properties: Default::default(),
+            })),
+        });
+        engine.flush().unwrap();
+        assert!(matches!(packets(&sub_box)[..], [Packet::SubAck(_)]));
+        let publishers = [client(&mut engine, "p1"), client(&mut engine, "p2")];
+        engine.commit_window = Duration::from_secs(3600);
+        let syncs = engine.store.syncs();
+        // Retained QoS 1 messages: stored, so their PUBACKs wait for the disk.
+        let retained = |topic: &str, packet_id: u16| {
+            wire(Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: true,
+                topic: topic.to_owned(),
+                packet_id: Some(packet_id),
+                payload: Bytes::from_static(b"m"),
+                properties: Default::default(),
+            }))
+        };
+        // One turn each.
+        for ((conn, _), topic) in publishers.iter().zip(["a", "b"]) {
+            engine.handle(ToEngine::Bytes {
+                conn: *conn,
+                data: retained(topic, 7),
+            });
+            engine.flush().unwrap();
+            assert!(engine.commit_due.is_some());
+            assert_eq!(
+                engine.store.syncs(),
+                syncs,
+                "fsynced before the window closed"
+            );
+            for (_, outbox) in &publishers {
+                assert!(packets(outbox).is_empty(), "acknowledged before the fsync");
+            }
+            assert!(packets(&sub_box).is_empty(), "delivered before the fsync");
+        }
+        engine.commit_held().unwrap();
+        assert_eq!(engine.store.syncs(), syncs + 1);
+        assert!(engine.commit_due.is_none() && engine.held.is_empty());
+        for (_, outbox) in &publishers {
+            assert!(matches!(
+                packets(outbox)[..],
+                [Packet::PubAck(Ack { packet_id: 7, .. })]
+            ));
+        }
+        let delivered: Vec<String> = packets(&sub_box)
+            .into_iter()
+            .filter_map(|p| match p {
+                Packet::Publish(p) => Some(p.topic),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(delivered, ["a", "b"], "in the order they came");
+        // A turn that brings the window's records to COMMIT_WINDOW_RECORDS closes it at its
+        // end, however long the window.
+        let (conn, _) = publishers[0];
+        for i in 0..COMMIT_WINDOW_RECORDS {
+            let packet_id = u16::try_from(i + 1).unwrap();
+            engine.handle(ToEngine::Bytes {
+                conn,
+                data: retained(&format!("c/{i}"), packet_id),
+            });
+        }
+        engine.flush().unwrap();
+        assert!(
+            engine
+                .commit_due
+                .is_some_and(|at| at <= std::time::Instant::now())
+        );
     }
 }

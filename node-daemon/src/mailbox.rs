@@ -151,6 +151,8 @@ pub struct DaemonCounters {
     pub link_sessions_cut: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub storage_commits: AtomicU64,
+    /// Fsyncs of the journal ([`Store::syncs`]).
+    pub storage_syncs: AtomicU64,
     /// Journal checkpoints ([`Store::checkpoints`]).
     pub storage_checkpoints: AtomicU64,
     /// Pages the store's cache let go of because it was full ([`Store::cache_evictions`]).

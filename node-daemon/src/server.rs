@@ -310,7 +310,8 @@ impl Server {
                 }
                 mesh_tx = Some(cmd_tx);
             }
-            let mut engine = Engine::new(broker, store, write_limits, counters, tcp)?;
+            let mut engine = Engine::new(broker, store, write_limits, counters, tcp)?
+                .with_commit_window(Duration::from_millis(storage.commit_window_ms));
             if let Some(tx) = mesh_tx {
                 engine = engine.with_mesh(tx);
             }

@@ -99,6 +99,7 @@ pub struct Store {
     /// Commits since the last durable one.
     unsynced: bool,
     checkpoints: u64,
+    syncs: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -183,6 +184,7 @@ impl Store {
             last_sync: Instant::now(),
             unsynced: false,
             checkpoints: 0,
+            syncs: 0,
         })
     }
 
@@ -269,6 +271,7 @@ impl Store {
         }
         if durable {
             self.journal.sync_data().map_err(|e| self.journal_err(e))?;
+            self.syncs += 1;
             self.last_sync = Instant::now();
             self.unsynced = false;
         } else {
@@ -349,9 +352,15 @@ impl Store {
             return Ok(());
         }
         self.journal.sync_data().map_err(|e| self.journal_err(e))?;
+        self.syncs += 1;
         self.unsynced = false;
         self.last_sync = Instant::now();
         Ok(())
+    }
+
+    /// Fsyncs of the journal since the store was opened (checkpoints not counted).
+    pub fn syncs(&self) -> u64 {
+        self.syncs
     }
 }
 
