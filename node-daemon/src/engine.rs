@@ -1245,28 +1245,39 @@ mod tests {
         (conn, outbox)
     }
 
-    /// A batch that would take a subscriber past its QoS 0 mark tells the broker as soon as
-    /// it does: the rest of the batch's QoS 0 messages for it are dropped, not queued.
-    #[test]
-    fn a_batch_stops_queueing_qos0_at_the_mark_not_after_it() {
-        use meridian_core::codec::{Packet, Publish, QoS, Subscribe, SubscribeFilter};
-        let dir = tempfile::tempdir().unwrap();
-        let store = store(dir.path());
-        let mut engine =
-            Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
-        let (sub, sub_box) = client(&mut engine, "sub");
+    /// A client `sub` subscribed to `filter`, its SUBACK taken from its outbox.
+    fn subscriber(engine: &mut Engine, filter: &str) -> (ConnId, Arc<Outbox>) {
+        use meridian_core::codec::{Packet, Subscribe, SubscribeFilter};
+        let (sub, outbox) = client(engine, "sub");
         engine.handle(ToEngine::Bytes {
             conn: sub,
             data: wire(Packet::Subscribe(Subscribe {
                 packet_id: 1,
                 filters: vec![SubscribeFilter {
-                    filter: "t".to_owned(),
+                    filter: filter.to_owned(),
                     options: Default::default(),
                 }],
                 properties: Default::default(),
             })),
         });
         engine.flush().unwrap();
+        assert!(matches!(
+            packets(&outbox)[..],
+            [meridian_core::codec::Packet::SubAck(_)]
+        ));
+        (sub, outbox)
+    }
+
+    /// A batch that would take a subscriber past its QoS 0 mark tells the broker as soon as
+    /// it does: the rest of the batch's QoS 0 messages for it are dropped, not queued.
+    #[test]
+    fn a_batch_stops_queueing_qos0_at_the_mark_not_after_it() {
+        use meridian_core::codec::{Packet, Publish, QoS};
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let mut engine =
+            Engine::new(allow_all(), store, TEST_LIMITS, Arc::default(), tcp_conns()).unwrap();
+        let (sub, sub_box) = subscriber(&mut engine, "t");
         let acked = sub_box.queued();
         let (publisher, _) = client(&mut engine, "pub");
         const COUNT: usize = 40;
@@ -1318,7 +1329,7 @@ mod tests {
     /// makes all their commits durable, and then goes out in order.
     #[test]
     fn turns_in_a_commit_window_share_one_fsync_and_send_after_it() {
-        use meridian_core::codec::{Ack, Packet, Publish, QoS, Subscribe, SubscribeFilter};
+        use meridian_core::codec::{Ack, Packet, Publish, QoS};
         let dir = tempfile::tempdir().unwrap();
         let mut engine = Engine::new(
             allow_all(),
@@ -1328,20 +1339,7 @@ mod tests {
             tcp_conns(),
         )
         .unwrap();
-        let (sub, sub_box) = client(&mut engine, "sub");
-        engine.handle(ToEngine::Bytes {
-            conn: sub,
-            data: wire(Packet::Subscribe(Subscribe {
-                packet_id: 1,
-                filters: vec![SubscribeFilter {
-                    filter: "#".to_owned(),
-                    options: Default::default(),
-                }],
-                properties: Default::default(),
-            })),
-        });
-        engine.flush().unwrap();
-        assert!(matches!(packets(&sub_box)[..], [Packet::SubAck(_)]));
+        let (_, sub_box) = subscriber(&mut engine, "#");
         let publishers = [client(&mut engine, "p1"), client(&mut engine, "p2")];
         engine.commit_window = Duration::from_secs(3600);
         let syncs = engine.store.syncs();
