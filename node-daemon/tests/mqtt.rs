@@ -180,8 +180,8 @@ async fn crash_loses_no_acknowledged_qos1_message() {
 }
 
 /// With a commit window, the acknowledgements wait for the fsync the window's commits share:
-/// what was acknowledged survives `kill -9` all the same, and fewer fsyncs than commits
-/// were made.
+/// what was acknowledged survives `kill -9` all the same, and the fsyncs are counted (no more
+/// of them than commits). That they are shared is the engine's test.
 #[tokio::test]
 async fn crash_loses_no_acknowledged_qos1_message_with_a_commit_window() {
     let d = Daemon::start_with_config(Some("[storage]\ncommit_window_ms = 20\n"));
