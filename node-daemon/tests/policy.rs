@@ -309,6 +309,20 @@ async fn a_residency_rule_keeps_messages_in_its_regions() {
             .is_some_and(Vec::is_empty)
     })
     .await;
+    // A node's document changes first; then the change goes to its broker task, ahead of
+    // what its clients send next.
+    wait_for(
+        "a's and c's brokers to have no rule left",
+        &[a, c],
+        || async {
+            [a, c].iter().all(|n| {
+                n.log()
+                    .lines()
+                    .any(|l| l.contains("residency rules applied") && l.contains("rules=0"))
+            })
+        },
+    )
+    .await;
     publisher
         .client
         .publish("health/p2", QoS::AtLeastOnce, false, "after")
