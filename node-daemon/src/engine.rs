@@ -47,9 +47,11 @@ pub const READS_PER_TURN: usize = 256;
 /// more is read, so that subscribers are fed while publishers are read.
 pub const TURN_OUTPUT_BYTES: usize = 1 << 20;
 
-/// Outputs, and bytes for connections and peers, a commit window holds at most: past either
-/// it closes early, so that what waits for its fsync stays within a turn's worth at any rate.
+/// Outputs a commit window holds at most: past them it closes at the end of the turn, so
+/// that what waits for its fsync stays within a few turns' worth at any rate.
 pub const HELD_OUTPUTS_MAX: usize = 16 * 1024;
+
+/// Bytes for connections and peers a commit window holds at most, as [`HELD_OUTPUTS_MAX`].
 pub const HELD_BYTES_MAX: usize = TURN_OUTPUT_BYTES;
 
 /// Records whose commits a window waits for at most: once its commits hold this many, it
@@ -325,11 +327,9 @@ impl Engine {
                 return Ok(());
             }
             self.flush()?;
-            if self.held.len() >= HELD_OUTPUTS_MAX
-                || self.held_bytes >= HELD_BYTES_MAX
-                || self
-                    .commit_due
-                    .is_some_and(|at| at <= std::time::Instant::now())
+            if self
+                .commit_due
+                .is_some_and(|at| at <= std::time::Instant::now())
             {
                 self.commit_held()?;
             }
@@ -340,6 +340,10 @@ impl Engine {
             {
                 self.store.sync()?;
             }
+            // Whichever way the turn's fsyncs came: with a commit, a window or the period.
+            self.counters
+                .storage_syncs
+                .store(self.store.syncs(), Ordering::Relaxed);
             if !rx.is_empty() || self.tcp.has_readable() {
                 // More is waiting: let the tasks this turn woke on this thread (the link
                 // sessions and connections of the mesh) run first.
@@ -846,9 +850,6 @@ impl Engine {
                 self.counters
                     .storage_checkpoints
                     .store(self.store.checkpoints(), Ordering::Relaxed);
-                self.counters
-                    .storage_syncs
-                    .store(self.store.syncs(), Ordering::Relaxed);
             }
             if self.commit_due.is_some() {
                 // Their records are written; they go out once the window's fsync is done.
@@ -862,6 +863,10 @@ impl Engine {
                         _ => 0,
                     };
                     self.held.push(out);
+                }
+                if self.held.len() >= HELD_OUTPUTS_MAX || self.held_bytes >= HELD_BYTES_MAX {
+                    // Closed at the end of the turn.
+                    self.commit_due = Some(std::time::Instant::now());
                 }
             }
             for out in outputs.drain(..) {
@@ -930,9 +935,6 @@ impl Engine {
             return Ok(());
         }
         self.store.sync()?;
-        self.counters
-            .storage_syncs
-            .store(self.store.syncs(), Ordering::Relaxed);
         self.held_bytes = 0;
         let mut held = std::mem::take(&mut self.held);
         held.append(&mut self.outputs);
