@@ -43,7 +43,8 @@ function apply(out: Output): string {
       return `close ${out.conn}`;
     case "persist": {
       const value: Uint8Array | null = out.value;
-      return `persist ${out.key.length} ${value?.length ?? "delete"}`;
+      const durability: "now" | "withNext" = out.durability;
+      return `persist ${out.key.length} ${value?.length ?? "delete"} ${durability}`;
     }
     case "event": {
       const e: BrokerEvent = out.event;
@@ -57,8 +58,6 @@ function apply(out: Output): string {
       return `all: ${out.frame.length}`;
     case "cutPeer":
       return `cut ${out.peer}`;
-    case "linkError":
-      return out.error.message;
     default: {
       const unreachable: never = out;
       return unreachable;
@@ -77,7 +76,8 @@ broker.disconnectClient("c1", now, 0x98);
 broker.shutdown(now);
 
 const node = new Broker(null, now);
-node.enableCluster({
+node.enableCluster(
+  {
   node: "eu-1",
   incarnation: 3,
   region: "eu",
@@ -88,18 +88,20 @@ node.enableCluster({
   maxRouteFilters: 10_000,
   outboxStallMs: 30_000,
   peerMaxFilters: 100_000,
-});
+  },
+  now,
+);
 node.handlePeerUp("us-1", now);
 node.handlePeerBytes("us-1", new Uint8Array(0), now);
 node.handlePeerCongested("us-1", now);
 node.handlePeerDrained("us-1", now);
 node.handlePeerDown("us-1", now);
-node.addLeaf("edge-eu");
+node.addLeaf("edge-eu", now);
 const peerRegions: Array<string | null> = node.peers().map((p) => p.region);
 void peerRegions;
 const leaves: Array<[boolean, number | null]> = node.peers().map((p) => [p.leaf, p.upSinceMs]);
 void leaves;
-const forgotten: ForgottenPeer = node.forgetPeer("us-1");
+const forgotten: ForgottenPeer = node.forgetPeer("us-1", now);
 const withdrawn: number = forgotten.routes + forgotten.droppedMessages;
 void withdrawn;
 const forgottenPeers: number = node.stats().peersForgotten;

@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use meridian_core::broker::{AllowAll, AuthOutcome, Authenticator, Authorizer, Message};
 use meridian_core::codec::ReasonCode;
+use meridian_core::link::FrameReader;
 use meridian_core::{ConnId, Input, Output, Timestamp};
 use wasm_bindgen::prelude::*;
 
@@ -30,8 +31,8 @@ pub struct JsBroker {
     pending: VecDeque<JsValue>,
     /// Reused for the bytes of `handleBytes`.
     scratch: Vec<u8>,
-    /// Per peer node: link bytes received that do not make a whole frame yet.
-    pub(crate) peer_bufs: BTreeMap<String, BytesMut>,
+    /// Per peer node: the reader of its link's frames (bytes of a frame not yet whole).
+    pub(crate) peer_readers: BTreeMap<String, FrameReader>,
 }
 
 pub(crate) fn now(ms: f64) -> Result<Timestamp, JsValue> {
@@ -90,7 +91,7 @@ impl JsBroker {
             hook_errors,
             pending: VecDeque::new(),
             scratch: Vec::new(),
-            peer_bufs: BTreeMap::new(),
+            peer_readers: BTreeMap::new(),
         })
     }
 

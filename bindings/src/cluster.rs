@@ -7,9 +7,10 @@
 //! one peer's link or to every peer's. Frames are self-delimiting (a 4-byte length prefix),
 //! so a byte stream and a message transport (one WebSocket message per frame) both work.
 
+use bytes::BytesMut;
 use meridian_core::Input;
 use meridian_core::broker::{ClusterConfig, HomeRegion, PeerSummary};
-use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
+use meridian_core::link::{DEFAULT_MAX_FRAME_LEN, FrameReader};
 use meridian_core::routes::NodeId;
 use wasm_bindgen::prelude::*;
 
@@ -145,9 +146,11 @@ impl JsBroker {
     pub fn enable_cluster(
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "ClusterConfig")] config: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
     ) -> Result<(), JsValue> {
         let config = cluster_config(&config)?;
-        self.inner.enable_cluster(config);
+        let now = now(now_ms)?;
+        self.inner.enable_cluster(now, config);
         Ok(())
     }
 
@@ -160,15 +163,16 @@ impl JsBroker {
     ) -> Result<(), JsValue> {
         let peer = node_id(&peer, "peer")?;
         let now = now(now_ms)?;
-        self.peer_bufs.remove(peer.as_str());
+        self.peer_readers.remove(peer.as_str());
         self.inner.handle_input(now, Input::PeerUp { peer });
         self.collect_hook_errors();
         Ok(())
     }
 
-    /// Bytes from node `peer`'s link: whole frames, or any pieces of the frame stream. Throws
-    /// on a malformed frame (after feeding the frames before it): close that link and call
-    /// `handlePeerDown`.
+    /// Bytes from node `peer`'s link: whole frames, or any pieces of the frame stream. The
+    /// frames they complete are one input (their acknowledgements of forwards leave as one per
+    /// origin). Throws on a malformed frame (after feeding the frames before it): close that
+    /// link and call `handlePeerDown`.
     #[wasm_bindgen(js_name = handlePeerBytes)]
     pub fn handle_peer_bytes(
         &mut self,
@@ -178,32 +182,37 @@ impl JsBroker {
     ) -> Result<(), JsValue> {
         let peer = node_id(&peer, "peer")?;
         let now = now(now_ms)?;
-        let mut buf = self.peer_bufs.remove(peer.as_str()).unwrap_or_default();
-        js::append_bytes(&data, &mut buf, "data")?;
-        let result = loop {
-            match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-                Ok(Some(frame)) => self.inner.handle_input(
-                    now,
-                    Input::PeerFrame {
-                        peer: peer.clone(),
-                        frame: Box::new(frame),
-                    },
-                ),
-                Ok(None) => {
-                    if !buf.is_empty() {
-                        self.peer_bufs.insert(peer.as_str().to_owned(), buf);
-                    }
-                    break Ok(());
-                }
-                Err(e) => {
-                    break Err(js::error(&format!(
-                        "malformed frame from peer {peer}: {e}; close the link and call handlePeerDown"
-                    )));
-                }
-            }
-        };
+        let mut bytes = BytesMut::new();
+        js::append_bytes(&data, &mut bytes, "data")?;
+        let read = self
+            .peer_readers
+            .entry(peer.as_str().to_owned())
+            .or_insert_with(|| FrameReader::new(DEFAULT_MAX_FRAME_LEN))
+            .read(&bytes);
+        if !read.frames.is_empty() {
+            self.inner.handle_input(
+                now,
+                Input::PeerFrames {
+                    peer: peer.clone(),
+                    frames: read.frames,
+                },
+            );
+        }
+        if self
+            .peer_readers
+            .get(peer.as_str())
+            .is_some_and(|r| r.buffered() == 0)
+        {
+            // Nothing held between reads for a peer whose frames come whole.
+            self.peer_readers.remove(peer.as_str());
+        }
         self.collect_hook_errors();
-        result
+        match read.error {
+            None => Ok(()),
+            Some(e) => Err(js::error(&format!(
+                "malformed frame from peer {peer}: {e}; close the link and call handlePeerDown"
+            ))),
+        }
     }
 
     /// The link to node `peer` is down.
@@ -215,7 +224,7 @@ impl JsBroker {
     ) -> Result<(), JsValue> {
         let peer = node_id(&peer, "peer")?;
         let now = now(now_ms)?;
-        self.peer_bufs.remove(peer.as_str());
+        self.peer_readers.remove(peer.as_str());
         self.inner.handle_input(now, Input::PeerDown { peer });
         self.collect_hook_errors();
         Ok(())
@@ -257,11 +266,13 @@ impl JsBroker {
     pub fn forget_peer(
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "string")] peer: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
     ) -> Result<JsValue, JsValue> {
         let peer = node_id(&peer, "peer")?;
+        let now = now(now_ms)?;
         let forgotten = self
             .inner
-            .forget_peer(&peer)
+            .forget_peer(now, &peer)
             .map_err(|e| js::error(&format!("forgetPeer: {e}")))?;
         let o = Obj::new();
         o.set("routes", forgotten.routes)
@@ -278,10 +289,12 @@ impl JsBroker {
     pub fn add_leaf(
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "string")] leaf: JsValue,
+        #[wasm_bindgen(js_name = nowMs)] now_ms: f64,
     ) -> Result<(), JsValue> {
         let leaf = node_id(&leaf, "leaf")?;
+        let now = now(now_ms)?;
         self.inner
-            .add_leaf(&leaf)
+            .add_leaf(now, &leaf)
             .map_err(|e| js::error(&format!("addLeaf: {e}")))
     }
 

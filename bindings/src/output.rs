@@ -1,8 +1,9 @@
 //! What the broker hands back to the shell, as plain JS objects.
 
-use bytes::BytesMut;
-use meridian_core::broker::{ClientSummary, DisconnectCause, FigureValue, RestoreReport, Stats};
-use meridian_core::link::{self, Frame};
+use meridian_core::broker::{
+    ClientSummary, DisconnectCause, Durability, FigureValue, RestoreReport, Stats,
+};
+use meridian_core::link::EncodedFrame;
 use meridian_core::routes::NodeId;
 use meridian_core::{ConnId, Event, Output};
 use wasm_bindgen::JsValue;
@@ -15,7 +16,8 @@ pub(crate) fn conn(id: ConnId) -> JsValue {
     js::num(id.0)
 }
 
-/// `{ type: "send", conn, data }`, `{ type: "close", conn }`, `{ type: "persist", key, value }`
+/// `{ type: "send", conn, data }`, `{ type: "close", conn }`,
+/// `{ type: "persist", key, value, durability }`
 /// `{ type: "event", event }`, or in cluster mode `{ type: "toPeer", peer, frame }` and
 /// `{ type: "broadcast", frame }`.
 pub(crate) fn output(o: &Output) -> JsValue {
@@ -23,12 +25,24 @@ pub(crate) fn output(o: &Output) -> JsValue {
         // The two outputs of every packet: built by JS object literals (see `glue`).
         Output::Send { conn: c, data } => glue::send_output(c.0 as f64, data),
         Output::Close { conn: c } => glue::close_output(c.0 as f64),
-        Output::Persist { key, value } => {
+        Output::Persist {
+            key,
+            value,
+            durability,
+        } => {
             let obj = Obj::tagged("persist");
-            obj.set("key", js::u8array(key)).set(
-                "value",
-                value.as_ref().map_or(JsValue::NULL, |v| js::u8array(v)),
-            );
+            obj.set("key", js::u8array(key))
+                .set(
+                    "value",
+                    value.as_ref().map_or(JsValue::NULL, |v| js::u8array(v)),
+                )
+                .set(
+                    "durability",
+                    match durability {
+                        Durability::Now => "now",
+                        Durability::WithNext => "withNext",
+                    },
+                );
             obj.into_js()
         }
         Output::Event(e) => {
@@ -215,24 +229,10 @@ pub(crate) fn restore_report(r: &RestoreReport) -> JsValue {
     o.into_js()
 }
 
-/// A frame the core produced, as the bytes to write to a link. Encoding cannot fail for
-/// frames within the link's own limits; if one ever does, the output says so instead.
-fn frame_output(ty: &'static str, peer: Option<&NodeId>, frame: &Frame) -> JsValue {
-    let mut out = BytesMut::new();
-    match link::encode(frame, &mut out) {
-        Ok(()) => {
-            let o = Obj::tagged(ty);
-            o.opt("peer", peer.map(NodeId::as_str))
-                .set("frame", js::u8array(&out));
-            o.into_js()
-        }
-        Err(e) => {
-            let o = Obj::tagged("linkError");
-            o.opt("peer", peer.map(NodeId::as_str)).set(
-                "error",
-                js::error(&format!("cannot encode a {} frame: {e}", frame.name())),
-            );
-            o.into_js()
-        }
-    }
+/// A frame the core produced, as the bytes to write to a link (the core encoded it).
+fn frame_output(ty: &'static str, peer: Option<&NodeId>, frame: &EncodedFrame) -> JsValue {
+    let o = Obj::tagged(ty);
+    o.opt("peer", peer.map(NodeId::as_str))
+        .set("frame", js::u8array(frame.bytes()));
+    o.into_js()
 }

@@ -128,12 +128,13 @@ export type BrokerEvent =
    *  `Announced { by: ... }`). */
   | { type: "peerForgotten"; peer: string; reason: string; routes: number; droppedMessages: number };
 
-/** One thing the shell must do, in order. A `persist` must be durable before any later
- *  `send` goes out. */
+/** One thing the shell must do, in order. A `persist` of durability `"now"` must be durable
+ *  before any later output goes out (it may be what that output acknowledges); one of
+ *  `"withNext"` may wait for the next that is. */
 export type Output =
   | { type: "send"; conn: number; data: Uint8Array }
   | { type: "close"; conn: number }
-  | { type: "persist"; key: Uint8Array; value: Uint8Array | null }
+  | { type: "persist"; key: Uint8Array; value: Uint8Array | null; durability: "now" | "withNext" }
   | { type: "event"; event: BrokerEvent }
   | { type: "hookError"; hook: "authenticate" | "mayPublish" | "maySubscribe" | "mayReceive"; error: unknown }
   /** Cluster mode: write `frame` to the link of node `peer`. */
@@ -142,9 +143,7 @@ export type Output =
   | { type: "broadcast"; frame: Uint8Array }
   /** Cluster mode: end the link with `peer` (it went past a bound); report `handlePeerDown`
    *  once it has ended. */
-  | { type: "cutPeer"; peer: string }
-  /** Cluster mode: a frame could not be encoded (not expected; a bug report is welcome). */
-  | { type: "linkError"; peer?: string; error: Error };
+  | { type: "cutPeer"; peer: string };
 
 export interface BrokerStats {
   connections: number;

@@ -13,9 +13,12 @@ use wasm_bindgen_test::wasm_bindgen_test;
 fn node(name: &str) -> Harness {
     let mut h = Harness::with_broker(JsBroker::new(None, Some(T0), None).unwrap());
     h.broker
-        .enable_cluster(js(&format!(
-            r#"{{"node":"{name}","incarnation":1,"region":"r-{name}","routeBatchMs":10}}"#
-        )))
+        .enable_cluster(
+            js(&format!(
+                r#"{{"node":"{name}","incarnation":1,"region":"r-{name}","routeBatchMs":10}}"#
+            )),
+            T0,
+        )
         .unwrap();
     h
 }
@@ -139,11 +142,11 @@ fn a_congested_link_misses_qos0_forwards_until_drained() {
 fn a_node_that_left_is_forgotten_and_the_others_are_told() {
     let (_a, mut b, _) = linked_with_subscriber("w/#");
     assert!(
-        b.broker.forget_peer("a".into()).is_err(),
+        b.broker.forget_peer("a".into(), b.now).is_err(),
         "a node whose link is up is not forgotten"
     );
     b.broker.handle_peer_down("a".into(), b.now).unwrap();
-    let forgotten = b.broker.forget_peer("a".into()).unwrap();
+    let forgotten = b.broker.forget_peer("a".into(), b.now).unwrap();
     assert_eq!(get_num(&forgotten, "routes"), 1.0);
     assert_eq!(get_num(&forgotten, "droppedMessages"), 0.0);
     b.pump();
@@ -153,7 +156,10 @@ fn a_node_that_left_is_forgotten_and_the_others_are_told() {
         b.other.iter().any(|o| get_str(o, "type") == "broadcast"),
         "the other nodes are told"
     );
-    assert!(b.broker.forget_peer("a".into()).is_err(), "unknown now");
+    assert!(
+        b.broker.forget_peer("a".into(), b.now).is_err(),
+        "unknown now"
+    );
 }
 
 #[wasm_bindgen_test]
@@ -174,7 +180,7 @@ fn peer_input_is_checked() {
     assert!(a.broker.handle_peer_up(JsValue::from(1), T0).is_err());
     let err = JsBroker::new(None, Some(T0), None)
         .unwrap()
-        .enable_cluster(js(r#"{"node":"x","region":"r"}"#))
+        .enable_cluster(js(r#"{"node":"x","region":"r"}"#), T0)
         .unwrap_err();
     assert!(
         message(&err).contains("cluster.incarnation"),
@@ -191,9 +197,10 @@ fn peer_input_is_checked() {
 fn a_route_set_at_its_bound_refuses_new_filters() {
     let mut h = Harness::with_broker(JsBroker::new(None, Some(T0), None).unwrap());
     h.broker
-        .enable_cluster(js(
-            r#"{"node":"edge-a","incarnation":1,"region":"r","maxRouteFilters":1}"#,
-        ))
+        .enable_cluster(
+            js(r#"{"node":"edge-a","incarnation":1,"region":"r","maxRouteFilters":1}"#),
+            T0,
+        )
         .unwrap();
     let c = h.connect("c", 5);
     h.send(

@@ -30,7 +30,7 @@
 //!     match output {
 //!         Output::Send { conn, data } => sent.extend_from_slice(&data), // write to the socket
 //!         Output::Close { conn } => {}                                   // close the socket
-//!         Output::Persist { key, value } => {} // store (or delete) before sending what follows
+//!         Output::Persist { key, value, durability } => {} // store (or delete), as durably as it says
 //!         Output::Event(event) => {}           // log, count
 //!         Output::ToPeer { .. } | Output::Broadcast { .. } | Output::CutPeer { .. } => {} // cluster mode
 //!     }
@@ -46,10 +46,13 @@
 //! assert!(std::iter::from_fn(|| broker.poll_output()).any(|o| o == Output::Close { conn }));
 //! ```
 //!
-//! Rules for shells: drain `poll_output` after every input; apply outputs in order (a
-//! [`Output::Persist`] must be durable before any later `Send` goes out, because that send may
-//! acknowledge it); never let time go backwards; after a restart, feed every stored record to
-//! [`Broker::restore`] before accepting connections.
+//! Rules for shells: drain `poll_output` after every input and every other call that changes
+//! the broker (each takes `now`); feed nothing while draining; apply outputs in order (a
+//! [`Output::Persist`] of [`Durability::Now`](broker::Durability::Now) must be durable before
+//! any later `Send` goes out, because that send may acknowledge it); write the frames for
+//! peers as they come, already encoded; never let time go backwards; after a restart, feed
+//! every stored record to [`Broker::restore`] before accepting connections. The [`Broker`]
+//! type lists its methods by family.
 
 #![warn(missing_docs)]
 

@@ -206,13 +206,20 @@ fn new_rules_filter_subscriptions_made_before_them() {
     let p = w.connect(V5, "p");
     w.publish(p, "secret/x", b"x", QoS::AtMostOnce, false, 0);
     assert_eq!(topics(&mut w, s), ["secret/x"]);
-    w.broker
-        .set_hooks(Box::new(AllowAll), Box::new(no_secrets()));
+    w.broker.set_hooks(
+        meridian_core::Timestamp(w.now),
+        Box::new(AllowAll),
+        Box::new(no_secrets()),
+    );
     w.publish(p, "secret/x", b"x", QoS::AtMostOnce, false, 0);
     w.publish(p, "open/x", b"x", QoS::AtMostOnce, false, 0);
     assert_eq!(topics(&mut w, s), ["open/x"]);
     // And back: with no rules, nothing is checked any more.
-    w.broker.set_hooks(Box::new(AllowAll), Box::new(AllowAll));
+    w.broker.set_hooks(
+        meridian_core::Timestamp(w.now),
+        Box::new(AllowAll),
+        Box::new(AllowAll),
+    );
     w.publish(p, "secret/x", b"x", QoS::AtMostOnce, false, 0);
     assert_eq!(topics(&mut w, s), ["secret/x"]);
 }
@@ -300,8 +307,11 @@ fn queue_for_offline_session(w: &mut World) {
 fn messages_queued_under_old_rules_are_withheld_under_new_ones() {
     let mut w = World::new();
     queue_for_offline_session(&mut w);
-    w.broker
-        .set_hooks(Box::new(AllowAll), Box::new(no_secrets()));
+    w.broker.set_hooks(
+        meridian_core::Timestamp(w.now),
+        Box::new(AllowAll),
+        Box::new(no_secrets()),
+    );
     let (s, ack) = w.connect_with(V5, "s", persistent);
     assert!(ack.session_present);
     assert_eq!(topics(&mut w, s), ["open/x"]);

@@ -43,7 +43,7 @@ fn broker_with_a_slow_subscriber(cluster: Option<ClusterConfig>) -> Broker {
 fn broker_with_a_subscriber(cluster: Option<ClusterConfig>, connect: Connect) -> (Broker, ConnId) {
     let mut broker = Broker::new(Config::default(), NOW);
     if let Some(cluster) = cluster {
-        broker.enable_cluster(cluster);
+        broker.enable_cluster(NOW, cluster);
     }
     let sub = broker.accept(NOW, ConnInfo::default());
     let subscribe = Subscribe {
@@ -156,7 +156,7 @@ fn a_waiting_message_keeps_its_own_bytes_not_the_read_they_came_in() {
 
     // A node whose peer wants `wanted` and is away: every message waits in its outbox.
     let mut broker = Broker::new(Config::default(), NOW);
-    broker.enable_cluster(cluster);
+    broker.enable_cluster(NOW, cluster);
     broker.handle_input(
         NOW,
         Input::PeerUp {

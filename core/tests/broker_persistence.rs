@@ -295,7 +295,7 @@ fn inflight_record_is_persisted_before_its_publish_is_sent() {
     let record = w
         .log
         .iter()
-        .position(|o| matches!(o, Output::Persist { key, value: Some(_) } if key[0] == b'Q'))
+        .position(|o| matches!(o, Output::Persist { key, value: Some(_), .. } if key[0] == b'Q'))
         .expect("in-flight record");
     let publish = w
         .log

@@ -7,8 +7,8 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use meridian_core::Config;
 use meridian_core::codec::{Ack, LastWill, Packet, QoS, WillProperties};
+use meridian_core::{Config, Timestamp};
 
 fn resumable() -> Config {
     Config {
@@ -288,7 +288,7 @@ fn clean_sessions_are_written_at_the_checkpoint_not_per_message() {
         .filter(|o| matches!(o, meridian_core::Output::Persist { .. }))
         .count();
     assert_eq!(stored, 0, "nothing stored per message");
-    w.broker.checkpoint();
+    w.broker.checkpoint(Timestamp(w.now));
     w.drain();
     let checkpoints: Vec<_> = w
         .store
@@ -298,7 +298,7 @@ fn clean_sessions_are_written_at_the_checkpoint_not_per_message() {
     assert_eq!(checkpoints.len(), 2, "one record per changed clean session");
     // A second checkpoint with nothing changed writes nothing.
     let before = w.log.len();
-    w.broker.checkpoint();
+    w.broker.checkpoint(Timestamp(w.now));
     w.drain();
     assert_eq!(w.log.len(), before);
 }

@@ -644,8 +644,11 @@ fn new_hooks_decide_what_comes_next_and_leave_what_was_decided() {
             Rule::new(Permission::Deny, Action::Publish, "public/closed").unwrap(),
         ],
     );
-    w.broker
-        .set_hooks(Box::new(FnAuth(deny_password)), Box::new(deny_public));
+    w.broker.set_hooks(
+        meridian_core::Timestamp(w.now),
+        Box::new(FnAuth(deny_password)),
+        Box::new(deny_public),
+    );
 
     // a stays connected and subscribed, though the rules now deny that subscription: it
     // receives nothing more through it...

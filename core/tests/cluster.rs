@@ -9,7 +9,7 @@ use common::mesh::{Mesh, id};
 use common::*;
 use meridian_core::broker::PeerSummary;
 use meridian_core::codec::{Packet, PublishProperties, QoS, ReasonCode};
-use meridian_core::link::OutboxLimits;
+use meridian_core::link::{Frame, OutboxLimits};
 use meridian_core::{Config, Input, Timestamp};
 
 fn persistent(c: &mut meridian_core::codec::Connect) {
@@ -140,13 +140,13 @@ fn qos1_and_qos2_cross_a_cut_link_exactly_once_in_order() {
 }
 
 /// What the receiving node stores for a forwarded message, and whether a shell may let it
-/// wait for a later fsync (`record_may_wait`): everything a QoS 1 forward to a subscriber
+/// wait for a later fsync (`Durability::WithNext`): everything a QoS 1 forward to a subscriber
 /// without a stored session leaves may wait (after a power loss it may come once more, as QoS 1
 /// allows); a QoS 2 forward's duplicate mark may not.
 #[test]
 fn only_a_qos1_forwards_records_at_the_receiver_may_wait_for_the_disk() {
     use meridian_core::Output;
-    use meridian_core::broker::record_may_wait;
+    use meridian_core::broker::Durability;
     let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
     let sub = mesh.node("a").connect(V5, "sub");
     mesh.node("a").subscribe(sub, "w/#", QoS::ExactlyOnce);
@@ -163,17 +163,77 @@ fn only_a_qos1_forwards_records_at_the_receiver_may_wait_for_the_disk() {
         let records: Vec<_> = mesh.node("a").log[seen..]
             .iter()
             .filter_map(|out| match out {
-                Output::Persist { key, value } => Some((key.clone(), value.clone())),
+                Output::Persist {
+                    key,
+                    value,
+                    durability,
+                } => Some((key.clone(), value.clone(), *durability)),
                 _ => None,
             })
             .collect();
         assert!(!records.is_empty(), "{qos:?}: a duplicate mark is stored");
         let may_wait = records
             .iter()
-            .all(|(key, value)| record_may_wait(key, value.as_ref()));
+            .all(|(_, _, durability)| *durability == Durability::WithNext);
         assert_eq!(may_wait, qos == QoS::AtLeastOnce, "{qos:?}: {records:?}");
         assert_eq!(mesh.node("a").received_publishes(sub).len(), 1, "{qos:?}");
     }
+}
+
+/// The forwards of one read are acknowledged once per origin, with the highest number, after
+/// every record they left: acknowledgements are cumulative, and each must follow the
+/// duplicate marks it stands for.
+#[test]
+fn the_forwards_of_one_read_are_acknowledged_once_after_their_records() {
+    use meridian_core::Output;
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "w/#", QoS::ExactlyOnce);
+    mesh.advance(50);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    mesh.settle();
+    for i in 0..5u16 {
+        let w = mesh.node("c");
+        w.publish(publisher, "w/x", &[i as u8], QoS::ExactlyOnce, false, i + 1);
+        w.recv(publisher);
+    }
+    let seen = mesh.node("a").log.len();
+    mesh.deliver_as_one_read("c", "a");
+    let a = mesh.node("a");
+    let outputs = &a.log[seen..];
+    let acks: Vec<usize> = outputs
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| {
+            matches!(o, Output::ToPeer { frame, .. }
+                if matches!(frame.decode(), Ok(Frame::ForwardAck { .. })))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        acks.len(),
+        1,
+        "one acknowledgement for the read: {outputs:?}"
+    );
+    let last_record = outputs
+        .iter()
+        .rposition(|o| matches!(o, Output::Persist { .. }))
+        .expect("duplicate marks stored");
+    assert!(acks[0] > last_record, "after the records: {outputs:?}");
+    let Output::ToPeer { frame, .. } = &outputs[acks[0]] else {
+        unreachable!()
+    };
+    let Ok(Frame::ForwardAck { seq, .. }) = frame.decode() else {
+        unreachable!()
+    };
+    let highest = a.received_publishes(sub).len();
+    assert_eq!(highest, 5, "every forward delivered");
+    mesh.settle();
+    assert_eq!(
+        peer(&mesh.node("c").broker.peers(), "a").outbox_messages,
+        0,
+        "the one acknowledgement ({seq}) took every forward off the outbox"
+    );
 }
 
 #[test]

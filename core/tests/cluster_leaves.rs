@@ -10,10 +10,10 @@ mod common;
 
 use common::mesh::{Mesh, id};
 use common::*;
-use meridian_core::Config;
 use meridian_core::codec::QoS;
 use meridian_core::link::Frame;
 use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp};
+use meridian_core::{Config, Timestamp};
 
 fn deployment() -> Mesh {
     Mesh::with_leaves(
@@ -349,18 +349,22 @@ fn a_leaf_is_named_as_one_and_cannot_take_a_members_name_or_its_hubs() {
     use meridian_core::broker::LeafError;
     let mut mesh = deployment();
     let hub = &mut mesh.node("hub").broker;
-    assert_eq!(hub.add_leaf(&id("far")), Err(LeafError::NotLeafName));
+    let now = Timestamp(0);
+    assert_eq!(hub.add_leaf(now, &id("far")), Err(LeafError::NotLeafName));
     assert!(!hub.is_leaf(&id("far")));
     assert_eq!(
-        hub.add_leaf(&id("edge-eu")),
+        hub.add_leaf(now, &id("edge-eu")),
         Ok(()),
         "a leaf already is one"
     );
     // A hub or a member may carry a leaf's kind of name (an edge object that is a hub does).
     let mut mesh = Mesh::new(&["edge-hub", "edge-far"], Config::default(), |_| {});
     let hub = &mut mesh.node("edge-hub").broker;
-    assert_eq!(hub.add_leaf(&id("edge-hub")), Err(LeafError::Myself));
-    assert_eq!(hub.add_leaf(&id("edge-far")), Err(LeafError::MeshMember));
+    assert_eq!(hub.add_leaf(now, &id("edge-hub")), Err(LeafError::Myself));
+    assert_eq!(
+        hub.add_leaf(now, &id("edge-far")),
+        Err(LeafError::MeshMember)
+    );
     assert!(!hub.is_leaf(&id("edge-far")));
 }
 

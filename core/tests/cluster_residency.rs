@@ -8,7 +8,7 @@ use common::*;
 use meridian_core::codec::{Packet, QoS, SubscriptionOptions};
 use meridian_core::link::Frame;
 use meridian_core::residency::{Residency, ResidencyRule};
-use meridian_core::{Config, ConnId};
+use meridian_core::{Config, ConnId, Timestamp};
 
 /// Nodes `eu1`, `eu2` and `us` (each its own region, `region-NAME`), with `health/#` kept in
 /// the two European regions.
@@ -69,7 +69,8 @@ fn apply(mesh: &mut Mesh, rules: &[(&str, &[&str])]) {
             .collect(),
     );
     for n in ["eu1", "eu2", "us"] {
-        mesh.node(n).broker.set_residency(residency.clone());
+        let w = mesh.node(n);
+        w.broker.set_residency(Timestamp(w.now), residency.clone());
     }
     mesh.advance(50);
 }
@@ -322,9 +323,12 @@ fn after_a_restart_what_waits_for_an_allowed_region_is_kept() {
     let rules = Residency::new(vec![
         ResidencyRule::new("health/#", ["region-eu1", "region-eu2"]).unwrap(),
     ]);
-    let b = &mut mesh.node("eu1").broker;
-    b.set_residency(rules);
+    let w = mesh.node("eu1");
+    let now = Timestamp(w.now);
+    let b = &mut w.broker;
+    b.set_residency(now, rules);
     b.set_node_regions(
+        now,
         [("eu2", "region-eu2"), ("us", "region-us")]
             .into_iter()
             .map(|(n, r)| (id(n), r.to_owned()))

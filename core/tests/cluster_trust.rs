@@ -16,7 +16,7 @@ use meridian_core::codec::{Packet, Publish, QoS, ReasonCode};
 use meridian_core::link::{DigestEntry, Forward, Frame, FrameKind, OutboxLimits, RetainedUpdate};
 use meridian_core::retained::{Hlc, Stamp};
 use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
-use meridian_core::{Config, Event};
+use meridian_core::{Config, Event, Timestamp};
 
 fn owner(name: &str, incarnation: u64) -> Owner {
     Owner {
@@ -309,12 +309,15 @@ fn a_node_that_left_is_forgotten_by_command_and_publishers_go_on() {
     let c = mesh.node("c");
     assert_eq!(c.broker.stats().dropped_peer_absent, 3, "the oldest go");
     assert_eq!(
-        c.broker.forget_peer(&id("b")),
+        c.broker.forget_peer(Timestamp(c.now), &id("b")),
         Err(ForgetError::Connected),
         "b is alive"
     );
-    assert_eq!(c.broker.forget_peer(&id("zz")), Err(ForgetError::Unknown));
-    let forgotten = c.broker.forget_peer(&id("a")).unwrap();
+    assert_eq!(
+        c.broker.forget_peer(Timestamp(c.now), &id("zz")),
+        Err(ForgetError::Unknown)
+    );
+    let forgotten = c.broker.forget_peer(Timestamp(c.now), &id("a")).unwrap();
     c.drain();
     assert_eq!((forgotten.routes, forgotten.dropped_messages), (1, 2));
     assert!(c.broker.nodes_for("a/x").is_empty());
@@ -402,7 +405,8 @@ fn forwards_to_a_forgotten_node_that_returns_keep_their_numbering() {
     }
     assert_eq!(mesh.node("a").received_publishes(sub).len(), 3);
     mesh.link_down(&id("a"), &id("c"));
-    mesh.node("c").broker.forget_peer(&id("a")).unwrap();
+    let c = mesh.node("c");
+    c.broker.forget_peer(Timestamp(c.now), &id("a")).unwrap();
     mesh.node("c").drain();
     // (b, which still reaches a, ignores c's announcement.)
     // a was only cut off from c: it returns with the same incarnation, its inbox remembering
@@ -424,9 +428,9 @@ fn a_forwarded_message_meets_the_receiving_nodes_access_rules() {
         Permission::Allow,
         vec![Rule::new(Permission::Deny, Action::Subscribe, "a/secret/#").unwrap()],
     );
-    mesh.node("a")
-        .broker
-        .set_hooks(Box::new(AllowAll), Box::new(acl));
+    let a = mesh.node("a");
+    a.broker
+        .set_hooks(Timestamp(a.now), Box::new(AllowAll), Box::new(acl));
     let sub = mesh.node("a").connect(V5, "sub");
     assert_eq!(
         mesh.node("a").subscribe(sub, "a/#", QoS::AtLeastOnce),
@@ -615,7 +619,10 @@ fn duplicate_marks_of_nodes_forgotten_long_ago_are_let_go() {
     }
     assert_eq!(mesh.node("a").received_publishes(sub).len(), 1_025);
     for name in &names {
-        mesh.node("a").broker.forget_peer(&id(name)).unwrap();
+        {
+            let a = mesh.node("a");
+            a.broker.forget_peer(Timestamp(a.now), &id(name)).unwrap();
+        }
     }
     mesh.node("a").drain();
     // The most recently forgotten still has its mark: a re-sent forward is a duplicate.
@@ -767,7 +774,10 @@ fn nodes_forgotten_before_a_restart_are_let_go_in_their_turn_after_it() {
             mesh.inject(name, "a", forward(name));
         }
         for name in names {
-            mesh.node("a").broker.forget_peer(&id(name)).unwrap();
+            {
+                let a = mesh.node("a");
+                a.broker.forget_peer(Timestamp(a.now), &id(name)).unwrap();
+            }
         }
         mesh.node("a").drain();
     };

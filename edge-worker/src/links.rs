@@ -3,9 +3,8 @@
 //! links. Each is an ordinary (not hibernatable) WebSocket whose events call back into the
 //! object; a binary message holds whole link frames.
 
-use bytes::BytesMut;
 use js_sys::{ArrayBuffer, Uint8Array};
-use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
+
 use meridian_core::routes::NodeId;
 use wasm_bindgen::closure::Closure;
 use wasm_bindgen::{JsCast, JsValue};
@@ -82,11 +81,8 @@ impl PeerSocket {
     /// says so). Each frame its own message: a batch of them would reach the other end as one
     /// event, whose deliveries could overflow a subscriber's queue before its acknowledgements
     /// are read (measured: `docs/benchmarks.md`, "Edge-only").
-    pub fn send(&self, frame: &Frame) {
-        let mut bytes = BytesMut::new();
-        if link::encode(frame, &mut bytes).is_ok() {
-            let _ = self.ws.send_with_bytes(&bytes);
-        }
+    pub fn send(&self, frame: &[u8]) {
+        let _ = self.ws.send_with_bytes(frame);
     }
 
     /// Closes the socket with `code` and `reason`, and lets go of its handlers once the
@@ -94,19 +90,6 @@ impl PeerSocket {
     pub fn retire(self, code: u16, reason: &str) {
         let _ = self.ws.close(Some(code), Some(reason));
         wasm_bindgen_futures::spawn_local(async move { drop(self) });
-    }
-}
-
-/// The link frames of one binary message; an error for bytes that are not whole frames.
-pub fn frames(data: &[u8]) -> Result<Vec<Frame>, &'static str> {
-    let mut buf = BytesMut::from(data);
-    let mut frames = Vec::new();
-    loop {
-        match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-            Ok(Some(frame)) => frames.push(frame),
-            Ok(None) if buf.is_empty() => return Ok(frames),
-            _ => return Err("a malformed link frame"),
-        }
     }
 }
 

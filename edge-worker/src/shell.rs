@@ -23,7 +23,7 @@ use std::time::Duration;
 use js_sys::Uint8Array;
 use meridian_core::acl::Acl;
 use meridian_core::broker::{ClusterConfig, FigureValue, LEAF_PREFIX, PeerLimits};
-use meridian_core::link::{Frame, OutboxLimits};
+use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, Frame, OutboxLimits};
 use meridian_core::routes::NodeId;
 use meridian_core::{Broker, Config, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 use wasm_bindgen::{JsCast, JsValue};
@@ -186,7 +186,7 @@ impl Shell {
                 format!("{LEAF_PREFIX}{name}")
             };
             let node = NodeId::new(&node).map_err(|e| worker::Error::RustError(e.to_string()))?;
-            broker.enable_cluster(edge_cluster_config(node, incarnation, uplink.as_ref()));
+            broker.enable_cluster(now, edge_cluster_config(node, incarnation, uplink.as_ref()));
         }
         let records = store.load()?;
         let count = records.len();
@@ -266,18 +266,23 @@ impl Shell {
                         let _ = ws.close(Some(CLOSE_NORMAL), Some("closed by the broker"));
                     }
                 }
-                Output::Persist { key, value } => self.store.apply(&key, value.as_deref())?,
+                // Every write reaches the object's storage before any later output leaves
+                // (its output gate): a record of either durability is as durable as it gets
+                // before what follows it goes out.
+                Output::Persist { key, value, .. } => {
+                    self.store.apply(&key, value.as_deref())?;
+                }
                 Output::Event(event) => log_event(&event),
                 Output::ToPeer { peer, frame } => {
                     if let Some(socket) = self.link_of(&peer) {
-                        socket.send(&frame);
+                        socket.send(frame.bytes());
                     }
                 }
                 // Meant for the mesh: the hub above is this object's only member of it (its
                 // leaves get their frames as ToPeer).
                 Output::Broadcast { frame } => {
                     if let Some(up) = &self.upstream {
-                        up.send(&frame);
+                        up.send(frame.bytes());
                     }
                 }
                 // Its close event tells the broker.
@@ -311,7 +316,8 @@ impl Shell {
     /// A leaf's link named its node (`Hello`): the core makes it a leaf (or refuses), and an
     /// earlier link of the same leaf gives way.
     fn admit_leaf(&mut self, n: u64, node: NodeId) -> worker::Result<Result<(), String>> {
-        if let Err(why) = self.broker.add_leaf(&node) {
+        let now = self.clock();
+        if let Err(why) = self.broker.add_leaf(now, &node) {
             return Ok(Err(why.to_string()));
         }
         let earlier = self
@@ -568,8 +574,9 @@ impl Edge {
         Ok(Response::from_websocket(pair.client)?.with_headers(headers))
     }
 
-    /// A message on a link: whole link frames, each fed to the broker. A leaf's first must
-    /// name it (`Hello`).
+    /// A message on a link: whole link frames, fed to the broker as one input (their
+    /// acknowledgements of forwards leave as one per origin). A leaf's first must name it
+    /// (`Hello`).
     fn link_data(&self, link: LinkRef, data: &[u8]) {
         let refused = self
             .with_shell(|shell| {
@@ -577,9 +584,9 @@ impl Edge {
                     // Closed already; a late message is ignored.
                     return Ok(None);
                 };
-                let frames = match links::frames(data) {
+                let frames = match link::decode_message(data, DEFAULT_MAX_FRAME_LEN) {
                     Ok(frames) => frames,
-                    Err(why) => return Ok(Some(why.to_owned())),
+                    Err(_) => return Ok(Some("a malformed link frame".to_owned())),
                 };
                 let peer = match (&socket.node, link, frames.first()) {
                     (Some(peer), _, _) => peer.clone(),
@@ -593,12 +600,7 @@ impl Edge {
                     }
                     (None, ..) => return Ok(Some("the first frame is not a Hello".to_owned())),
                 };
-                for frame in frames {
-                    shell.feed(Input::PeerFrame {
-                        peer: peer.clone(),
-                        frame: Box::new(frame),
-                    })?;
-                }
+                shell.feed(Input::PeerFrames { peer, frames })?;
                 Ok(None)
             })
             .unwrap_or(None);
@@ -844,7 +846,8 @@ impl Edge {
                     continue;
                 }
                 shell.checkpoint_pending = false;
-                shell.broker.checkpoint();
+                let now = shell.clock();
+                shell.broker.checkpoint(now);
                 if let Err(error) = shell.drive() {
                     stop(&mut slot, &error);
                 }

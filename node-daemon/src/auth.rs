@@ -3,7 +3,7 @@
 //!
 //! Password hashes are verified off the broker task: the authenticator answers
 //! [`AuthOutcome::Pending`], the verification waits in a [`VerifyLimits`] queue and runs on
-//! the blocking pool, and the decision comes back as [`ToEngine::AuthDecision`]. The queue is
+//! the blocking pool, and the decision comes back as [`ToEngine::Conn(ConnEvent::AuthDecision)`]. The queue is
 //! shared fairly between source addresses: each has a bounded number of checks waiting, and
 //! the workers take one address's check after another's, so one host sending bogus logins
 //! neither fills the queue nor delays a login from elsewhere by more than a turn.
@@ -20,7 +20,7 @@ use meridian_core::codec::ReasonCode;
 use tokio::sync::mpsc;
 
 use crate::config::DaemonConfig;
-use crate::mailbox::{DaemonCounters, SendAuthenticator, SendAuthorizer, ToEngine};
+use crate::mailbox::{ConnEvent, DaemonCounters, SendAuthenticator, SendAuthorizer, ToEngine};
 use crate::passwd::{self, PasswordDb};
 
 /// Argon2 verifications running at once (each takes ~19 MiB and tens of milliseconds).
@@ -252,10 +252,10 @@ impl VerifyLimits {
         if let Some(job) = evicted {
             self.counters.logins_busy.fetch_add(1, Ordering::Relaxed);
             // Asked from within the broker task: the answer goes through its queue.
-            let decision = ToEngine::AuthDecision {
+            let decision = ToEngine::Conn(ConnEvent::AuthDecision {
                 conn: job.conn,
                 outcome: AuthOutcome::Deny(ReasonCode::SERVER_BUSY),
-            };
+            });
             tokio::spawn(async move {
                 let _ = job.engine.send(decision).await;
             });
@@ -293,10 +293,12 @@ impl VerifyLimits {
                 q.finished(job.source);
             }
             // The blocking pool is outside the runtime's workers: waiting for room is fine.
-            let _ = job.engine.blocking_send(ToEngine::AuthDecision {
-                conn: job.conn,
-                outcome,
-            });
+            let _ = job
+                .engine
+                .blocking_send(ToEngine::Conn(ConnEvent::AuthDecision {
+                    conn: job.conn,
+                    outcome,
+                }));
         }
     }
 }
@@ -491,7 +493,7 @@ mod tests {
     async fn decision(rx: &mut mpsc::Receiver<ToEngine>) -> AuthOutcome {
         let next = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv());
         match next.await.expect("a decision in time") {
-            Some(ToEngine::AuthDecision { outcome, .. }) => outcome,
+            Some(ToEngine::Conn(ConnEvent::AuthDecision { outcome, .. })) => outcome,
             other => panic!("expected a decision, got {other:?}"),
         }
     }
@@ -588,7 +590,7 @@ mod tests {
         let mut order = Vec::new();
         for _ in 0..3 {
             match rx.recv().await {
-                Some(ToEngine::AuthDecision { conn, .. }) => order.push(conn.0),
+                Some(ToEngine::Conn(ConnEvent::AuthDecision { conn, .. })) => order.push(conn.0),
                 other => panic!("expected a decision, got {other:?}"),
             }
         }
@@ -625,7 +627,7 @@ mod tests {
         assert_eq!(limits.lock().pending, MAX_PENDING_VERIFY);
         // The check turned away is told so.
         match tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await {
-            Ok(Some(ToEngine::AuthDecision { outcome, .. })) => {
+            Ok(Some(ToEngine::Conn(ConnEvent::AuthDecision { outcome, .. }))) => {
                 assert_eq!(outcome, AuthOutcome::Deny(ReasonCode::SERVER_BUSY));
             }
             other => panic!("expected a decision, got {other:?}"),

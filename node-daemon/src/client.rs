@@ -25,8 +25,7 @@ use meridian_core::codec::{
     SubscriptionOptions, Unsubscribe,
 };
 
-use crate::mailbox::{EngineHandle, ToEngine};
-use crate::transport::outbox::Outbox;
+use crate::mailbox::{ConnEvent, EngineHandle, Outbox, ToEngine};
 
 const V5: ProtocolVersion = ProtocolVersion::V5;
 
@@ -286,10 +285,10 @@ impl InProcessClient {
         self.outbox.handed(out.len());
         self.engine
             .tx
-            .send(ToEngine::Bytes {
+            .send(ToEngine::Conn(ConnEvent::Bytes {
                 conn: self.conn,
                 data: out.freeze(),
-            })
+            }))
             .await
             .map_err(|_| ClientError::BrokerGone)
     }
@@ -362,7 +361,7 @@ impl Drop for InProcessClient {
             let _ = self
                 .engine
                 .tx
-                .try_send(ToEngine::Closed { conn: self.conn });
+                .try_send(ToEngine::Conn(ConnEvent::Closed { conn: self.conn }));
         }
     }
 }

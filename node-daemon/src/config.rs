@@ -692,8 +692,8 @@ impl ClusterSection {
     }
 
     /// The bounds of each link session's queue.
-    pub fn link_limits(&self) -> crate::mesh::queue::LinkLimits {
-        crate::mesh::queue::LinkLimits {
+    pub fn link_limits(&self) -> crate::mailbox::LinkLimits {
+        crate::mailbox::LinkLimits {
             queue_frames: self.link_queue_frames,
             congested_bytes: self.link_congested_bytes,
             drained_bytes: self.link_drained_bytes,
@@ -1101,7 +1101,7 @@ mod tests {
 
     #[test]
     fn the_link_marks_are_checked_and_given_to_the_sessions() {
-        use crate::mesh::queue::LinkLimits;
+        use crate::mailbox::LinkLimits;
         let base = "[cluster]\nenabled = true\nkey_file = \"k\"\n";
         let c = DaemonConfig::parse(base, "x.toml").unwrap();
         assert_eq!(c.cluster.link_limits(), LinkLimits::default());

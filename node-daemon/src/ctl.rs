@@ -163,11 +163,10 @@ pub enum PeersCommand {
 /// Run a `meridian ctl` command, writing what the node answered to `out`.
 pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Result<()> {
     let token = match &args.token_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--token-file: cannot read {}", path.display()))?;
-            Some(text.lines().next().unwrap_or("").trim().to_owned())
-        }
+        // The node reads every token of its file; one is enough to ask with.
+        Some(path) => crate::policy::tokens::read_file(path, "--token-file")?
+            .into_iter()
+            .next(),
         None => None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

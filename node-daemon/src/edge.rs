@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -36,10 +36,9 @@ use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{debug, info, warn};
 
-use crate::mailbox::{DaemonCounters, ToEngine};
-use crate::mesh::queue::{LinkLimits, PeerWriter};
+use crate::mailbox::{DaemonCounters, LinkEvent, LinkLimits, PeerWriter, ToEngine};
 use crate::per_address::{AddressSlot, PerAddress};
-use crate::policy::tokens::{TokenSet, Tokens};
+use crate::policy::tokens::Tokens;
 
 /// The path edge links upgrade on.
 pub const LINK_PATH: &str = "/link";
@@ -70,31 +69,6 @@ pub struct EdgeSettings {
     /// Links open at once, handshakes included.
     pub max_links: usize,
     pub limits: LinkLimits,
-}
-
-/// The tokens of `cluster.edge.token_file`, each named `edge-token-file-` and the start of its
-/// hash;
-/// none without the file.
-pub fn file_tokens(edge: &crate::config::EdgeSection) -> anyhow::Result<TokenSet> {
-    use anyhow::Context as _;
-    let path = &edge.token_file;
-    if path.as_os_str().is_empty() {
-        return Ok(TokenSet::default());
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cluster.edge.token_file: cannot read {}", path.display()))?;
-    let tokens = TokenSet::parse_file(
-        &text,
-        &format!("cluster.edge.token_file {}", path.display()),
-        "edge-token-file",
-    )
-    .map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(
-        !tokens.is_empty(),
-        "cluster.edge.token_file {}: no token (one per line)",
-        path.display()
-    );
-    Ok(tokens)
 }
 
 /// Accept edge links on `listener` until `stop` turns true.
@@ -239,12 +213,12 @@ async fn link<S>(
     let (writer, mut rx, queued_bytes) = PeerWriter::channel(settings.limits);
     let kill = writer.kill.clone();
     let (accepted_tx, accepted_rx) = tokio::sync::oneshot::channel();
-    let up = ToEngine::LeafUp {
+    let up = ToEngine::Link(LinkEvent::LeafUp {
         leaf: leaf.clone(),
         session,
         writer,
         accepted: accepted_tx,
-    };
+    });
     if engine.send(up).await.is_err() || !accepted_rx.await.unwrap_or(false) {
         counters
             .edge_links_refused_node
@@ -259,14 +233,13 @@ async fn link<S>(
                 counters
                     .edge_frames_in
                     .fetch_add(frames.len() as u64, Ordering::Relaxed);
-                for frame in frames.drain(..) {
-                    let msg = ToEngine::PeerFrame {
-                        peer: leaf.clone(),
-                        frame: Box::new(frame),
-                    };
-                    if engine.send(msg).await.is_err() {
-                        return "broker stopping";
-                    }
+                // The frames of one message, one input for the broker.
+                let msg = ToEngine::Link(LinkEvent::Frames {
+                    peer: leaf.clone(),
+                    frames: std::mem::take(&mut frames),
+                });
+                if engine.send(msg).await.is_err() {
+                    return "broker stopping";
                 }
                 match next_frames(&mut stream).await {
                     Some(Ok(more)) => frames = more,
@@ -308,10 +281,10 @@ async fn link<S>(
     };
     info!(%leaf, session, why, "edge link ended");
     let _ = engine
-        .send(ToEngine::PeerDown {
+        .send(ToEngine::Link(LinkEvent::Down {
             peer: leaf,
             session,
-        })
+        }))
         .await;
 }
 
@@ -334,15 +307,9 @@ where
             // Pings are answered by the library.
             _ => continue,
         };
-        let mut buf = BytesMut::from(&data[..]);
-        let mut frames = Vec::new();
-        loop {
-            match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-                Ok(Some(frame)) => frames.push(frame),
-                Ok(None) if buf.is_empty() => return Some(Ok(frames)),
-                Ok(None) => return Some(Err("a partial frame")),
-                Err(_) => return Some(Err("a malformed frame")),
-            }
-        }
+        return Some(
+            link::decode_message(&data, DEFAULT_MAX_FRAME_LEN)
+                .map_err(|_| "a malformed or partial frame"),
+        );
     }
 }

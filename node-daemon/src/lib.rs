@@ -55,8 +55,8 @@ pub mod cli {
 /// that sends what it likes). Not a stable interface.
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::mailbox::{MeshCmd, ToEngine};
+    pub use crate::mailbox::LinkLimits;
+    pub use crate::mailbox::{LinkEvent, MeshCmd, ToEngine};
     pub use crate::mesh::keys::load_cluster_key;
-    pub use crate::mesh::queue::LinkLimits;
     pub use crate::mesh::{MeshSettings, MeshStats, start as start_mesh};
 }

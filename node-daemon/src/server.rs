@@ -20,14 +20,14 @@ use crate::config::DaemonConfig;
 use crate::config::PolicySource;
 use crate::engine::Engine;
 use crate::mailbox::{
-    DaemonCounters, ENGINE_QUEUE, EngineHandle, MeshCmd, SendAuthenticator, SendAuthorizer,
-    ToEngine,
+    ConnEvent, DaemonCounters, ENGINE_QUEUE, EngineHandle, MeshCmd, PolicyChange,
+    SendAuthenticator, SendAuthorizer, ToEngine,
 };
 use crate::mesh::{self, Mesh, MeshSettings, MeshStats};
 use crate::policy::document::Policy;
 use crate::policy::document::TokenKind;
 use crate::policy::tokens::{TokenSet, Tokens};
-use crate::policy::{PolicyHandle, PolicySettings, Snapshot};
+use crate::policy::{PolicyHandle, PolicySettings, Seed, SeedFiles, Snapshot};
 use crate::storage::Store;
 use crate::transport::listen::{self, ListenerSpec, Transport};
 
@@ -75,14 +75,17 @@ pub struct AuthDecisions {
 impl AuthDecisions {
     /// Decide for `conn` (from `AuthRequest::conn`). Waits if the broker task is busy.
     pub async fn decide(&self, conn: ConnId, outcome: AuthOutcome) {
-        let _ = self.tx.send(ToEngine::AuthDecision { conn, outcome }).await;
+        let _ = self
+            .tx
+            .send(ToEngine::Conn(ConnEvent::AuthDecision { conn, outcome }))
+            .await;
     }
 
     /// Same, from a thread that is not running async code.
     pub fn blocking_decide(&self, conn: ConnId, outcome: AuthOutcome) {
         let _ = self
             .tx
-            .blocking_send(ToEngine::AuthDecision { conn, outcome });
+            .blocking_send(ToEngine::Conn(ConnEvent::AuthDecision { conn, outcome }));
     }
 }
 
@@ -217,7 +220,7 @@ impl Server {
         let node_id = p2p.as_ref().map(|p| p.node.to_string());
         // The policy document, unless the application decides who gets in or the files do.
         let policy = if custom_auth.is_none() && config.policy.source == PolicySource::Document {
-            let settings = PolicySettings::from_config(&config, node_id.clone())?;
+            let settings = policy_settings(&config, node_id.clone())?;
             Some(PolicyHandle::start(settings).await?)
         } else {
             None
@@ -229,15 +232,18 @@ impl Server {
             (None, Some(p)) => Ok(auth::AuthSetup::from_policy(&config, p, true)?),
             (None, None) => Ok(auth::AuthSetup::from_config(&config)?),
         };
-        let token_source = |kind: TokenKind, file: anyhow::Result<TokenSet>| {
+        // The policy document's tokens, or (`policy.source = "files"`) the token files'.
+        let token_source = |kind: TokenKind, file: &std::path::Path, key: &str, name: &str| {
             anyhow::Ok(match &policy {
                 Some(p) => Tokens::Policy(p.watch(), kind),
-                None => Tokens::Fixed(Arc::new(file?)),
+                None => Tokens::Fixed(Arc::new(TokenSet::from_file(file, key, name)?)),
             })
         };
         let admin_tokens = token_source(
             TokenKind::Admin,
-            crate::admin::AdminAccess::file_tokens(&config.admin),
+            &config.admin.token_file,
+            "admin.token_file",
+            crate::policy::ADMIN_FILE_TOKEN,
         )?;
         let admin_access = crate::admin::AdminAccess::new(&config.admin, admin_tokens)?;
         let anonymous = auth_setup.as_ref().is_ok_and(auth::AuthSetup::anonymous);
@@ -303,10 +309,10 @@ impl Server {
                     region = %cluster.region,
                     "cluster mode"
                 );
-                broker.enable_cluster(cluster);
+                broker.enable_cluster(now, cluster);
                 if let Some((rules, node_regions)) = residency {
-                    broker.set_residency(rules);
-                    broker.set_node_regions(node_regions);
+                    broker.set_residency(now, rules);
+                    broker.set_node_regions(now, node_regions);
                 }
                 mesh_tx = Some(cmd_tx);
             }
@@ -322,7 +328,7 @@ impl Server {
         broker_thread.handle().spawn(async move {
             let r = engine.run(rx, poller).await;
             if let Err(e) = &r {
-                crate::engine::log_storage_failure(e);
+                crate::engine::log::storage_failure(e);
             }
             let _ = done_tx.send(r.map_err(anyhow::Error::from));
         });
@@ -353,9 +359,7 @@ impl Server {
                     advertise: cluster.advertise.iter().map(|a| a.0.clone()).collect(),
                     announce_every: Duration::from_millis(cluster.announce_interval_ms),
                     link_limits: cluster.link_limits(),
-                    policy: policy
-                        .clone()
-                        .map(|p| (p, config.policy.max_document_bytes)),
+                    policy: policy.clone(),
                 };
                 // On the broker thread: the swarm's connections and the link sessions are
                 // spawned from it, beside the broker task.
@@ -368,7 +372,12 @@ impl Server {
             }
             if let Some(addr) = cluster.edge.listen_addr().filter(|_| cluster.enabled) {
                 let edge = &cluster.edge;
-                let tokens = token_source(TokenKind::Edge, crate::edge::file_tokens(edge))?;
+                let tokens = token_source(
+                    TokenKind::Edge,
+                    &edge.token_file,
+                    "cluster.edge.token_file",
+                    crate::policy::EDGE_FILE_TOKEN,
+                )?;
                 if tokens.is_empty() {
                     warn!(
                         "edge links: no edge-link token, no edge object can link until one is \
@@ -670,7 +679,7 @@ async fn set_hooks(
         authorizer,
     };
     let gone = || anyhow::anyhow!("the broker task has stopped");
-    tx.send(ToEngine::SetHooks { hooks, reply })
+    tx.send(ToEngine::Policy(PolicyChange::Hooks { hooks, reply }))
         .await
         .map_err(|_| gone())?;
     applied.await.map_err(|_| gone())
@@ -697,11 +706,13 @@ async fn follow_policy(
         let now = residency_part(&policy);
         if now != residency {
             residency = now;
-            let set = ToEngine::SetResidency {
+            let (reply, applied) = oneshot::channel();
+            let set = ToEngine::Policy(PolicyChange::Residency {
                 rules: policy.residency(),
                 node_regions: residency.1.clone(),
-            };
-            if tx.send(set).await.is_err() {
+                reply,
+            });
+            if tx.send(set).await.is_err() || applied.await.is_err() {
                 return;
             }
             info!(
@@ -751,6 +762,41 @@ async fn apply_auth(
         ),
     }
     true
+}
+
+/// What the policy task of a daemon with `config` needs; `peer_id` in cluster mode. The files
+/// are read only when there is no saved document yet (they seed it).
+fn policy_settings(
+    config: &DaemonConfig,
+    peer_id: Option<String>,
+) -> anyhow::Result<PolicySettings> {
+    let data_dir = config.storage.data_dir.clone();
+    let files = SeedFiles {
+        password_file: config.auth.password_file.clone().into(),
+        acl: config.acl.clone(),
+        admin_token_file: config.admin.token_file.clone(),
+        edge_token_file: config.cluster.edge.token_file.clone(),
+    };
+    let seed = Seed::read(&data_dir, &files)?;
+    Ok(PolicySettings {
+        data_dir,
+        node: config.node.name.clone(),
+        region: if config.cluster.enabled {
+            config.cluster.region.clone()
+        } else {
+            String::new()
+        },
+        peer_id,
+        max_document_bytes: config.policy.max_document_bytes,
+        history_retention_ms: config
+            .policy
+            .history_retention_days
+            .saturating_mul(86_400_000),
+        compact_after_changes: config.policy.compact_after_changes,
+        compact_interval_ms: config.policy.compact_interval_ms,
+        node_expiry_ms: config.cluster.peer_expiry_ms,
+        seed,
+    })
 }
 
 /// The core's cluster configuration from `[cluster]` (the incarnation is set at start).

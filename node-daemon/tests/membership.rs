@@ -15,7 +15,7 @@ use meridian_core::link::{self, Forward, Frame, RetainedUpdate};
 use meridian_core::retained::{Hlc, Stamp};
 use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use meridian_daemon::testing::{
-    LinkLimits, MeshCmd, MeshSettings, MeshStats, ToEngine, load_cluster_key, start_mesh,
+    LinkEvent, LinkLimits, MeshCmd, MeshSettings, MeshStats, ToEngine, load_cluster_key, start_mesh,
 };
 use rumqttc::QoS;
 use tokio::sync::mpsc;
@@ -277,7 +277,9 @@ async fn a_peer_with_the_key_that_forges_other_nodes_state_changes_nothing() {
     let mut writers = std::collections::HashMap::new();
     tokio::time::timeout(MESH_DEADLINE, async {
         while writers.len() < 2 {
-            if let Some(ToEngine::PeerUp { peer, writer, .. }) = engine_rx.recv().await {
+            if let Some(ToEngine::Link(LinkEvent::PeerUp { peer, writer, .. })) =
+                engine_rx.recv().await
+            {
                 writers.insert(peer.to_string(), writer);
             }
         }

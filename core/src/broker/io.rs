@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::codec::{ProtocolVersion, ReasonCode};
-use crate::link::Frame;
+use crate::link::{EncodedFrame, Frame};
 use crate::routes::NodeId;
 
 /// Milliseconds since the Unix epoch (or any epoch the shell keeps stable across restarts:
@@ -83,12 +83,22 @@ pub enum Input<'a> {
         /// The peer node whose link came up.
         peer: NodeId,
     },
-    /// A frame from a peer node, decoded with [`crate::link::decode`].
+    /// A frame from a peer node, read with a [`crate::link::FrameReader`] or
+    /// [`crate::link::decode_message`].
     PeerFrame {
         /// The node that sent it.
         peer: NodeId,
         /// The decoded frame.
         frame: Box<Frame>,
+    },
+    /// The frames of one read from a peer node's link, in order. Their acknowledgements of
+    /// forwards received go out as one per origin (the highest: acknowledgements are
+    /// cumulative), after everything else the frames caused.
+    PeerFrames {
+        /// The node that sent them.
+        peer: NodeId,
+        /// The decoded frames.
+        frames: Vec<Frame>,
     },
     /// The link to a peer node is down.
     PeerDown {
@@ -126,9 +136,10 @@ pub enum Input<'a> {
 
 /// One thing the shell must do, taken from [`crate::Broker::poll_output`] in order.
 ///
-/// Order matters: a `Persist` must be durable before any `Send` that follows it is written,
-/// because that `Send` may acknowledge what was persisted.
+/// Order matters: a `Persist` of [`Durability::Now`] must be durable before any `Send` that
+/// follows it is written, because that `Send` may acknowledge what was persisted.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "every output is something the shell must do, in order"]
 pub enum Output {
     /// Write these bytes to the connection.
     Send {
@@ -143,29 +154,32 @@ pub enum Output {
         conn: ConnId,
     },
     /// Store (or, with `value: None`, delete) a record; feed them all back to
-    /// [`crate::Broker::restore`] after a restart. Keys and values are opaque to the shell.
+    /// [`crate::Broker::restore`] after a restart. Keys and values are opaque to the shell:
+    /// what it needs to know of a record, `durability` says.
     Persist {
         /// The record's key.
         key: Bytes,
         /// The record's new value; `None` deletes the record.
         value: Option<Bytes>,
+        /// How soon it must be on the disk.
+        durability: Durability,
     },
     /// Something worth logging, counting or reacting to.
     Event(Event),
-    /// Send this frame to one peer node (cluster mode), on its ordered link.
+    /// Send this frame to one peer node (cluster mode), on its ordered link, as it is.
     ToPeer {
         /// The node to send it to.
         peer: NodeId,
-        /// The frame; [`crate::link::encode`] turns it into bytes.
-        frame: Frame,
+        /// The frame, encoded: its bytes are what goes on the link.
+        frame: EncodedFrame,
     },
     /// Send this frame to every peer node of the mesh (route deltas, digests and forget
     /// announcements: the kinds [`crate::link::FrameKind::is_broadcast`] names; gossip is
     /// fine), not to this node's leaves ([`crate::Broker::add_leaf`]): they get their own
     /// frames through [`Output::ToPeer`].
     Broadcast {
-        /// The frame; [`crate::link::encode`] turns it into bytes.
-        frame: Frame,
+        /// The frame, encoded: its bytes are what goes on the links.
+        frame: EncodedFrame,
     },
     /// End the link session with this peer: it went past a bound ([`Event::PeerFault`] says
     /// which). Feed [`Input::PeerDown`] once it has ended, as for any other session.
@@ -175,66 +189,19 @@ pub enum Output {
     },
 }
 
-/// Keep, of the forward acknowledgements among `outputs` (taken in order from
-/// [`crate::Broker::poll_output`]), one per peer and origin: the highest, where the last of
-/// them stood.
-///
-/// [`Frame::ForwardAck`] is cumulative, so the peer learns the same from one frame as from
-/// all of them. Each acknowledgement kept is at or after every one it stands for, so it still
-/// follows the records it depends on. A shell that takes several inputs' outputs before it
-/// writes to its peers saves a frame (and often a system call) per forward received.
-pub fn coalesce_forward_acks(outputs: &mut Vec<Output>) {
-    /// An acknowledgement's peer and origin.
-    fn ack(out: &Output) -> Option<(&NodeId, &crate::routes::Owner, u64)> {
-        match out {
-            Output::ToPeer {
-                peer,
-                frame: Frame::ForwardAck { origin, seq },
-            } => Some((peer, origin, *seq)),
-            _ => None,
-        }
-    }
-    // Per peer and origin: where its first and last acknowledgements are, and the highest.
-    let mut kept: Vec<(usize, usize, u64)> = Vec::new();
-    let mut acks = 0;
-    for (i, out) in outputs.iter().enumerate() {
-        let Some((peer, origin, seq)) = ack(out) else {
-            continue;
-        };
-        acks += 1;
-        let same = kept.iter_mut().find(|(first, ..)| {
-            ack(&outputs[*first]).is_some_and(|(p, o, _)| p == peer && o == origin)
-        });
-        match same {
-            Some(entry) => {
-                entry.1 = i;
-                entry.2 = entry.2.max(seq);
-            }
-            None => kept.push((i, i, seq)),
-        }
-    }
-    if kept.len() == acks {
-        return;
-    }
-    let mut i = 0;
-    outputs.retain_mut(|out| {
-        let at = i;
-        i += 1;
-        let Output::ToPeer {
-            frame: Frame::ForwardAck { seq, .. },
-            ..
-        } = out
-        else {
-            return true;
-        };
-        match kept.iter().find(|(_, last, _)| *last == at) {
-            Some((_, _, highest)) => {
-                *seq = *highest;
-                true
-            }
-            None => false,
-        }
-    });
+/// How soon an [`Output::Persist`] record must reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Before any output that follows it goes out: what follows may acknowledge it.
+    Now,
+    /// With the next record that is `Now` (or the shell's next periodic sync). Losing it in a
+    /// crash costs only work done again or a duplicate MQTT allows, never a message lost and
+    /// never a QoS 2 message delivered twice: the deletion of a forward its peer acknowledged
+    /// (after a crash it is sent again and the peer drops it as a duplicate), of a duplicate
+    /// mark the inbox let go of, or a duplicate mark that guards a QoS 0 or 1 message only. A
+    /// shell that writes records in order to one log (a journal) may skip waiting for the
+    /// disk for a batch made only of these; the next batch it waits for takes them along.
+    WithNext,
 }
 
 /// Why a connection ended.
@@ -348,77 +315,4 @@ pub enum Event {
         /// Forwards that waited for it, dropped.
         dropped_messages: usize,
     },
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::routes::Owner;
-
-    fn ack(peer: &str, origin: &str, incarnation: u64, seq: u64) -> Output {
-        Output::ToPeer {
-            peer: NodeId::new(peer).expect("a node id"),
-            frame: Frame::ForwardAck {
-                origin: Owner {
-                    node: NodeId::new(origin).expect("a node id"),
-                    incarnation,
-                },
-                seq,
-            },
-        }
-    }
-
-    fn record(key: &'static [u8]) -> Output {
-        Output::Persist {
-            key: Bytes::from_static(key),
-            value: None,
-        }
-    }
-
-    #[test]
-    fn one_acknowledgement_per_peer_and_origin_the_highest_where_the_last_stood() {
-        let send = Output::Send {
-            conn: ConnId(1),
-            data: Bytes::from_static(b"x"),
-        };
-        let mut outputs = vec![
-            record(b"mark 5"),
-            ack("b", "a", 1, 5),
-            send.clone(),
-            ack("c", "a", 1, 3),
-            record(b"mark 7"),
-            ack("b", "a", 1, 7),
-            ack("b", "a", 2, 1),
-            // A duplicate acknowledged again: lower than what came before it.
-            ack("b", "a", 1, 6),
-            Output::ToPeer {
-                peer: NodeId::new("b").expect("a node id"),
-                frame: Frame::KeepAlive,
-            },
-        ];
-        coalesce_forward_acks(&mut outputs);
-        assert_eq!(
-            outputs,
-            vec![
-                record(b"mark 5"),
-                send,
-                ack("c", "a", 1, 3),
-                record(b"mark 7"),
-                ack("b", "a", 2, 1),
-                ack("b", "a", 1, 7),
-                Output::ToPeer {
-                    peer: NodeId::new("b").expect("a node id"),
-                    frame: Frame::KeepAlive,
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn outputs_without_repeated_acknowledgements_are_left_as_they_are() {
-        let mut outputs = vec![ack("b", "a", 1, 5), record(b"k"), ack("c", "a", 1, 5)];
-        let before = outputs.clone();
-        coalesce_forward_acks(&mut outputs);
-        assert_eq!(outputs, before);
-    }
 }

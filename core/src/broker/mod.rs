@@ -35,11 +35,9 @@ pub use cluster::{
     PeerFault, PeerLimit, PeerLimits, PeerSummary,
 };
 pub use config::Config;
-pub use io::{
-    ConnId, ConnInfo, DisconnectCause, Event, Input, Output, Timestamp, coalesce_forward_acks,
-};
+pub use io::{ConnId, ConnInfo, DisconnectCause, Durability, Event, Input, Output, Timestamp};
 pub use message::{Message, MessageProperties};
-pub use persist::{RecordError, record_may_wait};
+pub use persist::RecordError;
 pub use restore::RestoreReport;
 pub use stats::{Figure, FigureKind, FigureValue, Stats};
 
@@ -123,11 +121,48 @@ pub struct ClientSummary {
     pub congested: bool,
 }
 
-/// The sans-IO MQTT broker.
+/// The sans-IO MQTT broker: every connection and session of one node.
 ///
 /// `A` and `Z` are its [`Authenticator`] and [`Authorizer`]: boxed trait objects unless the
 /// application names them, for instance `Box<dyn Authenticator + Send>` to move the broker
 /// between threads.
+///
+/// # Methods by family
+///
+/// - **Set-up**, before the first input: [`Broker::new`], [`Broker::with_auth`],
+///   [`Broker::enable_cluster`], then [`Broker::restore`] with every stored record (and
+///   [`Broker::restore_open`] for connections that outlived the process).
+/// - **Inputs**, all taking `now`: [`Broker::handle_input`] for what happened ([`Input`]:
+///   bytes, closes, deadlines, authentication decisions, peers and their frames, congestion),
+///   [`Broker::accept`] for a new connection, and the commands of an operator or an
+///   application: [`Broker::publish`], [`Broker::disconnect_client`],
+///   [`Broker::end_client_session`], [`Broker::set_hooks`], [`Broker::add_leaf`],
+///   [`Broker::forget_peer`], [`Broker::set_residency`], [`Broker::set_node_regions`],
+///   [`Broker::checkpoint`], [`Broker::shutdown`].
+/// - **Outputs**: [`Broker::poll_output`] until it returns `None`, then
+///   [`Broker::poll_timeout`] for when to feed [`Input::Timeout`]; [`Broker::wants_input`]
+///   says whether to go on reading a connection.
+/// - **Getters**, which change nothing: [`Broker::stats`], [`Broker::clients`],
+///   [`Broker::clients_page`], [`Broker::subscriptions_page`], [`Broker::peers`],
+///   [`Broker::route_set`], [`Broker::replicated_routes`], [`Broker::config`] and the like.
+///
+/// # The drain rule
+///
+/// After every input, drain [`Broker::poll_output`] to `None` before feeding the next, and
+/// feed nothing while draining (a shell that learns something as it applies an output,
+/// that a connection's backlog passed its mark, say, feeds it once the drain is over). Apply
+/// the outputs in the order they come:
+///
+/// - a [`Output::Persist`] of [`Durability::Now`] is durable before any output after it goes
+///   out (it may be what that output acknowledges); one of [`Durability::WithNext`] may wait
+///   for the next that is;
+/// - [`Output::Send`] bytes are written as they are, in order per connection;
+/// - [`Output::ToPeer`] and [`Output::Broadcast`] frames are encoded already
+///   ([`crate::link::EncodedFrame`]): their bytes go on the link as they are, in order per
+///   peer.
+///
+/// One input's acknowledgements of forwards received ([`Input::PeerFrames`] carries every
+/// frame of one read) leave as one per peer and origin, last.
 pub struct Broker<A = Box<dyn Authenticator>, Z = Box<dyn Authorizer>> {
     config: Config,
     now: Timestamp,
@@ -245,7 +280,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// rules (a subscription they now refuse delivers nothing). Every later decision asks the
     /// new hooks, including a re-authentication; a decision the old authenticator left
     /// pending is still taken when it comes ([`Input::AuthDecision`]).
-    pub fn set_hooks(&mut self, authenticator: A, authorizer: Z) {
+    pub fn set_hooks(&mut self, now: Timestamp, authenticator: A, authorizer: Z) {
+        self.advance(now);
         self.authenticator = authenticator;
         self.authorizer = authorizer;
         let sessions: Vec<SessionId> = self.by_client_id.values().copied().collect();
@@ -280,12 +316,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Input::AuthDecision { conn, outcome } => self.on_auth_decision(conn, outcome),
             Input::PeerUp { peer } => self.on_peer_up(peer),
             Input::PeerFrame { peer, frame } => self.on_peer_frame(peer, *frame),
+            Input::PeerFrames { peer, frames } => {
+                for frame in frames {
+                    self.on_peer_frame(peer.clone(), frame);
+                }
+            }
             Input::PeerDown { peer } => self.on_peer_down(peer),
             Input::Congested { conn } => self.set_congested(conn, true),
             Input::Drained { conn } => self.set_congested(conn, false),
             Input::PeerCongested { peer } => self.set_peer_congested(&peer, true),
             Input::PeerDrained { peer } => self.set_peer_congested(&peer, false),
         }
+        self.send_held_acks();
     }
 
     fn set_congested(&mut self, conn: ConnId, congested: bool) {
@@ -325,6 +367,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// The next thing for the shell to do, in order; `None` when there is nothing left.
+    #[must_use]
     pub fn poll_output(&mut self) -> Option<Output> {
         if self.outputs.is_empty() {
             self.flush_dirty();
@@ -338,6 +381,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// When to feed [`Input::Timeout`] next.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         self.timers.first().map(|(at, _)| *at)
     }
@@ -641,7 +685,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     fn persist(&mut self, key: Bytes, value: Option<Bytes>) {
-        self.push(Output::Persist { key, value });
+        let durability = persist::durability(&key, value.as_ref());
+        self.push(Output::Persist {
+            key,
+            value,
+            durability,
+        });
     }
 
     fn flush_dirty(&mut self) {

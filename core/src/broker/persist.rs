@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::io::Timestamp;
+use super::io::{Durability, Timestamp};
 use super::message::{Delivery, Message};
 use super::session::{InflightState, SubscriptionEntry, Will};
 use crate::codec::{
@@ -291,22 +291,6 @@ impl Key {
                 k.put_u16(*alias);
                 k.freeze()
             }
-        }
-    }
-
-    /// Whether losing this write in a crash costs only work done again, or a duplicate MQTT
-    /// allows — never a message lost, never a QoS 2 message delivered twice: the deletion of a
-    /// forward its peer acknowledged (after a crash it is sent again and the peer drops it as
-    /// a duplicate), of a duplicate mark the inbox let go of, or a duplicate mark that only
-    /// guards a QoS 1 message (after a crash, a forward its peer had no acknowledgement for
-    /// yet is delivered again: at least once, as QoS 1 promises).
-    fn may_wait(&self, value: Option<&Bytes>) -> bool {
-        match (self, value) {
-            (Key::Outbox { .. } | Key::InboxMark { .. }, None) => true,
-            (Key::InboxMark { .. }, Some(mark)) => {
-                InboxMark::decode(mark).is_some_and(|m| m.qos != QoS::ExactlyOnce)
-            }
-            _ => false,
         }
     }
 
@@ -898,14 +882,28 @@ pub(crate) fn marker() -> Bytes {
     Bytes::from_static(&[FORMAT])
 }
 
-/// Whether a [`Output::Persist`](super::Output::Persist) record may wait for the next one that
-/// reaches the disk instead of reaching it before what follows: its loss in a crash costs
-/// only work done again (a forward its peer acknowledged is sent again and dropped as a
-/// duplicate). A shell that writes records in order to one log (a journal) may skip waiting
-/// for the disk for a batch made only of such records; the next batch it waits for takes them
-/// along.
-pub fn record_may_wait(key: &[u8], value: Option<&Bytes>) -> bool {
-    Key::decode(key).is_ok_and(|k| k.may_wait(value))
+/// How soon a record the broker emits must reach the disk ([`Durability`]): with the next
+/// one for the deletion of a forward its peer acknowledged (after a crash it is sent again
+/// and the peer drops it as a duplicate), of a duplicate mark the inbox let go of, or for a
+/// duplicate mark that only guards a QoS 0 or 1 message (after a crash, a forward its peer
+/// had no acknowledgement for yet is delivered again: at least once, as QoS 1 promises);
+/// before what follows for every other record. Read from the key's kind byte, which the
+/// encoder above writes first.
+pub(super) fn durability(key: &[u8], value: Option<&Bytes>) -> Durability {
+    const OUTBOX: u8 = b'O';
+    const INBOX_MARK: u8 = b'M';
+    let lazy = match (key.first(), value) {
+        (Some(&(OUTBOX | INBOX_MARK)), None) => true,
+        (Some(&INBOX_MARK), Some(mark)) => {
+            InboxMark::decode(mark).is_some_and(|m| m.qos != QoS::ExactlyOnce)
+        }
+        _ => false,
+    };
+    if lazy {
+        Durability::WithNext
+    } else {
+        Durability::Now
+    }
 }
 
 /// The value of a [`Key::InboxMark`]: the highest sequence delivered from an origin
@@ -962,6 +960,8 @@ mod tests {
         .encode();
         let value = Some(Bytes::from_static(b"v"));
         let mark_of = |seq, qos| Some(InboxMark { seq, qos }.encode());
+        let record_may_wait =
+            |key: &[u8], value: Option<&Bytes>| durability(key, value) == Durability::WithNext;
         assert!(record_may_wait(&outbox, None));
         assert!(record_may_wait(&mark, None));
         assert!(

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 
 use super::connection::{ConnState, Connection, InboundAliases, OutboundAliases};
-use super::io::{ConnId, ConnInfo, Output};
+use super::io::{ConnId, ConnInfo, Output, Timestamp};
 use super::persist::{self, ConnRecord, Key, RecordError, SessionRecord, marker};
 use super::session::{Session, SessionId};
 use super::{Authenticator, Authorizer, Broker, Timer};
@@ -61,7 +61,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// process may be rebuilt with its connections kept calls it once they have been quiet
     /// for a moment, before the runtime may evict it: resuming then finds every clean session
     /// as it stood. Without resumable connections it does nothing.
-    pub fn checkpoint(&mut self) {
+    pub fn checkpoint(&mut self, now: Timestamp) {
+        self.advance(now);
         for sid in std::mem::take(&mut self.unsaved) {
             let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
                 continue;

@@ -248,9 +248,29 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
     Ok(Some(out))
 }
 
-/// Append one frame to `out`.
+/// Append one frame to `out`, in one pass (its length is written once the body is); on an
+/// error `out` is as it was.
 pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
-    let mut body = BytesMut::new();
+    let start = out.len();
+    out.put_u32(0);
+    out.put_u8(frame.kind().byte());
+    let len = encode_body(frame, out).and_then(|()| {
+        u32::try_from(out.len() - start - 4).map_err(|_| LinkError::Encode("frame over 4 GiB"))
+    });
+    match len {
+        Ok(len) => {
+            out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+            Ok(())
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(e)
+        }
+    }
+}
+
+/// A frame's body (what follows its type byte), appended to `body`.
+fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
     match frame {
         Frame::Hello {
             node,
@@ -258,16 +278,16 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             protocol,
             region,
         } => {
-            put_str(&mut body, node.as_str())?;
+            put_str(body, node.as_str())?;
             body.put_u64(*incarnation);
             body.put_u16(*protocol);
-            put_str(&mut body, region)?;
+            put_str(body, region)?;
         }
         Frame::RouteDelta(d) => {
-            put_owner(&mut body, &d.owner)?;
+            put_owner(body, &d.owner)?;
             body.put_u64(d.after);
             body.put_u64(d.hash);
-            put_count(&mut body, d.changes.len())?;
+            put_count(body, d.changes.len())?;
             for (i, c) in d.changes.iter().enumerate() {
                 if c.version != d.after + 1 + i as u64 {
                     return Err(LinkError::Encode("delta versions are not consecutive"));
@@ -276,90 +296,86 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
                     RouteOp::Add => 0,
                     RouteOp::Remove => 1,
                 });
-                put_str(&mut body, &c.filter)?;
+                put_str(body, &c.filter)?;
             }
         }
         Frame::RouteAck { owner, version } => {
-            put_owner(&mut body, owner)?;
+            put_owner(body, owner)?;
             body.put_u64(*version);
         }
         Frame::Digest(entries) => {
-            put_count(&mut body, entries.len())?;
+            put_count(body, entries.len())?;
             for e in entries {
-                put_owner(&mut body, &e.owner)?;
+                put_owner(body, &e.owner)?;
                 body.put_u64(e.version);
                 body.put_u64(e.hash);
             }
         }
         Frame::SnapshotRequest | Frame::KeepAlive => {}
         Frame::SnapshotChunk(c) => {
-            put_owner(&mut body, &c.owner)?;
+            put_owner(body, &c.owner)?;
             body.put_u64(c.version);
             body.put_u64(c.hash);
             body.put_u32(c.index);
             body.put_u32(c.count);
-            put_count(&mut body, c.filters.len())?;
+            put_count(body, c.filters.len())?;
             for f in &c.filters {
-                put_str(&mut body, f)?;
+                put_str(body, f)?;
             }
         }
         Frame::Forward(f) => {
-            put_owner(&mut body, &f.origin)?;
+            put_owner(body, &f.origin)?;
             body.put_u64(f.seq);
-            mqtt::encode(
-                &Packet::Publish(f.message.clone()),
-                ProtocolVersion::V5,
-                &mut body,
-            )
-            .map_err(|_| LinkError::Encode("forwarded PUBLISH"))?;
+            mqtt::encode_publish(&(&f.message).into(), ProtocolVersion::V5, body)
+                .map_err(|_| LinkError::Encode("forwarded PUBLISH"))?;
         }
         Frame::ForwardAck { origin, seq } => {
-            put_owner(&mut body, origin)?;
+            put_owner(body, origin)?;
             body.put_u64(*seq);
         }
         Frame::Retained(u) => {
-            put_retained(&mut body, u)?;
+            put_retained(body, u)?;
         }
         Frame::RetainedDigest { hash, entries } => {
             body.put_u64(*hash);
             body.put_u64(*entries);
         }
         Frame::RetainedSnapshot(updates) => {
-            put_count(&mut body, updates.len())?;
+            put_count(body, updates.len())?;
             for u in updates {
-                put_retained(&mut body, u)?;
+                put_retained(body, u)?;
             }
         }
         Frame::Forget { node, incarnation } => {
-            put_str(&mut body, node.as_str())?;
+            put_str(body, node.as_str())?;
             body.put_u64(*incarnation);
         }
-        Frame::Claim(c) => put_claim(&mut body, c)?,
+        Frame::Claim(c) => put_claim(body, c)?,
         Frame::ClaimSnapshot(claims) => {
-            put_count(&mut body, claims.len())?;
+            put_count(body, claims.len())?;
             for c in claims {
-                put_claim(&mut body, c)?;
+                put_claim(body, c)?;
             }
         }
         Frame::SessionTransfer(t) => {
-            put_str(&mut body, &t.client_id)?;
-            put_stamp(&mut body, &t.claim)?;
+            put_str(body, &t.client_id)?;
+            put_stamp(body, &t.claim)?;
             if t.index >= t.count {
                 return Err(LinkError::Encode("part index beyond count"));
             }
             body.put_u32(t.index);
             body.put_u32(t.count);
-            put_count(&mut body, t.records.len())?;
+            put_count(body, t.records.len())?;
             for (key, value) in &t.records {
-                put_count(&mut body, key.len())?;
+                put_count(body, key.len())?;
                 body.put_slice(key);
-                put_count(&mut body, value.len())?;
+                put_count(body, value.len())?;
                 body.put_slice(value);
             }
         }
         Frame::SessionTaken { client_id, claim } | Frame::SessionRouted { client_id, claim } => {
-            put_str(&mut body, client_id)?;
-            put_stamp(&mut body, claim)?;
+            put_str(body, client_id)?;
+            put_stamp(body, claim)?;
         }
         Frame::Fence { token } | Frame::FenceEcho { token } => body.put_u64(*token),
         Frame::ClaimRequest {
@@ -367,12 +383,12 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             user,
             token,
         } => {
-            put_str(&mut body, client_id)?;
+            put_str(body, client_id)?;
             match user {
                 None => body.put_u8(0),
                 Some(u) => {
                     body.put_u8(1);
-                    put_str(&mut body, u)?;
+                    put_str(body, u)?;
                 }
             }
             body.put_u64(*token);
@@ -383,34 +399,30 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             reason,
             hlc,
         } => {
-            put_str(&mut body, client_id)?;
+            put_str(body, client_id)?;
             body.put_u64(*token);
             body.put_u8(*reason);
             body.put_u64(hlc.wall_ms);
             body.put_u32(hlc.logical);
         }
         Frame::Revoke { client_id, token } | Frame::Revoked { client_id, token } => {
-            put_str(&mut body, client_id)?;
+            put_str(body, client_id)?;
             body.put_u64(*token);
         }
         Frame::ScopedRoutes { filters } => {
-            put_count(&mut body, filters.len())?;
+            put_count(body, filters.len())?;
             for f in filters {
-                put_str(&mut body, f)?;
+                put_str(body, f)?;
             }
         }
         Frame::SessionRelay(r) => {
-            put_str(&mut body, &r.client_id)?;
-            put_stamp(&mut body, &r.claim)?;
+            put_str(body, &r.client_id)?;
+            put_stamp(body, &r.claim)?;
             body.put_u64(r.n);
-            put_owner(&mut body, &r.origin)?;
+            put_owner(body, &r.origin)?;
             body.put_u64(r.seq);
-            mqtt::encode(
-                &Packet::Publish(r.message.clone()),
-                ProtocolVersion::V5,
-                &mut body,
-            )
-            .map_err(|_| LinkError::Encode("relayed PUBLISH"))?;
+            mqtt::encode_publish(&(&r.message).into(), ProtocolVersion::V5, body)
+                .map_err(|_| LinkError::Encode("relayed PUBLISH"))?;
         }
         Frame::SessionRelayAck {
             client_id,
@@ -422,16 +434,11 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), LinkError> {
             claim,
             last: number,
         } => {
-            put_str(&mut body, client_id)?;
-            put_stamp(&mut body, claim)?;
+            put_str(body, client_id)?;
+            put_stamp(body, claim)?;
             body.put_u64(*number);
         }
     }
-    let len = u32::try_from(body.len() + 1).map_err(|_| LinkError::Encode("frame over 4 GiB"))?;
-    out.reserve(4 + len as usize);
-    out.put_u32(len);
-    out.put_u8(frame.kind().byte());
-    out.put_slice(&body);
     Ok(())
 }
 
@@ -470,12 +477,8 @@ fn put_retained(out: &mut BytesMut, u: &RetainedUpdate) -> Result<(), LinkError>
             }
             out.put_u8(1);
             let mut packet = BytesMut::new();
-            mqtt::encode(
-                &Packet::Publish(p.clone()),
-                ProtocolVersion::V5,
-                &mut packet,
-            )
-            .map_err(|_| LinkError::Encode("retained PUBLISH"))?;
+            mqtt::encode_publish(&p.into(), ProtocolVersion::V5, &mut packet)
+                .map_err(|_| LinkError::Encode("retained PUBLISH"))?;
             put_count(out, packet.len())?;
             out.put_slice(&packet);
         }

@@ -4,11 +4,14 @@
 //!
 //! A frame is a 4-byte big-endian length (of what follows), a type byte and its body. Every
 //! decoder refuses malformed input with a [`LinkError`], never a panic, and never allocates
-//! more than the frame's own length.
+//! more than the frame's own length. Shells read frames with a [`FrameReader`] (a byte
+//! stream) or [`decode_message`] (a whole message), and write the [`EncodedFrame`]s the
+//! broker hands them as they are.
 
 mod codec;
 mod inbox;
 mod outbox;
+mod wire;
 
 use bytes::Bytes;
 
@@ -22,7 +25,8 @@ pub use codec::{LinkError, decode, encode, encoded_len};
 /// there ([`Forward::seq`]).
 pub type MessageId = (Owner, u64);
 pub use inbox::{Arrival, Inbox};
-pub use outbox::{Outbox, OutboxFull, OutboxLimits};
+pub use outbox::{Outbox, OutboxFull, OutboxLimits, Queued};
+pub use wire::{EncodedFrame, FrameReader, StreamRead, decode_message};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
 pub const LINK_PROTOCOL_VERSION: u16 = 3;

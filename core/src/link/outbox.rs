@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use super::Forward;
+use super::{EncodedFrame, Forward, Frame};
 
 /// Why a forward could not be queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -29,11 +29,24 @@ pub struct OutboxLimits {
 
 #[derive(Debug, Clone)]
 struct Entry {
-    forward: Forward,
+    /// Its sequence number (the message's at its origin).
+    seq: u64,
+    /// Its payload and topic bytes, as the bound counts them.
     weight: usize,
+    /// The `Forward` frame, encoded once: what is sent, and what is stored.
+    frame: EncodedFrame,
 }
 
-/// Forwards to one peer, in sequence order.
+/// A forward as the outbox queued it: its number, and the frame to send and store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    /// The sequence number it was queued under.
+    pub seq: u64,
+    /// The `Forward` frame with that number, encoded.
+    pub frame: EncodedFrame,
+}
+
+/// Forwards to one peer, in sequence order, each held as its encoded frame.
 #[derive(Debug, Clone)]
 pub struct Outbox {
     limits: OutboxLimits,
@@ -45,6 +58,11 @@ pub struct Outbox {
     /// How many of `entries` were sent on the current link session.
     sent: usize,
     bytes: usize,
+}
+
+/// What a forward counts for against the byte bound.
+fn weight(forward: &Forward) -> usize {
+    forward.message.payload.len() + forward.message.topic.len()
 }
 
 impl Outbox {
@@ -75,7 +93,7 @@ impl Outbox {
 
     /// The sequence numbers of every forward held, oldest first.
     pub fn seqs(&self) -> impl Iterator<Item = u64> + '_ {
-        self.entries.iter().map(|e| e.forward.seq)
+        self.entries.iter().map(|e| e.seq)
     }
 
     /// Messages waiting (sent or not) for an acknowledgement.
@@ -99,34 +117,44 @@ impl Outbox {
             && self.bytes + weight <= self.limits.max_bytes
     }
 
-    /// Queue a forward. It keeps its number ([`Forward::seq`], the message's at its origin)
-    /// if that is above every number queued before; otherwise it gets the next one (set in
-    /// the returned copy and kept).
-    pub fn push(&mut self, mut forward: Forward) -> Result<Forward, OutboxFull> {
-        let weight = forward.message.payload.len() + forward.message.topic.len();
+    /// Queue `forward`, encoded as `frame`. It keeps its number ([`Forward::seq`], the
+    /// message's at its origin) if that is above every number queued before, and then its
+    /// frame is `frame` itself; otherwise it gets the next one, in a copy of the frame.
+    pub fn push(&mut self, forward: &Forward, frame: &EncodedFrame) -> Result<Queued, OutboxFull> {
+        let weight = weight(forward);
         if !self.has_room(weight) {
             return Err(OutboxFull {
                 messages: self.entries.len(),
                 bytes: self.bytes,
             });
         }
-        forward.seq = forward.seq.max(self.next_seq);
-        self.next_seq = forward.seq + 1;
+        let seq = forward.seq.max(self.next_seq);
+        let frame = if seq == forward.seq {
+            frame.clone()
+        } else {
+            frame.with_forward_seq(forward, seq)
+        };
+        self.next_seq = seq + 1;
         self.bytes += weight;
         self.entries.push_back(Entry {
-            forward: forward.clone(),
+            seq,
             weight,
+            frame: frame.clone(),
         });
-        Ok(forward)
+        Ok(Queued { seq, frame })
     }
 
     /// Queue a forward, dropping the oldest ones until it fits (for a peer that is not there,
     /// or does not acknowledge: what waits for it is bounded, and the newest messages are
-    /// kept). Returns the queued copy and the sequence numbers dropped; fails only for a
+    /// kept). Returns what was queued and the sequence numbers dropped; fails only for a
     /// forward larger than the whole outbox may hold. Dropped forwards that were sent may
     /// still arrive; the peer's acknowledgement of them is taken as for any other.
-    pub fn push_evicting(&mut self, forward: Forward) -> Result<(Forward, Vec<u64>), OutboxFull> {
-        let weight = forward.message.payload.len() + forward.message.topic.len();
+    pub fn push_evicting(
+        &mut self,
+        forward: &Forward,
+        frame: &EncodedFrame,
+    ) -> Result<(Queued, Vec<u64>), OutboxFull> {
+        let weight = weight(forward);
         if weight > self.limits.max_bytes || self.limits.max_messages == 0 {
             return Err(OutboxFull {
                 messages: self.entries.len(),
@@ -140,38 +168,34 @@ impl Outbox {
             };
             self.bytes -= oldest.weight;
             self.sent = self.sent.saturating_sub(1);
-            dropped.push(oldest.forward.seq);
+            dropped.push(oldest.seq);
         }
-        Ok((self.push(forward)?, dropped))
+        Ok((self.push(forward, frame)?, dropped))
     }
 
-    /// Put back a forward read from storage after a restart (in any order; sorted here).
-    pub fn restore(&mut self, forward: Forward) {
-        let weight = forward.message.payload.len() + forward.message.topic.len();
-        self.next_seq = self.next_seq.max(forward.seq + 1);
-        let at = self
-            .entries
-            .partition_point(|e| e.forward.seq < forward.seq);
-        if self
-            .entries
-            .get(at)
-            .is_some_and(|e| e.forward.seq == forward.seq)
-        {
+    /// Put back a forward read from storage after a restart, as it was stored (in any order;
+    /// sorted here).
+    pub fn restore(&mut self, forward: &Forward, frame: EncodedFrame) {
+        let seq = forward.seq;
+        self.next_seq = self.next_seq.max(seq + 1);
+        let at = self.entries.partition_point(|e| e.seq < seq);
+        if self.entries.get(at).is_some_and(|e| e.seq == seq) {
             return;
         }
+        let weight = weight(forward);
         self.bytes += weight;
-        self.entries.insert(at, Entry { forward, weight });
+        self.entries.insert(at, Entry { seq, weight, frame });
     }
 
     /// The next forwards to send on the link, as the window allows; they count as sent.
-    pub fn take_sendable(&mut self) -> Vec<Forward> {
+    pub fn take_sendable(&mut self) -> Vec<EncodedFrame> {
         let room = self.limits.window.saturating_sub(self.sent);
-        let out: Vec<Forward> = self
+        let out: Vec<EncodedFrame> = self
             .entries
             .iter()
             .skip(self.sent)
             .take(room)
-            .map(|e| e.forward.clone())
+            .map(|e| e.frame.clone())
             .collect();
         self.sent += out.len();
         out
@@ -187,10 +211,10 @@ impl Outbox {
     pub fn ack(&mut self, seq: u64) -> Vec<u64> {
         let mut done = Vec::new();
         while let Some(first) = self.entries.front() {
-            if first.forward.seq > seq {
+            if first.seq > seq {
                 break;
             }
-            done.push(first.forward.seq);
+            done.push(first.seq);
             self.bytes -= first.weight;
             self.entries.pop_front();
             self.sent = self.sent.saturating_sub(1);
@@ -199,14 +223,17 @@ impl Outbox {
     }
 
     /// Drop the forwards `drop` picks, sent or not (the peer may already have one that was
-    /// sent). Returns their sequence numbers (so their records can be deleted).
+    /// sent). Returns their sequence numbers (so their records can be deleted). Each entry
+    /// is decoded to be asked about: this is for rare changes (a residency rule), not the
+    /// path of a message.
     pub fn remove_where(&mut self, mut drop: impl FnMut(&Forward) -> bool) -> Vec<u64> {
         let mut removed = Vec::new();
         let mut sent_removed = 0;
         let mut kept = VecDeque::with_capacity(self.entries.len());
         for (i, e) in self.entries.drain(..).enumerate() {
-            if drop(&e.forward) {
-                removed.push(e.forward.seq);
+            let picked = matches!(e.frame.decode(), Ok(Frame::Forward(f)) if drop(&f));
+            if picked {
+                removed.push(e.seq);
                 self.bytes -= e.weight;
                 sent_removed += usize::from(i < self.sent);
             } else {
@@ -252,6 +279,25 @@ mod tests {
         }
     }
 
+    fn encoded(f: &Forward) -> EncodedFrame {
+        EncodedFrame::encode(&Frame::Forward(f.clone())).unwrap()
+    }
+
+    fn push(o: &mut Outbox, f: Forward) -> Result<Queued, OutboxFull> {
+        let frame = encoded(&f);
+        o.push(&f, &frame)
+    }
+
+    fn seqs_of(frames: Vec<EncodedFrame>) -> Vec<u64> {
+        frames
+            .iter()
+            .map(|f| match f.decode() {
+                Ok(Frame::Forward(f)) => f.seq,
+                other => panic!("not a forward: {other:?}"),
+            })
+            .collect()
+    }
+
     fn limits() -> OutboxLimits {
         OutboxLimits {
             window: 2,
@@ -264,16 +310,13 @@ mod tests {
     fn sequence_numbers_window_and_cumulative_acks() {
         let mut o = Outbox::new(limits());
         for p in [b"1", b"2", b"3"] {
-            o.push(fwd(p)).unwrap();
+            push(&mut o, fwd(p)).unwrap();
         }
-        let first: Vec<u64> = o.take_sendable().iter().map(|f| f.seq).collect();
+        let first = seqs_of(o.take_sendable());
         assert_eq!(first, vec![1, 2], "window of 2");
         assert!(o.take_sendable().is_empty());
         assert_eq!(o.ack(1), vec![1]);
-        assert_eq!(
-            o.take_sendable().iter().map(|f| f.seq).collect::<Vec<_>>(),
-            vec![3]
-        );
+        assert_eq!(seqs_of(o.take_sendable()), vec![3]);
         assert_eq!(o.ack(3), vec![2, 3]);
         assert!(o.is_empty());
         assert_eq!(o.bytes(), 0);
@@ -283,14 +326,11 @@ mod tests {
     fn link_outage_resends_unacknowledged_in_order() {
         let mut o = Outbox::new(limits());
         for p in [b"1", b"2", b"3"] {
-            o.push(fwd(p)).unwrap();
+            push(&mut o, fwd(p)).unwrap();
         }
         o.take_sendable();
         o.link_down();
-        assert_eq!(
-            o.take_sendable().iter().map(|f| f.seq).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
+        assert_eq!(seqs_of(o.take_sendable()), vec![1, 2]);
     }
 
     #[test]
@@ -300,23 +340,26 @@ mod tests {
             max_messages: 2,
             max_bytes: 1000,
         });
-        o.push(fwd(b"1")).unwrap();
-        o.push(fwd(b"2")).unwrap();
+        push(&mut o, fwd(b"1")).unwrap();
+        push(&mut o, fwd(b"2")).unwrap();
         assert_eq!(
-            o.push(fwd(b"3")),
+            push(&mut o, fwd(b"3")).map(|q| q.seq),
             Err(OutboxFull {
                 messages: 2,
                 bytes: 4
             })
         );
         o.ack(1);
-        assert!(o.push(fwd(b"3")).is_ok(), "room again once acknowledged");
+        assert!(
+            push(&mut o, fwd(b"3")).is_ok(),
+            "room again once acknowledged"
+        );
         let mut small = Outbox::new(OutboxLimits {
             window: 10,
             max_messages: 10,
             max_bytes: 3,
         });
-        assert!(small.push(fwd(b"xyz")).is_err(), "byte bound too");
+        assert!(push(&mut small, fwd(b"xyz")).is_err(), "byte bound too");
     }
 
     #[test]
@@ -327,14 +370,19 @@ mod tests {
             max_bytes: 1000,
         });
         for p in [b"1", b"2"] {
-            o.push(fwd(p)).unwrap();
+            push(&mut o, fwd(p)).unwrap();
         }
-        let (queued, dropped) = o.push_evicting(fwd(b"3")).unwrap();
+        let f = fwd(b"3");
+        let frame = encoded(&f);
+        let (queued, dropped) = o.push_evicting(&f, &frame).unwrap();
         assert_eq!((queued.seq, dropped), (3, vec![1]));
         assert_eq!(o.seqs().collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(o.bytes(), 4);
         assert!(
-            o.push_evicting(fwd(&[b'x'; 1000])).is_err(),
+            {
+                let big = fwd(&[b'x'; 1000]);
+                o.push_evicting(&big, &encoded(&big)).is_err()
+            },
             "larger than the whole outbox"
         );
         let again = Outbox::starting_at(limits(), o.next_seq());
@@ -347,13 +395,20 @@ mod tests {
         for seq in [7, 5, 6, 6] {
             let mut f = fwd(b"x");
             f.seq = seq;
-            o.restore(f);
+            let frame = encoded(&f);
+            o.restore(&f, frame);
         }
         assert_eq!(o.len(), 3);
+        assert_eq!(seqs_of(o.take_sendable()), vec![5, 6]);
+        let queued = push(&mut o, fwd(b"y")).unwrap();
+        assert_eq!(queued.seq, 8);
         assert_eq!(
-            o.take_sendable().iter().map(|f| f.seq).collect::<Vec<_>>(),
-            vec![5, 6]
+            queued.frame.decode().unwrap(),
+            Frame::Forward(Forward {
+                seq: 8,
+                ..fwd(b"y")
+            }),
+            "renumbered in its frame too"
         );
-        assert_eq!(o.push(fwd(b"y")).unwrap().seq, 8);
     }
 }

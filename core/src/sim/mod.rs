@@ -32,14 +32,14 @@ pub use timeline::{Timeline, TimelineEvent, TimelineKind};
 
 use crate::broker::ClusterConfig;
 use crate::codec::QoS;
-use crate::link::{Frame, FrameKind};
+use crate::link::{EncodedFrame, Frame, FrameKind};
 use crate::routes::NodeId;
 use crate::{Broker, Config, ConnId, ConnInfo, Input, Output, Timestamp};
 
 /// Virtual time starts here (milliseconds), so that no timestamp is zero.
 const EPOCH_MS: u64 = 1_000_000;
 
-/// Frames of one kind put on links, and their encoded size ([`crate::link::encoded_len`],
+/// Frames of one kind put on links, and their encoded size ([`EncodedFrame::len`],
 /// length prefix included); a broadcast counts once per peer it is sent to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkTraffic {
@@ -297,7 +297,7 @@ impl Sim {
         config.seed ^= cluster.incarnation.wrapping_mul(0x9E37_79B9)
             ^ crate::routes::filter_hash(cluster.node.as_str());
         let mut broker = Broker::new(config, Timestamp(self.now));
-        broker.enable_cluster(cluster.clone());
+        broker.enable_cluster(Timestamp(self.now), cluster.clone());
         broker.restore(
             Timestamp(self.now),
             store.iter().map(|(k, v)| (k.clone(), v.clone())),
@@ -720,7 +720,7 @@ impl Sim {
                         self.clients[client].disconnected();
                     }
                 }
-                Output::Persist { key, value } => {
+                Output::Persist { key, value, .. } => {
                     let Some(n) = self.nodes.get_mut(node) else {
                         continue;
                     };
@@ -763,7 +763,7 @@ impl Sim {
         }
     }
 
-    fn send_frame(&mut self, from: &NodeId, to: &NodeId, frame: Frame, stream: bool) {
+    fn send_frame(&mut self, from: &NodeId, to: &NodeId, encoded: EncodedFrame, stream: bool) {
         let k = key(from, to);
         let Some(link) = self.links.get(&k) else {
             return;
@@ -772,12 +772,18 @@ impl Sim {
             return;
         }
         if let Some(traffic) = &mut self.traffic {
-            // Frames the broker builds always encode; a failure would count zero bytes.
-            let bytes = crate::link::encoded_len(&frame).unwrap_or(0) as u64;
-            let t = traffic.entry(frame.kind()).or_default();
+            let t = traffic.entry(encoded.kind()).or_default();
             t.frames += 1;
-            t.bytes += bytes;
+            t.bytes += encoded.len() as u64;
         }
+        // The receiver reads the bytes the sender wrote.
+        let frame = match encoded.decode() {
+            Ok(frame) => frame,
+            Err(e) => {
+                debug_assert!(false, "a frame the broker encoded does not decode: {e}");
+                return;
+            }
+        };
         let spec = link.spec;
         let epoch = link.epoch;
         let delay = spec.rtt_ms / 2 + self.rng.up_to(spec.jitter_ms);

@@ -78,9 +78,11 @@ impl Mesh {
             tweak(&mut cluster);
             mesh.nodes
                 .insert(id(leaf), World::node(config.clone(), cluster));
-            mesh.node(hub)
+            let hub_node = mesh.node(hub);
+            let now = Timestamp(hub_node.now);
+            hub_node
                 .broker
-                .add_leaf(&id(leaf))
+                .add_leaf(now, &id(leaf))
                 .expect("a new name may be a leaf");
             mesh.node(hub).drain();
             mesh.leaf_of.insert(id(leaf), id(hub));
@@ -245,6 +247,27 @@ impl Mesh {
     }
 
     /// Deliver frames until the wires are empty (bounded).
+    /// Everything waiting on the link from `from` to `to`, fed to `to` as one read
+    /// ([`Input::PeerFrames`]); nothing the other way.
+    pub fn deliver_as_one_read(&mut self, from: &str, to: &str) {
+        self.collect();
+        let key = (id(from), id(to));
+        let frames: Vec<Frame> = self
+            .wire
+            .get_mut(&key)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default();
+        let w = self.nodes.get_mut(&key.1).unwrap();
+        w.broker.handle_input(
+            Timestamp(w.now),
+            Input::PeerFrames {
+                peer: key.0.clone(),
+                frames,
+            },
+        );
+        w.drain();
+    }
+
     pub fn settle(&mut self) {
         for _ in 0..100_000 {
             if !self.step() {

@@ -95,7 +95,7 @@ impl World {
     /// A node of a deployment.
     pub fn node(config: Config, cluster: ClusterConfig) -> Self {
         let mut w = Self::with_config(config);
-        w.broker.enable_cluster(cluster.clone());
+        w.broker.enable_cluster(Timestamp(w.now), cluster.clone());
         w.cluster = Some(cluster);
         w
     }
@@ -121,7 +121,7 @@ impl World {
     /// went quiet, then a new broker restored from what was persisted, told which connections
     /// are still open. Clients keep what they had received.
     pub fn wake(&mut self, open: &[ConnId]) -> meridian_core::broker::RestoreReport {
-        self.broker.checkpoint();
+        self.broker.checkpoint(Timestamp(self.now));
         self.drain();
         self.wake_without_checkpoint(open)
     }
@@ -165,7 +165,7 @@ impl World {
         };
         if let Some(c) = &mut self.cluster {
             c.incarnation += 1;
-            broker.enable_cluster(c.clone());
+            broker.enable_cluster(Timestamp(self.now), c.clone());
         }
         self.peer_out.clear();
         let old = std::mem::replace(&mut self.broker, broker);
@@ -186,7 +186,7 @@ impl World {
                 Output::Close { conn } => {
                     self.closed.insert(conn);
                 }
-                Output::Persist { key, value } => match value {
+                Output::Persist { key, value, .. } => match value {
                     Some(v) => {
                         self.store.insert(key, v);
                     }
@@ -195,8 +195,15 @@ impl World {
                     }
                 },
                 Output::Event(e) => self.events.push(e),
-                Output::ToPeer { peer, frame } => self.peer_out.push((Some(peer), frame)),
-                Output::Broadcast { frame } => self.peer_out.push((None, frame)),
+                // Kept as the peers will read them.
+                Output::ToPeer { peer, frame } => {
+                    let frame = frame.decode().expect("frames the broker encodes decode");
+                    self.peer_out.push((Some(peer), frame));
+                }
+                Output::Broadcast { frame } => {
+                    let frame = frame.decode().expect("frames the broker encodes decode");
+                    self.peer_out.push((None, frame));
+                }
                 Output::CutPeer { peer } => self.cut_peers.push(peer),
             }
         }

@@ -18,7 +18,6 @@ pub mod discovery;
 pub mod keys;
 pub mod member;
 pub mod policy_sync;
-pub mod queue;
 pub mod session;
 
 use std::collections::{HashMap, HashSet};
@@ -47,7 +46,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::mailbox::{MeshCmd, ToEngine};
+use crate::mailbox::{LinkEvent, MeshCmd, ToEngine};
 
 /// The stream protocol of link sessions.
 pub const LINK_PROTOCOL: StreamProtocol = StreamProtocol::new("/meridian/link/1");
@@ -77,10 +76,10 @@ pub struct MeshSettings {
     /// How often this node announces itself and its peers.
     pub announce_every: Duration,
     /// The bounds of each link session's queue.
-    pub link_limits: queue::LinkLimits,
+    pub link_limits: crate::mailbox::LinkLimits,
     /// The policy document to keep in sync with every peer (`policy.source = "document"`),
     /// and the largest one accepted.
-    pub policy: Option<(crate::policy::PolicyHandle, usize)>,
+    pub policy: Option<crate::policy::PolicyHandle>,
 }
 
 /// Counters and gauges of the mesh, read by the metrics page.
@@ -276,7 +275,7 @@ pub async fn start(
     }
 
     // Incoming policy sync streams, opened by the peer with the smaller id too.
-    if let Some((policy, max)) = settings.policy.clone() {
+    if let Some(policy) = settings.policy.clone() {
         let mut incoming = swarm
             .behaviour()
             .stream
@@ -296,7 +295,6 @@ pub async fn start(
                     peer,
                     stream,
                     policy.clone(),
-                    max,
                     Some(stopped),
                 ));
             }
@@ -417,7 +415,7 @@ struct Driver {
     next_periodic_announce: tokio::time::Instant,
     /// A peer joined since the last announcement, which went out too recently to send another.
     announce_pending: bool,
-    link_limits: queue::LinkLimits,
+    link_limits: crate::mailbox::LinkLimits,
     engine: mpsc::Sender<ToEngine>,
     stats: Arc<MeshStats>,
     bootstrap: Vec<Bootstrap>,
@@ -426,7 +424,7 @@ struct Driver {
     /// Tasks that keep a link session open to a peer (for peers with a larger id).
     /// The tasks that keep a stream open to a peer, by peer and protocol.
     openers: HashMap<(PeerId, StreamProtocol), JoinHandle<()>>,
-    policy: Option<(crate::policy::PolicyHandle, usize)>,
+    policy: Option<crate::policy::PolicyHandle>,
     peer_id: PeerId,
     /// Authors of refused gossip, warned about once each (at most [`MAX_WARNED`]).
     gossip_warned: HashSet<PeerId>,
@@ -482,7 +480,9 @@ impl Driver {
             // No gossip peer yet (the mesh is forming) or too large: the sessions carry it.
             debug!(error = ?e, "gossip publish failed: sending over the link sessions");
             self.stats.gossip_fallbacks.fetch_add(1, Ordering::Relaxed);
-            let _ = self.engine.try_send(ToEngine::BroadcastDirect(frame));
+            let _ = self
+                .engine
+                .try_send(ToEngine::Link(LinkEvent::BroadcastDirect(frame)));
         }
     }
 
@@ -798,12 +798,12 @@ impl Driver {
         self.keep_open(peer, LINK_PROTOCOL, None, move |stream| {
             session::run(node.clone(), stream, engine.clone(), limits)
         });
-        if let Some((policy, max)) = self.policy.clone() {
+        if let Some(policy) = self.policy.clone() {
             // A policy stream the peer refuses at once (a document past its bound) is not
             // opened again and again: the pause grows, and the next connection tries anew.
             let healthy = Some(Duration::from_secs(1));
             self.keep_open(peer, policy_sync::POLICY_PROTOCOL, healthy, move |stream| {
-                policy_sync::run(peer, stream, policy.clone(), max, None)
+                policy_sync::run(peer, stream, policy.clone(), None)
             });
         }
     }
@@ -898,19 +898,16 @@ impl Driver {
         let Ok(node) = NodeId::new(&source.to_string()) else {
             return;
         };
-        let mut buf = bytes::BytesMut::from(&message.data[..]);
-        match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-            Ok(Some(frame)) if buf.is_empty() && !frame.kind().is_broadcast() => {
+        // One frame per message.
+        match link::decode_message(&message.data, DEFAULT_MAX_FRAME_LEN) {
+            Ok(frames) if frames.len() == 1 && !frames[0].kind().is_broadcast() => {
                 self.stats.gossip_refused.fetch_add(1, Ordering::Relaxed);
                 if self.first_gossip_warning(source) {
-                    warn!(peer = %source, frame = frame.name(), "refused a gossiped frame of a kind that travels on link sessions only (reported once per peer)");
+                    warn!(peer = %source, frame = frames[0].name(), "refused a gossiped frame of a kind that travels on link sessions only (reported once per peer)");
                 }
             }
-            Ok(Some(frame)) if buf.is_empty() => {
-                let msg = ToEngine::PeerFrame {
-                    peer: node,
-                    frame: Box::new(frame),
-                };
+            Ok(frames) if frames.len() == 1 => {
+                let msg = ToEngine::Link(LinkEvent::Frames { peer: node, frames });
                 // A full broker queue drops a broadcast: digests and snapshots recover it.
                 if self.engine.try_send(msg).is_err() {
                     debug!(peer = %source, "broker busy: gossip frame dropped");
@@ -919,7 +916,7 @@ impl Driver {
             other => {
                 self.stats.gossip_refused.fetch_add(1, Ordering::Relaxed);
                 if self.first_gossip_warning(source) {
-                    warn!(peer = %source, result = ?other.map(|f| f.map(|f| f.name())), "malformed gossip frame ignored (reported once per peer)")
+                    warn!(peer = %source, result = ?other.map(|f| f.len()), "malformed gossip frame ignored (reported once per peer)")
                 }
             }
         }

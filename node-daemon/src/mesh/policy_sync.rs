@@ -29,12 +29,11 @@ pub async fn run(
     peer: PeerId,
     stream: Stream,
     policy: PolicyHandle,
-    max_document_bytes: usize,
     stop: Option<tokio::sync::oneshot::Receiver<()>>,
 ) {
     static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let session = NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let max_frame = max_document_bytes.saturating_add(FRAME_OVERHEAD);
+    let max_frame = policy.max_document_bytes().saturating_add(FRAME_OVERHEAD);
     let peer_id = peer.to_string();
     let mut changes = policy.watch();
     let (mut reader, mut writer) = stream.split();

@@ -11,13 +11,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use bytes::BytesMut;
 use futures_util::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::Stream;
-use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
+use meridian_core::link::{DEFAULT_MAX_FRAME_LEN, FrameReader};
 use meridian_core::routes::NodeId;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::queue::{LinkLimits, PeerWriter};
-use crate::mailbox::ToEngine;
+use crate::mailbox::{LinkEvent, LinkLimits, PeerWriter, ToEngine};
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
@@ -36,11 +35,11 @@ pub async fn run(
     let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let (writer, mut rx, queued_bytes) = PeerWriter::channel(limits);
     let kill = writer.kill.clone();
-    let up = ToEngine::PeerUp {
+    let up = ToEngine::Link(LinkEvent::PeerUp {
         peer: peer.clone(),
         session,
         writer,
-    };
+    });
     if engine.send(up).await.is_err() {
         return;
     }
@@ -48,31 +47,27 @@ pub async fn run(
     let why = {
         let (mut reader, mut writer) = (&mut stream).split();
         let read = async {
-            let mut buf = BytesMut::with_capacity(64 * 1024);
+            let mut frames = FrameReader::new(DEFAULT_MAX_FRAME_LEN);
             let mut chunk = vec![0u8; 64 * 1024];
             loop {
                 let n = reader.read(&mut chunk).await?;
                 if n == 0 {
                     return Ok::<_, std::io::Error>("closed by the peer".to_owned());
                 }
-                buf.extend_from_slice(&chunk[..n]);
-                loop {
-                    match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-                        Ok(Some(frame)) => {
-                            let msg = ToEngine::PeerFrame {
-                                peer: peer.clone(),
-                                frame: Box::new(frame),
-                            };
-                            if engine.send(msg).await.is_err() {
-                                return Ok("broker stopping".to_owned());
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            warn!(%peer, error = %e, "malformed link frame: ending the session");
-                            return Ok("malformed frame".to_owned());
-                        }
+                let read = frames.read(&chunk[..n]);
+                if !read.frames.is_empty() {
+                    // The frames of one read, one input for the broker.
+                    let msg = ToEngine::Link(LinkEvent::Frames {
+                        peer: peer.clone(),
+                        frames: read.frames,
+                    });
+                    if engine.send(msg).await.is_err() {
+                        return Ok("broker stopping".to_owned());
                     }
+                }
+                if let Some(e) = read.error {
+                    warn!(%peer, error = %e, "malformed link frame: ending the session");
+                    return Ok("malformed frame".to_owned());
                 }
             }
         };
@@ -112,7 +107,9 @@ pub async fn run(
         Err(e) => warn!(%peer, session, error = %e, "link session failed"),
     }
     let _ = stream.close().await;
-    let _ = engine.send(ToEngine::PeerDown { peer, session }).await;
+    let _ = engine
+        .send(ToEngine::Link(LinkEvent::Down { peer, session }))
+        .await;
 }
 
 /// Write what `batch` gathered, if anything, and count it as written.

@@ -25,7 +25,6 @@
 //! On the policy streams each message is a tag (0: a sync message, 1: a whole document), the
 //! sender's epoch (8 bytes, big-endian), and the body.
 
-pub mod api;
 pub mod document;
 pub mod tokens;
 
@@ -49,6 +48,10 @@ const TAG_SYNC: u8 = 0;
 const TAG_DOCUMENT: u8 = 1;
 /// Requests waiting for the policy task.
 const QUEUE: usize = 256;
+/// What the tokens of `admin.token_file` are named (and the start of their hash).
+pub const ADMIN_FILE_TOKEN: &str = "token-file";
+/// What the tokens of `cluster.edge.token_file` are named (and the start of their hash).
+pub const EDGE_FILE_TOKEN: &str = "edge-token-file";
 
 /// What the document says now (a new one after every change: the policy streams wake on it).
 #[derive(Debug, Clone, Default)]
@@ -110,59 +113,48 @@ pub struct Seed {
     pub edge_tokens: TokenSet,
 }
 
-impl PolicySettings {
-    /// The settings of a daemon with `config`; `peer_id` in cluster mode. The files are read
-    /// only when there is no saved document yet (they seed it).
-    pub fn from_config(
-        config: &crate::config::DaemonConfig,
-        peer_id: Option<String>,
-    ) -> anyhow::Result<Self> {
-        let data_dir = config.storage.data_dir.clone();
-        let seed = if data_dir.join(DOCUMENT_FILE).exists() {
-            Seed::default()
-        } else {
-            Seed::from_files(config)?
-        };
-        Ok(Self {
-            data_dir,
-            node: config.node.name.clone(),
-            region: if config.cluster.enabled {
-                config.cluster.region.clone()
-            } else {
-                String::new()
-            },
-            peer_id,
-            max_document_bytes: config.policy.max_document_bytes,
-            history_retention_ms: config
-                .policy
-                .history_retention_days
-                .saturating_mul(86_400_000),
-            compact_after_changes: config.policy.compact_after_changes,
-            compact_interval_ms: config.policy.compact_interval_ms,
-            node_expiry_ms: config.cluster.peer_expiry_ms,
-            seed,
-        })
-    }
+/// The files that seed a new document (`policy.source = "document"`, first start); an empty
+/// path is no file.
+#[derive(Debug, Clone, Default)]
+pub struct SeedFiles {
+    /// `auth.password_file`.
+    pub password_file: PathBuf,
+    /// `[acl]`, read with the configuration.
+    pub acl: meridian_core::acl::Acl,
+    /// `admin.token_file`.
+    pub admin_token_file: PathBuf,
+    /// `cluster.edge.token_file`.
+    pub edge_token_file: PathBuf,
 }
 
 impl Seed {
-    /// What `auth.password_file`, `[acl]`, `admin.token_file` and `cluster.edge.token_file`
-    /// say.
-    pub fn from_files(config: &crate::config::DaemonConfig) -> anyhow::Result<Self> {
-        let mut users: Vec<(String, String)> = if config.auth.password_file.is_empty() {
+    /// What the files say; nothing is read for a data directory that holds a document
+    /// already (the files seed a new one only).
+    pub fn read(data_dir: &Path, files: &SeedFiles) -> anyhow::Result<Self> {
+        if data_dir.join(DOCUMENT_FILE).exists() {
+            return Ok(Self::default());
+        }
+        let mut users: Vec<(String, String)> = if files.password_file.as_os_str().is_empty() {
             Vec::new()
         } else {
-            crate::passwd::load(Path::new(&config.auth.password_file))?
+            crate::passwd::load(&files.password_file)?
                 .into_iter()
                 .collect()
         };
         users.sort();
-        let edge_tokens = crate::edge::file_tokens(&config.cluster.edge)?;
         Ok(Self {
             users,
-            acl: config.acl.clone(),
-            admin_tokens: crate::admin::AdminAccess::file_tokens(&config.admin)?,
-            edge_tokens,
+            acl: files.acl.clone(),
+            admin_tokens: TokenSet::from_file(
+                &files.admin_token_file,
+                "admin.token_file",
+                ADMIN_FILE_TOKEN,
+            )?,
+            edge_tokens: TokenSet::from_file(
+                &files.edge_token_file,
+                "cluster.edge.token_file",
+                EDGE_FILE_TOKEN,
+            )?,
         })
     }
 
@@ -224,6 +216,8 @@ enum Cmd {
 pub struct PolicyHandle {
     tx: mpsc::Sender<Cmd>,
     snapshot: watch::Receiver<Snapshot>,
+    /// `policy.max_document_bytes`: what a policy stream takes at most in one message.
+    max_document_bytes: usize,
 }
 
 impl std::fmt::Debug for Cmd {
@@ -292,6 +286,7 @@ impl PolicyHandle {
         }
         let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(doc.epoch(), policy));
         let (tx, rx) = mpsc::channel(QUEUE);
+        let max_document_bytes = settings.max_document_bytes;
         let task = PolicyTask {
             doc,
             path,
@@ -303,7 +298,16 @@ impl PolicyHandle {
             started_ms: now_ms(),
         };
         tokio::spawn(task.run(rx));
-        Ok(Self { tx, snapshot })
+        Ok(Self {
+            tx,
+            snapshot,
+            max_document_bytes,
+        })
+    }
+
+    /// The largest document it takes (`policy.max_document_bytes`).
+    pub fn max_document_bytes(&self) -> usize {
+        self.max_document_bytes
     }
 
     /// What the document says now, and every later change.

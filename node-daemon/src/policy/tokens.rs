@@ -4,8 +4,15 @@
 //!
 //! Tokens are random strings of 16 characters or more, so one SHA-256 is enough: there is no
 //! dictionary to guess from, unlike passwords (which are Argon2 hashes).
+//!
+//! Every token file (`admin.token_file`, `cluster.edge.token_file`, `meridian ctl
+//! --token-file`) is read here ([`read_file`]): one token per line, `#` comments and blank
+//! lines skipped.
 
+use std::path::Path;
 use std::sync::Arc;
+
+use anyhow::Context as _;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -59,26 +66,16 @@ impl TokenSet {
         )
     }
 
-    /// The tokens of a file: one per line, `#` comments and blank lines skipped, each at least
-    /// [`MIN_TOKEN_LEN`] characters, each named `NAME-` and the start of its hash (nodes that
-    /// seed one document from different files keep every token; the same token from two
-    /// files is one). `file` names the file in errors.
-    pub fn parse_file(text: &str, file: &str, name: &str) -> Result<Self, String> {
-        let mut tokens = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let token = line.trim();
-            if token.is_empty() || token.starts_with('#') {
-                continue;
-            }
-            if token.len() < MIN_TOKEN_LEN || token.chars().any(char::is_whitespace) {
-                return Err(format!(
-                    "{file}: line {}: a token is {MIN_TOKEN_LEN} characters or more, without spaces",
-                    i + 1
-                ));
-            }
-            tokens.push(seeded(name, token));
+    /// The tokens of the file at `path`, each named `NAME-` and the start of its hash (nodes
+    /// that seed one document from different files keep every token; the same token from
+    /// two files is one); none when `path` is empty. `key` names the file's setting in
+    /// errors.
+    pub fn from_file(path: &Path, key: &str, name: &str) -> anyhow::Result<Self> {
+        if path.as_os_str().is_empty() {
+            return Ok(Self::default());
         }
-        Ok(Self(tokens))
+        let tokens = read_file(path, key)?;
+        Ok(Self(tokens.iter().map(|t| seeded(name, t)).collect()))
     }
 
     /// The name of the token `given` is, if any. Every hash is compared.
@@ -101,6 +98,42 @@ impl TokenSet {
     pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
         self.0.iter().map(|(n, h)| (n, h))
     }
+}
+
+/// The tokens of a token file: one per line, `#` comments and blank lines skipped, each at
+/// least [`MIN_TOKEN_LEN`] characters without spaces, at least one. `key` names the file's
+/// setting in errors (`admin.token_file`).
+pub fn read_file(path: &Path, key: &str) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{key}: cannot read {}", path.display()))?;
+    let tokens = parse(&text).map_err(|line| {
+        anyhow::anyhow!(
+            "{key} {}: line {line}: a token is {MIN_TOKEN_LEN} characters or more, without spaces",
+            path.display()
+        )
+    })?;
+    anyhow::ensure!(
+        !tokens.is_empty(),
+        "{key} {}: no token (one per line)",
+        path.display()
+    );
+    Ok(tokens)
+}
+
+/// The tokens of a token file's text, or the number of the first line that is not one.
+fn parse(text: &str) -> Result<Vec<String>, usize> {
+    let mut tokens = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let token = line.trim();
+        if token.is_empty() || token.starts_with('#') {
+            continue;
+        }
+        if token.len() < MIN_TOKEN_LEN || token.chars().any(char::is_whitespace) {
+            return Err(i + 1);
+        }
+        tokens.push(token.to_owned());
+    }
+    Ok(tokens)
 }
 
 /// Where a listener's tokens come from: fixed at start (files), or the policy document's of
@@ -135,12 +168,14 @@ mod tests {
 
     #[test]
     fn file_tokens_are_hashed_named_and_checked() {
-        let set = TokenSet::parse_file(
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(
+            &path,
             "# edge objects\n\n0123456789abcdef0123\nfedcba9876543210fedc\n",
-            "tokens",
-            "edge",
         )
         .unwrap();
+        let set = TokenSet::from_file(&path, "tokens", "edge").unwrap();
         let first = seeded("edge", "0123456789abcdef0123").0;
         assert_eq!(set.admits("0123456789abcdef0123"), Some(first.as_str()));
         assert!(first.starts_with("edge-") && first.len() == 13, "{first}");
@@ -149,10 +184,22 @@ mod tests {
         assert_eq!(set.admits("0123456789abcdef012"), None);
         assert_eq!(set.admits(""), None);
         assert!(set.iter().all(|(_, h)| h.len() == 64));
-        let short = TokenSet::parse_file("0123456789abcdef\nshort\n", "tokens", "t").unwrap_err();
-        assert!(short.contains("line 2"), "{short}");
+        std::fs::write(&path, "0123456789abcdef\nshort\n").unwrap();
+        let short = read_file(&path, "key").unwrap_err().to_string();
         assert!(
-            TokenSet::parse_file("# none\n", "t", "t")
+            short.starts_with("key ") && short.contains("line 2"),
+            "{short}"
+        );
+        std::fs::write(&path, "# none\n").unwrap();
+        let none = read_file(&path, "key").unwrap_err().to_string();
+        assert!(none.contains("no token"), "{none}");
+        let missing = read_file(&dir.path().join("absent"), "key").unwrap_err();
+        assert!(
+            missing.to_string().starts_with("key: cannot read"),
+            "{missing}"
+        );
+        assert!(
+            TokenSet::from_file(Path::new(""), "key", "t")
                 .unwrap()
                 .is_empty()
         );

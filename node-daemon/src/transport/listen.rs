@@ -13,7 +13,7 @@ use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{Instrument, debug, info_span, warn};
 
-use crate::mailbox::{EngineHandle, ToEngine};
+use crate::mailbox::{ConnEvent, EngineHandle, ToEngine};
 use crate::transport::task::ConnectionTask;
 use crate::transport::wire::{StreamWire, WsWire};
 
@@ -185,11 +185,11 @@ pub async fn accept_loop(
                     continue;
                 }
             };
-            let accept = ToEngine::AcceptTcp {
+            let accept = ToEngine::Conn(ConnEvent::AcceptTcp {
                 info,
                 socket,
                 permit,
-            };
+            });
             // A full queue holds back accepting too.
             if engine.tx.send(accept).await.is_err() {
                 return; // The broker task has stopped.

@@ -7,15 +7,10 @@
 //! - [`task`]: a task per TLS or WebSocket connection, which reads for the broker task and
 //!   writes what it queues.
 //! - [`wire`]: the byte stream or WebSocket a connection's task polls.
-//! - [`outbox`]: what the broker task hands such a connection to write, and the flags by which
-//!   it paces its reading.
 //! - [`tls`]: certificates and client identities.
 
 pub mod listen;
-pub mod outbox;
 pub mod task;
 pub mod tcp;
 pub mod tls;
 pub mod wire;
-
-pub use outbox::Outbox;

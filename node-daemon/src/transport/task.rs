@@ -22,8 +22,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::sync::mpsc::error::{SendError, TrySendError};
 use tokio::sync::mpsc::{OwnedPermit, Sender};
 
-use crate::mailbox::{EngineHandle, ToEngine};
-use crate::transport::outbox::{End, Outbox};
+use crate::mailbox::outbox::{End, Outbox};
+use crate::mailbox::{ConnEvent, EngineHandle, ToEngine};
 use crate::transport::wire::Wire;
 
 /// How long a connection the broker closes may take to write what is left and shut down.
@@ -128,7 +128,7 @@ impl<W: Wire> ConnectionTask<W> {
                 match room.as_mut().poll(cx) {
                     Poll::Ready(Ok(permit)) => {
                         let (data, _) = *held.take().expect("held above");
-                        permit.send(ToEngine::Bytes { conn, data });
+                        permit.send(ToEngine::Conn(ConnEvent::Bytes { conn, data }));
                         busy = true;
                     }
                     Poll::Ready(Err(_)) => return Poll::Ready(Stop::Now),
@@ -140,9 +140,15 @@ impl<W: Wire> ConnectionTask<W> {
                 match self.wire.poll_next(cx) {
                     Poll::Ready(Some(data)) => {
                         self.outbox.handed(data.len());
-                        match self.to_broker.try_send(ToEngine::Bytes { conn, data }) {
+                        match self
+                            .to_broker
+                            .try_send(ToEngine::Conn(ConnEvent::Bytes { conn, data }))
+                        {
                             Ok(()) => {}
-                            Err(TrySendError::Full(ToEngine::Bytes { data, .. })) => {
+                            Err(TrySendError::Full(ToEngine::Conn(ConnEvent::Bytes {
+                                data,
+                                ..
+                            }))) => {
                                 let room: Room = Box::pin(self.to_broker.clone().reserve_owned());
                                 *held = Some(Box::new((data, room)));
                             }
@@ -180,12 +186,17 @@ impl<W: Wire> ConnectionTask<W> {
     /// has.
     fn end(&mut self, conn: ConnId) {
         self.permit = None;
-        self.phase = match self.to_broker.try_send(ToEngine::Closed { conn }) {
+        self.phase = match self
+            .to_broker
+            .try_send(ToEngine::Conn(ConnEvent::Closed { conn }))
+        {
             Ok(()) | Err(TrySendError::Closed(_)) => Phase::Ended,
             Err(TrySendError::Full(_)) => {
                 let to_broker = self.to_broker.clone();
                 Phase::Ending(Box::pin(async move {
-                    let _ = to_broker.send(ToEngine::Closed { conn }).await;
+                    let _ = to_broker
+                        .send(ToEngine::Conn(ConnEvent::Closed { conn }))
+                        .await;
                 }))
             }
         };
@@ -297,7 +308,7 @@ mod tests {
     ) -> (Arc<Outbox>, tokio::task::JoinHandle<()>) {
         let task = tokio::spawn(task);
         let outbox = match next(&mut h.broker).await {
-            ToEngine::Accept { outbox, reply, .. } => {
+            ToEngine::Conn(ConnEvent::Accept { outbox, reply, .. }) => {
                 reply.send(CONN).unwrap();
                 outbox
             }
@@ -318,7 +329,7 @@ mod tests {
         task: tokio::task::JoinHandle<()>,
     ) {
         match next(broker).await {
-            ToEngine::Closed { conn } => assert_eq!(conn, CONN),
+            ToEngine::Conn(ConnEvent::Closed { conn }) => assert_eq!(conn, CONN),
             other => panic!("expected the end of the connection, got {other:?}"),
         }
         tokio::time::timeout(DEADLINE, task)
@@ -350,7 +361,7 @@ mod tests {
         let mut received = Vec::with_capacity(sent.len());
         while received.len() < sent.len() {
             match next(&mut h.broker).await {
-                ToEngine::Bytes { conn, data } => {
+                ToEngine::Conn(ConnEvent::Bytes { conn, data }) => {
                     assert_eq!(conn, CONN);
                     received.extend_from_slice(&data);
                     // As the broker task does once the broker has the bytes.
@@ -369,7 +380,7 @@ mod tests {
     /// until the resume.
     #[tokio::test]
     async fn a_task_reads_no_further_ahead_of_the_broker_than_its_bound() {
-        use crate::transport::outbox::UNFED_MAX;
+        use crate::mailbox::outbox::UNFED_MAX;
         let (mut h, task) = harness(1024).await;
         let (outbox, task) = spawn_registered(&mut h, task).await;
         let sent: Vec<u8> = (0..4 * UNFED_MAX as u32).map(|i| (i % 251) as u8).collect();
@@ -385,7 +396,7 @@ mod tests {
         let mut unfed = Vec::new();
         // Take what the task hands over without feeding it, until it stops.
         while received.len() < UNFED_MAX {
-            let ToEngine::Bytes { data, .. } = next(&mut h.broker).await else {
+            let ToEngine::Conn(ConnEvent::Bytes { data, .. }) = next(&mut h.broker).await else {
                 panic!("expected bytes");
             };
             received.extend_from_slice(&data);
@@ -406,7 +417,7 @@ mod tests {
         outbox.pause_reading();
         outbox.resume_reading();
         while received.len() < sent.len() {
-            let ToEngine::Bytes { data, .. } = next(&mut h.broker).await else {
+            let ToEngine::Conn(ConnEvent::Bytes { data, .. }) = next(&mut h.broker).await else {
                 panic!("expected bytes");
             };
             received.extend_from_slice(&data);
@@ -456,23 +467,28 @@ mod tests {
         // Registered by hand, so that the test can fill the queue before the end.
         assert!(poll_once(&mut task).await.is_pending());
         match next(&mut h.broker).await {
-            ToEngine::Accept { reply, .. } => reply.send(CONN).unwrap(),
+            ToEngine::Conn(ConnEvent::Accept { reply, .. }) => reply.send(CONN).unwrap(),
             other => panic!("expected the registration, got {other:?}"),
         }
         assert!(poll_once(&mut task).await.is_pending());
         assert!(matches!(task.phase, Phase::Serving(CONN, None)));
         let (stats, _) = oneshot::channel();
-        h.to_broker.try_send(ToEngine::Stats(stats)).unwrap();
+        h.to_broker
+            .try_send(ToEngine::Admin(crate::mailbox::AdminRequest::Stats(stats)))
+            .unwrap();
 
         task.end(CONN);
         assert!(matches!(task.phase, Phase::Ending(_)), "the queue is full");
         assert!(poll_once(&mut task).await.is_pending());
-        assert!(matches!(next(&mut h.broker).await, ToEngine::Stats(_)));
+        assert!(matches!(
+            next(&mut h.broker).await,
+            ToEngine::Admin(crate::mailbox::AdminRequest::Stats(_))
+        ));
         let ended = tokio::time::timeout(DEADLINE, &mut task).await;
         assert!(ended.is_ok(), "the task ends once there is room");
         assert!(matches!(
             next(&mut h.broker).await,
-            ToEngine::Closed { conn: CONN }
+            ToEngine::Conn(ConnEvent::Closed { conn: CONN })
         ));
     }
 }

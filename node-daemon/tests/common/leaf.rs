@@ -102,7 +102,10 @@ impl Leaf {
         let (ws, named) = open(port, TOKEN).await.expect("the edge link opens");
         assert_eq!(named, hub, "the upgrade names the hub");
         let mut broker = Broker::new(Config::default(), now());
-        broker.enable_cluster(ClusterConfig::new(NodeId::new(name).unwrap(), 1, "edge-eu"));
+        broker.enable_cluster(
+            now(),
+            ClusterConfig::new(NodeId::new(name).unwrap(), 1, "edge-eu"),
+        );
         let client = broker.accept(now(), ConnInfo::default());
         let hub = NodeId::new(hub).unwrap();
         broker.handle_input(now(), Input::PeerUp { peer: hub.clone() });
@@ -139,10 +142,8 @@ impl Leaf {
         while let Some(out) = self.broker.poll_output() {
             match out {
                 Output::ToPeer { frame, .. } | Output::Broadcast { frame } => {
-                    let mut bytes = BytesMut::new();
-                    link::encode(&frame, &mut bytes).unwrap();
                     self.ws
-                        .send(WsMessage::Binary(bytes.freeze()))
+                        .send(WsMessage::Binary(frame.into_bytes()))
                         .await
                         .expect("link write");
                 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use bytes::BytesMut;
 use meridian_core::broker::ClusterConfig;
-use meridian_core::link::{self, Frame, LINK_PROTOCOL_VERSION};
+use meridian_core::link::{self, Frame, FrameKind, LINK_PROTOCOL_VERSION};
 use meridian_core::routes::{
     NodeId, Owner, RouteChange, RouteDelta, RouteLog, RouteOp, SnapshotChunk, filter_hash,
 };
@@ -99,10 +99,8 @@ fn decode(wire: &mut BytesMut) -> anyhow::Result<Frame> {
 fn drain(broker: &mut Broker) -> u64 {
     let mut acks = 0;
     while let Some(out) = broker.poll_output() {
-        if let Output::ToPeer {
-            frame: Frame::RouteAck { .. },
-            ..
-        } = out
+        if let Output::ToPeer { frame, .. } = out
+            && frame.kind() == FrameKind::RouteAck
         {
             acks += 1;
         }
@@ -137,7 +135,7 @@ pub fn measure_memory(
         ..Config::default()
     };
     let mut broker = Broker::new(config, MEMORY_NOW);
-    broker.enable_cluster(cluster.clone());
+    broker.enable_cluster(MEMORY_NOW, cluster.clone());
     let feed = |broker: &mut Broker, peer: &NodeId, wire: &mut BytesMut| -> anyhow::Result<u64> {
         let frame = decode(wire)?;
         broker.handle_input(

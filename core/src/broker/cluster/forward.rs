@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
-
 use crate::broker::io::Timestamp;
 use crate::broker::message::Message;
 use crate::broker::persist::{InboxMark, Key};
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::{Publish, PublishProperties, QoS};
-use crate::link::{self, Arrival, Forward, Frame};
+use crate::link::{Arrival, Forward, Frame};
 use crate::routes::NodeId;
 
 /// A message as it travels on the link: every property, the expiry interval set to what
@@ -112,6 +110,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             seq,
             message: publish,
         };
+        // Encoded once for every node it goes to: the frame sent, and for QoS 1/2 the outbox
+        // record's value.
+        let whole = Frame::Forward(forward);
+        let (Some(frame), Frame::Forward(forward)) = (super::encoded(&whole), whole) else {
+            self.stats.dropped_too_large += 1;
+            c.scratch = nodes;
+            return;
+        };
         let stall_ms = c.config.outbox_stall_ms;
         for node in nodes.drain(..) {
             let Some(c) = &mut self.cluster else { break };
@@ -123,7 +129,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     self.stats.dropped_peer_congested += 1;
                 } else {
                     peer.forwarded_to += 1;
-                    self.send_to_peer(node, Frame::Forward(forward.clone()));
+                    self.send_encoded(node, frame.clone());
                 }
                 continue;
             }
@@ -132,9 +138,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 peer.acked_at = now;
             }
             let pushed = if peer.holds_publishers(now, stall_ms) {
-                peer.outbox.push(forward.clone()).map(|q| (q, Vec::new()))
+                peer.outbox.push(&forward, &frame).map(|q| (q, Vec::new()))
             } else {
-                peer.outbox.push_evicting(forward.clone())
+                peer.outbox.push_evicting(&forward, &frame)
             };
             match pushed {
                 Ok((queued, evicted)) => {
@@ -147,14 +153,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         };
                         self.persist(key.encode(), None);
                     }
-                    let mut value = BytesMut::new();
-                    if link::encode(&Frame::Forward(queued.clone()), &mut value).is_ok() {
-                        let key = Key::Outbox {
-                            peer: node.to_string(),
-                            seq: queued.seq,
-                        };
-                        self.persist(key.encode(), Some(value.freeze()));
-                    }
+                    let key = Key::Outbox {
+                        peer: node.to_string(),
+                        seq: queued.seq,
+                    };
+                    self.persist(key.encode(), Some(queued.frame.into_bytes()));
                     self.pump_outbox(&node);
                 }
                 Err(_) => self.stats.dropped_outbox_full += 1,
@@ -181,7 +184,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             std::mem::take(&mut peer.echoes)
         };
         for forward in forwards {
-            self.send_to_peer(node.clone(), Frame::Forward(forward));
+            self.send_encoded(node.clone(), forward);
         }
         for token in echoes {
             self.send_to_peer(node.clone(), Frame::FenceEcho { token });

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::Cluster;
 use crate::broker::persist::Key;
-use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::broker::{Authenticator, Authorizer, Broker, Timestamp};
 use crate::link::Frame;
 use crate::routes::{NodeId, RouteLog};
 
@@ -233,7 +233,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// rather than a member of the mesh. Remembered in storage. Refused for a name that does
     /// not start with [`LEAF_PREFIX`], for this node's own name and for a mesh member this
     /// node knows; a leaf already is one.
-    pub fn add_leaf(&mut self, node: &NodeId) -> Result<(), LeafError> {
+    pub fn add_leaf(&mut self, now: Timestamp, node: &NodeId) -> Result<(), LeafError> {
+        self.advance(now);
         let Some(c) = &mut self.cluster else {
             return Err(LeafError::NotClustered);
         };

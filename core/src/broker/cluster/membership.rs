@@ -57,7 +57,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Forget a node that left the deployment for good: withdraw its routes, drop the forwards
     /// waiting for it (counted), and tell the other nodes to do the same. Refused for a node
     /// whose link is up.
-    pub fn forget_peer(&mut self, node: &NodeId) -> Result<Forgotten, ForgetError> {
+    pub fn forget_peer(&mut self, now: Timestamp, node: &NodeId) -> Result<Forgotten, ForgetError> {
+        self.advance(now);
         let leaf = self.is_leaf(node);
         let forgotten = self.forget(node, ForgetReason::Command)?;
         if leaf {
@@ -69,13 +70,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .as_ref()
             .and_then(|c| c.forgotten.iter().find(|f| f.node == *node))
             .map_or(0, |f| f.incarnation);
-        self.outputs
-            .push_back(crate::broker::io::Output::Broadcast {
-                frame: Frame::Forget {
-                    node: node.clone(),
-                    incarnation,
-                },
-            });
+        self.broadcast(&Frame::Forget {
+            node: node.clone(),
+            incarnation,
+        });
         Ok(forgotten)
     }
 

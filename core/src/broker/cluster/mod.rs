@@ -31,7 +31,7 @@ pub use trust::{PeerFault, PeerLimit, PeerLimits};
 
 use crate::broker::io::{Output, Timestamp};
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
-use crate::link::{DigestEntry, Frame, Inbox, Outbox, OutboxLimits};
+use crate::link::{DigestEntry, EncodedFrame, Frame, Inbox, Outbox, OutboxLimits};
 use crate::retained::{Hlc, LwwMap};
 use crate::routes::{NodeId, Owner, RouteLog, RoutePosition, RouteTable};
 
@@ -245,6 +245,9 @@ pub(super) struct Cluster {
     inbox: Inbox,
     flush_armed: bool,
     scratch: Vec<NodeId>,
+    /// Acknowledgements of forwards received in this input, one per peer and origin (the
+    /// highest): sent at its end ([`Broker::send_held_acks`]).
+    acks: Vec<(NodeId, Owner, u64)>,
     /// Held SUBACKs, in the order their SUBSCRIBEs arrived.
     fences: VecDeque<Fence>,
     /// Clock of retained writes, and the stamp of every topic's last write.
@@ -310,6 +313,7 @@ impl Cluster {
             inbox: Inbox::default(),
             flush_armed: false,
             scratch: Vec::new(),
+            acks: Vec::new(),
             fences: VecDeque::new(),
             hlc: Hlc::default(),
             retained: LwwMap::new(),
@@ -456,7 +460,8 @@ impl Cluster {
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Make this broker a node of a deployment. Call before [`Broker::restore`] and before
     /// accepting connections.
-    pub fn enable_cluster(&mut self, config: ClusterConfig) {
+    pub fn enable_cluster(&mut self, now: Timestamp, config: ClusterConfig) {
+        self.advance(now);
         let seed = self.config.seed ^ 0x5eed;
         let cluster = Cluster::new(config, seed);
         let first_digest = self.now.plus_ms(cluster.config.digest_interval_ms);
@@ -507,8 +512,57 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         out
     }
 
+    /// Send `frame` to `peer`, encoded once. An acknowledgement of a forward waits for the
+    /// end of the input ([`Broker::send_held_acks`]): acknowledgements are cumulative, so one
+    /// per peer and origin says as much as all of them.
     fn send_to_peer(&mut self, peer: NodeId, frame: Frame) {
+        if let Frame::ForwardAck { origin, seq } = frame {
+            if let Some(c) = &mut self.cluster {
+                match c
+                    .acks
+                    .iter_mut()
+                    .find(|(p, o, _)| *p == peer && *o == origin)
+                {
+                    Some(held) => held.2 = held.2.max(seq),
+                    None => c.acks.push((peer, origin, seq)),
+                }
+            }
+            return;
+        }
+        if let Some(frame) = encoded(&frame) {
+            self.send_encoded(peer, frame);
+        }
+    }
+
+    /// Send a frame encoded already (a forward from an outbox) to `peer`.
+    fn send_encoded(&mut self, peer: NodeId, frame: EncodedFrame) {
         self.outputs.push_back(Output::ToPeer { peer, frame });
+    }
+
+    /// Send `frame` to every peer of the mesh, encoded once.
+    fn broadcast(&mut self, frame: &Frame) {
+        if let Some(frame) = encoded(frame) {
+            self.outputs.push_back(Output::Broadcast { frame });
+        }
+    }
+
+    /// The acknowledgements held during the input that ends, after everything else it
+    /// caused (the records they depend on included).
+    pub(in crate::broker) fn send_held_acks(&mut self) {
+        let Some(c) = &mut self.cluster else { return };
+        if c.acks.is_empty() {
+            return;
+        }
+        let mut acks = std::mem::take(&mut c.acks);
+        for (peer, origin, seq) in acks.drain(..) {
+            if let Some(frame) = encoded(&Frame::ForwardAck { origin, seq }) {
+                self.send_encoded(peer, frame);
+            }
+        }
+        if let Some(c) = &mut self.cluster {
+            // The list keeps its room for the next input.
+            c.acks = acks;
+        }
     }
 
     /// This node's own route set (filters with a local subscriber), as last flushed, with
@@ -561,5 +615,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.cluster
             .as_ref()
             .is_some_and(|c| c.routes.has_pending() || c.leaves.has_pending())
+    }
+}
+
+/// A frame this node made, encoded. Its frames hold validated names, topics and sizes, far
+/// within what the link encodes, so a failure is a bug: it fails tests, and in a release
+/// build the frame is left out (its sender re-sends what matters on the next session).
+fn encoded(frame: &Frame) -> Option<EncodedFrame> {
+    match EncodedFrame::encode(frame) {
+        Ok(encoded) => Some(encoded),
+        Err(e) => {
+            debug_assert!(false, "cannot encode a {} frame: {e}", frame.name());
+            None
+        }
     }
 }

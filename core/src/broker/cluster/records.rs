@@ -67,10 +67,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 let node = NodeId::new(peer).map_err(|_| bad("peer id"))?;
                 let mut buf = BytesMut::from(value);
                 match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
-                    Ok(Some(Frame::Forward(f))) if f.seq == *seq => {
+                    Ok(Some(Frame::Forward(f))) if f.seq == *seq && buf.is_empty() => {
                         // Numbers go on from the highest given out, towards every node.
                         c.next_message = c.next_message.max(f.seq + 1);
-                        c.peer(&node).outbox.restore(f)
+                        // Sent again as it was stored.
+                        let frame = link::EncodedFrame::from_stored(
+                            link::FrameKind::Forward,
+                            Bytes::copy_from_slice(value),
+                        );
+                        c.peer(&node).outbox.restore(&f, frame)
                     }
                     _ => return Err(bad("outbox entry")),
                 }

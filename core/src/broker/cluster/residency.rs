@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::Cluster;
 use super::trust::{PeerFault, PeerLimit};
-use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::broker::{Authenticator, Authorizer, Broker, Timestamp};
 use crate::link::Frame;
 use crate::residency::Residency;
 use crate::routes::NodeId;
@@ -184,7 +184,8 @@ impl Cluster {
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Put `residency` in force: the next message, retained write and advertisement follow
     /// it. This node's filters are re-scoped at once (the changes leave in the next batch).
-    pub fn set_residency(&mut self, residency: Residency) {
+    pub fn set_residency(&mut self, now: Timestamp, residency: Residency) {
+        self.advance(now);
         let Some(c) = &mut self.cluster else { return };
         if c.residency == residency {
             return;
@@ -216,7 +217,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// The regions of the deployment's nodes as its operators recorded them, for residency
     /// decisions about a node that has not said hello on a link yet (after a restart, say,
     /// so that what waits for it is kept rather than withheld).
-    pub fn set_node_regions(&mut self, regions: BTreeMap<NodeId, String>) {
+    pub fn set_node_regions(&mut self, now: Timestamp, regions: BTreeMap<NodeId, String>) {
+        self.advance(now);
         let Some(c) = &mut self.cluster else { return };
         c.node_regions = regions;
         self.purge_withheld_forwards();

@@ -1,7 +1,7 @@
 //! This node's route set: filters gained and lost are batched, and each batch goes to every
 //! peer as a versioned delta with the set's hash; a digest announces the version now and then.
 
-use crate::broker::io::{Event, Output};
+use crate::broker::io::Event;
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
 use crate::link::Frame;
 use crate::routes::{DELTA_MAX_BYTES, RouteDelta};
@@ -76,7 +76,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if let Some(delta) = delta {
             let per_frame = c.config.snapshot_chunk_filters;
             for frame in delta_frames(delta, per_frame) {
-                self.outputs.push_back(Output::Broadcast { frame });
+                self.broadcast(&frame);
             }
         }
         self.flush_views();
@@ -89,7 +89,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &self.cluster else { return };
         let frame = c.own_digest();
         let next = self.now.plus_ms(c.config.digest_interval_ms);
-        self.outputs.push_back(Output::Broadcast { frame });
+        self.broadcast(&frame);
         self.send_view_digests();
         self.timers.insert((next, Timer::Digest));
     }

@@ -1,10 +1,15 @@
-//! The messages between the daemon's tasks: what the broker task is sent ([`ToEngine`],
-//! through an [`EngineHandle`]), what it orders the mesh task to do ([`MeshCmd`]), and the
-//! counters they keep together ([`DaemonCounters`]). Every part of the daemon that talks to the
-//! broker task imports this module; it imports none of them.
+//! The messages and queues between the daemon's tasks: what the broker task is sent
+//! ([`ToEngine`], through an [`EngineHandle`]), what it orders the mesh task to do
+//! ([`MeshCmd`]), what it hands a connection's task to write ([`outbox`]) and a link
+//! session to send ([`link_queue`]), and the counters they keep together
+//! ([`DaemonCounters`]). Every part of the daemon that talks to the broker task imports this
+//! module; it imports none of them.
+
+mod counters;
+pub mod link_queue;
+pub mod outbox;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
 use meridian_core::broker::{
@@ -17,8 +22,9 @@ use meridian_core::topic::TopicError;
 use meridian_core::{ConnId, ConnInfo};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
-use crate::mesh::queue::PeerWriter;
-use crate::transport::Outbox;
+pub use counters::DaemonCounters;
+pub use link_queue::{LinkLimits, PeerWriter};
+pub use outbox::Outbox;
 
 /// Capacity of the channel into the broker task (each message at most one 16 KiB read).
 pub const ENGINE_QUEUE: usize = 1024;
@@ -40,9 +46,25 @@ impl std::fmt::Debug for Hooks {
     }
 }
 
-/// A message for the broker task.
+/// A message for the broker task, by concern: each has a room of the engine that takes it.
 #[derive(Debug)]
 pub enum ToEngine {
+    /// A client connection's life.
+    Conn(ConnEvent),
+    /// Link sessions to peer nodes and leaves, and their frames.
+    Link(LinkEvent),
+    /// A question or an order from admin HTTP or an embedding application.
+    Admin(AdminRequest),
+    /// What the cluster policy (or a reload) puts in force.
+    Policy(PolicyChange),
+    /// Stop: shut the broker down and flush the store.
+    Shutdown,
+}
+
+/// A client connection's life, from the listeners, the connection tasks and the password
+/// checks.
+#[derive(Debug)]
+pub enum ConnEvent {
     /// A plain TCP connection, for the broker task to serve itself.
     AcceptTcp {
         info: ConnInfo,
@@ -66,6 +88,38 @@ pub enum ToEngine {
         conn: ConnId,
         outcome: AuthOutcome,
     },
+}
+
+/// Link sessions to peer nodes (the mesh) and to leaves (edge links).
+#[derive(Debug)]
+pub enum LinkEvent {
+    /// A link session to a peer node started (it replaces any earlier one).
+    PeerUp {
+        peer: NodeId,
+        session: u64,
+        writer: PeerWriter,
+    },
+    /// An edge link named its leaf (the `edge` module): the broker task answers whether it may
+    /// link (not this node, nor a mesh member) and, if so, makes it a leaf and starts its
+    /// session (it replaces any earlier one).
+    LeafUp {
+        leaf: NodeId,
+        session: u64,
+        writer: PeerWriter,
+        accepted: oneshot::Sender<bool>,
+    },
+    /// The frames of one read from a peer node's session, or one gossiped frame: fed to the
+    /// broker as one input (their forward acknowledgements leave as one per origin).
+    Frames { peer: NodeId, frames: Vec<Frame> },
+    /// A link session ended.
+    Down { peer: NodeId, session: u64 },
+    /// An encoded broadcast frame that gossip could not take: send it on every session.
+    BroadcastDirect(Bytes),
+}
+
+/// A question or an order from admin HTTP or an embedding application, answered on `reply`.
+#[derive(Debug)]
+pub enum AdminRequest {
     Stats(oneshot::Sender<Stats>),
     Clients(oneshot::Sender<Vec<ClientSummary>>),
     /// A page of the sessions, of those whose client id holds the filter, and the total.
@@ -91,33 +145,6 @@ pub enum ToEngine {
         message: Message,
         reply: oneshot::Sender<Result<usize, TopicError>>,
     },
-    /// A link session to a peer node started (it replaces any earlier one).
-    PeerUp {
-        peer: NodeId,
-        session: u64,
-        writer: PeerWriter,
-    },
-    /// An edge link named its leaf (the `edge` module): the broker task answers whether it may
-    /// link (not this node, nor a mesh member) and, if so, makes it a leaf and starts its
-    /// session (it replaces any earlier one).
-    LeafUp {
-        leaf: NodeId,
-        session: u64,
-        writer: PeerWriter,
-        accepted: oneshot::Sender<bool>,
-    },
-    /// A frame from a peer node (from its session or from gossip).
-    PeerFrame {
-        peer: NodeId,
-        frame: Box<Frame>,
-    },
-    /// A link session ended.
-    PeerDown {
-        peer: NodeId,
-        session: u64,
-    },
-    /// An encoded broadcast frame that gossip could not take: send it on every session.
-    BroadcastDirect(Bytes),
     Peers(oneshot::Sender<Vec<PeerSummary>>),
     /// Forget a node that left the deployment ([`meridian_core::Broker::forget_peer`]).
     ForgetPeer {
@@ -129,60 +156,24 @@ pub enum ToEngine {
         peer: Option<NodeId>,
         reply: oneshot::Sender<Vec<String>>,
     },
-    /// Replace the broker's hooks; answered once they are in place.
-    SetHooks {
+}
+
+/// What the cluster policy, or a reload of the files, puts in force; each answered once the
+/// broker has it.
+#[derive(Debug)]
+pub enum PolicyChange {
+    /// Replace the broker's hooks.
+    Hooks {
         hooks: Hooks,
         reply: oneshot::Sender<()>,
     },
     /// Put these data-residency rules in force, with the regions of the deployment's nodes
     /// as the cluster policy records them.
-    SetResidency {
+    Residency {
         rules: meridian_core::residency::Residency,
         node_regions: std::collections::BTreeMap<NodeId, String>,
+        reply: oneshot::Sender<()>,
     },
-    Shutdown,
-}
-
-/// Counters kept by the daemon itself (the broker's are in [`Stats`]).
-#[derive(Debug, Default)]
-pub struct DaemonCounters {
-    pub slow_consumer_disconnects: AtomicU64,
-    /// Link sessions cut because their frame queue was full.
-    pub link_sessions_cut: AtomicU64,
-    pub connections_rejected: AtomicU64,
-    pub storage_commits: AtomicU64,
-    /// Fsyncs of the journal ([`Store::syncs`]).
-    pub storage_syncs: AtomicU64,
-    /// Journal checkpoints ([`Store::checkpoints`]).
-    pub storage_checkpoints: AtomicU64,
-    /// Pages the store's cache let go of because it was full ([`Store::cache_evictions`]).
-    pub storage_cache_evictions: AtomicU64,
-    pub connections_accepted: AtomicU64,
-    /// Password checks done (Argon2 verifications, right or wrong).
-    pub password_checks: AtomicU64,
-    /// CONNECTs refused with 0x89 because the password-check queue was full.
-    pub logins_busy: AtomicU64,
-    /// ... because the client's address had its share of the queue.
-    pub logins_busy_address: AtomicU64,
-    /// CONNECTs refused because a client certificate's name was not the username given.
-    pub logins_certificate_mismatch: AtomicU64,
-    /// WebSocket upgrades refused for their Origin (HTTP 403).
-    pub websocket_origin_refused: AtomicU64,
-    /// Admin requests refused: no or a wrong bearer token (HTTP 401).
-    pub admin_refused_token: AtomicU64,
-    /// ... a Host header that names no allowed host (HTTP 421).
-    pub admin_refused_host: AtomicU64,
-    /// Admin connections closed because their request headers took too long.
-    pub admin_header_timeouts: AtomicU64,
-    /// Edge links refused: no or a wrong token (HTTP 401).
-    pub edge_links_refused_token: AtomicU64,
-    /// ... a leaf named as this node or a mesh member.
-    pub edge_links_refused_node: AtomicU64,
-    /// ... too many handshakes from one address (HTTP 503).
-    pub edge_links_refused_busy_address: AtomicU64,
-    /// Link frames read from edge links, and written to them.
-    pub edge_frames_in: AtomicU64,
-    pub edge_frames_out: AtomicU64,
 }
 
 /// A cheap handle to the broker task.
@@ -203,101 +194,78 @@ impl EngineHandle {
         let tx = self.tx.clone();
         async move {
             let (reply, rx) = oneshot::channel();
-            tx.send(ToEngine::Accept {
+            tx.send(ToEngine::Conn(ConnEvent::Accept {
                 info,
                 outbox,
                 reply,
-            })
+            }))
             .await
             .ok()?;
             rx.await.ok()
         }
     }
 
-    pub async fn stats(&self) -> Option<Stats> {
+    /// Ask the broker task; `None` if it is gone.
+    async fn ask<T>(&self, request: impl FnOnce(oneshot::Sender<T>) -> AdminRequest) -> Option<T> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Stats(reply)).await.ok()?;
+        self.tx.send(ToEngine::Admin(request(reply))).await.ok()?;
         rx.await.ok()
+    }
+
+    pub async fn stats(&self) -> Option<Stats> {
+        self.ask(AdminRequest::Stats).await
     }
 
     /// Peer nodes this node knows (cluster mode; empty otherwise).
     pub async fn peers(&self) -> Option<Vec<PeerSummary>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Peers(reply)).await.ok()?;
-        rx.await.ok()
+        self.ask(AdminRequest::Peers).await
     }
 
-    /// Forget a node that left the deployment; `None` if the broker task is gone.
+    /// Forget a node that left the deployment.
     pub async fn forget_peer(&self, peer: NodeId) -> Option<Result<Forgotten, ForgetError>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::ForgetPeer { peer, reply })
+        self.ask(|reply| AdminRequest::ForgetPeer { peer, reply })
             .await
-            .ok()?;
-        rx.await.ok()
     }
 
     /// A peer's route set as replicated here, or this node's own with `None`.
     pub async fn routes(&self, peer: Option<NodeId>) -> Option<Vec<String>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Routes { peer, reply }).await.ok()?;
-        rx.await.ok()
+        self.ask(|reply| AdminRequest::Routes { peer, reply }).await
     }
 
     pub async fn clients(&self) -> Option<Vec<ClientSummary>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(ToEngine::Clients(reply)).await.ok()?;
-        rx.await.ok()
+        self.ask(AdminRequest::Clients).await
     }
 
-    /// Disconnect a client (0x98 Administrative action); whether it was connected.
+    /// A page of the sessions, and how many there are of those the page's filter selects.
     pub async fn clients_page(&self, page: Page) -> Option<(Vec<ClientSummary>, usize)> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::ClientsPage { page, reply })
+        self.ask(|reply| AdminRequest::ClientsPage { page, reply })
             .await
-            .ok()?;
-        rx.await.ok()
     }
 
     pub async fn subscriptions_page(
         &self,
         page: Page,
     ) -> Option<(Vec<SubscriptionSummary>, usize)> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::SubscriptionsPage { page, reply })
+        self.ask(|reply| AdminRequest::SubscriptionsPage { page, reply })
             .await
-            .ok()?;
-        rx.await.ok()
     }
 
+    /// End a client's session; whether there was one.
     pub async fn end_session(&self, client_id: String) -> Option<bool> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::EndSession { client_id, reply })
+        self.ask(|reply| AdminRequest::EndSession { client_id, reply })
             .await
-            .ok()?;
-        rx.await.ok()
     }
 
+    /// Disconnect a client (0x98 Administrative action); whether it was connected.
     pub async fn kick(&self, client_id: String) -> Option<bool> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::Kick { client_id, reply })
+        self.ask(|reply| AdminRequest::Kick { client_id, reply })
             .await
-            .ok()?;
-        rx.await.ok()
     }
 
     /// Publish from the application; the number of sessions it reached.
     pub async fn publish(&self, message: Message) -> Option<Result<usize, TopicError>> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(ToEngine::Publish { message, reply })
+        self.ask(|reply| AdminRequest::Publish { message, reply })
             .await
-            .ok()?;
-        rx.await.ok()
     }
 }
 

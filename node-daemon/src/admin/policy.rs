@@ -13,14 +13,17 @@
 //! SHA256_HEX}`, `{"edit": "residency_set", "filter": "health/#", "regions": ["fra"]}`...
 //! Passwords and tokens never travel: `meridian ctl` hashes them first.
 
-use hyper::StatusCode;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
-use super::PolicyHandle;
-use super::document::{Edit, EditError};
+use super::{AdminState, Body, Requester, json as respond, plain};
+use crate::policy::PolicyHandle;
+use crate::policy::document::{Edit, EditError};
 
 /// Largest request body of `POST /api/policy`.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,7 +32,7 @@ struct Edits {
 }
 
 /// `GET /api/policy`.
-pub fn show(policy: &PolicyHandle) -> Value {
+fn show(policy: &PolicyHandle) -> Value {
     let p = policy.current();
     json!({
         "users": p.users.keys().collect::<Vec<_>>(),
@@ -52,7 +55,7 @@ pub fn show(policy: &PolicyHandle) -> Value {
 }
 
 /// `POST /api/policy`: the body's edits, made by `who`.
-pub async fn edit(policy: &PolicyHandle, body: &[u8], who: String) -> (StatusCode, Value) {
+async fn edit(policy: &PolicyHandle, body: &[u8], who: String) -> (StatusCode, Value) {
     let edits: Edits = match serde_json::from_slice(body) {
         Ok(e) => e,
         Err(e) => {
@@ -78,6 +81,40 @@ pub async fn edit(policy: &PolicyHandle, body: &[u8], who: String) -> (StatusCod
 }
 
 /// `GET /api/policy/history`.
-pub async fn history(policy: &PolicyHandle) -> Value {
+async fn history(policy: &PolicyHandle) -> Value {
     json!(policy.history().await)
+}
+
+/// The policy endpoints: `/api/policy` and what is under it.
+pub(super) async fn route(
+    req: Request<Incoming>,
+    state: &AdminState,
+    who: Requester,
+) -> Response<Body> {
+    let Some(policy) = &state.policy else {
+        return respond(
+            StatusCode::CONFLICT,
+            serde_json::json!({"error": "this node reads users, rules and tokens from files \
+                (policy.source = \"files\"): edit the files and send SIGHUP"}),
+        );
+    };
+    let path = req.uri().path().to_owned();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/api/policy") => respond(StatusCode::OK, show(policy)),
+        (Method::GET, "/api/policy/history") => respond(StatusCode::OK, history(policy).await),
+        (Method::POST, "/api/policy") => {
+            let body = http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES);
+            match body.collect().await {
+                Ok(b) => {
+                    let (status, value) = edit(policy, &b.to_bytes(), who).await;
+                    respond(status, value)
+                }
+                Err(e) => respond(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    serde_json::json!({"error": format!("the body could not be read: {e}")}),
+                ),
+            }
+        }
+        _ => plain(StatusCode::NOT_FOUND, "not found\n"),
+    }
 }
