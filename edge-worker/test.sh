@@ -74,7 +74,7 @@ echo "wasm size: $(wc -c <"$wasm") bytes, $(gzip -9 -c "$wasm" | wc -c) bytes gz
 step "the meridian daemon (the region the edge link tests link to)"
 # Built where the workspace's own tests build it (scripts/test-all has, so this is quick there).
 MERIDIAN_TARGET="${MERIDIAN_TARGET_DIR:-$HOME/.cache/meridian/target}"
-(cd "$ROOT" && CARGO_TARGET_DIR="$MERIDIAN_TARGET" run 30 cargo build -p meridian-daemon --bin meridian --locked)
+(cd "$ROOT" && CARGO_TARGET_DIR="$MERIDIAN_TARGET" run 30 cargo build -p meridian --bin meridian --locked)
 export MERIDIAN_BIN="$MERIDIAN_TARGET/debug/meridian"
 
 step "the worker in Miniflare, and under npx wrangler dev, driven by MQTT.js"

@@ -18,7 +18,9 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     eprintln!(
         "network clients can connect to {}",
-        server.local_addr("tcp").unwrap()
+        server
+            .local_addr(meridian_daemon::ListenerKind::Tcp)
+            .unwrap()
     );
 
     // Two in-process clients: one listens, one publishes.

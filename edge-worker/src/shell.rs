@@ -149,6 +149,8 @@ struct Shell {
     upstream: Option<PeerSocket>,
     /// A dial (or the wait before the next) is under way.
     dialing: bool,
+    /// Why the last dial up failed, until one succeeds (`/status`, `link_error`).
+    link_error: Option<String>,
     /// The wait before the next dial after a failure.
     backoff_ms: u64,
     /// This object is the hub of an edge-only deployment.
@@ -227,6 +229,7 @@ impl Shell {
             uplink,
             upstream: None,
             dialing: false,
+            link_error: None,
             backoff_ms: DIAL_BACKOFF_MIN_MS,
             hub,
             leaves: BTreeMap::new(),
@@ -469,6 +472,9 @@ impl Edge {
                 }
                 Err(error) => {
                     worker::console_warn!("meridian: cannot link to {}: {error}", above(&uplink));
+                    if let Some(shell) = edge.inner.shell.borrow_mut().as_mut() {
+                        shell.link_error = Some(error.to_string());
+                    }
                     edge.dial_later();
                 }
             }
@@ -522,6 +528,7 @@ impl Edge {
         self.with_shell(|shell| {
             worker::console_log!("meridian: linked to {} ({hub})", above_of(shell));
             shell.dialing = false;
+            shell.link_error = None;
             shell.backoff_ms = DIAL_BACKOFF_MIN_MS;
             shell.upstream = Some(socket);
             shell.feed(Input::PeerUp { peer: hub })
@@ -645,8 +652,8 @@ impl Edge {
     }
 
     /// The object's state as JSON, for `GET /status`: its name, its role (`alone`, `leaf`,
-    /// `hub`), its links (to its hub, or its leaves) with what crossed them, its clients, the
-    /// messages it dropped by reason. Nothing secret.
+    /// `hub`), its links (to its hub, or its leaves) with what crossed them and why the last
+    /// dial up failed, its clients, the messages it dropped by reason. Nothing secret.
     pub fn status_json(&self) -> String {
         let slot = self.inner.shell.borrow();
         let Some(shell) = slot.as_ref() else {
@@ -694,11 +701,13 @@ impl Edge {
             .collect();
         format!(
             "{{\"running\":true,\"node\":{},\"role\":\"{role}\",\"linked\":{},\"hub\":{},\
+             \"link_error\":{},\
              \"connections\":{},\"sessions\":{},\"subscriptions\":{},\"outbox_messages\":{},\
              \"messages_dropped\":{{{}}},\"peers\":[{}]}}",
             json_string_or_null(shell.broker.node_id().map(NodeId::as_str)),
             hub.is_some(),
             json_string_or_null(hub.as_ref().map(NodeId::as_str)),
+            json_string_or_null(shell.link_error.as_deref()),
             stats.connections,
             stats.sessions,
             stats.subscriptions,

@@ -99,7 +99,7 @@ impl AuthSetup {
         for (name, l) in config.listeners() {
             if l.enabled && !l.bind.ip().is_loopback() {
                 all_loopback = false;
-                let certs_required = matches!(name, "tls" | "wss") && l.require_client_cert;
+                let certs_required = name.tls() && l.require_client_cert;
                 if users.is_none() && !certs_required {
                     anyhow::bail!(
                         "listeners.{name} binds {} (not loopback) but no authentication is \

@@ -229,6 +229,59 @@ pub struct NodeConfig {
     pub name: String,
 }
 
+/// Which listener: the four MQTT listeners of `[listeners]`, the admin API's and the edge
+/// links'. [`crate::Server::local_addr`] names them so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ListenerKind {
+    /// MQTT over TCP (`listeners.tcp`).
+    Tcp,
+    /// MQTT over WebSocket (`listeners.ws`).
+    Ws,
+    /// MQTT over TLS (`listeners.tls`).
+    Tls,
+    /// MQTT over WebSocket over TLS (`listeners.wss`).
+    Wss,
+    /// Admin HTTP (`[admin]`).
+    Admin,
+    /// Edge links (`cluster.edge.listen`).
+    Edge,
+}
+
+impl ListenerKind {
+    /// Its name in the configuration's keys (`listeners.tcp`) and the logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Ws => "ws",
+            Self::Tls => "tls",
+            Self::Wss => "wss",
+            Self::Admin => "admin",
+            Self::Edge => "edge",
+        }
+    }
+
+    /// It carries MQTT over WebSocket.
+    pub fn websocket(self) -> bool {
+        matches!(self, Self::Ws | Self::Wss)
+    }
+
+    /// It carries MQTT over TLS.
+    pub fn tls(self) -> bool {
+        matches!(self, Self::Tls | Self::Wss)
+    }
+
+    /// It carries MQTT (not admin HTTP or edge links).
+    pub fn mqtt(self) -> bool {
+        !matches!(self, Self::Admin | Self::Edge)
+    }
+}
+
+impl std::fmt::Display for ListenerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Listeners {
@@ -481,7 +534,7 @@ impl DaemonConfig {
             if !l.enabled {
                 continue;
             }
-            if matches!(name, "ws" | "wss") {
+            if name.websocket() {
                 let path = l.path.as_deref().unwrap_or("");
                 if !path.starts_with('/') {
                     return Err(invalid(format!(
@@ -489,7 +542,7 @@ impl DaemonConfig {
                     )));
                 }
             }
-            if matches!(name, "tls" | "wss") {
+            if name.tls() {
                 for (key, value) in [("cert", &l.cert), ("key", &l.key)] {
                     if value.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
                         return Err(invalid(format!(
@@ -499,7 +552,7 @@ impl DaemonConfig {
                 }
             }
             if let Some(origins) = &l.allowed_origins {
-                if !matches!(name, "ws" | "wss") {
+                if !name.websocket() {
                     return Err(invalid(format!(
                         "listeners.{name}.allowed_origins: only WebSocket listeners (ws, wss) \
                          have origins"
@@ -605,7 +658,7 @@ impl DaemonConfig {
     }
 
     /// The listeners by name, in a fixed order.
-    pub fn listeners(&self) -> [(&'static str, &ListenerConfig); 4] {
+    pub fn listeners(&self) -> [(ListenerKind, &ListenerConfig); 4] {
         self.listeners.iter()
     }
 }
@@ -702,12 +755,12 @@ impl ClusterSection {
 }
 
 impl Listeners {
-    pub fn iter(&self) -> [(&'static str, &ListenerConfig); 4] {
+    pub fn iter(&self) -> [(ListenerKind, &ListenerConfig); 4] {
         [
-            ("tcp", &self.tcp),
-            ("ws", &self.ws),
-            ("tls", &self.tls),
-            ("wss", &self.wss),
+            (ListenerKind::Tcp, &self.tcp),
+            (ListenerKind::Ws, &self.ws),
+            (ListenerKind::Tls, &self.tls),
+            (ListenerKind::Wss, &self.wss),
         ]
     }
 }

@@ -38,7 +38,7 @@ mod server;
 mod storage;
 mod transport;
 
-pub use config::{DEFAULT_CONFIG, DaemonConfig};
+pub use config::{DEFAULT_CONFIG, DaemonConfig, ListenerKind};
 pub use server::{AuthDecisions, AuthFactory, AuthReload, BrokerBuilder, Server};
 
 /// What the `meridian` binary's own subcommands run, besides the broker.

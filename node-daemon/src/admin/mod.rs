@@ -18,7 +18,7 @@
 //! | `GET /api/subscriptions` | JSON array of every subscription: `client_id`, `filter`, `qos`; `?offset=&limit=&q=` pages it |
 //! | `DELETE /api/clients/{id}` | disconnect the client (MQTT 5.0 gets DISCONNECT 0x98); 404 if not connected |
 //! | `DELETE /api/sessions/{id}` | end the client's session (disconnecting it): its subscriptions and messages go, and its client id is free for any user; 404 if none |
-//! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode) |
+//! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode); what it has in force of the policy document (`policy_in_force`: changes applied, users, access and residency rules); what came of the configuration's reloads (`reloads`: done, failed, the last error, whether a restart is needed) |
 //! | `GET /api/peers` | JSON array of the peer nodes: connected, region, RTT, routes, route lag, outbox, forwards |
 //! | `GET /api/peers/{peer_id}/routes` | the filters that peer has subscribers for, as replicated here |
 //! | `DELETE /api/peers/{peer_id}` | forget a node that left: withdraw its routes, drop what waits for it, tell the other nodes; 404 if unknown, 409 while its link is up |
@@ -33,6 +33,7 @@ mod policy;
 mod routes;
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -47,7 +48,7 @@ use tokio::runtime::RuntimeMetrics;
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::mailbox::{DaemonCounters, EngineHandle};
+use crate::mailbox::{DaemonCounters, EngineHandle, PolicyInForce, ReloadStatus};
 use crate::mesh::MeshStats;
 use crate::per_address::PerAddress;
 use crate::policy::PolicyHandle;
@@ -185,6 +186,10 @@ pub struct AdminState {
     pub access: AdminAccess,
     /// The policy document (`policy.source = "document"`).
     pub policy: Option<PolicyHandle>,
+    /// What the broker has in force of it (`policy.source = "document"`).
+    pub in_force: Option<Arc<PolicyInForce>>,
+    /// What came of the reloads of the configuration (SIGHUP).
+    pub reloads: Arc<std::sync::Mutex<ReloadStatus>>,
     /// The broker thread's runtime ([`crate::broker_thread`]).
     pub broker_thread: RuntimeMetrics,
 }

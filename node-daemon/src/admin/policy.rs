@@ -2,7 +2,7 @@
 //!
 //! | method and path | answer |
 //! |---|---|
-//! | `GET /api/policy` | what the document says: user and token names (never hashes), the access rules in order, the residency rules, the nodes |
+//! | `GET /api/policy` | what the document says: user and token names (never hashes), the access rules in order, the residency rules, the nodes; its epoch, and the nodes a compaction that is due waits for (`compaction_waits_for`) |
 //! | `POST /api/policy` | `{"edits": [EDIT, ...]}` applied as one change by the request's token: 200 `{"changed": bool}`, 400 for an edit that is not valid, 404 for removing what is not there |
 //! | `GET /api/policy/history` | every change, oldest first: `at_ms`, `by`, `node`, `region`, `what`, `change` |
 //!
@@ -51,6 +51,7 @@ fn show(policy: &PolicyHandle) -> Value {
         })).collect::<Vec<_>>(),
         "unreadable": p.unreadable,
         "epoch": policy.epoch(),
+        "compaction_waits_for": policy.compaction_waits_for(),
     })
 }
 

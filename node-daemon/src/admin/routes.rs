@@ -1,6 +1,8 @@
 //! The admin API's routes: each method and path (the table in the module above) and the JSON
 //! it answers with.
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -19,7 +21,7 @@ pub(super) async fn route(
     state: &AdminState,
     who: Requester,
 ) -> Response<Body> {
-    let (engine, node) = (&state.engine, &state.node);
+    let engine = &state.engine;
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     if path == "/api/policy" || path.starts_with("/api/policy/") {
@@ -61,17 +63,7 @@ pub(super) async fn route(
             )
             .body(Full::new(Bytes::from_static(STATUS_PAGE.as_bytes())))
             .unwrap_or_else(|_| plain(StatusCode::INTERNAL_SERVER_ERROR, "")),
-        (Method::GET, "/api/node") => json(
-            StatusCode::OK,
-            serde_json::json!({
-                "name": node.name,
-                "region": node.region,
-                "peer_id": node.peer_id,
-                "p2p_addrs": node.p2p_addrs,
-                "version": env!("CARGO_PKG_VERSION"),
-                "uptime_s": node.started.elapsed().as_secs(),
-            }),
-        ),
+        (Method::GET, "/api/node") => json(StatusCode::OK, node_json(state)),
         (Method::GET, "/api/stats") => match engine.stats().await {
             Some(stats) => json(StatusCode::OK, stats_json(&stats)),
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
@@ -272,6 +264,38 @@ pub(super) async fn route(
         }
         _ => plain(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// `GET /api/node`: this node, what it has in force of the policy document, and what came of
+/// its reloads.
+fn node_json(state: &AdminState) -> serde_json::Value {
+    let node = &state.node;
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+    let reloads = state
+        .reloads
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    serde_json::json!({
+        "name": node.name,
+        "region": node.region,
+        "peer_id": node.peer_id,
+        "p2p_addrs": node.p2p_addrs,
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": node.started.elapsed().as_secs(),
+        "reloads": {
+            "done": reloads.done,
+            "failed": reloads.failed,
+            "last_error": reloads.last_error,
+            "restart_needed": reloads.restart_needed,
+        },
+        "policy_in_force": state.in_force.as_deref().map(|p| serde_json::json!({
+            "changes": load(&p.changes),
+            "users": load(&p.users),
+            "acl_rules": load(&p.acl_rules),
+            "residency_rules": load(&p.residency_rules),
+        })),
+    })
 }
 
 /// `?offset=N&limit=N&q=TEXT` of a listing: a page of it, of the entries that hold TEXT.

@@ -10,6 +10,7 @@ pub mod link_queue;
 pub mod outbox;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
 use meridian_core::broker::{
@@ -174,6 +175,38 @@ pub enum PolicyChange {
         node_regions: std::collections::BTreeMap<NodeId, String>,
         reply: oneshot::Sender<()>,
     },
+}
+
+/// What the broker has in force of the cluster policy document, as the task that follows it
+/// last put there. The admin API reports it (`/api/node`, `policy_in_force`), so that an
+/// operator, or a test, can wait for a change to be in force rather than only in the
+/// document.
+#[derive(Debug, Default)]
+pub struct PolicyInForce {
+    /// Changes put in force since the start.
+    pub changes: AtomicU64,
+    /// Users.
+    pub users: AtomicU64,
+    /// Access rules.
+    pub acl_rules: AtomicU64,
+    /// Data-residency rules.
+    pub residency_rules: AtomicU64,
+}
+
+/// What came of the reloads of the configuration (SIGHUP, [`crate::Server::reload`]), as the
+/// admin API reports it (`/api/node`, `reloads`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReloadStatus {
+    /// Reloads applied.
+    pub done: u64,
+    /// Reloads refused (the configuration or a file it names could not be read), which
+    /// changed nothing.
+    pub failed: u64,
+    /// Why the last reload was refused, if it was.
+    pub last_error: Option<String>,
+    /// The configuration last read differs beyond `[auth]` and `[acl]`: that waits for a
+    /// restart.
+    pub restart_needed: bool,
 }
 
 /// A cheap handle to the broker task.

@@ -30,7 +30,7 @@ pub mod tokens;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
 use automerge::ActorId;
@@ -216,6 +216,8 @@ enum Cmd {
 pub struct PolicyHandle {
     tx: mpsc::Sender<Cmd>,
     snapshot: watch::Receiver<Snapshot>,
+    /// Shared with the task ([`PolicyHandle::compaction_waits_for`]).
+    waiting: Arc<Mutex<Vec<String>>>,
     /// `policy.max_document_bytes`: what a policy stream takes at most in one message.
     max_document_bytes: usize,
 }
@@ -287,7 +289,9 @@ impl PolicyHandle {
         let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(doc.epoch(), policy));
         let (tx, rx) = mpsc::channel(QUEUE);
         let max_document_bytes = settings.max_document_bytes;
+        let waiting = Arc::new(Mutex::new(Vec::new()));
         let task = PolicyTask {
+            waiting: waiting.clone(),
             doc,
             path,
             settings,
@@ -301,8 +305,18 @@ impl PolicyHandle {
         Ok(Self {
             tx,
             snapshot,
+            waiting,
             max_document_bytes,
         })
+    }
+
+    /// The nodes a compaction that is due waits for: those that do not hold this node's
+    /// document yet (cut off, or behind). Empty when none is due, or none is waited for.
+    pub fn compaction_waits_for(&self) -> Vec<String> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The largest document it takes (`policy.max_document_bytes`).
@@ -398,6 +412,9 @@ struct PolicyTask {
     /// When each peer last sent a policy message (ms since the Unix epoch).
     last_seen: HashMap<String, i64>,
     started_ms: i64,
+    /// The nodes the last compaction check found without this node's document, while one
+    /// was due ([`PolicyHandle::compaction_waits_for`]).
+    waiting: Arc<Mutex<Vec<String>>>,
 }
 
 /// A policy stream to a peer.
@@ -607,6 +624,7 @@ impl PolicyTask {
     /// smallest peer id among the document's nodes), there is something to compact, and
     /// every other node of the document holds the same document.
     fn compaction_due(&mut self) -> bool {
+        self.set_waiting(Vec::new());
         let policy = self.doc.policy();
         let me = self.settings.peer_id.as_deref();
         // One node compacts: the smallest of the document's nodes, if it is one of them.
@@ -643,13 +661,20 @@ impl PolicyTask {
                 })
             })
             .collect();
-        if !behind.is_empty() {
-            debug!(
-                nodes = ?behind,
-                "policy compaction waits for every node to hold the same document"
-            );
+        if behind.is_empty() {
+            return true;
         }
-        behind.is_empty()
+        debug!(
+            nodes = ?behind,
+            "policy compaction waits for every node to hold the same document"
+        );
+        let behind = behind.into_iter().cloned().collect();
+        self.set_waiting(behind);
+        false
+    }
+
+    fn set_waiting(&self, nodes: Vec<String>) {
+        *self.waiting.lock().unwrap_or_else(PoisonError::into_inner) = nodes;
     }
 
     /// Take out of the document the nodes no policy stream came from for

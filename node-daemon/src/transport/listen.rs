@@ -13,6 +13,7 @@ use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tracing::{Instrument, debug, info_span, warn};
 
+use crate::config::ListenerKind;
 use crate::mailbox::{ConnEvent, EngineHandle, ToEngine};
 use crate::transport::task::ConnectionTask;
 use crate::transport::wire::{StreamWire, WsWire};
@@ -118,7 +119,7 @@ pub fn bind(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpList
 /// One running listener's settings.
 #[derive(Clone)]
 pub struct ListenerSpec {
-    pub name: &'static str,
+    pub kind: ListenerKind,
     pub transport: Transport,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub max_packet_size: Option<u32>,
@@ -127,7 +128,7 @@ pub struct ListenerSpec {
 impl std::fmt::Debug for ListenerSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ListenerSpec")
-            .field("name", &self.name)
+            .field("kind", &self.kind)
             .field("transport", &self.transport)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
@@ -150,7 +151,7 @@ pub async fn accept_loop(
                 Ok(x) => x,
                 Err(e) => {
                     // Out of file descriptors and the like: note it and keep going.
-                    warn!(listener = spec.name, error = %e, "accept failed");
+                    warn!(listener = spec.kind.name(), error = %e, "accept failed");
                     tokio::task::yield_now().await;
                     continue;
                 }
@@ -162,7 +163,7 @@ pub async fn accept_loop(
                 .counters
                 .connections_rejected
                 .fetch_add(1, Ordering::Relaxed);
-            debug!(listener = spec.name, %peer, "max_connections reached, closing");
+            debug!(listener = spec.kind.name(), %peer, "max_connections reached, closing");
             drop(socket);
             continue;
         };
@@ -181,7 +182,7 @@ pub async fn accept_loop(
             let socket = match socket.into_std() {
                 Ok(s) => s,
                 Err(e) => {
-                    warn!(listener = spec.name, %peer, error = %e, "cannot take the socket over");
+                    warn!(listener = spec.kind.name(), %peer, error = %e, "cannot take the socket over");
                     continue;
                 }
             };
@@ -196,7 +197,7 @@ pub async fn accept_loop(
             }
         } else {
             let engine = engine.clone();
-            let span = info_span!("conn", listener = spec.name, %peer);
+            let span = info_span!("conn", listener = spec.kind.name(), %peer);
             let spec = spec.clone();
             tokio::spawn(
                 async move {

@@ -589,7 +589,11 @@ mod tests {
             .start()
             .await
             .unwrap();
-        let port = server.local_addr("tcp").unwrap().port().to_string();
+        let port = server
+            .local_addr(meridian_daemon::ListenerKind::Tcp)
+            .unwrap()
+            .port()
+            .to_string();
         let common = Cli::parse_from(["bench", "--port", &port, "--timeout", "10"]).common;
         let (start_tx, start) = watch::channel(false);
         let (stop_tx, stop) = watch::channel(false);

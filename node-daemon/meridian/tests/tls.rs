@@ -288,8 +288,10 @@ require_client_cert = true
         "{refused:?}"
     );
     let (_, metrics) = common::http(d.admin, "GET", "/metrics").await;
-    assert!(
-        metrics.contains(r#"meridian_logins_refused_total{reason="certificate_mismatch"} 1"#),
+    assert_eq!(
+        common::Metrics::parse(&metrics)
+            .get(r#"meridian_logins_refused_total{reason="certificate_mismatch"}"#),
+        Some(1.0),
         "{metrics}"
     );
 }

@@ -108,10 +108,9 @@ fn retained_messages(d: &Daemon) -> u64 {
         .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("meridian_retained_messages "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no retained-messages gauge in:\n{text}"))
+    common::Metrics::parse(&text)
+        .get("meridian_retained_messages")
+        .unwrap_or_else(|| panic!("no retained-messages gauge in:\n{text}")) as u64
 }
 
 #[test]

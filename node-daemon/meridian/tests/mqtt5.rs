@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{DEADLINE, Daemon, http, v5};
+use common::{DEADLINE, Daemon, v5};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{LastWill, LastWillProperties, PublishProperties};
 
@@ -101,16 +101,17 @@ async fn expired_retained_message_is_removed() {
     let deadline = Instant::now() + DEADLINE;
     let mut saw_two = false;
     loop {
-        let (_, metrics) = http(d.admin, "GET", "/metrics").await;
-        if metrics.contains("meridian_retained_messages 2") {
+        let metrics = common::Metrics::of(d.admin).await;
+        let retained = metrics.get("meridian_retained_messages");
+        if retained == Some(2.0) {
             saw_two = true;
         }
-        if saw_two && metrics.contains("meridian_retained_messages 1") {
+        if saw_two && retained == Some(1.0) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "retained message never expired:\n{metrics}"
+            "retained message never expired: {metrics:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -302,11 +302,9 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
         "[[acl.rules]]\npermission = \"deny\"\naction = \"publish\"\ntopic = \"public/#\"\n";
     std::fs::write(config, files_config_text(&file, deny_public)).unwrap();
     s.daemon.hangup();
-    let log = s
-        .daemon
-        .wait_for_log("reloaded the password file and ACL rules", 1)
-        .await;
-    assert!(log.contains("users=2"), "{log}");
+    let reloads = reloads_reach(&s.daemon, 1, 0).await;
+    assert_eq!(reloads["last_error"], serde_json::Value::Null, "{reloads}");
+    assert!(s.daemon.log_text().contains("users=2"));
 
     let (_, r) = login(port, V5, "carol1", Some("carol"), Some("oak")).await;
     assert!(!r.is_error(), "{r:?}");
@@ -329,17 +327,23 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
     let good = std::fs::read_to_string(config).unwrap();
     std::fs::write(config, "[acl]\ndefault = \"maybe\"\n").unwrap();
     s.daemon.hangup();
-    let log = s.daemon.wait_for_log("reload failed", 1).await;
-    assert!(log.contains("line 2"), "{log}");
+    let reloads = reloads_reach(&s.daemon, 1, 1).await;
+    assert!(
+        reloads["last_error"].as_str().unwrap().contains("line 2"),
+        "{reloads}"
+    );
     std::fs::write(config, &good).unwrap();
     let passwords = std::fs::read_to_string(&file).unwrap();
     std::fs::write(&file, format!("{passwords}not a user line\n")).unwrap();
     s.daemon.hangup();
-    let log = s.daemon.wait_for_log("reload failed", 2).await;
-    assert!(log.contains("line 3"), "{log}");
+    let reloads = reloads_reach(&s.daemon, 1, 2).await;
     assert!(
-        !log.contains("take effect at the next start"),
-        "only [auth] and [acl] changed so far: {log}"
+        reloads["last_error"].as_str().unwrap().contains("line 3"),
+        "{reloads}"
+    );
+    assert_eq!(
+        reloads["restart_needed"], false,
+        "only [auth] and [acl] changed so far: {reloads}"
     );
     std::fs::write(&file, passwords).unwrap();
     let (_, r) = login(port, V5, "carol2", Some("carol"), Some("oak")).await;
@@ -355,9 +359,18 @@ async fn sighup_reloads_the_password_file_and_acl_rules() {
         .replace("[acl]", "[limits]\nmax_inflight = 7\n\n[acl]");
     std::fs::write(config, moved).unwrap();
     s.daemon.hangup();
-    s.daemon
-        .wait_for_log("take effect at the next start", 1)
-        .await;
+    let reloads = reloads_reach(&s.daemon, 2, 2).await;
+    assert_eq!(reloads["restart_needed"], true, "{reloads}");
+}
+
+/// Wait until the daemon's reloads (`/api/node`) are `done` applied and `failed` refused;
+/// what it says of them.
+async fn reloads_reach(daemon: &Daemon, done: u64, failed: u64) -> serde_json::Value {
+    let node = common::wait_for_api(daemon.admin, "/api/node", "the reloads", |n| {
+        n["reloads"]["done"] == done && n["reloads"]["failed"] == failed
+    })
+    .await;
+    node["reloads"].clone()
 }
 
 /// With the policy document (the default), the files seed it once: SIGHUP reloads nothing
@@ -369,8 +382,14 @@ async fn sighup_with_the_policy_document_points_to_meridian_ctl() {
     let file = s._dir.path().join("passwd");
     std::fs::write(&file, format!("carol:{}\n", cheap_hash("oak"))).unwrap();
     s.daemon.hangup();
-    let log = s.daemon.wait_for_log("reload failed", 1).await;
-    assert!(log.contains("meridian ctl user|acl"), "{log}");
+    let reloads = reloads_reach(&s.daemon, 0, 1).await;
+    assert!(
+        reloads["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("meridian ctl user|acl"),
+        "{reloads}"
+    );
     let (_, r) = login(port, V5, "carol", Some("carol"), Some("oak")).await;
     assert_eq!(
         r,
@@ -446,13 +465,15 @@ topic = "secret/#"
     assert_eq!(p.topic, "public/status");
 
     // secret/r kept from the monitor; secret/status from both; secret/a/b from the monitor.
-    let (_, metrics) = common::http(daemon.admin, "GET", "/metrics").await;
-    assert!(
-        metrics.contains("meridian_deliveries_withheld_total 4"),
-        "{metrics}"
+    let metrics = common::Metrics::of(daemon.admin).await;
+    assert_eq!(
+        metrics.get("meridian_deliveries_withheld_total"),
+        Some(4.0),
+        "{metrics:?}"
     );
-    assert!(
-        metrics.contains("meridian_subscriptions_refused_total{reason=\"not_authorized\"} 1"),
-        "{metrics}"
+    assert_eq!(
+        metrics.get("meridian_subscriptions_refused_total{reason=\"not_authorized\"}"),
+        Some(1.0),
+        "{metrics:?}"
     );
 }

@@ -149,15 +149,12 @@ impl Node {
 }
 
 pub async fn node_info(admin: u16) -> serde_json::Value {
-    let (status, body) = http(admin, "GET", "/api/node").await;
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_str(&body).expect("node JSON")
+    super::api(admin, "/api/node").await
 }
 
+/// The value of `series` on a metrics page, 0 when absent.
 pub fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+    super::Metrics::parse(page).value(series)
 }
 
 /// Wait until `cond` holds or fail with `what` and the nodes' logs.

@@ -186,10 +186,11 @@ async fn crash_loses_no_acknowledged_qos1_message() {
 async fn crash_loses_no_acknowledged_qos1_message_with_a_commit_window() {
     let d = Daemon::start_with_config(Some("[storage]\ncommit_window_ms = 20\n"));
     let page = acknowledged_messages_survive_kill9(d).await;
+    let metrics = common::Metrics::parse(&page);
     let value = |name: &str| -> u64 {
-        page.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+        metrics
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} in\n{page}")) as u64
     };
     let (syncs, commits) = (
         value("meridian_storage_syncs_total"),

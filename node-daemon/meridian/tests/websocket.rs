@@ -166,8 +166,10 @@ async fn an_anonymous_listener_refuses_browsers_and_serves_other_clients() {
     assert_eq!(refusal_status(r), 403);
     rumqttc_ws_connects(d.ws).await;
     let (_, metrics) = common::http(d.admin, "GET", "/metrics").await;
-    assert!(
-        metrics.contains(r#"meridian_websocket_refused_total{reason="origin"} 1"#),
+    assert_eq!(
+        common::Metrics::parse(&metrics)
+            .get(r#"meridian_websocket_refused_total{reason="origin"}"#),
+        Some(1.0),
         "{metrics}"
     );
 }

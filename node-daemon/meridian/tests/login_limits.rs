@@ -88,9 +88,9 @@ fn rss_bytes(pid: u32) -> usize {
 }
 
 fn metric(text: &str, name: &str) -> usize {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} in {text}"))
+    common::Metrics::parse(text)
+        .get(name)
+        .unwrap_or_else(|| panic!("{name} in {text}")) as usize
 }
 
 /// Stream until the daemon stops reading (its end of the connection holds a full receive

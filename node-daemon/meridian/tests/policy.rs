@@ -8,7 +8,7 @@ mod common;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
-use common::mesh::{Node, cluster_key, metric, next_publish, wait_for};
+use common::mesh::{Node, cluster_key, metric, next_publish, node_info, wait_for};
 use common::{Daemon, cheap_hash, free_port, http, v3, v5};
 use meridian_tools::link_proxy::LinkProxy as Proxy;
 use rumqttc::QoS;
@@ -310,19 +310,18 @@ async fn a_residency_rule_keeps_messages_in_its_regions() {
     })
     .await;
     // A node's document changes first; then the change goes to its broker task, ahead of
-    // what its clients send next. The last change the log reports is the one in force
-    // (rules=0 was reported at start too, as the nodes met).
+    // what its clients send next: wait for the brokers to have it in force.
     wait_for(
         "a's and c's brokers to have no rule left",
         &[a, c],
         || async {
-            [a, c].iter().all(|n| {
-                n.log()
-                    .lines()
-                    .rev()
-                    .find(|l| l.contains("residency rules applied"))
-                    .is_some_and(|l| l.contains("rules=0"))
-            })
+            let mut left = Vec::new();
+            for n in [a, c] {
+                left.push(
+                    node_info(n.daemon.admin).await["policy_in_force"]["residency_rules"].clone(),
+                );
+            }
+            left.iter().all(|rules| *rules == 0)
         },
     )
     .await;
@@ -520,10 +519,16 @@ async fn the_document_is_compacted_once_every_node_holds_it() {
         ctl_ok(coordinator, &["user", "add", &format!("u{i}")], "pw\n");
     }
     ctl_ok(other, &["acl", "add", "deny", "publish", "ro/#"], "");
-    coordinator
-        .daemon
-        .wait_for_log("policy compaction waits for every node", 1)
-        .await;
+    wait_for(
+        "the coordinator to wait for the other node",
+        &both,
+        || async {
+            policy(coordinator).await["compaction_waits_for"]
+                .as_array()
+                .is_some_and(|w| w.iter().any(|n| *n == other.peer_id.as_str()))
+        },
+    )
+    .await;
     assert_eq!(policy(coordinator).await["epoch"], 0);
 
     // Linked again: the documents merge, then the coordinator compacts, and both take the
@@ -537,10 +542,12 @@ async fn the_document_is_compacted_once_every_node_holds_it() {
     let p = policy(&a).await;
     assert_eq!(p["users"].as_array().unwrap().len(), 6);
     assert_eq!(p["acl"][0]["topic"], "ro/#");
-    coordinator
-        .daemon
-        .wait_for_log("policy document compacted", 1)
-        .await;
+    assert!(
+        policy(coordinator).await["compaction_waits_for"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "waiting for no node any more"
+    );
     // The history is still there to read, and edits go on in the new epoch.
     let history = ctl_ok(other, &["history"], "");
     assert!(history.contains("user set u5"), "{history}");

@@ -156,7 +156,7 @@ fn sim_unknown_scenario_is_refused() {
 
 fn example_topology() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/topologies/three-regions.toml")
+        .join("../../examples/topologies/three-regions.toml")
 }
 
 #[test]

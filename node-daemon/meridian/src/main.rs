@@ -271,11 +271,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<DaemonConfig> {
 /// Read the configuration again and apply its `[auth]` and `[acl]` (SIGHUP). A configuration
 /// that cannot be read leaves everything as it was.
 async fn reload(args: &RunArgs, server: &Server) {
-    let reloaded = match load_config(args) {
-        Ok(config) => server.reload_auth(&config).await,
-        Err(e) => Err(e),
-    };
-    match reloaded {
+    match server.reload(|| load_config(args)).await {
         Ok(r) => {
             tracing::info!(
                 users = r.summary.users,

@@ -46,7 +46,10 @@ async fn in_process_clients_publish_and_subscribe() {
 async fn in_process_and_network_clients_see_each_other() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path()).await;
-    let port = server.local_addr("tcp").unwrap().port();
+    let port = server
+        .local_addr(meridian_daemon::ListenerKind::Tcp)
+        .unwrap()
+        .port();
     let mut net = v3::connect(v3::options("net", port)).await;
     net.subscribe("to-net", rumqttc::QoS::AtLeastOnce).await;
     let mut app = server.client().client_id("app").connect().await.unwrap();

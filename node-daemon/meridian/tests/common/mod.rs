@@ -252,24 +252,6 @@ impl Daemon {
             .expect("run kill");
         assert!(status.success());
     }
-
-    /// Wait (bounded) until the log holds `needle` `count` times; the log. The log is a
-    /// file the daemon appends to: it is read again every 20 ms, without holding up the
-    /// test's other tasks.
-    pub async fn wait_for_log(&self, needle: &str, count: usize) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let log = self.log_text();
-            if log.matches(needle).count() >= count {
-                return log;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{needle:?} not logged {count} times; log:\n{log}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 }
 
 impl Drop for Daemon {
@@ -602,6 +584,71 @@ pub mod raw {
 }
 
 /// A minimal HTTP/1.1 client for the admin API: (status, body).
+/// A metrics page, read line by line: each series (its name and labels, as the page writes
+/// them) and its value. A series is found by its whole name, never by searching the page:
+/// `meridian_connections` is not `meridian_connections_rejected_total`, and 2 is not 20.
+#[derive(Debug)]
+pub struct Metrics(std::collections::BTreeMap<String, f64>);
+
+impl Metrics {
+    pub fn parse(page: &str) -> Self {
+        Self(
+            page.lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter_map(|l| {
+                    let (series, value) = l.rsplit_once(' ')?;
+                    Some((series.to_owned(), value.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// The metrics page of the daemon whose admin API is on `admin`.
+    pub async fn of(admin: u16) -> Self {
+        let (status, page) = http(admin, "GET", "/metrics").await;
+        assert_eq!(status, 200, "{page}");
+        Self::parse(&page)
+    }
+
+    /// The value of `series` (`meridian_messages_dropped_total{reason="queue_full"}`), if the
+    /// page has it.
+    pub fn get(&self, series: &str) -> Option<f64> {
+        self.0.get(series).copied()
+    }
+
+    /// The value of `series`, 0 when the page does not have it (a family with no series
+    /// yet).
+    pub fn value(&self, series: &str) -> f64 {
+        self.get(series).unwrap_or(0.0)
+    }
+}
+
+/// The JSON the admin API on `admin` answers `GET path` with (status 200).
+pub async fn api(admin: u16, path: &str) -> serde_json::Value {
+    let (status, body) = http(admin, "GET", path).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {body}"))
+}
+
+/// Wait (bounded) until `cond` holds of what the admin API on `admin` answers `GET path`
+/// with; that answer.
+pub async fn wait_for_api(
+    admin: u16,
+    path: &str,
+    what: &str,
+    mut cond: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let value = api(admin, path).await;
+        if cond(&value) {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: {path} answers {value}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub async fn http(port: u16, method: &str, path: &str) -> (u16, String) {
     http_with(port, method, path, &[("host", "127.0.0.1")]).await
 }
