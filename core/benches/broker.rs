@@ -217,3 +217,124 @@ fn connect_and_subscribe(bencher: Bencher) {
         ));
     });
 }
+
+/// Two nodes of a deployment, `a` and `b`, linked, with what each wants known to the other:
+/// `b` has a subscriber on `bench/+/t` at `qos`, `a` a publisher. Returns the nodes, the
+/// publisher (on `a`) and the subscriber (on `b`).
+fn linked_pair(qos: QoS) -> (Broker, Broker, ConnId, ConnId) {
+    use meridian_core::broker::ClusterConfig;
+    use meridian_core::routes::NodeId;
+    let id = |n: &str| NodeId::new(n).expect("a node id");
+    let mut a = Broker::new(Config::default(), NOW);
+    let mut b = Broker::new(Config::default(), NOW);
+    a.enable_cluster(NOW, ClusterConfig::new(id("a"), 1, "ra"));
+    b.enable_cluster(NOW, ClusterConfig::new(id("b"), 1, "rb"));
+    let subscriber = client(&mut b, "sub", Some(("bench/+/t", qos)));
+    let publisher = client(&mut a, "pub", None);
+    a.handle_input(NOW, Input::PeerUp { peer: id("b") });
+    b.handle_input(NOW, Input::PeerUp { peer: id("a") });
+    // Time runs until the route batches and digests went both ways and nothing is in flight.
+    let step = |sender: &mut Broker, receiver: &mut Broker, from: &str, now: Timestamp| {
+        if sender.poll_timeout().is_some_and(|at| at <= now) {
+            sender.handle_input(now, Input::Timeout);
+        }
+        let frames = frames_out(sender);
+        if !frames.is_empty() {
+            let peer = id(from);
+            receiver.handle_input(now, Input::PeerFrames { peer, frames });
+        }
+    };
+    let mut now = NOW;
+    for _ in 0..100 {
+        now = now.plus_ms(10);
+        step(&mut a, &mut b, "a", now);
+        step(&mut b, &mut a, "b", now);
+    }
+    assert_eq!(a.nodes_for("bench/42/t"), [id("b")], "a knows what b wants");
+    (a, b, publisher, subscriber)
+}
+
+/// The frames a node sends its peers, read back as its peer reads them (the shell writes the
+/// bytes as they are; the peer's reader decodes them).
+fn frames_out(broker: &mut Broker) -> Vec<meridian_core::link::Frame> {
+    let mut reader = meridian_core::link::FrameReader::new(u32::MAX);
+    let mut frames = Vec::new();
+    while let Some(out) = broker.poll_output() {
+        if let Output::ToPeer { frame, .. } | Output::Broadcast { frame } = out {
+            frames.extend(reader.read(frame.bytes()).frames);
+        }
+    }
+    frames
+}
+
+/// One PUBLISH of 256 bytes from a client of one node to a client of another, per iteration:
+/// the publisher's node matches it and forwards it (QoS 1: through its outbox, a record), the
+/// other node delivers it (QoS 1: a duplicate mark, the subscriber's PUBACK) and acknowledges
+/// it, and the first takes the acknowledgement. Both nodes' work, and what their shells do
+/// with the frames: write the bytes they are given, read them back.
+#[divan::bench(consts = [0, 1])]
+fn forward_across_nodes<const QOS: u8>(bencher: Bencher) {
+    use meridian_core::routes::NodeId;
+    let qos = QoS::from_u8(QOS).expect("0 or 1");
+    let (mut a, mut b, publisher, subscriber) = linked_pair(qos);
+    let (from_a, from_b) = (NodeId::new("a").unwrap(), NodeId::new("b").unwrap());
+    let mut packet_id = 0u16;
+    bencher.bench_local(|| {
+        packet_id = packet_id % 60_000 + 1;
+        let data = publish_bytes("bench/42/t", qos, packet_id);
+        a.handle_input(
+            NOW,
+            Input::Bytes {
+                conn: publisher,
+                data: &data,
+            },
+        );
+        let frames = frames_out(&mut a);
+        b.handle_input(
+            NOW,
+            Input::PeerFrames {
+                peer: from_a.clone(),
+                frames,
+            },
+        );
+        let mut acks = Vec::new();
+        let mut reader = meridian_core::link::FrameReader::new(u32::MAX);
+        while let Some(out) = b.poll_output() {
+            match out {
+                Output::Send { conn, data } if conn == subscriber && qos == QoS::AtLeastOnce => {
+                    let mut buf = BytesMut::from(&data[..]);
+                    while let Ok(Some(Packet::Publish(p))) =
+                        codec::decode(&mut buf, ProtocolVersion::V5, u32::MAX)
+                    {
+                        acks.push(bytes_of(&Packet::PubAck(Ack::new(
+                            p.packet_id.unwrap_or(1),
+                        ))));
+                    }
+                }
+                Output::ToPeer { frame, .. } => {
+                    let read = reader.read(frame.bytes());
+                    if !read.frames.is_empty() {
+                        a.handle_input(
+                            NOW,
+                            Input::PeerFrames {
+                                peer: from_b.clone(),
+                                frames: read.frames,
+                            },
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        for ack in acks {
+            b.handle_input(
+                NOW,
+                Input::Bytes {
+                    conn: subscriber,
+                    data: &ack,
+                },
+            );
+        }
+        black_box((drain(&mut a), drain(&mut b)));
+    });
+}

@@ -60,6 +60,7 @@ pub mod acl;
 pub mod broker;
 pub mod codec;
 pub mod link;
+mod read;
 pub mod residency;
 pub mod retained;
 pub mod routes;

@@ -411,11 +411,8 @@ plain_file_fields!(u16, u32, u64, usize, bool, String);
 impl FileField for QoS {
     type Repr = u8;
     fn from_repr(repr: &u8) -> QoS {
-        match repr {
-            0 => QoS::AtMostOnce,
-            1 => QoS::AtLeastOnce,
-            _ => QoS::ExactlyOnce,
-        }
+        // Above 2 is refused by validation; read as the highest until then.
+        QoS::from_u8(*repr).unwrap_or(QoS::ExactlyOnce)
     }
 }
 

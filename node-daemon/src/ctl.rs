@@ -89,7 +89,9 @@ pub enum AclCommand {
         rule: RuleArgs,
     },
     /// What holds where no rule applies: allow or deny.
-    Default { permission: String },
+    Default {
+        permission: meridian_core::acl::Permission,
+    },
 }
 
 /// One access rule on the command line.
@@ -364,7 +366,7 @@ fn policy_edit(command: &CtlCommand) -> anyhow::Result<(Edit, Option<String>)> {
         }
         CtlCommand::Acl(AclCommand::Default { permission }) => (
             Edit::AclDefault {
-                permission: permission.clone(),
+                permission: *permission,
             },
             None,
         ),

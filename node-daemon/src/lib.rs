@@ -25,6 +25,7 @@ mod admin;
 mod auth;
 mod broker_thread;
 pub mod client;
+mod clock;
 pub mod config;
 mod ctl;
 mod edge;

@@ -1,9 +1,8 @@
 //! CONNECT, AUTH and DISCONNECT: authentication, takeover, session start and end, wills.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 
+use super::client_id::ClientId;
 use super::connection::{ConnState, OutboundAliases};
 use super::io::{ConnId, DisconnectCause, Event};
 use super::message::Message;
@@ -33,7 +32,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             connect.client_id = self.assign_client_id();
             assigned = true;
         }
-        if connect.client_id.len() > self.config.max_client_id_len {
+        if connect.client_id.len() > self.config.max_client_id_len
+            || ClientId::new(&connect.client_id).is_err()
+        {
             return self.refuse(
                 conn_id,
                 Some(client_id),
@@ -297,6 +298,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 DisconnectCause::ByServer(ReasonCode::SESSION_TAKEN_OVER),
             );
         }
+        let Ok(id) = ClientId::new(&connect.client_id) else {
+            // Checked as the CONNECT came.
+            return self.refuse(
+                conn_id,
+                Some(connect.client_id),
+                ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            );
+        };
         let existing = self.by_client_id.get(connect.client_id.as_str()).copied();
         if existing.is_none() && self.by_client_id.len() >= self.config.max_sessions {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::QUOTA_EXCEEDED);
@@ -306,18 +315,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             !connect.clean_start && self.session_elsewhere(&connect.client_id, username.as_deref());
         let (sid, session_present) = match existing {
             Some(sid) if !connect.clean_start => (sid, true),
-            None if elsewhere => (self.new_session(&connect.client_id, connect.protocol), true),
+            None if elsewhere => (self.new_session(id, connect.protocol), true),
             Some(sid) => {
                 self.end_session(sid);
-                (
-                    self.new_session(&connect.client_id, connect.protocol),
-                    false,
-                )
+                (self.new_session(id, connect.protocol), false)
             }
-            None => (
-                self.new_session(&connect.client_id, connect.protocol),
-                false,
-            ),
+            None => (self.new_session(id, connect.protocol), false),
         };
 
         let requested_expiry = if v5 {
@@ -455,8 +458,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if let Some(conn) = self.conns.get_mut(&conn_id) {
             self.timers
                 .remove(&(conn.connect_deadline, Timer::ConnectTimeout(conn_id)));
-            if keep_alive > 0 {
-                let deadline = self.now.plus_ms(u64::from(keep_alive) * 1500);
+            if let Some(deadline) = conn.keep_alive_deadline_from(self.now) {
                 conn.keep_alive_timer = Some(deadline);
                 self.timers.insert((deadline, Timer::KeepAlive(conn_id)));
             }
@@ -466,8 +468,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    pub(super) fn new_session(&mut self, client_id: &str, protocol: ProtocolVersion) -> SessionId {
-        let client_id: Arc<str> = client_id.into();
+    pub(super) fn new_session(
+        &mut self,
+        client_id: ClientId,
+        protocol: ProtocolVersion,
+    ) -> SessionId {
         let session = Session::new(client_id.clone(), protocol);
         let sid = match self.free_sessions.pop() {
             Some(sid) => {
@@ -645,7 +650,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Let go of a session here: its subscriptions, records and slot (its timers are the
     /// caller's). Returns its client id.
-    pub(super) fn discard_session(&mut self, sid: SessionId) -> Option<Arc<str>> {
+    pub(super) fn discard_session(&mut self, sid: SessionId) -> Option<ClientId> {
         let client_id = self.session(sid)?.client_id.clone();
         self.unpersist_session(sid);
         self.drop_checkpoint(sid);
@@ -677,7 +682,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// A session shipped elsewhere leaves this node, but its slot keeps its subscriptions for
     /// a relay ([`super::cluster`]): its records and messages go (they travel in the
     /// transfer), and its client id is free here for a new session.
-    pub(super) fn vacate_session(&mut self, sid: SessionId) -> Option<Arc<str>> {
+    pub(super) fn vacate_session(&mut self, sid: SessionId) -> Option<ClientId> {
         let client_id = self.session(sid)?.client_id.clone();
         self.unpersist_session(sid);
         self.drop_checkpoint(sid);

@@ -126,10 +126,12 @@ impl Connection {
 
     /// When the keep alive runs out: 1.5 times the interval after the last packet.
     pub fn keep_alive_deadline(&self) -> Option<Timestamp> {
-        (self.keep_alive_secs > 0).then(|| {
-            self.last_packet_at
-                .plus_ms(u64::from(self.keep_alive_secs) * 1500)
-        })
+        self.keep_alive_deadline_from(self.last_packet_at)
+    }
+
+    /// When the keep alive runs out if the last packet came `at`.
+    pub fn keep_alive_deadline_from(&self, at: Timestamp) -> Option<Timestamp> {
+        (self.keep_alive_secs > 0).then(|| at.plus_ms(u64::from(self.keep_alive_secs) * 1500))
     }
 }
 

@@ -4,6 +4,7 @@
 //! drains its outputs; see the crate documentation for the drive loop.
 
 mod auth;
+mod client_id;
 mod cluster;
 mod config;
 mod connect;
@@ -30,6 +31,7 @@ use foldhash::fast::FixedState;
 pub use auth::{
     AllowAll, AuthOutcome, AuthRequest, Authenticator, Authorizer, ClientRef, FilterAccess,
 };
+pub use client_id::{ClientId, ClientIdError};
 pub use cluster::{
     ClusterConfig, ForgetError, ForgetReason, Forgotten, HomeRegion, LEAF_PREFIX, LeafError,
     PeerFault, PeerLimit, PeerLimits, PeerSummary,
@@ -173,7 +175,7 @@ pub struct Broker<A = Box<dyn Authenticator>, Z = Box<dyn Authorizer>> {
     conn_ids_reserved: u64,
     sessions: Vec<Option<Session>>,
     free_sessions: Vec<SessionId>,
-    by_client_id: FixedMap<Arc<str>, SessionId>,
+    by_client_id: FixedMap<ClientId, SessionId>,
     subs: SubscriptionIndex,
     retained: TopicTree<Arc<Message>>,
     /// Retained messages with an expiry, by deadline (entries of replaced messages are skipped).

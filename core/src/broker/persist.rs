@@ -38,6 +38,7 @@ use crate::codec::{
     self, Packet, ProtocolVersion, Publish, PublishProperties, QoS, RetainHandling,
     SubscriptionOptions,
 };
+use crate::read::Fields;
 use crate::retained::{Hlc, Stamp};
 use crate::routes::NodeId;
 
@@ -79,20 +80,20 @@ pub(crate) enum Key {
         topic: String,
     },
     Outbox {
-        peer: String,
+        peer: NodeId,
         seq: u64,
     },
     InboxMark {
-        origin: String,
+        origin: NodeId,
         incarnation: u64,
     },
     /// Where this node's replica of `node`'s route set stands (incarnation, version, hash).
     ReplicaPosition {
-        node: String,
+        node: NodeId,
     },
     /// One filter of this node's replica of `node`'s route set.
     ReplicaFilter {
-        node: String,
+        node: NodeId,
         filter: String,
     },
     /// The last-writer-wins stamp of a retained message (or of its deletion).
@@ -102,7 +103,7 @@ pub(crate) enum Key {
     /// A node forgotten here: its last incarnation, the next forward number for it, and when
     /// it was forgotten among the others (so the oldest are let go first after a restart).
     Forgotten {
-        node: String,
+        node: NodeId,
     },
     /// An open connection, kept so that it can be resumed.
     Connection {
@@ -125,7 +126,7 @@ pub(crate) enum Key {
     },
     /// A node that is a leaf of this one.
     Leaf {
-        node: String,
+        node: NodeId,
     },
     /// The claim on a client id that stands here.
     Claim {
@@ -140,7 +141,7 @@ pub(crate) enum Key {
     TransferTaken {
         client_id: String,
         claim: Stamp,
-        from: String,
+        from: NodeId,
     },
     /// In a shipped session: the identities of messages it was delivered while relays to
     /// it could come.
@@ -223,7 +224,7 @@ impl Key {
                 k.freeze()
             }
             Key::Outbox { peer, seq } => {
-                let mut k = with_client(b'O', peer, 8);
+                let mut k = with_client(b'O', peer.as_str(), 8);
                 k.put_u64(*seq);
                 k.freeze()
             }
@@ -231,14 +232,14 @@ impl Key {
                 origin,
                 incarnation,
             } => {
-                let mut k = with_client(b'M', origin, 8);
+                let mut k = with_client(b'M', origin.as_str(), 8);
                 k.put_u64(*incarnation);
                 k.freeze()
             }
-            Key::ReplicaPosition { node } => with_client(b'P', node, 0).freeze(),
-            Key::Forgotten { node } => with_client(b'G', node, 0).freeze(),
+            Key::ReplicaPosition { node } => with_client(b'P', node.as_str(), 0).freeze(),
+            Key::Forgotten { node } => with_client(b'G', node.as_str(), 0).freeze(),
             Key::Checkpoint { client_id } => with_client(b'K', client_id, 0).freeze(),
-            Key::Leaf { node } => with_client(b'L', node, 0).freeze(),
+            Key::Leaf { node } => with_client(b'L', node.as_str(), 0).freeze(),
             Key::Claim { client_id } => with_client(b'H', client_id, 0).freeze(),
             Key::Seen { client_id } => with_client(b'V', client_id, 0).freeze(),
             Key::Transfer { client_id, claim } => {
@@ -263,11 +264,11 @@ impl Key {
             } => {
                 let mut k = with_client(b'Y', client_id, 16 + claim.node.as_str().len());
                 put_stamp(&mut k, claim);
-                k.put_slice(from.as_bytes());
+                k.put_slice(from.as_str().as_bytes());
                 k.freeze()
             }
             Key::ReplicaFilter { node, filter } => {
-                let mut k = with_client(b'F', node, filter.len());
+                let mut k = with_client(b'F', node.as_str(), filter.len());
                 k.put_slice(filter.as_bytes());
                 k.freeze()
             }
@@ -296,6 +297,7 @@ impl Key {
 
     pub fn decode(mut k: &[u8]) -> Result<Key, RecordError> {
         let e = |d| err("key", d);
+        let node = |s: &str| NodeId::new(s).map_err(|_| err("key", "bad node id"));
         if k.is_empty() {
             return Err(e("empty key"));
         }
@@ -356,17 +358,23 @@ impl Key {
                 packet_id: k.get_u16(),
             },
             b'O' if k.len() == 8 => Key::Outbox {
-                peer: client_id,
+                peer: node(&client_id)?,
                 seq: k.get_u64(),
             },
             b'M' if k.len() == 8 => Key::InboxMark {
-                origin: client_id,
+                origin: node(&client_id)?,
                 incarnation: k.get_u64(),
             },
-            b'P' if k.is_empty() => Key::ReplicaPosition { node: client_id },
-            b'G' if k.is_empty() => Key::Forgotten { node: client_id },
+            b'P' if k.is_empty() => Key::ReplicaPosition {
+                node: node(&client_id)?,
+            },
+            b'G' if k.is_empty() => Key::Forgotten {
+                node: node(&client_id)?,
+            },
             b'K' if k.is_empty() => Key::Checkpoint { client_id },
-            b'L' if k.is_empty() => Key::Leaf { node: client_id },
+            b'L' if k.is_empty() => Key::Leaf {
+                node: node(&client_id)?,
+            },
             b'H' if k.is_empty() => Key::Claim { client_id },
             b'V' if k.is_empty() => Key::Seen { client_id },
             b'X' => {
@@ -389,7 +397,7 @@ impl Key {
             }
             b'Y' => {
                 let claim = get_stamp(&mut k)?;
-                let from = String::from_utf8(k.to_vec()).map_err(|_| e("node is not UTF-8"))?;
+                let from = node(std::str::from_utf8(k).map_err(|_| e("node is not UTF-8"))?)?;
                 Key::TransferTaken {
                     client_id,
                     claim,
@@ -397,7 +405,7 @@ impl Key {
                 }
             }
             b'F' => Key::ReplicaFilter {
-                node: client_id,
+                node: node(&client_id)?,
                 filter: String::from_utf8(k.to_vec()).map_err(|_| e("filter is not UTF-8"))?,
             },
             _ => return Err(e("unknown key kind")),
@@ -411,6 +419,19 @@ pub(crate) struct Reader<'a> {
     buf: &'a [u8],
 }
 
+impl<'a> Fields for Reader<'a> {
+    type Buf = &'a [u8];
+    type Error = RecordError;
+
+    fn buf(&mut self) -> &mut &'a [u8] {
+        &mut self.buf
+    }
+
+    fn fail(&self, detail: &'static str) -> RecordError {
+        err(self.kind, detail)
+    }
+}
+
 impl<'a> Reader<'a> {
     /// A reader of a value of `kind` that starts with the format byte.
     pub(crate) fn new(kind: &'static str, buf: &'a [u8]) -> Result<Self, RecordError> {
@@ -419,37 +440,6 @@ impl<'a> Reader<'a> {
             return Err(err(kind, "unknown format version"));
         }
         Ok(r)
-    }
-    fn need(&self, n: usize) -> Result<(), RecordError> {
-        if self.buf.len() < n {
-            Err(err(self.kind, "truncated"))
-        } else {
-            Ok(())
-        }
-    }
-    pub(crate) fn u8(&mut self) -> Result<u8, RecordError> {
-        self.need(1)?;
-        Ok(self.buf.get_u8())
-    }
-    fn u16(&mut self) -> Result<u16, RecordError> {
-        self.need(2)?;
-        Ok(self.buf.get_u16())
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32, RecordError> {
-        self.need(4)?;
-        Ok(self.buf.get_u32())
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64, RecordError> {
-        self.need(8)?;
-        Ok(self.buf.get_u64())
-    }
-    pub(crate) fn string(&mut self) -> Result<String, RecordError> {
-        let n = usize::from(self.u16()?);
-        self.need(n)?;
-        let s =
-            String::from_utf8(self.buf[..n].to_vec()).map_err(|_| err(self.kind, "not UTF-8"))?;
-        self.buf.advance(n);
-        Ok(s)
     }
     pub(crate) fn opt_string(&mut self) -> Result<Option<String>, RecordError> {
         Ok(if self.u8()? == 1 {
@@ -461,20 +451,6 @@ impl<'a> Reader<'a> {
     /// What is left of the value.
     pub(crate) fn rest(&self) -> &'a [u8] {
         self.buf
-    }
-    pub(crate) fn node(&mut self) -> Result<NodeId, RecordError> {
-        NodeId::new(&self.string()?).map_err(|_| err(self.kind, "bad node id"))
-    }
-    /// A stamp as [`put_stamp_value`] wrote it.
-    pub(crate) fn stamp(&mut self) -> Result<Stamp, RecordError> {
-        let hlc = Hlc {
-            wall_ms: self.u64()?,
-            logical: self.u32()?,
-        };
-        Ok(Stamp {
-            hlc,
-            node: self.node()?,
-        })
     }
     fn qos(&mut self) -> Result<QoS, RecordError> {
         QoS::from_u8(self.u8()?).ok_or(err(self.kind, "bad QoS"))
@@ -944,12 +920,12 @@ mod tests {
     #[test]
     fn only_deletions_of_acknowledged_forwards_and_old_marks_may_wait() {
         let outbox = Key::Outbox {
-            peer: "hkg-2".to_owned(),
+            peer: NodeId::new("hkg-2").unwrap(),
             seq: 7,
         }
         .encode();
         let mark = Key::InboxMark {
-            origin: "hkg-2".to_owned(),
+            origin: NodeId::new("hkg-2").unwrap(),
             incarnation: 3,
         }
         .encode();
@@ -1046,19 +1022,21 @@ mod tests {
                 topic: "t/x".into(),
             },
             Key::Outbox {
-                peer: "n1".into(),
+                peer: NodeId::new("n1").unwrap(),
                 seq: 3,
             },
             Key::InboxMark {
-                origin: "n1".into(),
+                origin: NodeId::new("n1").unwrap(),
                 incarnation: 2,
             },
             Key::RetainedStamp {
                 topic: "t/x".into(),
             },
-            Key::ReplicaPosition { node: "n1".into() },
+            Key::ReplicaPosition {
+                node: NodeId::new("n1").unwrap(),
+            },
             Key::ReplicaFilter {
-                node: "n1".into(),
+                node: NodeId::new("n1").unwrap(),
                 filter: "geo/+/#".into(),
             },
             Key::Connection { conn: 42 },
@@ -1069,7 +1047,7 @@ mod tests {
                 client_id: "c".into(),
             },
             Key::Leaf {
-                node: "edge-eu".into(),
+                node: NodeId::new("edge-eu").unwrap(),
             },
             Key::Claim {
                 client_id: "dev".into(),
@@ -1081,7 +1059,7 @@ mod tests {
             Key::TransferTaken {
                 client_id: "dev".into(),
                 claim: stamp(),
-                from: "fra-1".into(),
+                from: NodeId::new("fra-1").unwrap(),
             },
             Key::Relay {
                 client_id: "dev".into(),

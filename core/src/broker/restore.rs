@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
+use super::client_id::ClientId;
 use super::io::{ConnId, Timestamp};
 use super::persist::{self, ConnRecord, Key, QueuedRecord, RecordError, SessionRecord};
 use super::resume::Resuming;
@@ -158,7 +159,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 client_id,
                 claim,
                 from,
-            } => self.restore_taken(client_id, claim, &from),
+            } => self.restore_taken(client_id, claim, from),
             Key::Relay {
                 client_id,
                 claim,
@@ -256,7 +257,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let now = self.now;
         let mut pending = Pending::default();
         for (client_id, record) in sessions {
-            let sid = self.new_session(&client_id, record.protocol);
+            // Stored from a session, whose id was checked.
+            let Ok(id) = ClientId::new(&client_id) else {
+                continue;
+            };
+            let sid = self.new_session(id, record.protocol);
             let generation = self.next_generation();
             report.sessions += 1;
             let resumed = resuming.get(&client_id).map(|(conn, _)| *conn);

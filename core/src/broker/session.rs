@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use super::client_id::ClientId;
 use super::io::{ConnId, Timestamp};
 use super::message::{Delivery, Message};
 use crate::codec::{ProtocolVersion, SubscriptionOptions};
@@ -451,7 +452,7 @@ pub(crate) struct Will {
 
 #[derive(Debug)]
 pub(crate) struct Session {
-    pub client_id: Arc<str>,
+    pub client_id: ClientId,
     pub username: Option<Box<str>>,
     pub protocol: ProtocolVersion,
     pub conn: Option<ConnId>,
@@ -489,7 +490,7 @@ impl Session {
         self.queue.bytes() + self.inflight.bytes()
     }
 
-    pub fn new(client_id: Arc<str>, protocol: ProtocolVersion) -> Self {
+    pub fn new(client_id: ClientId, protocol: ProtocolVersion) -> Self {
         Self {
             client_id,
             username: None,

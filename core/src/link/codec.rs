@@ -9,8 +9,9 @@ use super::{
     SessionTransfer,
 };
 use crate::codec::{self as mqtt, Packet, ProtocolVersion};
+use crate::read::Fields;
 use crate::retained::{Hlc, Stamp};
-use crate::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
+use crate::routes::{Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use crate::topic::{Limits, TopicFilter, TopicName};
 
 /// Why a frame was refused.
@@ -524,40 +525,25 @@ struct Reader {
     frame: &'static str,
 }
 
-impl Reader {
-    fn bad(&self, detail: &'static str) -> LinkError {
+impl Fields for Reader {
+    type Buf = Bytes;
+    type Error = LinkError;
+
+    fn buf(&mut self) -> &mut Bytes {
+        &mut self.buf
+    }
+
+    fn fail(&self, detail: &'static str) -> LinkError {
         LinkError::Malformed {
             frame: self.frame,
             detail,
         }
     }
+}
 
-    fn need(&self, n: usize) -> Result<(), LinkError> {
-        if self.buf.len() < n {
-            Err(self.bad("truncated"))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn u8(&mut self) -> Result<u8, LinkError> {
-        self.need(1)?;
-        Ok(self.buf.get_u8())
-    }
-
-    fn u16(&mut self) -> Result<u16, LinkError> {
-        self.need(2)?;
-        Ok(self.buf.get_u16())
-    }
-
-    fn u32(&mut self) -> Result<u32, LinkError> {
-        self.need(4)?;
-        Ok(self.buf.get_u32())
-    }
-
-    fn u64(&mut self) -> Result<u64, LinkError> {
-        self.need(8)?;
-        Ok(self.buf.get_u64())
+impl Reader {
+    fn bad(&self, detail: &'static str) -> LinkError {
+        self.fail(detail)
     }
 
     /// An item count, refused if the items (at least `min_item` bytes each) cannot fit in
@@ -568,17 +554,6 @@ impl Reader {
             return Err(self.bad("item count larger than the frame"));
         }
         Ok(n)
-    }
-
-    fn string(&mut self) -> Result<String, LinkError> {
-        let n = usize::from(self.u16()?);
-        self.need(n)?;
-        let bytes = self.buf.split_to(n);
-        let s = std::str::from_utf8(&bytes).map_err(|_| self.bad("string is not UTF-8"))?;
-        if s.contains('\0') {
-            return Err(self.bad("string contains U+0000"));
-        }
-        Ok(s.to_owned())
     }
 
     /// The rest of the frame as one MQTT 5.0 PUBLISH, with its topic and without an alias.
@@ -599,17 +574,6 @@ impl Reader {
     fn bytes(&mut self) -> Result<Bytes, LinkError> {
         let n = self.count(1)?;
         Ok(self.buf.split_to(n))
-    }
-
-    fn stamp(&mut self) -> Result<Stamp, LinkError> {
-        let hlc = Hlc {
-            wall_ms: self.u64()?,
-            logical: self.u32()?,
-        };
-        Ok(Stamp {
-            hlc,
-            node: self.node()?,
-        })
     }
 
     fn claim(&mut self) -> Result<ClaimUpdate, LinkError> {
@@ -639,11 +603,6 @@ impl Reader {
             stamp,
             claim,
         })
-    }
-
-    fn node(&mut self) -> Result<NodeId, LinkError> {
-        let s = self.string()?;
-        NodeId::new(&s).map_err(|_| self.bad("invalid node id"))
     }
 
     fn owner(&mut self) -> Result<Owner, LinkError> {

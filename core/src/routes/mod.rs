@@ -32,7 +32,8 @@ pub use hash::{filter_hash, set_hash};
 pub const DELTA_MAX_BYTES: usize = 512 * 1024;
 pub use log::{RouteLog, SNAPSHOT_CHUNK_BYTES};
 pub use table::{
-    DeltaOutcome, NodeSet, Replica, ReplicaLimit, ReplicaLimits, RouteTable, SnapshotOutcome,
+    DeltaOutcome, FilterChange, NodeSet, Replica, ReplicaLimit, ReplicaLimits, RouteTable,
+    SnapshotOutcome,
 };
 
 /// A node of the deployment, named by the shell (e.g. `euc1-a` or a libp2p peer id).

@@ -172,7 +172,7 @@ pub struct RouteTable {
     trie: FilterTrie<NodeSet>,
     /// Filters added to (`true`) or removed from (`false`) replicas, for a shell that keeps
     /// replicas in storage ([`RouteTable::journal`]); `None` when nobody reads it.
-    journal: Option<Vec<(NodeId, Arc<str>, bool)>>,
+    journal: Option<Vec<FilterChange>>,
     limits: ReplicaLimits,
     /// Owners held within other limits than `limits` (a node's leaves).
     owner_limits: BTreeMap<NodeId, ReplicaLimits>,
@@ -216,8 +216,8 @@ impl RouteTable {
         self
     }
 
-    /// The filter changes since the last call: (owner node, filter, now present).
-    pub fn take_journal(&mut self) -> Vec<(NodeId, Arc<str>, bool)> {
+    /// The filter changes since the last call.
+    pub fn take_journal(&mut self) -> Vec<FilterChange> {
         self.journal
             .as_mut()
             .map(std::mem::take)
@@ -501,14 +501,24 @@ impl RouteTable {
     }
 }
 
-fn note(
-    journal: &mut Option<Vec<(NodeId, Arc<str>, bool)>>,
-    node: &NodeId,
-    filter: &Arc<str>,
-    present: bool,
-) {
+/// A filter that joined or left a replica ([`RouteTable::take_journal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterChange {
+    /// The replica's owner.
+    pub owner: NodeId,
+    /// The filter.
+    pub filter: Arc<str>,
+    /// Whether it is in the replica now.
+    pub present: bool,
+}
+
+fn note(journal: &mut Option<Vec<FilterChange>>, node: &NodeId, filter: &Arc<str>, present: bool) {
     if let Some(j) = journal {
-        j.push((node.clone(), filter.clone(), present));
+        j.push(FilterChange {
+            owner: node.clone(),
+            filter: filter.clone(),
+            present,
+        });
     }
 }
 

@@ -135,7 +135,7 @@ impl AdminAccess {
         // Off loopback the tokens cannot be empty at start; if all are removed later, nobody
         // gets in until one is added on a node that still takes requests.
         if self.loopback && self.tokens.is_empty() {
-            return Ok("local".to_owned());
+            return Ok(crate::policy::document::by::LOCAL.to_owned());
         }
         // The health check, and the status page, which holds no data (it asks for the token
         // and reads the API with it).

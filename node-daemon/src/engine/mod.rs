@@ -34,7 +34,7 @@ pub mod log;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use meridian_core::broker::Durability;
@@ -45,6 +45,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 use tracing::{debug, error, info, warn};
 
+use crate::clock::Clock;
 use crate::mailbox::{
     AdminRequest, ConnEvent, DaemonCounters, LinkEvent, MeshCmd, PeerWriter, PolicyChange,
     SendAuthenticator, SendAuthorizer, ToEngine,
@@ -77,23 +78,6 @@ const WAKE_SLACK: Duration = Duration::from_millis(1);
 /// The broker as the daemon runs it: with hooks that are `Send`, so that the broker, built on
 /// the blocking pool, may run on the broker thread.
 pub type DaemonBroker = Broker<SendAuthenticator, SendAuthorizer>;
-
-/// Wall-clock milliseconds since the Unix epoch (stable across restarts, as the core needs
-/// for persisted deadlines), never going backwards within a process.
-#[derive(Debug, Default)]
-pub struct Clock {
-    last: u64,
-}
-
-impl Clock {
-    pub fn now(&mut self) -> Timestamp {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        self.last = self.last.max(ms);
-        Timestamp(self.last)
-    }
-}
 
 /// The broker task's state.
 pub struct Engine {

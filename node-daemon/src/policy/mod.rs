@@ -38,7 +38,7 @@ use automerge::sync;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
-use document::{Author, DocError, Edit, EditError, HistoryEntry, Policy, PolicyDoc, TokenKind};
+use document::{Author, DocError, Edit, EditError, HistoryEntry, Policy, PolicyDoc, TokenKind, by};
 use tokens::TokenSet;
 
 /// The saved document's file name in the data directory.
@@ -168,7 +168,7 @@ impl Seed {
             })
             .collect();
         edits.push(Edit::AclDefault {
-            permission: self.acl.default_permission().to_string(),
+            permission: self.acl.default_permission(),
         });
         edits.extend(self.acl.rules().iter().map(|r| Edit::AclAdd {
             rule: document::RuleEntry::of(r),
@@ -254,7 +254,7 @@ impl PolicyHandle {
                 .with_context(|| format!("the policy document {}", path.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut doc = PolicyDoc::genesis(actor);
-                doc.apply(&settings.seed.edits(), &author("seed"), now)
+                doc.apply(&settings.seed.edits(), &author(by::SEED), now)
                     .context("seeding the policy document from the configuration's files")?;
                 info!(path = %path.display(), "policy document seeded from the files");
                 doc
@@ -269,7 +269,7 @@ impl PolicyHandle {
                 name: settings.node.clone(),
                 region: settings.region.clone(),
             };
-            doc.apply(&[me], &author("node"), now)
+            doc.apply(&[me], &author(by::NODE), now)
                 .context("recording this node in the policy document")?;
         }
         std::fs::create_dir_all(&settings.data_dir).with_context(|| {
@@ -609,7 +609,7 @@ impl PolicyTask {
                         name: self.settings.node.clone(),
                         region: self.settings.region.clone(),
                     };
-                    let _ = next.apply(&[me], &self.author("node".to_owned()), now_ms());
+                    let _ = next.apply(&[me], &self.author(by::NODE.to_owned()), now_ms());
                 }
                 session_in(&mut self.sessions, session, peer).their_epoch = Some(epoch);
                 self.switch(next).await;
@@ -701,7 +701,7 @@ impl PolicyTask {
         if gone.is_empty() {
             return;
         }
-        let author = self.author("expiry".to_owned());
+        let author = self.author(by::EXPIRY.to_owned());
         match self.doc.apply(&gone, &author, now) {
             Ok(true) => {
                 info!(
@@ -719,7 +719,7 @@ impl PolicyTask {
 
     /// Start the next epoch from this document.
     async fn compact(&mut self) {
-        let author = self.author("compaction".to_owned());
+        let author = self.author(by::COMPACTION.to_owned());
         let actor = match fresh_actor() {
             Ok(a) => a,
             Err(e) => {
@@ -802,7 +802,5 @@ fn fresh_actor() -> anyhow::Result<ActorId> {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    i64::try_from(crate::clock::unix_ms()).unwrap_or(i64::MAX)
 }

@@ -23,8 +23,9 @@ use super::{AuthDecisions, AuthFactory, Server};
 use crate::admin::{AdminAccess, AdminState, NodeInfo};
 use crate::auth::{AuthSetup, VerifyLimits};
 use crate::broker_thread::BrokerThread;
+use crate::clock::Clock;
 use crate::config::{DaemonConfig, ListenerConfig, ListenerKind, PolicySource};
-use crate::engine::{Clock, Engine, WriteLimits};
+use crate::engine::{Engine, WriteLimits};
 use crate::mailbox::{
     DaemonCounters, ENGINE_QUEUE, EngineHandle, MeshCmd, PolicyInForce, ReloadStatus, ToEngine,
 };

@@ -22,6 +22,7 @@ use crate::broker::session::SessionId;
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::ReasonCode;
 use crate::link::{Claim, ClaimUpdate, Frame};
+use crate::read::Fields;
 use crate::retained::Stamp;
 use crate::routes::NodeId;
 

@@ -148,13 +148,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     self.stats.dropped_peer_absent += evicted.len() as u64;
                     for seq in evicted {
                         let key = Key::Outbox {
-                            peer: node.to_string(),
+                            peer: node.clone(),
                             seq,
                         };
                         self.persist(key.encode(), None);
                     }
                     let key = Key::Outbox {
-                        peer: node.to_string(),
+                        peer: node.clone(),
                         seq: queued.seq,
                     };
                     self.persist(key.encode(), Some(queued.frame.into_bytes()));
@@ -223,7 +223,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.deliver_local(message);
             self.end_routing();
             let key = Key::InboxMark {
-                origin: origin.node.to_string(),
+                origin: origin.node.clone(),
                 incarnation: origin.incarnation,
             };
             self.persist(key.encode(), Some(InboxMark { seq, qos }.encode()));
@@ -236,7 +236,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else { return };
         for (origin, incarnation) in c.inbox.take_forgotten() {
             let key = Key::InboxMark {
-                origin: origin.to_string(),
+                origin: origin.clone(),
                 incarnation,
             };
             self.persist(key.encode(), None);

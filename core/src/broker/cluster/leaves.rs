@@ -252,10 +252,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         c.make_leaf(node);
         self.persist(
-            Key::Leaf {
-                node: node.to_string(),
-            }
-            .encode(),
+            Key::Leaf { node: node.clone() }.encode(),
             Some(crate::broker::persist::marker()),
         );
         self.arm_route_flush();
@@ -283,13 +280,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         c.drop_leaf(node);
-        self.persist(
-            Key::Leaf {
-                node: node.to_string(),
-            }
-            .encode(),
-            None,
-        );
+        self.persist(Key::Leaf { node: node.clone() }.encode(), None);
         self.arm_route_flush();
     }
 

@@ -200,7 +200,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 for seq in done {
                     self.persist(
                         Key::Outbox {
-                            peer: peer.to_string(),
+                            peer: peer.clone(),
                             seq,
                         }
                         .encode(),

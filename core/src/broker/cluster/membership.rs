@@ -98,7 +98,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let dropped: Vec<u64> = peer.outbox.seqs().collect();
         for seq in &dropped {
             let key = Key::Outbox {
-                peer: node.to_string(),
+                peer: node.clone(),
                 seq: *seq,
             };
             self.persist(key.encode(), None);
@@ -141,22 +141,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             record.extend_from_slice(&word.to_be_bytes());
         }
         self.persist(
-            Key::Forgotten {
-                node: node.to_string(),
-            }
-            .encode(),
+            Key::Forgotten { node: node.clone() }.encode(),
             Some(record.into()),
         );
         self.let_go(let_go);
         self.persist_replica(node, false);
         self.forget_leaf(node);
-        self.persist(
-            Key::ReplicaPosition {
-                node: node.to_string(),
-            }
-            .encode(),
-            None,
-        );
+        self.persist(Key::ReplicaPosition { node: node.clone() }.encode(), None);
         self.stats.dropped_peer_forgotten += dropped as u64;
         self.stats.peers_forgotten += 1;
         self.event(Event::PeerForgotten {
@@ -176,20 +167,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// marks unless they came back since.
     fn let_go(&mut self, nodes: Vec<NodeId>) {
         for old in nodes {
-            self.persist(
-                Key::Forgotten {
-                    node: old.to_string(),
-                }
-                .encode(),
-                None,
-            );
+            self.persist(Key::Forgotten { node: old.clone() }.encode(), None);
             let Some(c) = &mut self.cluster else { return };
             if c.knows(&old) {
                 continue;
             }
             for incarnation in c.inbox.forget(&old) {
                 let key = Key::InboxMark {
-                    origin: old.to_string(),
+                    origin: old.clone(),
                     incarnation,
                 };
                 self.persist(key.encode(), None);
@@ -211,13 +196,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.forgotten.retain(|f| !back.contains(&f.node));
         let let_go = c.trim_forgotten();
         for node in back {
-            self.persist(
-                Key::Forgotten {
-                    node: node.to_string(),
-                }
-                .encode(),
-                None,
-            );
+            self.persist(Key::Forgotten { node: node.clone() }.encode(), None);
         }
         self.let_go(let_go);
     }

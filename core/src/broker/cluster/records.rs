@@ -20,21 +20,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let position = c.table.replica(node).map(|r| r.position());
         // Leaves see what the mesh and the other leaves want.
-        for (owner, filter, present) in &changes {
-            c.replica_interest(owner, filter, *present);
+        for change in &changes {
+            c.replica_interest(&change.owner, &change.filter, change.present);
         }
-        for (owner, filter, present) in changes {
+        for change in changes {
             let key = Key::ReplicaFilter {
-                node: owner.to_string(),
-                filter: filter.to_string(),
+                node: change.owner.clone(),
+                filter: change.filter.to_string(),
             };
-            self.persist(key.encode(), present.then(Bytes::new));
+            self.persist(key.encode(), change.present.then(Bytes::new));
         }
         self.arm_route_flush();
         if let Some(position) = position {
-            let key = Key::ReplicaPosition {
-                node: node.to_string(),
-            };
+            let key = Key::ReplicaPosition { node: node.clone() };
             let value = Bytes::copy_from_slice(&position.to_bytes());
             self.persist(key.encode(), Some(value));
         }
@@ -64,7 +62,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         match key {
             Key::Outbox { peer, seq } => {
-                let node = NodeId::new(peer).map_err(|_| bad("peer id"))?;
+                let node = peer.clone();
                 let mut buf = BytesMut::from(value);
                 match link::decode(&mut buf, DEFAULT_MAX_FRAME_LEN) {
                     Ok(Some(Frame::Forward(f))) if f.seq == *seq && buf.is_empty() => {
@@ -108,7 +106,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 origin,
                 incarnation,
             } => {
-                let node = NodeId::new(origin).map_err(|_| bad("origin id"))?;
+                let node = origin.clone();
                 let mark = InboxMark::decode(value).ok_or_else(|| bad("inbox mark"))?;
                 c.inbox.restore(
                     &Owner {
@@ -121,24 +119,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 Ok(true)
             }
             Key::ReplicaPosition { node } => {
-                let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
+                let node = node.clone();
                 let position =
                     RoutePosition::from_bytes(value).ok_or_else(|| bad("replica position"))?;
                 c.table.restore_position(&node, position);
                 Ok(true)
             }
             Key::ReplicaFilter { node, filter } => {
-                let node = NodeId::new(node).map_err(|_| bad("replica node id"))?;
+                let node = node.clone();
                 c.table.restore_filter(&node, filter);
                 Ok(true)
             }
             Key::Leaf { node } => {
-                let node = NodeId::new(node).map_err(|_| bad("leaf node id"))?;
+                let node = node.clone();
                 self.restore_leaf(&node);
                 Ok(true)
             }
             Key::Forgotten { node } => {
-                let node = NodeId::new(node).map_err(|_| bad("forgotten node id"))?;
+                let node = node.clone();
                 let words = <[u8; 24]>::try_from(value).map_err(|_| bad("forgotten node"))?;
                 let word = |i: usize| {
                     let mut w = [0; 8];

@@ -25,6 +25,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::Cluster;
 use super::forward::{link_message, link_publish};
 use super::trust::PeerFault;
+use crate::broker::ClientId;
 use crate::broker::io::Timestamp;
 use crate::broker::message::Delivery;
 use crate::broker::persist::{self, Key, RecordError};
@@ -32,6 +33,7 @@ use crate::broker::session::SessionId;
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::QoS;
 use crate::link::{Frame, FrameKind, MessageId, SessionRelay};
+use crate::read::Fields;
 use crate::retained::Stamp;
 use crate::routes::{NodeId, Owner};
 
@@ -100,7 +102,7 @@ pub(super) struct Moves {
     /// The relay of each session slot kept for one.
     by_sid: BTreeMap<SessionId, (String, Stamp)>,
     /// Sessions taken here that relays may still come for, by client id.
-    windows: BTreeMap<Arc<str>, Window>,
+    windows: BTreeMap<ClientId, Window>,
     answers: Vec<RoutedAnswer>,
     /// The token of the next fence.
     next_token: u64,
@@ -507,7 +509,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         seen: Vec<MessageId>,
     ) {
         let Some(c) = &mut self.cluster else { return };
-        let key: Arc<str> = client_id.into();
+        let Ok(key) = ClientId::new(client_id) else {
+            return;
+        };
         let w = c.moves.windows.entry(key).or_default();
         w.sources.entry((from.clone(), claim.clone())).or_insert(0);
         for id in seen {

@@ -249,7 +249,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.stats.residency_withheld += dropped.len() as u64;
         for (node, seq) in dropped {
             let key = crate::broker::persist::Key::Outbox {
-                peer: node.to_string(),
+                peer: node.clone(),
                 seq,
             };
             self.persist(key.encode(), None);

@@ -17,12 +17,14 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::trust::{PeerFault, PeerLimit};
+use crate::broker::ClientId;
 use crate::broker::io::Event;
 use crate::broker::message::Delivery;
 use crate::broker::persist::{self, Key, RecordError, SessionRecord};
 use crate::broker::session::{Inflight, InflightState, SessionId, SubscriptionEntry};
 use crate::broker::{Authenticator, Authorizer, Broker, ClientRef, FilterAccess, Timer};
 use crate::link::{Claim, Frame, SessionTransfer};
+use crate::read::Fields;
 use crate::retained::Stamp;
 use crate::routes::NodeId;
 use crate::topic::TopicFilter;
@@ -71,7 +73,7 @@ pub(super) struct Transfers {
     taken: VecDeque<TakenKey>,
     taken_set: BTreeSet<TakenKey>,
     /// Sessions of clients that resumed here, waited for from another node, by client id.
-    awaiting: BTreeMap<std::sync::Arc<str>, Awaiting>,
+    awaiting: BTreeMap<ClientId, Awaiting>,
 }
 
 impl Transfers {
@@ -343,7 +345,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Key::TransferTaken {
                 client_id: key.0,
                 claim: key.1,
-                from: key.2.to_string(),
+                from: key.2.clone(),
             }
             .encode(),
             Some(persist::marker()),
@@ -352,7 +354,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let key = Key::TransferTaken {
                 client_id,
                 claim,
-                from: from.to_string(),
+                from,
             };
             self.persist(key.encode(), None);
         }
@@ -648,8 +650,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// A taken-transfer marker read back from storage.
-    pub(in crate::broker) fn restore_taken(&mut self, client_id: String, claim: Stamp, from: &str) {
-        let Ok(from) = NodeId::new(from) else { return };
+    pub(in crate::broker) fn restore_taken(
+        &mut self,
+        client_id: String,
+        claim: Stamp,
+        from: NodeId,
+    ) {
         if let Some(c) = &mut self.cluster {
             c.transfers.remember_taken((client_id, claim, from));
         }

@@ -306,7 +306,7 @@ impl PolicyDoc {
             else {
                 continue;
             };
-            if note.author.by == "seed" {
+            if note.author.by == super::by::SEED {
                 continue;
             }
             let mut any = false;

@@ -99,6 +99,20 @@ impl TokenKind {
     }
 }
 
+/// Who made a change, where no admin token did: the names [`Author::by`] takes then.
+pub mod by {
+    /// What the files seeded a new document with.
+    pub const SEED: &str = "seed";
+    /// A node's own entry.
+    pub const NODE: &str = "node";
+    /// A new epoch.
+    pub const COMPACTION: &str = "compaction";
+    /// A node taken out of the document for want of news from it.
+    pub const EXPIRY: &str = "expiry";
+    /// A request without a token to an admin API on loopback that has none.
+    pub const LOCAL: &str = "local";
+}
+
 /// An access rule as the document holds it. Fields it does not know (written by a later
 /// version) are ignored, so that such a rule still counts here.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,7 +210,8 @@ pub enum Edit {
         rule: RuleEntry,
     },
     AclDefault {
-        permission: String,
+        #[serde(with = "as_text")]
+        permission: Permission,
     },
     /// Add a token or replace its hash (`hash` is the token's SHA-256, in hex).
     TokenSet {
@@ -265,11 +280,7 @@ impl Edit {
             Self::AclAdd { rule, .. } | Self::AclRemove { rule } => {
                 rule.rule().map_err(EditError::Invalid)?;
             }
-            Self::AclDefault { permission } => {
-                permission
-                    .parse::<Permission>()
-                    .map_err(|e| EditError::Invalid(e.to_string()))?;
-            }
+            Self::AclDefault { .. } => {}
             Self::TokenSet { name, hash, .. } => {
                 if !name_ok(name) {
                     return bad(format!(
@@ -368,9 +379,8 @@ fn check_filter(filter: &str) -> Result<(), EditError> {
 /// Who made an edit, and where: written in the change's message (the history).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Author {
-    /// The admin token's name, `seed` for what the files seeded, `node` for a node's own
-    /// entry, `compaction` for a new epoch, `local` for a request without a token to a node
-    /// on loopback that has none.
+    /// The admin token's name, or one of [`by`]'s names for the changes a node makes itself
+    /// or a request without a token to a node on loopback that has none.
     pub by: String,
     /// The node's name.
     pub node: String,
@@ -696,13 +706,8 @@ impl PolicyDoc {
                     REMOVED.to_owned(),
                 )?;
             }
-            Edit::AclDefault { permission } => {
-                let p: Permission =
-                    permission
-                        .parse()
-                        .map_err(|e: meridian_core::acl::RuleError| {
-                            EditError::Invalid(e.to_string())
-                        })?;
+            Edit::AclDefault { permission: p } => {
+                let p = *p;
                 if before.acl_default == Some(p) {
                     return Ok(false);
                 }
@@ -1000,3 +1005,27 @@ fn json<T: Serialize>(v: &T) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// A value written as its text (`Display`) and read back from it (`FromStr`), in the JSON of
+/// edits and change notes: a permission is `"allow"` or `"deny"`.
+mod as_text {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<T: Display, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}

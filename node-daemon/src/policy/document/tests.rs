@@ -272,7 +272,7 @@ fn a_deny_beats_a_concurrent_allow_of_the_same_rule() {
     edit(
         &mut a,
         Edit::AclDefault {
-            permission: "allow".into(),
+            permission: Permission::Allow,
         },
         3,
     )
@@ -280,7 +280,7 @@ fn a_deny_beats_a_concurrent_allow_of_the_same_rule() {
     edit(
         &mut b,
         Edit::AclDefault {
-            permission: "deny".into(),
+            permission: Permission::Deny,
         },
         3,
     )
@@ -563,7 +563,7 @@ fn edit_strategy() -> impl Strategy<Value = Edit> {
             rule: rule("allow", "all", t)
         }),
         perm.prop_map(|p| Edit::AclDefault {
-            permission: p.into()
+            permission: p.parse().expect("a permission")
         }),
         (kind.clone(), name.clone(), 0..3u8).prop_map(|(kind, n, h)| Edit::TokenSet {
             kind,
