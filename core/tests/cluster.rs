@@ -139,6 +139,18 @@ fn qos1_and_qos2_cross_a_cut_link_exactly_once_in_order() {
     assert_eq!(peer(&mesh.node("c").broker.peers(), "a").outbox_messages, 0);
 }
 
+/// Two nodes: a subscriber to `w/#` at QoS 2 on `a`, and a publisher on `c` whose client-id
+/// claim reached `a` already (what `c` sends `a` next is its forwards).
+fn subscriber_at_a_publisher_at_c() -> (Mesh, meridian_core::ConnId, meridian_core::ConnId) {
+    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
+    let sub = mesh.node("a").connect(V5, "sub");
+    mesh.node("a").subscribe(sub, "w/#", QoS::ExactlyOnce);
+    mesh.advance(50);
+    let publisher = mesh.node("c").connect(V5, "pub");
+    mesh.settle();
+    (mesh, sub, publisher)
+}
+
 /// What the receiving node stores for a forwarded message, and whether a shell may let it
 /// wait for a later fsync (`Durability::WithNext`): everything a QoS 1 forward to a subscriber
 /// without a stored session leaves may wait (after a power loss it may come once more, as QoS 1
@@ -147,13 +159,7 @@ fn qos1_and_qos2_cross_a_cut_link_exactly_once_in_order() {
 fn only_a_qos1_forwards_records_at_the_receiver_may_wait_for_the_disk() {
     use meridian_core::Output;
     use meridian_core::broker::Durability;
-    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
-    let sub = mesh.node("a").connect(V5, "sub");
-    mesh.node("a").subscribe(sub, "w/#", QoS::ExactlyOnce);
-    mesh.advance(50);
-    let publisher = mesh.node("c").connect(V5, "pub");
-    // The publisher's client-id claim reaches a first: only the forward is carried below.
-    mesh.settle();
+    let (mut mesh, sub, publisher) = subscriber_at_a_publisher_at_c();
     for (i, qos) in [QoS::AtLeastOnce, QoS::ExactlyOnce].into_iter().enumerate() {
         let w = mesh.node("c");
         w.publish(publisher, "w/x", &[i as u8], qos, false, i as u16 + 1);
@@ -186,12 +192,7 @@ fn only_a_qos1_forwards_records_at_the_receiver_may_wait_for_the_disk() {
 #[test]
 fn the_forwards_of_one_read_are_acknowledged_once_after_their_records() {
     use meridian_core::Output;
-    let mut mesh = Mesh::new(&["a", "c"], Config::default(), |_| {});
-    let sub = mesh.node("a").connect(V5, "sub");
-    mesh.node("a").subscribe(sub, "w/#", QoS::ExactlyOnce);
-    mesh.advance(50);
-    let publisher = mesh.node("c").connect(V5, "pub");
-    mesh.settle();
+    let (mut mesh, sub, publisher) = subscriber_at_a_publisher_at_c();
     for i in 0..5u16 {
         let w = mesh.node("c");
         w.publish(publisher, "w/x", &[i as u8], QoS::ExactlyOnce, false, i + 1);

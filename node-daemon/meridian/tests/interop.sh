@@ -106,7 +106,7 @@ mosquitto_sys() {
   local out
   out=$(mosquitto_sub -h 127.0.0.1 -p "$MQTT" -V mqttv5 -t '$SYS/broker/version' -t '$SYS/broker/clients/connected' -C 2 -W 10 -F '%r %t %p') || return 1
   echo "$out"
-  [ "$(echo "$out" | sort)" = "$(printf '1 $SYS/broker/clients/connected 1\n1 $SYS/broker/version meridian version %s' "$(grep -m1 '^version' "$HERE/../../Cargo.toml" | cut -d'"' -f2)")" ]
+  [ "$(echo "$out" | sort)" = "$(printf '1 $SYS/broker/clients/connected 1\n1 $SYS/broker/version meridian version %s' "$(grep -m1 '^version' "$HERE/../../../Cargo.toml" | cut -d'"' -f2)")" ]
 }
 
 check "mosquitto \$SYS topics" mosquitto_sys
