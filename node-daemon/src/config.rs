@@ -325,8 +325,8 @@ pub struct ListenerConfig {
 pub struct AdminConfig {
     pub enabled: bool,
     pub bind: SocketAddr,
-    /// A file whose first line is the bearer token every request but `GET /health` must
-    /// carry; required when `bind` is not a loopback address.
+    /// A file of bearer tokens, one per line (`#` comments allowed), one of which every
+    /// request but `GET /health` must carry; required when `bind` is not a loopback address.
     pub token_file: PathBuf,
     /// How long a client may take to send a request's headers before it is cut off.
     pub header_timeout_ms: u64,

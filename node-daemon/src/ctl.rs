@@ -25,7 +25,7 @@ pub struct CtlArgs {
     /// The node's admin API address (admin.bind).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
     pub admin: SocketAddr,
-    /// A file whose first line is the admin API's bearer token (the node's admin.token_file).
+    /// A token file (the node's admin.token_file will do): its first token is presented.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     #[command(subcommand)]

@@ -80,7 +80,7 @@ struct RunArgs {
     /// Admin HTTP address (ip:port).
     #[arg(long, value_name = "ADDR")]
     admin: Option<SocketAddr>,
-    /// A file whose first line is the admin API's bearer token (admin.token_file).
+    /// A file of the admin API's bearer tokens, one per line (admin.token_file).
     #[arg(long, value_name = "FILE")]
     admin_token_file: Option<PathBuf>,
     /// Data directory.
