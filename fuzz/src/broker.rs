@@ -820,7 +820,7 @@ impl Shell {
                     c.closed = true;
                     self.closed += 1;
                 }
-                Output::Persist { key, value } => match value {
+                Output::Persist { key, value, .. } => match value {
                     Some(v) => {
                         self.store.insert(key, v);
                     }
