@@ -77,6 +77,9 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
     if let Some(ms) = f.uint("sessionTransferWaitMs", js::MAX_SAFE_INTEGER)? {
         c.session_transfer_wait_ms = ms;
     }
+    if let Some(ms) = f.uint("sessionOrderWaitMs", js::MAX_SAFE_INTEGER)? {
+        c.session_order_wait_ms = ms;
+    }
     if let Some(ms) = f.uint("homeWaitMs", js::MAX_SAFE_INTEGER)? {
         c.home_wait_ms = ms;
     }

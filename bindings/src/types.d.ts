@@ -275,6 +275,11 @@ export interface ClusterConfig {
    */
   sessionTransferWaitMs?: number;
   /**
+   * A session that moved here holds back each node's QoS 1/2 messages at most this long while
+   * older ones of that node may still come by the node it left, so they arrive in order.
+   */
+  sessionOrderWaitMs?: number;
+  /**
    * Client ids pinned to a home region (`*` for any run of characters): their CONNECT is
    * answered once a node of that region granted it, after the node serving the client closed
    * its connection.

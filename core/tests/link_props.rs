@@ -177,6 +177,13 @@ fn frame() -> impl Strategy<Value = Frame> {
                     Frame::SessionTransfer(SessionTransfer {
                         client_id: client_id.clone(),
                         claim: claim.clone(),
+                        shipment: Stamp {
+                            hlc: Hlc {
+                                wall_ms: claim.hlc.wall_ms ^ 1,
+                                logical: index,
+                            },
+                            node: claim.node.clone(),
+                        },
                         index,
                         count,
                         records: records
@@ -186,8 +193,13 @@ fn frame() -> impl Strategy<Value = Frame> {
                     })
                 })
             }),
-        ("[a-z0-9]{0,12}", stamp())
-            .prop_map(|(client_id, claim)| Frame::SessionTaken { client_id, claim }),
+        ("[a-z0-9]{0,12}", stamp(), stamp()).prop_map(|(client_id, claim, shipment)| {
+            Frame::SessionTaken {
+                client_id,
+                claim,
+                shipment,
+            }
+        }),
         (
             "[a-z0-9]{0,12}",
             stamp(),
@@ -253,6 +265,13 @@ fn frame() -> impl Strategy<Value = Frame> {
                 client_id,
                 claim,
                 last,
+            }
+        }),
+        ("[a-z0-9]{0,12}", stamp(), node()).prop_map(|(client_id, claim, node)| {
+            Frame::SessionRelayCaughtUp {
+                client_id,
+                claim,
+                node,
             }
         }),
     ]

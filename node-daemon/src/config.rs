@@ -111,6 +111,7 @@ pub struct ClusterSection {
     pub peer_max_claims: usize,
     pub peer_max_transfer_bytes: usize,
     pub session_transfer_wait_ms: u64,
+    pub session_order_wait_ms: u64,
     /// `[[cluster.home]]`: client ids pinned to a home region.
     pub home: Vec<HomeSection>,
     pub home_wait_ms: u64,
@@ -954,6 +955,7 @@ partial!(PCluster {
     peer_max_claims: usize,
     peer_max_transfer_bytes: usize,
     session_transfer_wait_ms: u64,
+    session_order_wait_ms: u64,
     home: Vec<PHome>,
     home_wait_ms: u64,
     edge: PEdge,

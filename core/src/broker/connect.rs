@@ -311,11 +311,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::QUOTA_EXCEEDED);
         }
         // A session this client left on another node: it is shipped here (cluster mode).
-        let elsewhere =
-            !connect.clean_start && self.session_elsewhere(&connect.client_id, username.as_deref());
+        let elsewhere = (!connect.clean_start)
+            .then(|| self.session_elsewhere(&connect.client_id, username.as_deref()))
+            .flatten();
         let (sid, session_present) = match existing {
             Some(sid) if !connect.clean_start => (sid, true),
-            None if elsewhere => (self.new_session(id, connect.protocol), true),
+            None if elsewhere.is_some() => (self.new_session(id, connect.protocol), true),
             Some(sid) => {
                 self.end_session(sid);
                 (self.new_session(id, connect.protocol), false)
@@ -367,8 +368,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             !connect.clean_start,
             expiry > 0,
         );
-        if elsewhere {
-            self.await_transfer(sid);
+        if let Some(holder) = elsewhere {
+            self.await_transfer(sid, holder);
         }
         if expiry > 0 {
             // Stored record by record from now on.
@@ -656,6 +657,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.drop_checkpoint(sid);
         self.by_client_id.remove(&client_id);
         self.forget_transfer_wait(&client_id);
+        self.moved_session_left(&client_id);
         self.free_slot(sid);
         Some(client_id)
     }
@@ -688,6 +690,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.drop_checkpoint(sid);
         self.by_client_id.remove(&client_id);
         self.forget_transfer_wait(&client_id);
+        self.moved_session_left(&client_id);
         self.touch(sid);
         let session = self.session_mut(sid)?;
         session.inflight = Default::default();

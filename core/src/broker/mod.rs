@@ -77,6 +77,8 @@ enum Timer {
     Sys,
     /// The wait for a session shipped from another node is over.
     TransferWait(SessionId),
+    /// A session that moved here stops holding messages back for their order.
+    OrderWait(SessionId),
     /// A CONNECT waiting for its home region's grant waits no longer.
     HomeAnswer(ConnId),
     /// The earliest revocation a home region's deciding node waits for is due.
@@ -1041,6 +1043,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Timer::SubscribeFence => self.release_fences(),
             Timer::Sys => self.fire_sys(),
             Timer::TransferWait(session) => self.transfer_wait_over(session),
+            Timer::OrderWait(session) => self.order_wait_over(session),
             Timer::HomeAnswer(conn) => self.home_wait_over(conn),
             Timer::HomeRevoke => self.home_revokes_over(),
             Timer::RetainedExpiry => {

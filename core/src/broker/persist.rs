@@ -38,9 +38,10 @@ use crate::codec::{
     self, Packet, ProtocolVersion, Publish, PublishProperties, QoS, RetainHandling,
     SubscriptionOptions,
 };
+use crate::link::MessageId;
 use crate::read::Fields;
 use crate::retained::{Hlc, Stamp};
-use crate::routes::NodeId;
+use crate::routes::{NodeId, Owner};
 
 const FORMAT: u8 = 1;
 
@@ -132,19 +133,20 @@ pub(crate) enum Key {
     Claim {
         client_id: String,
     },
-    /// A session shipped to the node whose claim took it over.
+    /// A session shipped to the node whose claim took it over, by its shipment
+    /// ([`crate::link::SessionTransfer::shipment`]).
     Transfer {
         client_id: String,
-        claim: Stamp,
+        shipment: Stamp,
     },
     /// A shipped session taken here.
     TransferTaken {
         client_id: String,
-        claim: Stamp,
+        shipment: Stamp,
         from: NodeId,
     },
-    /// In a shipped session: the identities of messages it was delivered while relays to
-    /// it could come.
+    /// What a session that moved took (by the messages' identities) and, while it is
+    /// here, the relays it waits for; also inside a shipped session.
     Seen {
         client_id: String,
     },
@@ -153,6 +155,17 @@ pub(crate) enum Key {
         client_id: String,
         claim: Stamp,
         n: u64,
+    },
+    /// A relay's subscriptions (the session's, kept while the new node's routes spread).
+    RelaySlot {
+        client_id: String,
+        claim: Stamp,
+    },
+    /// A message a session that moved took while others could still bring it again.
+    Took {
+        client_id: String,
+        origin: Owner,
+        seq: u64,
     },
 }
 
@@ -242,9 +255,12 @@ impl Key {
             Key::Leaf { node } => with_client(b'L', node.as_str(), 0).freeze(),
             Key::Claim { client_id } => with_client(b'H', client_id, 0).freeze(),
             Key::Seen { client_id } => with_client(b'V', client_id, 0).freeze(),
-            Key::Transfer { client_id, claim } => {
-                let mut k = with_client(b'X', client_id, 16 + claim.node.as_str().len());
-                put_stamp(&mut k, claim);
+            Key::Transfer {
+                client_id,
+                shipment,
+            } => {
+                let mut k = with_client(b'X', client_id, 16 + shipment.node.as_str().len());
+                put_stamp(&mut k, shipment);
                 k.freeze()
             }
             Key::Relay {
@@ -257,13 +273,29 @@ impl Key {
                 k.put_u64(*n);
                 k.freeze()
             }
+            Key::RelaySlot { client_id, claim } => {
+                let mut k = with_client(b'B', client_id, 16 + claim.node.as_str().len());
+                put_stamp(&mut k, claim);
+                k.freeze()
+            }
+            Key::Took {
+                client_id,
+                origin,
+                seq,
+            } => {
+                let mut k = with_client(b'D', client_id, 16 + origin.node.as_str().len());
+                k.put_u64(origin.incarnation);
+                k.put_u64(*seq);
+                k.put_slice(origin.node.as_str().as_bytes());
+                k.freeze()
+            }
             Key::TransferTaken {
                 client_id,
-                claim,
+                shipment,
                 from,
             } => {
-                let mut k = with_client(b'Y', client_id, 16 + claim.node.as_str().len());
-                put_stamp(&mut k, claim);
+                let mut k = with_client(b'Y', client_id, 16 + shipment.node.as_str().len());
+                put_stamp(&mut k, shipment);
                 k.put_slice(from.as_str().as_bytes());
                 k.freeze()
             }
@@ -382,7 +414,30 @@ impl Key {
                 if !k.is_empty() {
                     return Err(e("bytes after the stamp"));
                 }
-                Key::Transfer { client_id, claim }
+                Key::Transfer {
+                    client_id,
+                    shipment: claim,
+                }
+            }
+            b'D' => {
+                if k.len() < 17 {
+                    return Err(e("bad message identity"));
+                }
+                let incarnation = k.get_u64();
+                let seq = k.get_u64();
+                let node = node(std::str::from_utf8(k).map_err(|_| e("node is not UTF-8"))?)?;
+                Key::Took {
+                    client_id,
+                    origin: Owner { node, incarnation },
+                    seq,
+                }
+            }
+            b'B' => {
+                let claim = get_stamp(&mut k)?;
+                if !k.is_empty() {
+                    return Err(e("bytes after the stamp"));
+                }
+                Key::RelaySlot { client_id, claim }
             }
             b'Z' => {
                 let claim = get_stamp(&mut k)?;
@@ -400,7 +455,7 @@ impl Key {
                 let from = node(std::str::from_utf8(k).map_err(|_| e("node is not UTF-8"))?)?;
                 Key::TransferTaken {
                     client_id,
-                    claim,
+                    shipment: claim,
                     from,
                 }
             }
@@ -711,15 +766,30 @@ pub(crate) fn decode_subscription(value: &[u8]) -> Result<SubscriptionEntry, Rec
 pub(crate) struct QueuedRecord {
     pub inflight: Option<(u16, InflightState)>,
     pub delivery: Delivery,
+    /// For a message held back for its origin's order: its identity in the deployment.
+    pub held: Option<MessageId>,
 }
 
+/// The state byte's flag for a held message's identity, which follows the subscription ids.
+const HELD: u8 = 0x80;
+
 pub(crate) fn encode_queued(inflight: Option<(u16, InflightState)>, delivery: &Delivery) -> Bytes {
+    encode_queued_held(inflight, delivery, None)
+}
+
+/// A queued message's record, with its identity if it is held back for its origin's order.
+pub(crate) fn encode_queued_held(
+    inflight: Option<(u16, InflightState)>,
+    delivery: &Delivery,
+    held: Option<&MessageId>,
+) -> Bytes {
     let mut v = BytesMut::with_capacity(64 + delivery.message.payload.len());
     v.put_u8(FORMAT);
+    let flag = if held.is_some() { HELD } else { 0 };
     match inflight {
-        None => v.put_u8(0),
-        Some((_, InflightState::AwaitAck)) => v.put_u8(1),
-        Some((_, InflightState::AwaitComp)) => v.put_u8(2),
+        None => v.put_u8(flag),
+        Some((_, InflightState::AwaitAck)) => v.put_u8(1 | flag),
+        Some((_, InflightState::AwaitComp)) => v.put_u8(2 | flag),
     }
     v.put_u16(inflight.map_or(0, |(id, _)| id));
     v.put_u8(delivery.qos as u8);
@@ -731,6 +801,11 @@ pub(crate) fn encode_queued(inflight: Option<(u16, InflightState)>, delivery: &D
     for id in ids.iter().take(usize::from(u16::MAX)) {
         v.put_u32(*id);
     }
+    if let Some((origin, seq)) = held {
+        put_string(&mut v, origin.node.as_str());
+        v.put_u64(origin.incarnation);
+        v.put_u64(*seq);
+    }
     put_message(&mut v, &delivery.message);
     v.freeze()
 }
@@ -738,6 +813,8 @@ pub(crate) fn encode_queued(inflight: Option<(u16, InflightState)>, delivery: &D
 pub(crate) fn decode_queued(value: &[u8]) -> Result<QueuedRecord, RecordError> {
     let mut r = Reader::new("queued message", value)?;
     let state = r.u8()?;
+    let is_held = state & HELD != 0;
+    let state = state & !HELD;
     let packet_id = r.u16()?;
     let inflight = match state {
         0 => None,
@@ -756,10 +833,18 @@ pub(crate) fn decode_queued(value: &[u8]) -> Result<QueuedRecord, RecordError> {
     for _ in 0..n {
         subscription_ids.push(r.u32()?);
     }
+    let held = if is_held {
+        let node = r.node()?;
+        let incarnation = r.u64()?;
+        Some((Owner { node, incarnation }, r.u64()?))
+    } else {
+        None
+    };
     let message = Arc::new(r.message()?);
     Ok(QueuedRecord {
         inflight,
         delivery: Delivery::new(message, qos, retain, subscription_ids, shared),
+        held,
     })
 }
 
@@ -862,14 +947,16 @@ pub(crate) fn marker() -> Bytes {
 /// one for the deletion of a forward its peer acknowledged (after a crash it is sent again
 /// and the peer drops it as a duplicate), of a duplicate mark the inbox let go of, or for a
 /// duplicate mark that only guards a QoS 0 or 1 message (after a crash, a forward its peer
-/// had no acknowledgement for yet is delivered again: at least once, as QoS 1 promises);
-/// before what follows for every other record. Read from the key's kind byte, which the
+/// had no acknowledgement for yet is delivered again: at least once, as QoS 1 promises), and
+/// for what a session that moved took (it rides with the record of the message it took, or
+/// of the acknowledgement that sends it on); before what follows for every other record. Read from the key's kind byte, which the
 /// encoder above writes first.
 pub(super) fn durability(key: &[u8], value: Option<&Bytes>) -> Durability {
     const OUTBOX: u8 = b'O';
     const INBOX_MARK: u8 = b'M';
+    const TOOK: u8 = b'D';
     let lazy = match (key.first(), value) {
-        (Some(&(OUTBOX | INBOX_MARK)), None) => true,
+        (Some(&(OUTBOX | INBOX_MARK)), None) | (Some(&TOOK), _) => true,
         (Some(&INBOX_MARK), Some(mark)) => {
             InboxMark::decode(mark).is_some_and(|m| m.qos != QoS::ExactlyOnce)
         }
@@ -1054,11 +1141,23 @@ mod tests {
             },
             Key::Transfer {
                 client_id: "dev".into(),
+                shipment: stamp(),
+            },
+            Key::RelaySlot {
+                client_id: "dev".into(),
                 claim: stamp(),
+            },
+            Key::Took {
+                client_id: "dev".into(),
+                origin: Owner {
+                    node: NodeId::new("fra-1").unwrap(),
+                    incarnation: 3,
+                },
+                seq: 77,
             },
             Key::TransferTaken {
                 client_id: "dev".into(),
-                claim: stamp(),
+                shipment: stamp(),
                 from: NodeId::new("fra-1").unwrap(),
             },
             Key::Relay {

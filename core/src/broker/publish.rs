@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::cluster::Moving;
 use super::io::ConnId;
 use super::message::{Delivery, Message};
 use super::persist::{self, Key};
@@ -356,12 +357,26 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn deliver(
         &mut self,
         sid: SessionId,
-        mut delivery: Delivery,
+        delivery: Delivery,
         detached: &mut Option<Arc<Message>>,
     ) {
-        if self.moving_delivery(sid, &delivery) {
-            return;
-        }
+        let hold = match self.moving_delivery(sid, &delivery) {
+            Moving::Deliver => None,
+            Moving::Handled => return,
+            Moving::Hold(id) => Some(id),
+        };
+        self.hand_to_session(sid, delivery, detached, hold);
+    }
+
+    /// [`Broker::deliver`] once the moves of sessions had their say: `hold`, the message's
+    /// identity if it is to be held back for its origin's order.
+    pub(super) fn hand_to_session(
+        &mut self,
+        sid: SessionId,
+        mut delivery: Delivery,
+        detached: &mut Option<Arc<Message>>,
+        hold: Option<crate::link::MessageId>,
+    ) {
         if delivery.qos != QoS::AtMostOnce && self.over_budget(delivery.message.weight()) {
             // It would be held (queued, or in flight until acknowledged).
             self.stats.dropped_memory_full += 1;
@@ -388,7 +403,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .and_then(|c| self.conns.get(&c))
             .map_or(0, |c| usize::from(c.send_window));
         if let Some(conn) = conn
-            && !self.awaits_transfer(sid)
+            && hold.is_none()
+            && !self.transfer_blocks(sid, delivery.qos)
             && session.queue.is_empty()
             && session.inflight.has_room(
                 window,
@@ -429,11 +445,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 client_id: session.client_id.to_string(),
                 seq,
             };
-            let value = persist::encode_queued(None, &delivery);
-            session.queue.push_back(Queued { delivery, seq });
+            let value = persist::encode_queued_held(None, &delivery, hold.as_ref());
+            session.queue.enqueue(hold, Queued { delivery, seq });
             self.persist(key.encode(), Some(value));
         } else {
-            session.queue.push_back(Queued { delivery, seq });
+            session.queue.enqueue(hold, Queued { delivery, seq });
         }
     }
 
@@ -593,7 +609,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 return;
             };
             let Some(conn) = session.conn else { return };
-            if self.awaits_transfer(sid) {
+            if self.transfer_blocks(sid, QoS::AtLeastOnce) {
                 // The session's messages in flight are on their way from another node.
                 return;
             }
@@ -608,16 +624,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.resend_inflight(sid, conn, pos);
                 continue;
             }
-            let next = session
+            let Some((weight, qos)) = session
                 .queue
-                .iter()
-                .next()
-                .map(|q| q.delivery.message.weight());
-            if !next.is_some_and(|w| {
-                session
-                    .inflight
-                    .has_room(window, w, self.config.max_inflight_bytes)
-            }) {
+                .front()
+                .map(|q| (q.delivery.message.weight(), q.delivery.qos))
+            else {
+                return;
+            };
+            if !session
+                .inflight
+                .has_room(window, weight, self.config.max_inflight_bytes)
+                || self.transfer_blocks(sid, qos)
+            {
                 return;
             }
             let now = self.now;

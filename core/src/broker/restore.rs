@@ -44,6 +44,8 @@ struct Records {
     aliases: BTreeMap<(u64, u16), String>,
     /// Clean sessions read from a checkpoint.
     checkpointed: BTreeSet<String>,
+    /// Relays' subscriptions: client id, claim, record.
+    relay_slots: Vec<(String, crate::retained::Stamp, Bytes)>,
 }
 
 /// What is left to do once every session is back.
@@ -104,6 +106,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.restore_subscriptions(records.subscriptions, &mut report);
         self.restore_messages(records.queued, &mut report);
         self.restore_incoming(records.incoming);
+        for (client_id, claim, value) in std::mem::take(&mut records.relay_slots) {
+            if let Err(e) = self.restore_relay_slot(&client_id, claim.clone(), &value) {
+                let key = Key::RelaySlot { client_id, claim };
+                report.unreadable.push((key.encode(), e));
+            }
+        }
         report.connections = self.resume_connections(resuming, aliases, &open);
         // The rules may have changed while the node was down.
         let sessions: Vec<SessionId> = self.by_client_id.values().copied().collect();
@@ -152,12 +160,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.restore_cluster_record(&k, value)?;
             }
             Key::Claim { client_id } => self.restore_claim(&client_id, value)?,
-            Key::Transfer { client_id, claim } => {
-                self.restore_transfer(&client_id, claim, value)?
-            }
+            Key::Transfer {
+                client_id,
+                shipment,
+            } => self.restore_transfer(&client_id, shipment, value)?,
             Key::TransferTaken {
                 client_id,
-                claim,
+                shipment: claim,
                 from,
             } => self.restore_taken(client_id, claim, from),
             Key::Relay {
@@ -165,12 +174,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 claim,
                 n,
             } => self.restore_relayed(client_id, claim, n, value)?,
-            Key::Seen { .. } => {
-                return Err(RecordError {
-                    kind: "seen messages",
-                    detail: "stored only inside a shipped session",
-                });
+            Key::Took {
+                client_id,
+                origin,
+                seq,
+            } => self.restore_took(&client_id, (origin, seq)),
+            Key::RelaySlot { client_id, claim } => {
+                out.relay_slots.push((client_id, claim, value.clone()))
             }
+            Key::Seen { client_id } => self.restore_seen(client_id, value)?,
             Key::Checkpoint { client_id } => {
                 let records = persist::unpack(value)?;
                 // Only the records of that one session.
@@ -337,6 +349,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.persist(Key::Queued { client_id, seq }.encode(), None);
                 continue;
             };
+            // Held back for its origin's order: held again while the session may still get
+            // older ones (else in its place: it was let go before the restart).
+            let held = record.held.filter(|_| self.may_get_older(&client_id));
             let Some(session) = self.session_mut(sid) else {
                 continue;
             };
@@ -352,10 +367,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     });
                 }
                 _ => {
-                    session.queue.push_back(Queued {
+                    let queued = Queued {
                         delivery: record.delivery,
                         seq,
-                    });
+                    };
+                    session.queue.enqueue(held, queued);
                 }
             }
             report.messages += 1;
@@ -387,6 +403,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// restart does not start their expiry (or will delay) over again; arm the wills; fire
     /// what is already due.
     fn finish_restore(&mut self, pending: Pending) {
+        self.restart_holds();
         // Forwards stored before a residency rule was added do not leave for its regions.
         self.purge_withheld_forwards();
         if self.routes_pending() {

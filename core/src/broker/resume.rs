@@ -309,7 +309,7 @@ pub(in crate::broker) fn session_records_where(
         let value = persist::encode_queued(Some((m.packet_id, m.state)), &m.delivery);
         records.push((key.encode(), value));
     }
-    for q in s.queue.iter() {
+    for (held, q) in s.queue.iter_marked() {
         if !keep(&q.delivery.message.topic) {
             left_out += 1;
             continue;
@@ -318,7 +318,8 @@ pub(in crate::broker) fn session_records_where(
             client_id: client_id(),
             seq: q.seq,
         };
-        records.push((key.encode(), persist::encode_queued(None, &q.delivery)));
+        let value = persist::encode_queued_held(None, &q.delivery, held);
+        records.push((key.encode(), value));
     }
     for packet_id in s.incoming_qos2.iter() {
         let key = Key::Incoming {

@@ -1,12 +1,14 @@
 //! Session state: what survives a connection (subscriptions, QoS 1/2 messages in flight and
 //! queued, incoming QoS 2 packet ids) for as long as the session lasts.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::client_id::ClientId;
 use super::io::{ConnId, Timestamp};
 use super::message::{Delivery, Message};
 use crate::codec::{ProtocolVersion, SubscriptionOptions};
+use crate::link::MessageId;
+use crate::routes::NodeId;
 use std::sync::Arc;
 
 /// Index of a session in the broker's session table.
@@ -306,38 +308,111 @@ pub(crate) struct Queued {
 /// never queued a message keeps no queue: its storage is boxed and made by the first message.
 /// An emptied queue keeps its storage: a subscriber that falls behind tends to do so again,
 /// and a queue that fills and drains at the message rate must not allocate each time.
+///
+/// Beside the messages ready to go, a session that just moved holds back the messages of the
+/// nodes that may still bring it older ones by its old node
+/// ([`crate::broker::cluster`]'s relays): they count as queued (limits, records, a move
+/// onward) but go only once released, each node's in its own order.
 #[derive(Debug, Default)]
 pub(crate) struct MessageQueue(Option<Box<QueueStore>>);
 
 #[derive(Debug, Default)]
 struct QueueStore {
     messages: VecDeque<Queued>,
-    /// The sum of the messages' weights.
+    /// Held back, in the order they came, with their identities in the deployment.
+    held: Vec<(MessageId, Queued)>,
+    /// The sum of the messages' weights, held ones included.
     bytes: usize,
 }
 
 impl MessageQueue {
+    /// Queued messages, held ones included.
     pub fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |q| q.messages.len())
+        self.0
+            .as_ref()
+            .map_or(0, |q| q.messages.len() + q.held.len())
     }
 
+    /// Messages held back.
+    pub fn held(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.held.len())
+    }
+
+    /// Whether no message is ready to go (held ones wait anyway).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.0.as_ref().is_none_or(|q| q.messages.is_empty())
     }
 
-    /// The queued messages' weight.
+    /// The queued messages' weight, held ones included.
     pub fn bytes(&self) -> usize {
         self.0.as_ref().map_or(0, |q| q.bytes)
     }
 
+    /// Every queued message: those ready to go, in order, then the held ones, each node's in
+    /// its order (a session that moves on takes them in this order).
     pub fn iter(&self) -> impl Iterator<Item = &Queued> {
-        self.0.iter().flat_map(|q| q.messages.iter())
+        self.iter_marked().map(|(_, m)| m)
+    }
+
+    /// As [`MessageQueue::iter`], with each held message's identity.
+    pub fn iter_marked(&self) -> impl Iterator<Item = (Option<&MessageId>, &Queued)> {
+        self.0.iter().flat_map(|q| {
+            let order = origin_order(q.held.iter().map(|(id, _)| id));
+            let held = order
+                .into_iter()
+                .map(|i| (Some(&q.held[i].0), &q.held[i].1));
+            q.messages.iter().map(|m| (None, m)).chain(held)
+        })
+    }
+
+    /// The next message ready to go.
+    pub fn front(&self) -> Option<&Queued> {
+        self.0.as_ref()?.messages.front()
     }
 
     pub fn push_back(&mut self, queued: Queued) {
         let store = self.0.get_or_insert_with(Box::default);
         store.bytes += queued.delivery.message.weight();
         store.messages.push_back(queued);
+    }
+
+    /// Queue a message, ready to go or (with its identity) held back.
+    pub fn enqueue(&mut self, held: Option<MessageId>, queued: Queued) {
+        match held {
+            Some(id) => self.hold(id, queued),
+            None => self.push_back(queued),
+        }
+    }
+
+    /// Queue a message held back until [`MessageQueue::release`] lets its origin go.
+    pub fn hold(&mut self, id: MessageId, queued: Queued) {
+        let store = self.0.get_or_insert_with(Box::default);
+        store.bytes += queued.delivery.message.weight();
+        store.held.push((id, queued));
+    }
+
+    /// Let the held messages whose origin `still_held` does not keep join the messages ready
+    /// to go, each origin's in its numbers' order. Returns how many went.
+    pub fn release(&mut self, still_held: impl Fn(&MessageId, &Queued) -> bool) -> usize {
+        let Some(store) = self.0.as_mut() else {
+            return 0;
+        };
+        if store.held.is_empty() {
+            return 0;
+        }
+        let (keep, go): (Vec<_>, Vec<_>) = std::mem::take(&mut store.held)
+            .into_iter()
+            .partition(|(id, m)| still_held(id, m));
+        store.held = keep;
+        let n = go.len();
+        let order = origin_order(go.iter().map(|(id, _)| id));
+        let mut go: Vec<Option<Queued>> = go.into_iter().map(|(_, m)| Some(m)).collect();
+        for i in order {
+            if let Some(m) = go[i].take() {
+                store.messages.push_back(m);
+            }
+        }
+        n
     }
 
     pub fn pop_front(&mut self) -> Option<Queued> {
@@ -347,28 +422,74 @@ impl MessageQueue {
         Some(queued)
     }
 
-    /// Take out the message with this sequence number.
+    /// Take out the message with this sequence number (held or not).
     pub fn remove_seq(&mut self, seq: u64) -> Option<Queued> {
         let store = self.0.as_mut()?;
-        let index = store.messages.iter().position(|q| q.seq == seq)?;
-        let queued = store.messages.remove(index)?;
+        let queued = match store.messages.iter().position(|q| q.seq == seq) {
+            Some(index) => store.messages.remove(index)?,
+            None => {
+                let index = store.held.iter().position(|(_, q)| q.seq == seq)?;
+                store.held.remove(index).1
+            }
+        };
         store.bytes -= queued.delivery.message.weight();
         Some(queued)
     }
 
-    /// Keep the messages for which `keep` is true, in order.
+    /// Keep the messages (held or not) for which `keep` is true, in order.
     pub fn retain(&mut self, mut keep: impl FnMut(&Queued) -> bool) {
         let Some(store) = self.0.as_mut() else {
             return;
         };
-        store.messages.retain(|q| {
+        let bytes = &mut store.bytes;
+        let mut keep = |q: &Queued| {
             let kept = keep(q);
             if !kept {
-                store.bytes -= q.delivery.message.weight();
+                *bytes -= q.delivery.message.weight();
             }
             kept
-        });
+        };
+        store.messages.retain(|q| keep(q));
+        store.held.retain(|(_, q)| keep(q));
     }
+
+    /// Drop the held messages `gone` names (taken by the session already, as it turned out),
+    /// and return their sequence numbers.
+    pub fn drop_held(&mut self, gone: impl Fn(&MessageId) -> bool) -> Vec<u64> {
+        let Some(store) = self.0.as_mut() else {
+            return Vec::new();
+        };
+        let mut seqs = Vec::new();
+        store.held.retain(|(id, q)| {
+            let drop = gone(id);
+            if drop {
+                store.bytes -= q.delivery.message.weight();
+                seqs.push(q.seq);
+            }
+            !drop
+        });
+        seqs
+    }
+}
+
+/// The order held messages go in, as indices into `ids`: the order they came, except that
+/// each node's messages take the places its messages came in, in the order they were
+/// published (by incarnation, then number).
+fn origin_order<'a>(ids: impl Iterator<Item = &'a MessageId>) -> Vec<usize> {
+    let ids: Vec<&MessageId> = ids.collect();
+    let mut slots: BTreeMap<&NodeId, Vec<usize>> = BTreeMap::new();
+    for (i, id) in ids.iter().enumerate() {
+        slots.entry(&id.0.node).or_default().push(i);
+    }
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    for positions in slots.values() {
+        let mut by_number = positions.clone();
+        by_number.sort_by_key(|&i| (ids[i].0.incarnation, ids[i].1));
+        for (&slot, &i) in positions.iter().zip(&by_number) {
+            order[slot] = i;
+        }
+    }
+    order
 }
 
 /// Packet ids of incoming QoS 2 messages PUBREC'd and waiting for their PUBREL. Made on the

@@ -227,6 +227,16 @@ stats! {
     Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";
     /// Messages a node relayed to the node a session moved to, for that session.
     Counter messages_relayed: u64 => "messages_relayed";
+    /// Messages a session that just moved held back, while older ones from their node could
+    /// still come by its old node (they go once those are in, in their node's order).
+    Counter messages_held_for_order: u64 => "messages_held_for_order";
+    /// Holds that ran out (`ClusterConfig::session_order_wait_ms`) before the old node had
+    /// passed on everything older: what they held went, and older messages that came after
+    /// were delivered late, out of their node's order.
+    Counter session_order_waits_over: u64 => "session_order_waits_over";
+    /// Messages delivered to a session that moved after a later one from the same node (a
+    /// hold that ran out, or a node the hold did not know).
+    Counter messages_delivered_late: u64 => "messages_delivered_late";
     /// Forwards and retained writes that a data-residency rule kept from a node of a region
     /// it does not name (counted on the node that would have sent them).
     Counter residency_withheld: u64 => "residency_withheld";

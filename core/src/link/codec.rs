@@ -156,6 +156,7 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
         FrameKind::SessionTransfer => {
             let client_id = r.string()?;
             let claim = r.stamp()?;
+            let shipment = r.stamp()?;
             let index = r.u32()?;
             let count = r.u32()?;
             if index >= count {
@@ -171,6 +172,7 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             Frame::SessionTransfer(SessionTransfer {
                 client_id,
                 claim,
+                shipment,
                 index,
                 count,
                 records,
@@ -179,6 +181,7 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
         FrameKind::SessionTaken => Frame::SessionTaken {
             client_id: r.string()?,
             claim: r.stamp()?,
+            shipment: r.stamp()?,
         },
         FrameKind::SessionRelay => {
             let client_id = r.string()?;
@@ -242,6 +245,11 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             }
             Frame::ScopedRoutes { filters }
         }
+        FrameKind::SessionRelayCaughtUp => Frame::SessionRelayCaughtUp {
+            client_id: r.string()?,
+            claim: r.stamp()?,
+            node: r.node()?,
+        },
     };
     if !r.buf.is_empty() {
         return Err(r.bad("bytes after the frame's content"));
@@ -361,6 +369,7 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
         Frame::SessionTransfer(t) => {
             put_str(body, &t.client_id)?;
             put_stamp(body, &t.claim)?;
+            put_stamp(body, &t.shipment)?;
             if t.index >= t.count {
                 return Err(LinkError::Encode("part index beyond count"));
             }
@@ -374,7 +383,16 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
                 body.put_slice(value);
             }
         }
-        Frame::SessionTaken { client_id, claim } | Frame::SessionRouted { client_id, claim } => {
+        Frame::SessionTaken {
+            client_id,
+            claim,
+            shipment,
+        } => {
+            put_str(body, client_id)?;
+            put_stamp(body, claim)?;
+            put_stamp(body, shipment)?;
+        }
+        Frame::SessionRouted { client_id, claim } => {
             put_str(body, client_id)?;
             put_stamp(body, claim)?;
         }
@@ -438,6 +456,15 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
             put_str(body, client_id)?;
             put_stamp(body, claim)?;
             body.put_u64(*number);
+        }
+        Frame::SessionRelayCaughtUp {
+            client_id,
+            claim,
+            node,
+        } => {
+            put_str(body, client_id)?;
+            put_stamp(body, claim)?;
+            put_str(body, node.as_str())?;
         }
     }
     Ok(())

@@ -64,6 +64,19 @@ impl Inbox {
         std::mem::take(&mut self.forgotten)
     }
 
+    /// Every origin incarnation's mark.
+    pub fn marks(&self) -> impl Iterator<Item = (Owner, u64)> + '_ {
+        self.marks.iter().flat_map(|(node, marks)| {
+            marks.iter().map(|(incarnation, mark)| {
+                let owner = Owner {
+                    node: node.clone(),
+                    incarnation: *incarnation,
+                };
+                (owner, *mark)
+            })
+        })
+    }
+
     /// The mark for an origin incarnation: the highest delivered sequence.
     pub fn mark(&self, origin: &Owner) -> Option<u64> {
         self.marks

@@ -29,7 +29,7 @@ pub use outbox::{Outbox, OutboxFull, OutboxLimits, Queued};
 pub use wire::{EncodedFrame, FrameReader, StreamRead, decode_message};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
-pub const LINK_PROTOCOL_VERSION: u16 = 3;
+pub const LINK_PROTOCOL_VERSION: u16 = 4;
 
 /// Largest frame accepted by default (a snapshot chunk or a forwarded message).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -111,6 +111,11 @@ pub struct SessionTransfer {
     pub client_id: String,
     /// The receiver's claim that the session answers.
     pub claim: Stamp,
+    /// Which shipment this is: the clock of the node that shipped the session first, and
+    /// that node. A node that passes a session on (claimed since by another) keeps it, so
+    /// that two sessions one node sends for the same claim are two shipments, and one sent
+    /// again is the same.
+    pub shipment: Stamp,
     /// This part's index, below `count`.
     pub index: u32,
     /// Parts in the transfer.
@@ -192,6 +197,8 @@ pub enum Frame {
         client_id: String,
         /// The sender's claim.
         claim: Stamp,
+        /// The shipment taken ([`SessionTransfer::shipment`]).
+        shipment: Stamp,
     },
     /// A message for a session shipped to the receiver, that reached the sender after the
     /// session left (its subscriptions stay there until the receiver's routes are known).
@@ -279,6 +286,18 @@ pub enum Frame {
         /// The filters, each once.
         filters: Vec<String>,
     },
+    /// Everything `node` routed to the sender for that session before it routed it to the
+    /// receiver was relayed before this (or `node` is the sender, and its own forwards to the
+    /// receiver were sent): the receiver may deliver `node`'s newer messages to the session
+    /// without breaking their order.
+    SessionRelayCaughtUp {
+        /// The session's client id.
+        client_id: String,
+        /// The receiver's claim the session was shipped for.
+        claim: Stamp,
+        /// The node whose messages are all in.
+        node: NodeId,
+    },
 }
 
 /// A message relayed to the node a session was shipped to ([`Frame::SessionRelay`]), with its
@@ -332,6 +351,7 @@ impl Frame {
             Frame::Revoke { .. } => FrameKind::Revoke,
             Frame::Revoked { .. } => FrameKind::Revoked,
             Frame::ScopedRoutes { .. } => FrameKind::ScopedRoutes,
+            Frame::SessionRelayCaughtUp { .. } => FrameKind::SessionRelayCaughtUp,
         }
     }
 
@@ -401,11 +421,13 @@ pub enum FrameKind {
     Revoked = 27,
     /// Type 28: [`Frame::ScopedRoutes`].
     ScopedRoutes = 28,
+    /// Type 29: [`Frame::SessionRelayCaughtUp`].
+    SessionRelayCaughtUp = 29,
 }
 
 impl FrameKind {
     /// Every kind, in the order of their type bytes.
-    pub const ALL: [FrameKind; 28] = [
+    pub const ALL: [FrameKind; 29] = [
         FrameKind::Hello,
         FrameKind::RouteDelta,
         FrameKind::RouteAck,
@@ -434,6 +456,7 @@ impl FrameKind {
         FrameKind::Revoke,
         FrameKind::Revoked,
         FrameKind::ScopedRoutes,
+        FrameKind::SessionRelayCaughtUp,
     ];
 
     /// The kind whose type byte this is.
@@ -477,6 +500,7 @@ impl FrameKind {
             FrameKind::Revoke => "revoke",
             FrameKind::Revoked => "revoked",
             FrameKind::ScopedRoutes => "scoped-routes",
+            FrameKind::SessionRelayCaughtUp => "session-relay-caught-up",
         }
     }
 

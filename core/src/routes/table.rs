@@ -286,8 +286,36 @@ impl RouteTable {
         if delta.owner.incarnation < replica.incarnation {
             return DeltaOutcome::Stale;
         }
+        if delta.owner.incarnation > replica.incarnation
+            && delta.after > 0
+            && !replica.filters.is_empty()
+        {
+            // A new incarnation that began before this delta: its set is whole only in a
+            // snapshot. Until it installs, the earlier incarnation's filters stay (the node
+            // mostly restored them): a message forwarded to a filter it dropped is dropped
+            // there, one not forwarded to a filter it still has is lost.
+            let asked = replica
+                .early
+                .values()
+                .any(|d| d.owner.incarnation == delta.owner.incarnation);
+            if replica.early.len() < MAX_BUFFERED_DELTAS {
+                let bytes = weight(delta.changes.iter().map(|c| &c.filter));
+                if replica.early_bytes.saturating_add(bytes) <= limits.max_pending_bytes {
+                    if let Some(old) = replica.early.insert(delta.after, delta.clone()) {
+                        replica.early_bytes -= weight(old.changes.iter().map(|c| &c.filter));
+                    }
+                    replica.early_bytes += bytes;
+                }
+            }
+            return if asked {
+                DeltaOutcome::Duplicate
+            } else {
+                DeltaOutcome::NeedSnapshot
+            };
+        }
         if delta.owner.incarnation > replica.incarnation {
-            // A new incarnation replaces everything the earlier one announced.
+            // A new incarnation from its first change replaces everything the earlier one
+            // announced.
             let old = std::mem::take(replica);
             for filter in &old.filters {
                 unindex(&mut self.trie, filter, node);

@@ -229,6 +229,16 @@ impl Mesh {
         w.drain();
     }
 
+    /// The frames waiting on the link from `from` to `to` (what that peer is about to learn),
+    /// left in place.
+    pub fn peek(&mut self, from: &str, to: &str) -> Vec<Frame> {
+        self.collect();
+        self.wire
+            .get(&(id(from), id(to)))
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Deliver everything queued from `from` to `to`, and nothing else (answers stay queued).
     pub fn deliver_one_way(&mut self, from: &str, to: &str) {
         self.collect();

@@ -79,6 +79,7 @@ pub(super) fn core_cluster_config(
         max_transfer_bytes: c.peer_max_transfer_bytes,
     };
     config.session_transfer_wait_ms = c.session_transfer_wait_ms;
+    config.session_order_wait_ms = c.session_order_wait_ms;
     config.home_regions = c
         .home
         .iter()

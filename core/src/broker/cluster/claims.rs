@@ -166,11 +166,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Whether the claims known here say another node holds the session a resuming client
     /// of `user` left there.
-    pub(in crate::broker) fn session_elsewhere(&self, client_id: &str, user: Option<&str>) -> bool {
-        let Some(c) = &self.cluster else { return false };
-        c.claims.live(client_id).is_some_and(|(stamp, claim)| {
-            stamp.node != c.owner.node && claim.persistent && claim.user.as_deref() == user
-        })
+    pub(in crate::broker) fn session_elsewhere(
+        &self,
+        client_id: &str,
+        user: Option<&str>,
+    ) -> Option<NodeId> {
+        let c = self.cluster.as_ref()?;
+        c.claims
+            .live(client_id)
+            .filter(|(stamp, claim)| {
+                stamp.node != c.owner.node && claim.persistent && claim.user.as_deref() == user
+            })
+            .map(|(stamp, _)| stamp.node.clone())
     }
 
     /// A client connected here: claim its client id, and tell the mesh.

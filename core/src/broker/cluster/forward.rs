@@ -73,6 +73,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else { return };
         let mut nodes = std::mem::take(&mut c.scratch);
         c.table.nodes_for(&message.topic, &mut nodes);
+        if message.qos != QoS::AtMostOnce {
+            // Peers whose routes this node has not caught up with since their link came up
+            // get it too (they drop what no subscriber of theirs wants).
+            for (node, p) in &c.peers {
+                if p.connected
+                    && !p.routes_current
+                    && !c.leaves.is_leaf(node)
+                    && !nodes.contains(node)
+                {
+                    nodes.push(node.clone());
+                }
+            }
+        }
         c.scoped_nodes_for(&message.topic, &mut nodes);
         if !c.residency.is_empty() {
             let withheld = c.residency_filter(&message.topic, &mut nodes);
@@ -178,16 +191,20 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         let forwards = peer.outbox.take_sendable();
-        let echoes = if peer.outbox.has_unsent() {
-            Vec::new()
-        } else {
+        let sent_all = !peer.outbox.has_unsent();
+        let echoes = if sent_all {
             std::mem::take(&mut peer.echoes)
+        } else {
+            Vec::new()
         };
         for forward in forwards {
             self.send_encoded(node.clone(), forward);
         }
         for token in echoes {
             self.send_to_peer(node.clone(), Frame::FenceEcho { token });
+        }
+        if sent_all {
+            self.relays_outbox_sent(node);
         }
     }
 

@@ -22,6 +22,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let p = c.peer(&peer);
         p.connected = true;
         p.congested = false;
+        p.routes_current = false;
+        p.announced_position = None;
         p.last_heard = Some(now);
         p.acked_at = now;
         p.up_since = Some(now);
@@ -40,10 +42,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if let Some(RetainedDigest { hash, entries }) = retained {
             self.send_to_peer(peer.clone(), Frame::RetainedDigest { hash, entries });
         }
-        self.pump_outbox(&peer);
         self.claims_peer_up(&peer);
+        // A shipped session, then what was relayed for it, then the forwards: a session's
+        // messages from this node reach it in their order.
         self.transfers_peer_up(&peer);
         self.relays_peer_up(&peer);
+        self.pump_outbox(&peer);
     }
 
     pub(in crate::broker) fn set_peer_congested(&mut self, peer: &NodeId, congested: bool) {
@@ -106,6 +110,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 | Frame::SessionRelayAck { .. }
                 | Frame::SessionRouted { .. }
                 | Frame::SessionRelayDone { .. }
+                | Frame::SessionRelayCaughtUp { .. }
                 | Frame::ClaimRequest { .. }
                 | Frame::ClaimAnswer { .. }
                 | Frame::Revoke { .. }
@@ -133,6 +138,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Frame::RouteDelta(delta) => {
                 let owner = delta.owner.clone();
                 let outcome = c.table.apply_delta(&delta);
+                c.check_routes_current(&owner.node);
                 self.persist_replica(&owner.node, matches!(outcome, DeltaOutcome::Applied { .. }));
                 let Some(c) = &mut self.cluster else { return };
                 match outcome {
@@ -175,6 +181,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Frame::SnapshotChunk(chunk) => {
                 let owner = chunk.owner.clone();
                 let outcome = c.table.apply_snapshot_chunk(&chunk);
+                c.check_routes_current(&owner.node);
                 let installed = matches!(outcome, SnapshotOutcome::Installed { .. });
                 self.persist_replica(&owner.node, installed);
                 match outcome {
@@ -229,9 +236,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 }
             }
             Frame::SessionTransfer(transfer) => self.on_session_transfer(&peer, transfer),
-            Frame::SessionTaken { client_id, claim } => {
-                self.on_session_taken(&peer, client_id, claim)
-            }
+            Frame::SessionTaken {
+                client_id,
+                shipment,
+                ..
+            } => self.on_session_taken(&peer, client_id, shipment),
             Frame::SessionRelay(relay) => self.on_session_relay(&peer, relay),
             Frame::SessionRelayAck {
                 client_id,
@@ -244,6 +253,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Frame::SessionRelayDone {
                 client_id, claim, ..
             } => self.on_relay_done(&peer, &client_id, claim),
+            Frame::SessionRelayCaughtUp {
+                client_id,
+                claim,
+                node,
+            } => self.on_relay_caught_up(&peer, &client_id, claim, node),
             Frame::Fence { token } => self.on_fence(&peer, token),
             Frame::ClaimRequest {
                 client_id,
@@ -286,7 +300,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         // About someone else's routes (usually the peer's own): are we behind?
         if entry.owner.node == *peer {
-            c.peer(peer).announced_version = entry.version;
+            let p = c.peer(peer);
+            p.announced_version = entry.version;
+            p.announced_position = Some((entry.owner.incarnation, entry.version));
+            c.check_routes_current(peer);
         }
         let replica = c.table.replica(&entry.owner.node);
         let RoutePosition {

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 mod claims;
 mod fence;
 mod home;
+mod intake;
 mod relay;
 mod transfer;
 use fence::Fence;
@@ -27,6 +28,7 @@ mod trust;
 pub use home::HomeRegion;
 pub use leaves::{LEAF_PREFIX, LeafError};
 pub use membership::{ForgetError, ForgetReason, Forgotten};
+pub(in crate::broker) use relay::Moving;
 pub use trust::{PeerFault, PeerLimit, PeerLimits};
 
 use crate::broker::io::{Output, Timestamp};
@@ -108,6 +110,11 @@ pub struct ClusterConfig {
     /// claim says) gets Session Present at once; its QoS 1/2 messages wait until the session
     /// arrives, at most this long (then they go, and a session arriving later still joins).
     pub session_transfer_wait_ms: u64,
+    /// A session that moved here holds back the QoS 1/2 messages of each node while older
+    /// ones from that node may still come by its old node (queued there, or behind a cut
+    /// link), so that it gets every node's messages in their order; at most this long after
+    /// it arrived (then they go, and older ones that come later are delivered late, counted).
+    pub session_order_wait_ms: u64,
     /// Client ids pinned to a home region ([`HomeRegion`]): a node answers their CONNECT only
     /// once the home region granted it, after the node that served the client closed its
     /// connection; one node serves such a client at any moment. Empty by default.
@@ -146,6 +153,7 @@ impl ClusterConfig {
             subscribe_fence_max_held: 100_000,
             retained_tombstones_max: 100_000,
             session_transfer_wait_ms: 5_000,
+            session_order_wait_ms: 10_000,
             home_regions: Vec::new(),
             home_wait_ms: 5_000,
         }
@@ -202,6 +210,13 @@ struct Peer {
     faults_reported: u8,
     /// Fences the peer asked for, echoed once its outbox has sent what it holds.
     echoes: Vec<u64>,
+    /// Since its link came up, this node's copy of the peer's routes caught up with what the
+    /// peer announced (its digest). Until then QoS 1/2 messages go to it whatever its routes
+    /// say: a subscription it took while the link was down (or since its restart) must not
+    /// miss what is published here meanwhile.
+    routes_current: bool,
+    /// Where the peer said its routes stand, once it did on this link session.
+    announced_position: Option<(u64, u64)>,
     /// The scoped filters last sent on its link session ([`residency`]).
     scoped_sent: Option<Vec<String>>,
 }
@@ -368,6 +383,8 @@ impl Cluster {
                 up_since: None,
                 faults_reported: 0,
                 echoes: Vec::new(),
+                routes_current: false,
+                announced_position: None,
                 scoped_sent: None,
             }
         })
@@ -424,6 +441,18 @@ impl Cluster {
     }
 
     /// Whether this node holds state for `node` now (a link, an outbox or a route set).
+    /// Whether this node's copy of `node`'s routes reached what `node` announced on its
+    /// link session (then it is current: see `Peer::routes_current`).
+    fn check_routes_current(&mut self, node: &NodeId) {
+        let position = self.table.replica(node).map(|r| r.position());
+        let Some(p) = self.peers.get_mut(node) else {
+            return;
+        };
+        if let (Some(target), Some(position)) = (p.announced_position, position) {
+            p.routes_current |= (position.incarnation, position.version) >= target;
+        }
+    }
+
     fn knows(&self, node: &NodeId) -> bool {
         self.peers.contains_key(node) || self.table.replica(node).is_some()
     }

@@ -13,32 +13,39 @@
 //!
 //! Meanwhile a message can reach the session both ways: sent by its publisher's node to both
 //! nodes (it knew both routes at once), or published on the new node and relayed back by the
-//! old one. The new node tells them apart by the message's identity in the deployment
-//! ([`MessageId`]: origin and number), which it remembers for the session until every relay
-//! to it ended: each message is delivered once.
+//! old one; and a message queued for the new node before the session came (behind a cut
+//! link) can come after the session had it. The session carries what it took
+//! ([`super::intake`]), so each message is delivered once.
+//!
+//! Order: a node's message relayed by the old node can come after a newer one the new node
+//! got straight. So the new node holds back each node's messages for the session until the
+//! old node says it relayed everything that node routed to it first
+//! ([`Frame::SessionRelayCaughtUp`], sent once that node echoed its fence, or for the old
+//! node itself once its own forwards went), at most
+//! [`ClusterConfig::session_order_wait_ms`](super::ClusterConfig::session_order_wait_ms):
+//! then the held messages go, each node's in its order. A node that passes on a relay for a
+//! session that moved on again says a node caught up only once its own relay said so too.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::Cluster;
 use super::forward::{link_message, link_publish};
+use super::intake::{Intake, Take};
 use super::trust::PeerFault;
-use crate::broker::ClientId;
 use crate::broker::io::Timestamp;
 use crate::broker::message::Delivery;
 use crate::broker::persist::{self, Key, RecordError};
 use crate::broker::session::SessionId;
 use crate::broker::{Authenticator, Authorizer, Broker};
+use crate::broker::{ClientId, Timer};
 use crate::codec::QoS;
 use crate::link::{Frame, FrameKind, MessageId, SessionRelay};
 use crate::read::Fields;
 use crate::retained::Stamp;
 use crate::routes::{NodeId, Owner};
-
-/// Message identities a session remembers while relays may come: past it, the oldest go.
-const SEEN_KEPT: usize = 100_000;
 
 /// A session shipped from here whose subscriptions still catch its messages.
 #[derive(Debug)]
@@ -56,32 +63,63 @@ pub(super) struct Relay {
     /// knows, and those whose echo is awaited. Once all echoed, what they routed here before
     /// they knew the new node's routes is in, and the subscriptions go.
     fence: Option<(u64, BTreeSet<NodeId>)>,
+    /// Nodes whose echo came (this node, once its own forwards to `to` went).
+    echoed: BTreeSet<NodeId>,
+    /// Nodes `to` was told are caught up on ([`Frame::SessionRelayCaughtUp`]).
+    caught_up: BTreeSet<NodeId>,
 }
 
-/// What a node that took a session remembers while relays to it may come.
+/// What a node that took a session keeps while relays to it may come.
 #[derive(Debug, Default)]
 pub(super) struct Window {
-    /// Relays that may still come: (sender, claim) with the last number taken.
-    sources: BTreeMap<(NodeId, Stamp), u64>,
-    /// Messages delivered to the session meanwhile.
-    seen: BTreeSet<MessageId>,
-    order: VecDeque<MessageId>,
+    /// Relays that may still come, by sender and claim.
+    sources: BTreeMap<(NodeId, Stamp), Source>,
+    /// Until when the session holds back messages for their order; `None` once over (or
+    /// after a restart).
+    hold_until: Option<Timestamp>,
+}
+
+/// A relay that may still come to a session.
+#[derive(Debug, Default)]
+struct Source {
+    /// The last relayed number taken.
+    last: u64,
+    /// The nodes it relayed everything of ([`Frame::SessionRelayCaughtUp`]).
+    caught_up: BTreeSet<NodeId>,
 }
 
 impl Window {
-    /// Whether `id` is new to the session (and now remembered).
-    fn first_time(&mut self, id: &MessageId) -> bool {
-        if !self.seen.insert(id.clone()) {
-            return false;
-        }
-        self.order.push_back(id.clone());
-        if self.order.len() > SEEN_KEPT
-            && let Some(old) = self.order.pop_front()
-        {
-            self.seen.remove(&old);
-        }
-        true
+    /// Whether `node`'s messages wait: the hold is on, and a relay may still bring older ones.
+    fn holds(&self, node: &NodeId) -> bool {
+        self.hold_until.is_some() && !self.caught_up(node)
     }
+
+    /// Whether every relay that may come passed on everything `node` routed to it first.
+    fn caught_up(&self, node: &NodeId) -> bool {
+        self.sources.values().all(|s| s.caught_up.contains(node))
+    }
+}
+
+/// What a shipped session brings to [`Broker::open_window`].
+pub(super) struct Arrived<'a> {
+    /// The messages it had.
+    pub had: &'a Intake,
+    /// Those it holds back for their order.
+    pub held: &'a BTreeSet<MessageId>,
+    /// Whether the session was whole here before (not on its way, no relay to it running).
+    pub settled: bool,
+}
+
+/// What a delivery to a session that moves comes to ([`Broker::moving_delivery`]).
+#[derive(Debug)]
+pub(in crate::broker) enum Moving {
+    /// Deliver it as usual.
+    Deliver,
+    /// Taken care of: relayed (the session left), or dropped (the session had it already).
+    Handled,
+    /// Queue it held back until older messages of its node can no longer come
+    /// ([`crate::broker::session::MessageQueue::hold`]).
+    Hold(MessageId),
 }
 
 /// A node that took a session answers [`Frame::SessionRouted`] once every node it knows has
@@ -94,6 +132,18 @@ pub(super) struct RoutedAnswer {
     target: Option<u64>,
 }
 
+/// A node passed on a session shipped to it (claimed since by another): the node that shipped
+/// it is told [`Frame::SessionRouted`] once the node the session went on to says so.
+#[derive(Debug)]
+pub(super) struct RoutedOnward {
+    to: NodeId,
+    client_id: String,
+    /// The claim the session was shipped here for.
+    claim: Stamp,
+    /// The claim it went on for.
+    next: Stamp,
+}
+
 /// Relays, windows and answers, kept by the cluster.
 #[derive(Debug, Default)]
 pub(super) struct Moves {
@@ -103,23 +153,40 @@ pub(super) struct Moves {
     by_sid: BTreeMap<SessionId, (String, Stamp)>,
     /// Sessions taken here that relays may still come for, by client id.
     windows: BTreeMap<ClientId, Window>,
+    /// What sessions that moved here took, until this node's own streams catch up.
+    intakes: BTreeMap<ClientId, Intake>,
+    /// Relays ended while their taker was away: told when it is back.
+    dones: BTreeMap<NodeId, Vec<(String, Stamp, u64)>>,
     answers: Vec<RoutedAnswer>,
+    /// Sessions passed on, whose senders wait for [`Frame::SessionRouted`].
+    routed_onward: Vec<RoutedOnward>,
     /// The token of the next fence.
     next_token: u64,
 }
 
 impl Moves {
+    /// Whether relays may still come to `client_id`'s session here.
+    pub fn has_window(&self, client_id: &str) -> bool {
+        self.windows.contains_key(client_id)
+    }
+
     pub fn is_idle(&self) -> bool {
-        self.relays.is_empty() && self.windows.is_empty() && self.answers.is_empty()
+        self.relays.is_empty()
+            && self.windows.is_empty()
+            && self.answers.is_empty()
+            && self.intakes.is_empty()
     }
 }
 
 impl Cluster {
-    /// Whether every node this one's routes went to has `version` of them.
+    /// Whether every node of the deployment this one knows (linked now or not: one cut off
+    /// learns the routes when it is back) has `version` of its routes.
     fn routes_everywhere(&self, version: u64) -> bool {
-        self.peers.keys().all(|p| {
-            self.leaves.is_leaf(p) || self.routes.acked(p).is_none_or(|acked| acked >= version)
-        })
+        self.peers
+            .keys()
+            .chain(self.table.replicas().map(|(node, _)| node))
+            .filter(|p| **p != self.owner.node && !self.leaves.is_leaf(p))
+            .all(|p| self.routes.acked(p).is_some_and(|acked| acked >= version))
     }
 }
 
@@ -191,26 +258,26 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// Whether a delivery to `sid` is taken care of here: relayed (the session left), or
-    /// dropped (the session had it already, by another way while it moved). `false`: deliver
-    /// it as usual.
+    /// What a delivery to `sid` comes to while sessions move: relayed (the session left),
+    /// dropped (the session had it already, by another way while it moved), held back for
+    /// its order, or delivered as usual.
     pub(in crate::broker) fn moving_delivery(
         &mut self,
         sid: SessionId,
         delivery: &Delivery,
-    ) -> bool {
+    ) -> Moving {
         let Some(c) = &mut self.cluster else {
-            return false;
+            return Moving::Deliver;
         };
-        if c.moves.is_idle() {
-            return false;
+        if c.moves.is_idle() && c.transfers.awaiting_none() {
+            return Moving::Deliver;
         }
         if let Some(key) = c.moves.by_sid.get(&sid).cloned() {
             self.relay_delivery(&key, delivery.clone());
-            return true;
+            return Moving::Handled;
         }
         let Some(id) = c.routing.clone() else {
-            return false;
+            return Moving::Deliver;
         };
         let Some(client_id) = self
             .sessions
@@ -218,20 +285,71 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .and_then(Option::as_ref)
             .map(|s| s.client_id.clone())
         else {
-            return false;
+            return Moving::Deliver;
         };
         let Some(c) = &mut self.cluster else {
-            return false;
+            return Moving::Deliver;
         };
-        let twice = c
-            .moves
-            .windows
-            .get_mut(&client_id)
-            .is_some_and(|w| !w.first_time(&id));
-        if twice {
-            self.stats.dropped_moved_twice += 1;
+        // A QoS 2 message waits for the session's state anyway, wait over or not.
+        let awaiting = c.transfers.awaits(&client_id)
+            || (delivery.qos == QoS::ExactlyOnce && c.transfers.on_its_way(&client_id));
+        let window = c.moves.windows.get(&client_id);
+        // While relays may come (or the session is on its way), numbers are kept exactly.
+        let exact = window.is_some() || c.transfers.on_its_way(&client_id);
+        let intake = if exact {
+            Some(c.moves.intakes.entry(client_id.clone()).or_default())
+        } else {
+            c.moves.intakes.get_mut(&client_id)
+        };
+        let Some(intake) = intake else {
+            return Moving::Deliver;
+        };
+        let take = intake.take(&id, exact);
+        let held = awaiting || window.is_some_and(|w| w.holds(&id.0.node));
+        match take {
+            Take::Twice => {
+                self.stats.dropped_moved_twice += 1;
+                return Moving::Handled;
+            }
+            Take::Late if !held => self.stats.messages_delivered_late += 1,
+            Take::Late | Take::InOrder => {}
         }
-        twice
+        if exact {
+            // Remembered across a restart: a relay may bring it again after one.
+            let record = Key::Took {
+                client_id: client_id.to_string(),
+                origin: id.0.clone(),
+                seq: id.1,
+            };
+            self.persist(record.encode(), Some(persist::marker()));
+        }
+        let Some(c) = &mut self.cluster else {
+            return Moving::Deliver;
+        };
+        if !exact {
+            let Some(intake) = c.moves.intakes.get_mut(&client_id) else {
+                return Moving::Deliver;
+            };
+            // In order on this node's own stream of that origin: once it went past what the
+            // session had, nothing older can come here again.
+            let (owner, next, inbox) = (&c.owner, c.next_message, &c.inbox);
+            intake.forget_passed(|origin, upto| {
+                if origin == owner {
+                    next > upto
+                } else {
+                    inbox.mark(origin).is_some_and(|mark| mark >= upto)
+                }
+            });
+            if intake.is_empty() {
+                c.moves.intakes.remove(&client_id);
+                self.persist_intake(&client_id);
+            }
+        }
+        if held && delivery.qos != QoS::AtMostOnce {
+            self.stats.messages_held_for_order += 1;
+            return Moving::Hold(id);
+        }
+        Moving::Deliver
     }
 
     /// Keep a shipped session's subscriptions on slot `sid`, relaying what they match to the
@@ -243,9 +361,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         to: &NodeId,
         claim: &Stamp,
     ) {
+        self.persist_relay_slot(sid, client_id, to, claim);
         let Some(c) = &mut self.cluster else { return };
         let key = (client_id.to_owned(), claim.clone());
         c.moves.by_sid.insert(sid, key.clone());
+        // The relay the session went by before carries nothing passed on any more.
+        let earlier = c.moves.relays.keys().any(|(cid, _)| cid == client_id);
         c.moves.relays.insert(
             key,
             Relay {
@@ -254,8 +375,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 next_n: 1,
                 pending: BTreeMap::new(),
                 fence: None,
+                echoed: BTreeSet::new(),
+                caught_up: BTreeSet::new(),
             },
         );
+        if earlier {
+            self.relay_markers(client_id);
+        }
     }
 
     fn relay_delivery(&mut self, key: &(String, Stamp), delivery: Delivery) {
@@ -334,12 +460,32 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// and once all echoed it, the relay's subscriptions go.
     pub(super) fn on_session_routed(&mut self, peer: &NodeId, client_id: String, claim: Stamp) {
         let Some(c) = &mut self.cluster else { return };
+        // The node a session was passed on to: its sender may let go too.
+        let (told, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut c.moves.routed_onward)
+            .into_iter()
+            .partition(|o| o.client_id == client_id && o.next == claim && o.next.node == *peer);
+        c.moves.routed_onward = waiting;
+        for o in told {
+            self.send_to_peer(
+                o.to,
+                Frame::SessionRouted {
+                    client_id: o.client_id,
+                    claim: o.claim,
+                },
+            );
+        }
+        let Some(c) = &mut self.cluster else { return };
         let key = (client_id, claim);
         let token = c.moves.next_token;
+        // Every node that may have routed here: those with a link now, and those whose routes
+        // this node holds (one cut off, or not met again since a restart here, echoes when it
+        // is back, or is forgotten).
+        let me = &c.owner.node;
         let waiting: BTreeSet<NodeId> = c
             .peers
             .keys()
-            .filter(|p| !c.leaves.is_leaf(p))
+            .chain(c.table.replicas().map(|(node, _)| node))
+            .filter(|p| *p != me && !c.leaves.is_leaf(p))
             .cloned()
             .collect();
         let up: Vec<NodeId> = waiting
@@ -359,6 +505,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.send_to_peer(p, Frame::Fence { token });
         }
         self.fence_progress(&key);
+        self.relay_markers(&key.0);
         self.settle_moves();
     }
 
@@ -385,11 +532,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .iter_mut()
             .filter_map(|(k, r)| {
                 let (t, waiting) = r.fence.as_mut()?;
-                (*t == token && waiting.remove(peer)).then(|| k.clone())
+                let echoed = *t == token && waiting.remove(peer);
+                if echoed {
+                    r.echoed.insert(peer.clone());
+                }
+                echoed.then(|| k.clone())
             })
             .collect();
-        for key in keys {
-            self.fence_progress(&key);
+        for key in &keys {
+            self.fence_progress(key);
+            self.relay_markers(&key.0);
         }
         self.settle_moves();
     }
@@ -406,6 +558,170 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(sid) = relay.sid.take() else { return };
         c.moves.by_sid.remove(&sid);
         self.free_slot(sid);
+        let record = Key::RelaySlot {
+            client_id: key.0.clone(),
+            claim: key.1.clone(),
+        };
+        self.persist(record.encode(), None);
+    }
+
+    /// Store a relay's subscriptions, so that it goes on matching after a restart.
+    fn persist_relay_slot(&mut self, sid: SessionId, client_id: &str, to: &NodeId, claim: &Stamp) {
+        let Some(session) = self.session(sid) else {
+            return;
+        };
+        let subscriptions: Vec<(Bytes, Bytes)> = session
+            .subscriptions
+            .iter()
+            .map(|(filter, entry)| {
+                let filter = Bytes::copy_from_slice(filter.as_bytes());
+                (filter, persist::encode_subscription(entry))
+            })
+            .collect();
+        let mut v = BytesMut::new();
+        v.put_u8(1);
+        persist::put_string(&mut v, to.as_str());
+        persist::put_opt_string(&mut v, session.username.as_deref());
+        v.put_slice(&persist::pack(&subscriptions));
+        let key = Key::RelaySlot {
+            client_id: client_id.to_owned(),
+            claim: claim.clone(),
+        };
+        self.persist(key.encode(), Some(v.freeze()));
+    }
+
+    /// A relay's subscriptions read back from storage: a slot of their own again (under no
+    /// client id), matching for the relay until its taker's routes are everywhere.
+    pub(in crate::broker) fn restore_relay_slot(
+        &mut self,
+        client_id: &str,
+        claim: Stamp,
+        value: &Bytes,
+    ) -> Result<(), RecordError> {
+        let mut r = persist::Reader::new("relay subscriptions", value)?;
+        let to = r.node()?;
+        let username = r.opt_string()?;
+        let used = value.len() - r.rest().len();
+        let subscriptions = persist::unpack(&value.slice(used..))?;
+        let Ok(id) = ClientId::new(client_id) else {
+            return Ok(());
+        };
+        if self.cluster.is_none() {
+            return Ok(());
+        }
+        let here = self.by_client_id.get(client_id).copied();
+        let sid = self.new_session(id.clone(), crate::codec::ProtocolVersion::V5);
+        match here {
+            Some(session) => self.by_client_id.insert(id, session),
+            None => self.by_client_id.remove(&id),
+        };
+        if let Some(session) = self.session_mut(sid) {
+            session.username = username.map(Box::from);
+        }
+        for (filter, entry) in subscriptions {
+            let filter = std::str::from_utf8(&filter)
+                .ok()
+                .and_then(|f| crate::topic::TopicFilter::new(f).ok());
+            let (Some(filter), Ok(entry)) = (filter, persist::decode_subscription(&entry)) else {
+                continue;
+            };
+            let filtered = self.access_filtered(sid, &filter);
+            self.hold_subscription(sid, &filter, entry, filtered);
+        }
+        let Some(c) = &mut self.cluster else {
+            return Ok(());
+        };
+        let key = (client_id.to_owned(), claim);
+        let relay = c.moves.relays.entry(key.clone()).or_insert(Relay {
+            to,
+            sid: None,
+            next_n: 1,
+            pending: BTreeMap::new(),
+            fence: None,
+            echoed: BTreeSet::new(),
+            caught_up: BTreeSet::new(),
+        });
+        // Its taker says again that its routes are everywhere: then the fence.
+        relay.sid = Some(sid);
+        relay.fence = None;
+        c.moves.by_sid.insert(sid, key);
+        Ok(())
+    }
+
+    /// Tell the nodes `client_id`'s sessions went to which nodes' messages are all relayed:
+    /// those whose fence echo came (this node's own, once its forwards to the taker went),
+    /// and, for the relay where the session went last (what relays to this node bring is
+    /// passed on there), where those relays said so too.
+    pub(super) fn relay_markers(&mut self, client_id: &str) {
+        // With the session here, what relays bring is delivered here, not passed on.
+        let here = self.by_client_id.contains_key(client_id);
+        let Some(c) = &mut self.cluster else { return };
+        let me = c.owner.node.clone();
+        let window = c.moves.windows.get(client_id).filter(|_| !here);
+        let latest = c
+            .moves
+            .relays
+            .keys()
+            .filter(|(cid, _)| cid == client_id)
+            .map(|(_, claim)| claim)
+            .max()
+            .cloned();
+        let mut frames = Vec::new();
+        for ((cid, claim), relay) in c.moves.relays.iter_mut() {
+            if cid != client_id || relay.fence.is_none() {
+                continue;
+            }
+            let window = window.filter(|_| latest.as_ref() == Some(claim));
+            let own_sent = c
+                .peers
+                .get(&relay.to)
+                .is_some_and(|p| !p.outbox.has_unsent());
+            if own_sent {
+                relay.echoed.insert(me.clone());
+            }
+            let due: Vec<NodeId> = relay
+                .echoed
+                .iter()
+                .filter(|n| !relay.caught_up.contains(*n))
+                .filter(|n| window.is_none_or(|w| w.caught_up(n)))
+                .cloned()
+                .collect();
+            let up = c.peers.get(&relay.to).is_some_and(|p| p.connected);
+            for node in due {
+                relay.caught_up.insert(node.clone());
+                if up {
+                    frames.push((
+                        relay.to.clone(),
+                        Frame::SessionRelayCaughtUp {
+                            client_id: cid.clone(),
+                            claim: claim.clone(),
+                            node,
+                        },
+                    ));
+                }
+            }
+        }
+        for (to, frame) in frames {
+            self.send_to_peer(to, frame);
+        }
+    }
+
+    /// This node's outbox to `peer` sent what it held: relays to it may say this node
+    /// caught up.
+    pub(super) fn relays_outbox_sent(&mut self, peer: &NodeId) {
+        let Some(c) = &self.cluster else { return };
+        let clients: BTreeSet<String> = c
+            .moves
+            .relays
+            .iter()
+            .filter(|(_, r)| {
+                r.to == *peer && r.fence.is_some() && !r.echoed.contains(&c.owner.node)
+            })
+            .map(|((cid, _), _)| cid.clone())
+            .collect();
+        for client_id in clients {
+            self.relay_markers(&client_id);
+        }
     }
 
     /// A route batch went out: the answers waiting for it know their version.
@@ -433,11 +749,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .into_iter()
             .partition(|a| a.target.is_some_and(|t| c.routes_everywhere(t)));
         c.moves.answers = waiting;
+        // A relay ends once nothing is left to send and nothing more can come: its
+        // subscriptions went, and no relay to this node for the same client may still bring
+        // it messages to pass on.
+        let windows = &c.moves.windows;
         let ended: Vec<(String, Stamp)> = c
             .moves
             .relays
             .iter()
-            .filter(|(_, r)| r.pending.is_empty() && r.sid.is_none())
+            .filter(|((client_id, _), r)| {
+                r.pending.is_empty() && r.sid.is_none() && !windows.contains_key(client_id.as_str())
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for a in ready {
@@ -460,18 +782,35 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(relay) = c.moves.relays.remove(key) else {
             return;
         };
+        if let Some(sid) = relay.sid {
+            c.moves.by_sid.remove(&sid);
+            self.free_slot(sid);
+            let record = Key::RelaySlot {
+                client_id: key.0.clone(),
+                claim: key.1.clone(),
+            };
+            self.persist(record.encode(), None);
+        }
+        let Some(c) = &mut self.cluster else { return };
         let up = c.peers.get(&relay.to).is_some_and(|p| p.connected);
-        // Sent once: a taker that misses it (its link was down) closes its window with the
-        // session, or when this node is forgotten.
+        let last = relay.next_n - 1;
         if up {
             self.send_to_peer(
                 relay.to,
                 Frame::SessionRelayDone {
                     client_id: key.0.clone(),
                     claim: key.1.clone(),
-                    last: relay.next_n - 1,
+                    last,
                 },
             );
+        } else {
+            // Told when its link is back (a restart here meanwhile forgets it: the taker's
+            // window then ends with the session, or when this node is forgotten).
+            c.moves
+                .dones
+                .entry(relay.to)
+                .or_default()
+                .push((key.0.clone(), key.1.clone(), last));
         }
     }
 
@@ -492,47 +831,362 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             for (n, (id, delivery)) in &relay.pending {
                 frames.push(relay_frame(key, *n, id.as_ref(), delivery, now));
             }
+            // After what they speak of.
+            for node in &relay.caught_up {
+                frames.push(Frame::SessionRelayCaughtUp {
+                    client_id: key.0.clone(),
+                    claim: key.1.clone(),
+                    node: node.clone(),
+                });
+            }
+        }
+        let dones = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.moves.dones.remove(peer))
+            .unwrap_or_default();
+        for (client_id, claim, last) in dones {
+            frames.push(Frame::SessionRelayDone {
+                client_id,
+                claim,
+                last,
+            });
         }
         for frame in frames {
             self.send_to_peer(peer.clone(), frame);
+        }
+        // Relays `peer` keeps for sessions here: told again that their routes are everywhere
+        // (once they are), in case that answer was lost with a link or a restart there.
+        let Some(c) = &self.cluster else { return };
+        let answers: Vec<(String, Stamp)> = c
+            .moves
+            .windows
+            .iter()
+            .filter(|(client_id, _)| self.by_client_id.contains_key(client_id.as_str()))
+            .flat_map(|(client_id, w)| {
+                w.sources
+                    .keys()
+                    .filter(|(from, _)| from == peer)
+                    .map(|(_, claim)| (client_id.to_string(), claim.clone()))
+            })
+            .collect();
+        for (client_id, claim) in answers {
+            self.session_arrived(peer, &client_id, &claim);
         }
         self.settle_moves();
     }
 
     /// A session arrives here from `from` for this node's claim: its relays may follow, and
-    /// the messages it was delivered before (`seen`) come no second time.
+    /// the messages it had (`had`) come no second time. What it was held back here while it
+    /// was on its way and turns out to have had goes (unless it comes held in the shipment
+    /// too, `shipped_held`: then the shipment's copy goes); the rest waits, each node's
+    /// messages until `from` relayed everything older of that node.
     pub(super) fn open_window(
+        &mut self,
+        sid: SessionId,
+        from: &NodeId,
+        client_id: &str,
+        claim: &Stamp,
+        arrived: Arrived<'_>,
+    ) {
+        let Arrived {
+            had,
+            held: shipped_held,
+            settled,
+        } = arrived;
+        let now = self.now;
+        let Ok(key) = ClientId::new(client_id) else {
+            return;
+        };
+        if let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) {
+            let gone = session
+                .queue
+                .drop_held(|id| had.has(id) && !shipped_held.contains(id));
+            let persistent = session.is_persistent();
+            self.stats.dropped_moved_twice += gone.len() as u64;
+            if !gone.is_empty() {
+                self.touch(sid);
+            }
+            for seq in gone.into_iter().filter(|_| persistent) {
+                let record = Key::Queued {
+                    client_id: client_id.to_owned(),
+                    seq,
+                };
+                self.persist(record.encode(), None);
+            }
+        }
+        let Some(c) = &mut self.cluster else { return };
+        let intake = c.moves.intakes.entry(key.clone()).or_default();
+        if settled {
+            // Until now the session took each origin's messages here in order: what it had
+            // of them is what this node had (kept exactly from now on, as relays may bring
+            // older ones).
+            for (origin, mark) in c.inbox.marks() {
+                intake.had_up_to(&origin, mark);
+            }
+            intake.had_up_to(&c.owner, c.next_message.saturating_sub(1));
+            intake.had_below(&c.owner.node, c.owner.incarnation);
+        }
+        let until = now.plus_ms(c.config.session_order_wait_ms);
+        let w = c.moves.windows.entry(key).or_default();
+        // Another shipment by the same relay (a session it passed on): what it said before
+        // spoke of less than it may carry now; it says it again.
+        w.sources
+            .entry((from.clone(), claim.clone()))
+            .or_default()
+            .caught_up
+            .clear();
+        w.hold_until = Some(w.hold_until.map_or(until, |t| t.max(until)));
+        self.timers.insert((until, Timer::OrderWait(sid)));
+        // Relays from here for the session wait on relays to here no more.
+        self.relay_markers(client_id);
+    }
+
+    /// The messages of a shipped session are in: what it had joins what it took here.
+    pub(super) fn merge_had(&mut self, client_id: &str, had: &Intake) {
+        let Some(c) = &mut self.cluster else { return };
+        if let Some(intake) = c.moves.intakes.get_mut(client_id) {
+            intake.merge(had);
+        }
+        self.persist_intake(client_id);
+    }
+
+    /// A session shipped here from `from` for this node's claim `claim` went on to the node
+    /// whose claim `next` took it over since: what `from` still relays for it is passed on
+    /// there, and `from` is told the session's routes are everywhere once that node says so.
+    pub(super) fn pass_on_relay(
         &mut self,
         from: &NodeId,
         client_id: &str,
         claim: &Stamp,
-        seen: Vec<MessageId>,
+        next: &Stamp,
     ) {
         let Some(c) = &mut self.cluster else { return };
         let Ok(key) = ClientId::new(client_id) else {
             return;
         };
         let w = c.moves.windows.entry(key).or_default();
-        w.sources.entry((from.clone(), claim.clone())).or_insert(0);
-        for id in seen {
-            w.first_time(&id);
+        w.sources.entry((from.clone(), claim.clone())).or_default();
+        // The relay from here where the session went carries what `from` relays now: what it
+        // said caught up before, it says again once that is in too.
+        if let Some((_, relay)) = c
+            .moves
+            .relays
+            .iter_mut()
+            .filter(|((cid, _), _)| cid == client_id)
+            .max_by(|a, b| a.0.1.cmp(&b.0.1))
+        {
+            relay.caught_up.clear();
         }
+        c.moves.routed_onward.push(RoutedOnward {
+            to: from.clone(),
+            client_id: client_id.to_owned(),
+            claim: claim.clone(),
+            next: next.clone(),
+        });
+        self.persist_intake(client_id);
     }
 
-    /// The session's identities of messages delivered, to ship with it, if relays could
-    /// bring any of them again.
-    pub(super) fn seen_record(&self, client_id: &str) -> Option<(Bytes, Bytes)> {
-        let w = self.cluster.as_ref()?.moves.windows.get(client_id)?;
-        let mut v = BytesMut::new();
-        v.put_u8(1);
-        v.put_u32(u32::try_from(w.order.len()).unwrap_or(u32::MAX));
-        for id in &w.order {
-            put_message_id(&mut v, id);
+    /// What the session of `client_id` had, to ship with it: exactly, while it may still get
+    /// messages out of order; else, of each origin, everything this node had of it.
+    pub(super) fn had_record(&self, client_id: &str) -> (Bytes, Bytes) {
+        let mut had = Intake::default();
+        let mut awaiting = None;
+        if let Some(c) = &self.cluster {
+            if let Some(intake) = c.moves.intakes.get(client_id) {
+                had = intake.clone();
+            }
+            awaiting = c.transfers.holder(client_id).cloned();
+            if !c.moves.windows.contains_key(client_id) && awaiting.is_none() {
+                for (origin, mark) in c.inbox.marks() {
+                    had.had_up_to(&origin, mark);
+                }
+                had.had_up_to(&c.owner, c.next_message.saturating_sub(1));
+                had.had_below(&c.owner.node, c.owner.incarnation);
+            }
         }
         let key = Key::Seen {
             client_id: client_id.to_owned(),
         };
-        Some((key.encode(), v.freeze()))
+        let seen = Seen {
+            sources: Vec::new(),
+            intake: had,
+            awaiting,
+        };
+        (key.encode(), seen.encode())
+    }
+
+    /// Store what a session that moved here took and the relays it waits for (or delete the
+    /// record once there is neither).
+    pub(super) fn persist_intake(&mut self, client_id: &str) {
+        let Some(c) = &self.cluster else { return };
+        let intake = c.moves.intakes.get(client_id);
+        let sources: Vec<(NodeId, Stamp)> = c
+            .moves
+            .windows
+            .get(client_id)
+            .map(|w| w.sources.keys().cloned().collect())
+            .unwrap_or_default();
+        let key = Key::Seen {
+            client_id: client_id.to_owned(),
+        }
+        .encode();
+        let awaiting = c.transfers.holder(client_id).cloned();
+        let value = (intake.is_some() || !sources.is_empty() || awaiting.is_some()).then(|| {
+            let seen = Seen {
+                sources,
+                intake: intake.cloned().unwrap_or_default(),
+                awaiting,
+            };
+            seen.encode()
+        });
+        self.persist(key, value);
+    }
+
+    /// A session left this node or ended: what it took goes with it (or with it), and no
+    /// message waits here for it any more.
+    pub(in crate::broker) fn moved_session_left(&mut self, client_id: &str) {
+        self.forget_took(client_id);
+        let Some(c) = &mut self.cluster else { return };
+        let had = c.moves.intakes.remove(client_id).is_some();
+        let window = c.moves.windows.get_mut(client_id);
+        let windowed = window.is_some();
+        if let Some(w) = window {
+            w.hold_until = None;
+        }
+        if had || windowed {
+            // What relays to here still bring is passed on: the window stays.
+            self.persist_intake(client_id);
+        }
+    }
+
+    /// Delete the records of what `client_id`'s session took one by one (they are settled,
+    /// or went with it).
+    fn forget_took(&mut self, client_id: &str) {
+        let Some(c) = &self.cluster else { return };
+        let Some(intake) = c.moves.intakes.get(client_id) else {
+            return;
+        };
+        let ids: Vec<MessageId> = intake.exact_ids().collect();
+        for (origin, seq) in ids {
+            let record = Key::Took {
+                client_id: client_id.to_owned(),
+                origin,
+                seq,
+            };
+            self.persist(record.encode(), None);
+        }
+    }
+
+    /// A message a session that moved here took one by one, read back from storage.
+    pub(in crate::broker) fn restore_took(&mut self, client_id: &str, id: MessageId) {
+        let Some(c) = &mut self.cluster else { return };
+        let Ok(key) = ClientId::new(client_id) else {
+            return;
+        };
+        c.moves.intakes.entry(key).or_default().take(&id, true);
+    }
+
+    /// A message that came with a shipped session, held back where it came from: held here
+    /// as long as older ones of its origin may still come, else delivered.
+    pub(super) fn deliver_shipped_held(
+        &mut self,
+        sid: SessionId,
+        held: Option<MessageId>,
+        delivery: Delivery,
+    ) {
+        // Taken here already (the same message in two shipments of the session, or by
+        // another way): not again.
+        if let Some(id) = &held {
+            let client_id = self.session(sid).map(|s| s.client_id.clone());
+            let Some(client_id) = client_id else { return };
+            let twice = self.cluster.as_mut().is_some_and(|c| {
+                c.moves
+                    .intakes
+                    .get_mut(&client_id)
+                    .is_some_and(|intake| intake.take(id, true) == Take::Twice)
+            });
+            if twice {
+                self.stats.dropped_moved_twice += 1;
+                return;
+            }
+            let record = Key::Took {
+                client_id: client_id.to_string(),
+                origin: id.0.clone(),
+                seq: id.1,
+            };
+            self.persist(record.encode(), Some(persist::marker()));
+        }
+        let still_held = held.as_ref().is_some_and(|id| {
+            let client_id = self.session(sid).map(|s| s.client_id.clone());
+            let Some(c) = &self.cluster else { return false };
+            client_id.is_some_and(|client_id| {
+                c.transfers.awaits(&client_id)
+                    || (c.transfers.on_its_way(&client_id) && delivery.qos == QoS::ExactlyOnce)
+                    || c.moves
+                        .windows
+                        .get(&client_id)
+                        .is_some_and(|w| w.holds(&id.0.node))
+            })
+        });
+        match held {
+            Some(id) if still_held && delivery.qos != QoS::AtMostOnce => {
+                self.stats.messages_held_for_order += 1;
+                self.hand_to_session(sid, delivery, &mut None, Some(id));
+            }
+            _ => self.deliver(sid, delivery, &mut None),
+        }
+    }
+
+    /// Let the held messages of `client_id`'s session go whose node no relay may bring older
+    /// messages of any more.
+    pub(in crate::broker) fn release_held(&mut self, client_id: &str) {
+        let Some(sid) = self.by_client_id.get(client_id).copied() else {
+            return;
+        };
+        let Some(c) = &self.cluster else { return };
+        let awaiting = c.transfers.awaits(client_id);
+        let on_its_way = c.transfers.on_its_way(client_id);
+        let window = c.moves.windows.get(client_id);
+        let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if session.queue.held() == 0 {
+            return;
+        }
+        let released = session.queue.release(|id, m| {
+            awaiting
+                || (on_its_way && m.delivery.qos == QoS::ExactlyOnce)
+                || window.is_some_and(|w| w.holds(&id.0.node))
+        });
+        if released > 0 {
+            self.pump(sid);
+        }
+    }
+
+    /// The hold of a session that moved here ran out: what it held goes.
+    pub(in crate::broker) fn order_wait_over(&mut self, sid: SessionId) {
+        let now = self.now;
+        let Some(session) = self.session(sid) else {
+            return;
+        };
+        let (client_id, held) = (session.client_id.clone(), session.queue.held());
+        let Some(w) = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.moves.windows.get_mut(&client_id))
+        else {
+            return;
+        };
+        // A later hold, or a slot given to another session since, is not this timer's.
+        if w.hold_until.is_none_or(|t| t > now) {
+            return;
+        }
+        w.hold_until = None;
+        if held > 0 {
+            self.stats.session_order_waits_over += 1;
+        }
+        self.release_held(&client_id);
     }
 
     /// A session arrived here from `from` for this node's claim: `from` is told once this
@@ -562,6 +1216,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .windows
             .get_mut(r.client_id.as_str())
             .and_then(|w| w.sources.get_mut(&source))
+            .map(|s| &mut s.last)
         else {
             self.peer_fault(peer, PeerFault::NotOwner(FrameKind::SessionRelay));
             return;
@@ -571,39 +1226,47 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return self.ack_relay(peer, r.client_id, r.claim, r.n);
         }
         *last = r.n;
-        let target = self
-            .by_client_id
-            .get(r.client_id.as_str())
-            .copied()
-            .or_else(|| {
-                let c = self.cluster.as_ref()?;
-                c.moves
-                    .relays
-                    .iter()
-                    .find(|((cid, _), relay)| *cid == r.client_id && relay.sid.is_some())
-                    .and_then(|(_, relay)| relay.sid)
-            });
+        let here = self.by_client_id.get(r.client_id.as_str()).copied();
+        // The session moved on: what comes for it goes where it went last (the relay for the
+        // latest claim), as it is (the node before matched it to the session).
+        let onward = here.is_none().then(|| {
+            let c = self.cluster.as_ref()?;
+            c.moves
+                .relays
+                .keys()
+                .filter(|(cid, _)| *cid == r.client_id)
+                .max_by(|a, b| a.1.cmp(&b.1))
+                .cloned()
+        });
         let p = r.message;
-        if let Some(sid) = target {
-            let (qos, retain) = (p.qos, p.retain);
-            let message = Arc::new(link_message(p, now));
-            let topic = message.topic.clone();
-            let delivery = Delivery::new(message, qos, retain, Vec::new(), None);
-            self.begin_peer_routing((r.origin, r.seq));
-            // For a subscription the session still has, as the access rules allow; once,
-            // whichever way it came ([`Broker::moving_delivery`], in `deliver`).
-            let subscribed = self.session(sid).is_some_and(|s| {
-                s.subscriptions
-                    .keys()
-                    .any(|f| crate::topic::matches(pattern(f), &topic))
-            });
-            if subscribed && self.may_receive(sid, &topic) {
-                self.deliver(sid, delivery, &mut None);
+        let (qos, retain) = (p.qos, p.retain);
+        let message = Arc::new(link_message(p, now));
+        let topic = message.topic.clone();
+        let delivery = Delivery::new(message, qos, retain, Vec::new(), None);
+        self.begin_peer_routing((r.origin, r.seq));
+        match (here, onward) {
+            (_, Some(Some(key))) => self.relay_delivery(&key, delivery),
+            (Some(sid), _) => {
+                // For a subscription the session still has (or whose subscriptions are on
+                // their way here), as the access rules allow; once, whichever way it came
+                // ([`Broker::moving_delivery`], in `deliver`).
+                let on_its_way = self
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|c| c.transfers.on_its_way(&r.client_id));
+                let subscribed = on_its_way
+                    || self.session(sid).is_some_and(|s| {
+                        s.subscriptions
+                            .keys()
+                            .any(|f| crate::topic::matches(pattern(f), &topic))
+                    });
+                if subscribed && self.may_receive(sid, &topic) {
+                    self.deliver(sid, delivery, &mut None);
+                }
             }
-            self.end_routing();
-        } else {
-            self.stats.sessions_transfers_refused += 1;
+            _ => self.stats.sessions_transfers_refused += 1,
         }
+        self.end_routing();
         self.ack_relay(peer, r.client_id, r.claim, r.n);
     }
 
@@ -618,25 +1281,98 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         );
     }
 
-    /// The old node of a session relays nothing more to it.
+    /// The old node of a session relays nothing more to it (and the relay from here, if the
+    /// session moved on, may end).
     pub(super) fn on_relay_done(&mut self, peer: &NodeId, client_id: &str, claim: Stamp) {
         let Some(c) = &mut self.cluster else { return };
-        if let Some(w) = c.moves.windows.get_mut(client_id) {
+        let closed = c.moves.windows.get_mut(client_id).is_some_and(|w| {
             w.sources.remove(&(peer.clone(), claim));
-            if w.sources.is_empty() {
-                c.moves.windows.remove(client_id);
-            }
+            w.sources.is_empty()
+        });
+        if closed {
+            self.close_window(client_id);
         }
+        self.settle_moves();
+    }
+
+    /// The old node of a session relayed everything `node` had routed to it first.
+    pub(super) fn on_relay_caught_up(
+        &mut self,
+        peer: &NodeId,
+        client_id: &str,
+        claim: Stamp,
+        node: NodeId,
+    ) {
+        let Some(c) = &mut self.cluster else { return };
+        let max_nodes = c.config.max_nodes;
+        // Only the node that shipped the session here speaks for its relay.
+        let Some(source) = c
+            .moves
+            .windows
+            .get_mut(client_id)
+            .and_then(|w| w.sources.get_mut(&(peer.clone(), claim)))
+        else {
+            self.peer_fault(peer, PeerFault::NotOwner(FrameKind::SessionRelayCaughtUp));
+            return;
+        };
+        if source.caught_up.len() > max_nodes {
+            return;
+        }
+        source.caught_up.insert(node);
+        self.release_held(client_id);
+        self.relay_markers(client_id);
+    }
+
+    /// No relay may come to `client_id`'s session any more: what it took is settled, and
+    /// nothing waits for its order.
+    fn close_window(&mut self, client_id: &str) {
+        let Some(c) = &mut self.cluster else { return };
+        c.moves.windows.remove(client_id);
+        self.forget_took(client_id);
+        let Some(c) = &mut self.cluster else { return };
+        if let Some(intake) = c.moves.intakes.get_mut(client_id) {
+            intake.settle();
+        }
+        self.persist_intake(client_id);
+        self.release_held(client_id);
+        self.relay_markers(client_id);
     }
 
     /// A node left the deployment: nothing more comes from it, and nothing goes to it.
     pub(super) fn moves_forget_node(&mut self, node: &NodeId) {
+        self.transfers_forget_node(node);
         let Some(c) = &mut self.cluster else { return };
-        c.moves.windows.retain(|_, w| {
-            w.sources.retain(|(from, _), _| from != node);
-            !w.sources.is_empty()
-        });
+        let closed: Vec<ClientId> = c
+            .moves
+            .windows
+            .iter_mut()
+            .filter_map(|(client_id, w)| {
+                let before = w.sources.len();
+                w.sources.retain(|(from, _), _| from != node);
+                (w.sources.len() < before && w.sources.is_empty()).then(|| client_id.clone())
+            })
+            .collect();
+        for client_id in closed {
+            self.close_window(&client_id);
+        }
+        let Some(c) = &mut self.cluster else { return };
         c.moves.answers.retain(|a| a.to != *node);
+        // A node gone can answer no more: those waiting for it are told now.
+        let (told, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut c.moves.routed_onward)
+            .into_iter()
+            .filter(|o| o.to != *node)
+            .partition(|o| o.next.node == *node);
+        c.moves.routed_onward = waiting;
+        for o in told {
+            self.send_to_peer(
+                o.to,
+                Frame::SessionRouted {
+                    client_id: o.client_id,
+                    claim: o.claim,
+                },
+            );
+        }
+        let Some(c) = &mut self.cluster else { return };
         let mut waiting_on = Vec::new();
         let mut gone = Vec::new();
         for (key, relay) in c.moves.relays.iter_mut() {
@@ -674,6 +1410,78 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.settle_moves();
     }
 
+    /// What a session that moved here took, and the relays it waits for, read back from
+    /// storage (its hold for order is over: what it held goes).
+    pub(in crate::broker) fn restore_seen(
+        &mut self,
+        client_id: String,
+        value: &[u8],
+    ) -> Result<(), RecordError> {
+        let Seen {
+            sources,
+            intake,
+            awaiting,
+        } = decode_seen(value)?;
+        let Some(c) = &mut self.cluster else {
+            return Ok(());
+        };
+        let Ok(key) = ClientId::new(&client_id) else {
+            return Ok(());
+        };
+        if let Some(holder) = awaiting {
+            // Its wait ran out with the restart: QoS 2 messages still wait for its state.
+            c.transfers.restore_awaiting(key.clone(), holder, self.now);
+        }
+        if !sources.is_empty() {
+            let w = c.moves.windows.entry(key.clone()).or_default();
+            for source in sources {
+                w.sources.entry(source).or_default();
+            }
+        }
+        if !intake.is_empty() {
+            c.moves.intakes.entry(key).or_default().merge(&intake);
+        }
+        Ok(())
+    }
+
+    /// Whether relays may still bring `client_id`'s session older messages (its state is on
+    /// its way, or a relay to it runs).
+    pub(in crate::broker) fn may_get_older(&self, client_id: &str) -> bool {
+        self.cluster.as_ref().is_some_and(|c| {
+            c.moves.windows.contains_key(client_id) || c.transfers.on_its_way(client_id)
+        })
+    }
+
+    /// After a restart: the sessions that moved here and may still get older messages by
+    /// relays hold back what they held for a bound of their own again (what nothing holds
+    /// any more goes).
+    pub(in crate::broker) fn restart_holds(&mut self) {
+        let now = self.now;
+        let Some(c) = &mut self.cluster else { return };
+        let until = now.plus_ms(c.config.session_order_wait_ms);
+        let mut held = Vec::new();
+        for (client_id, w) in c.moves.windows.iter_mut() {
+            if let Some(&sid) = self.by_client_id.get(client_id.as_str()) {
+                w.hold_until = Some(until);
+                held.push((client_id.clone(), sid));
+            }
+        }
+        for (client_id, sid) in held {
+            self.timers.insert((until, Timer::OrderWait(sid)));
+            self.release_held(&client_id);
+        }
+        let sessions: Vec<(ClientId, SessionId)> = self
+            .by_client_id
+            .iter()
+            .map(|(c, s)| (c.clone(), *s))
+            .collect();
+        for (client_id, sid) in sessions {
+            if self.session(sid).is_some_and(|s| s.queue.held() > 0) {
+                self.release_held(&client_id);
+            }
+        }
+    }
+
     /// A relayed message read back from storage: sent again when its taker's link is up.
     pub(in crate::broker) fn restore_relayed(
         &mut self,
@@ -697,6 +1505,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             next_n: 1,
             pending: BTreeMap::new(),
             fence: Some((0, BTreeSet::new())),
+            echoed: BTreeSet::new(),
+            caught_up: BTreeSet::new(),
         });
         relay.next_n = relay.next_n.max(n + 1);
         relay.pending.insert(n, (id, delivery));
@@ -704,16 +1514,61 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 }
 
-/// The identities in a [`Key::Seen`] record (at most [`SEEN_KEPT`]).
-pub(super) fn decode_seen(value: &[u8]) -> Result<Vec<MessageId>, RecordError> {
-    let mut r = persist::Reader::new("seen messages", value)?;
-    let count = r.u32()? as usize;
-    // Each identity takes at least 19 bytes: no allocation beyond what the value holds.
-    let mut ids = Vec::with_capacity(count.min(SEEN_KEPT).min(value.len() / 19));
-    for _ in 0..count.min(SEEN_KEPT) {
-        ids.push(read_message_id(&mut r)?);
+/// What a [`Key::Seen`] record holds.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    /// The relays a session that moved here waits for (none in a shipped session).
+    pub sources: Vec<(NodeId, Stamp)>,
+    /// What the session took.
+    pub intake: Intake,
+    /// The node the session's state was waiting for, from there; in a shipped session: its
+    /// sender was itself waiting for it, so more of it comes.
+    pub awaiting: Option<NodeId>,
+}
+
+/// Relays are bounded by the nodes a deployment may have.
+const SOURCES_KEPT: usize = 4_096;
+
+impl Seen {
+    fn encode(&self) -> Bytes {
+        let mut v = BytesMut::new();
+        v.put_u8(1);
+        match &self.awaiting {
+            None => v.put_u8(0),
+            Some(holder) => {
+                v.put_u8(1);
+                persist::put_string(&mut v, holder.as_str());
+            }
+        }
+        v.put_u32(u32::try_from(self.sources.len()).unwrap_or(u32::MAX));
+        for (from, claim) in &self.sources {
+            persist::put_string(&mut v, from.as_str());
+            persist::put_stamp_value(&mut v, claim);
+        }
+        self.intake.encode(&mut v);
+        v.freeze()
     }
-    Ok(ids)
+}
+
+pub(super) fn decode_seen(value: &[u8]) -> Result<Seen, RecordError> {
+    let mut r = persist::Reader::new("seen messages", value)?;
+    let awaiting = match r.u8()? {
+        0 => None,
+        _ => Some(r.node()?),
+    };
+    let count = r.u32()? as usize;
+    if count > SOURCES_KEPT {
+        return Err(r.fail("too many relays"));
+    }
+    let mut sources = Vec::with_capacity(count);
+    for _ in 0..count {
+        sources.push((r.node()?, r.stamp()?));
+    }
+    Ok(Seen {
+        sources,
+        intake: Intake::decode(&mut r)?,
+        awaiting,
+    })
 }
 
 /// A subscription's filter without its `$share/{group}/` prefix.

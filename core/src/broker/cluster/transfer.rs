@@ -3,19 +3,25 @@
 //! The session travels as the records it is stored as ([`Frame::SessionTransfer`], in parts
 //! of at most a mebibyte), is kept on disk (as one record) until the claiming node answers
 //! that it took it ([`Frame::SessionTaken`]), and is sent again on every new link session until
-//! then; the taker remembers which transfers it took, so that a transfer sent twice is taken
-//! once.
+//! then; the taker remembers which shipments it took, so that a transfer sent twice is taken
+//! once. A node that is sent a session claimed since by another passes it on as the same
+//! shipment ([`SessionTransfer::shipment`]).
 //!
 //! A client that resumes on a node that does not hold its session, while a claim of the same
 //! user elsewhere says one exists, gets Session Present and keeps its own session state: the
-//! node sends it no QoS 1/2 message until the session arrives (or
+//! node sends it no QoS 1/2 message until the session arrives, so that the messages the old
+//! node had in flight keep their packet ids. Past
 //! [`ClusterConfig::session_transfer_wait_ms`](super::ClusterConfig::session_transfer_wait_ms)
-//! passes), so that the messages the old node had in flight keep their packet ids.
+//! (the old node is cut off), QoS 0 and 1 messages go; QoS 2 ones still wait, since the
+//! client may hold packet ids of the old node's QoS 2 messages (PUBREC sent, PUBREL not yet
+//! received), and a new message under one of them would be taken for a copy of the old one
+//! and never delivered. They go once the session arrives (or the old node is forgotten).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::relay::Arrived;
 use super::trust::{PeerFault, PeerLimit};
 use crate::broker::ClientId;
 use crate::broker::io::Event;
@@ -23,6 +29,7 @@ use crate::broker::message::Delivery;
 use crate::broker::persist::{self, Key, RecordError, SessionRecord};
 use crate::broker::session::{Inflight, InflightState, SessionId, SubscriptionEntry};
 use crate::broker::{Authenticator, Authorizer, Broker, ClientRef, FilterAccess, Timer};
+use crate::codec::QoS;
 use crate::link::{Claim, Frame, SessionTransfer};
 use crate::read::Fields;
 use crate::retained::Stamp;
@@ -38,6 +45,8 @@ const TAKEN_KEPT: usize = 100_000;
 #[derive(Debug, Clone)]
 pub(super) struct Outgoing {
     pub to: NodeId,
+    /// The taker's claim it answers.
+    pub claim: Stamp,
     pub records: Vec<(Bytes, Bytes)>,
 }
 
@@ -54,29 +63,73 @@ pub(super) struct Assembly {
 pub(super) struct Awaiting {
     /// When the wait is over.
     until: crate::broker::io::Timestamp,
-    /// QoS 2 packet ids the client released (PUBREL) meanwhile: the old node's record of
-    /// them, when it comes, is stale.
-    released: Vec<u16>,
+    /// The wait ran out: QoS 0 and 1 messages go, QoS 2 ones still wait.
+    over: bool,
+    /// The node whose claim said it held the session.
+    holder: NodeId,
 }
 
-/// Which transfer was taken: its client id, the claim it answered, and its sender.
+/// Which transfer was taken: its client id, its shipment, and its sender.
 type TakenKey = (String, Stamp, NodeId);
 
 /// Sessions on their way between this node and others.
 #[derive(Debug, Default)]
 pub(super) struct Transfers {
-    /// Sessions shipped from here, by client id and the claim they answer.
+    /// Sessions shipped from here, by client id and shipment.
     pub outgoing: BTreeMap<(String, Stamp), Outgoing>,
-    /// Transfers arriving, by sender, client id and claim.
+    /// Transfers arriving, by sender, client id and shipment.
     incoming: BTreeMap<(NodeId, String, Stamp), Assembly>,
     /// Transfers taken, oldest first, and the same as a set.
     taken: VecDeque<TakenKey>,
     taken_set: BTreeSet<TakenKey>,
     /// Sessions of clients that resumed here, waited for from another node, by client id.
     awaiting: BTreeMap<ClientId, Awaiting>,
+    /// Clients told Session Present here while their session was on another node: they kept
+    /// their session state, so what arrives of the session keeps its packet ids. With the
+    /// QoS 2 packet ids they released (PUBREL) meanwhile: the old node's record of those is
+    /// stale.
+    resumed: BTreeMap<ClientId, BTreeSet<u16>>,
 }
 
 impl Transfers {
+    /// Whether no session is waited for.
+    pub fn awaiting_none(&self) -> bool {
+        self.awaiting.is_empty()
+    }
+
+    /// Whether `client_id`'s session is waited for, and the wait is not over.
+    pub fn awaits(&self, client_id: &str) -> bool {
+        !self.awaiting.is_empty() && self.awaiting.get(client_id).is_some_and(|w| !w.over)
+    }
+
+    /// The node `client_id`'s session is waited for from.
+    pub fn holder(&self, client_id: &str) -> Option<&NodeId> {
+        self.awaiting.get(client_id).map(|w| &w.holder)
+    }
+
+    /// A wait read back from storage (over: a restart ended it).
+    pub fn restore_awaiting(
+        &mut self,
+        client_id: ClientId,
+        holder: NodeId,
+        now: crate::broker::io::Timestamp,
+    ) {
+        self.resumed.entry(client_id.clone()).or_default();
+        self.awaiting.insert(
+            client_id,
+            Awaiting {
+                until: now,
+                over: true,
+                holder,
+            },
+        );
+    }
+
+    /// Whether `client_id`'s session is on its way, wait over or not.
+    pub fn on_its_way(&self, client_id: &str) -> bool {
+        !self.awaiting.is_empty() && self.awaiting.contains_key(client_id)
+    }
+
     fn remember_taken(&mut self, key: TakenKey) -> Option<TakenKey> {
         self.taken_set.insert(key.clone());
         self.taken.push_back(key);
@@ -103,11 +156,13 @@ impl Transfers {
     }
 }
 
-/// The value of a shipped session's record: its taker, then its records, packed.
+/// The value of a shipped session's record: its taker and the claim it answers, then its
+/// records, packed.
 fn encode_outgoing(out: &Outgoing) -> Bytes {
     let mut v = BytesMut::new();
     v.put_u8(1);
     persist::put_string(&mut v, out.to.as_str());
+    persist::put_stamp_value(&mut v, &out.claim);
     v.put_slice(&persist::pack(&out.records));
     v.freeze()
 }
@@ -115,9 +170,10 @@ fn encode_outgoing(out: &Outgoing) -> Bytes {
 fn decode_outgoing(value: &Bytes) -> Result<Outgoing, RecordError> {
     let mut r = persist::Reader::new("shipped session", value)?;
     let to = r.node()?;
+    let claim = r.stamp()?;
     let used = value.len() - r.rest().len();
     let records = persist::unpack(&value.slice(used..))?;
-    Ok(Outgoing { to, records })
+    Ok(Outgoing { to, claim, records })
 }
 
 /// Whether every record is one of `client_id`'s session (session, subscription, message,
@@ -156,7 +212,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     .is_none_or(|c| c.residency_allows(topic, &stamp.node))
             });
         self.stats.residency_withheld += withheld;
-        records.extend(self.seen_record(&client_id));
+        // The taker goes through the messages by number: they are numbered in the order the
+        // session holds them (held ones were put in their origins' order here).
+        let mut n = 0;
+        for (key, _) in &mut records {
+            if let Ok(Key::Queued { client_id, .. }) = Key::decode(key) {
+                n += 1;
+                *key = Key::Queued { client_id, seq: n }.encode();
+            }
+        }
+        records.push(self.had_record(&client_id));
         self.vacate_session(sid);
         self.start_relay(sid, &client_id, &stamp.node, stamp);
         self.stats.sessions_moved_out += 1;
@@ -164,19 +229,32 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             client_id: client_id.clone(),
             to: stamp.node.clone(),
         });
-        self.ship(&client_id, stamp, records);
+        let now = self.now.as_millis();
+        let Some(c) = &mut self.cluster else { return };
+        let shipment = Stamp {
+            hlc: c.hlc.tick(now),
+            node: c.owner.node.clone(),
+        };
+        self.ship(&client_id, shipment, stamp, records);
     }
 
-    /// Keep a session's records (stored) until the node whose claim is `stamp` takes them,
+    /// Keep a session's records (stored) until the node whose claim is `claim` takes them,
     /// and send them if its link is up.
-    fn ship(&mut self, client_id: &str, stamp: &Stamp, records: Vec<(Bytes, Bytes)>) {
+    fn ship(
+        &mut self,
+        client_id: &str,
+        shipment: Stamp,
+        claim: &Stamp,
+        records: Vec<(Bytes, Bytes)>,
+    ) {
         let out = Outgoing {
-            to: stamp.node.clone(),
+            to: claim.node.clone(),
+            claim: claim.clone(),
             records,
         };
         let key = Key::Transfer {
             client_id: client_id.to_owned(),
-            claim: stamp.clone(),
+            shipment: shipment.clone(),
         };
         self.persist(key.encode(), Some(encode_outgoing(&out)));
         let Some(c) = &mut self.cluster else { return };
@@ -184,22 +262,23 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let to = out.to.clone();
         c.transfers
             .outgoing
-            .insert((client_id.to_owned(), stamp.clone()), out);
+            .insert((client_id.to_owned(), shipment.clone()), out);
         if up {
-            self.send_transfer(&to, client_id, stamp);
+            self.send_transfer(&to, client_id, &shipment);
         }
     }
 
     /// Send a shipped session's parts.
-    fn send_transfer(&mut self, to: &NodeId, client_id: &str, claim: &Stamp) {
+    fn send_transfer(&mut self, to: &NodeId, client_id: &str, shipment: &Stamp) {
         let Some(c) = &self.cluster else { return };
         let Some(out) = c
             .transfers
             .outgoing
-            .get(&(client_id.to_owned(), claim.clone()))
+            .get(&(client_id.to_owned(), shipment.clone()))
         else {
             return;
         };
+        let claim = out.claim.clone();
         let mut parts: Vec<Vec<(Bytes, Bytes)>> = vec![Vec::new()];
         let mut bytes = 0;
         for record in &out.records {
@@ -218,6 +297,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let frame = Frame::SessionTransfer(SessionTransfer {
                 client_id: client_id.to_owned(),
                 claim: claim.clone(),
+                shipment: shipment.clone(),
                 index: u32::try_from(index).unwrap_or(u32::MAX),
                 count,
                 records,
@@ -236,15 +316,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .filter(|(_, o)| o.to == *peer)
             .map(|(k, _)| k.clone())
             .collect();
-        for (client_id, claim) in shipped {
-            self.send_transfer(peer, &client_id, &claim);
+        for (client_id, shipment) in shipped {
+            self.send_transfer(peer, &client_id, &shipment);
         }
     }
 
     /// A part of a session `peer` ships here.
     pub(super) fn on_session_transfer(&mut self, peer: &NodeId, t: SessionTransfer) {
         let Some(c) = &mut self.cluster else { return };
-        let key = (peer.clone(), t.client_id.clone(), t.claim.clone());
+        let key = (peer.clone(), t.client_id.clone(), t.shipment.clone());
         let size: usize = t.records.iter().map(|(k, v)| k.len() + v.len()).sum();
         if t.index == 0 {
             c.transfers.incoming.remove(&key);
@@ -276,7 +356,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(assembly) = c.transfers.incoming.remove(&key) else {
             return;
         };
-        self.take_session(peer, &t.client_id, &t.claim, assembly.records);
+        self.take_session(peer, &t.client_id, &t.claim, t.shipment, assembly.records);
     }
 
     /// A whole session shipped by `peer` for this node's claim `claim` on `client_id`.
@@ -285,13 +365,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         peer: &NodeId,
         client_id: &str,
         claim: &Stamp,
+        shipment: Stamp,
         records: Vec<(Bytes, Bytes)>,
     ) {
-        let taken_key = (client_id.to_owned(), claim.clone(), peer.clone());
+        let taken_key = (client_id.to_owned(), shipment.clone(), peer.clone());
         let Some(c) = &mut self.cluster else { return };
         let answer = Frame::SessionTaken {
             client_id: client_id.to_owned(),
             claim: claim.clone(),
+            shipment: shipment.clone(),
         };
         if c.transfers.taken_set.contains(&taken_key) {
             self.send_to_peer(peer.clone(), answer);
@@ -312,17 +394,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .map(|e| (e.stamp.clone(), e.value.clone()));
         let me = c.owner.node.clone();
         match winner {
-            // Claimed since by another node: the session goes on there (what the sender may
-            // still relay meanwhile has nowhere to go here: it ends its relay at once).
+            // Claimed since by another node: the session goes on there, and what the sender
+            // still relays for it goes on there too.
             Some((stamp, Some(_))) if stamp.node != me => {
-                self.ship(client_id, &stamp, records);
-                self.send_to_peer(
-                    peer.clone(),
-                    Frame::SessionRouted {
-                        client_id: client_id.to_owned(),
-                        claim: claim.clone(),
-                    },
-                );
+                self.ship(client_id, shipment, &stamp, records);
+                self.pass_on_relay(peer, client_id, claim, &stamp);
             }
             // This node's claim stands: the session joins the one here, and what the sender
             // relays until the routes moved joins it too.
@@ -344,7 +420,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.persist(
             Key::TransferTaken {
                 client_id: key.0,
-                claim: key.1,
+                shipment: key.1,
                 from: key.2.clone(),
             }
             .encode(),
@@ -353,7 +429,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if let Some((client_id, claim, from)) = forgotten {
             let key = Key::TransferTaken {
                 client_id,
-                claim,
+                shipment: claim,
                 from,
             };
             self.persist(key.encode(), None);
@@ -386,11 +462,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let mut subscriptions = Vec::new();
         let mut messages = BTreeMap::new();
         let mut incoming = Vec::new();
-        let mut seen = Vec::new();
+        let mut had = super::intake::Intake::default();
+        // The sender was itself waiting for the session: what it ships is not all of it.
+        let mut more_coming = false;
         for (key, value) in &records {
             let Ok(key) = Key::decode(key) else { continue };
             match key {
-                Key::Seen { .. } => seen = super::relay::decode_seen(value).unwrap_or_default(),
+                Key::Seen { .. } => {
+                    if let Ok(seen) = super::relay::decode_seen(value) {
+                        had.merge(&seen.intake);
+                        more_coming |= seen.awaiting.is_some();
+                    }
+                }
                 Key::Session { .. } => session_record = SessionRecord::decode(value).ok(),
                 Key::Subscription { filter, .. } => {
                     if let (Ok(entry), Ok(filter)) = (
@@ -417,13 +500,34 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.stats.sessions_transfers_refused += 1;
             return false;
         }
-        let waiting = self
+        // The session was whole here (not waiting for its state, no relay to it running):
+        // until now it took each origin's messages in this node's order.
+        let settled = self
             .cluster
-            .as_mut()
-            .and_then(|c| c.transfers.awaiting.remove(client_id));
+            .as_ref()
+            .is_some_and(|c| !c.transfers.on_its_way(client_id) && !c.moves.has_window(client_id));
+        // The client kept its session state (it was told Session Present here): what it
+        // holds keeps its packet ids.
+        let kept_state = self.cluster.as_mut().and_then(|c| {
+            if !more_coming {
+                c.transfers.awaiting.remove(client_id);
+            }
+            c.transfers.resumed.get(client_id).cloned()
+        });
         // Relays from the sender may follow; what the session had before it left there comes
         // no second time.
-        self.open_window(from, client_id, claim_stamp, seen);
+        let shipped_held: BTreeSet<_> = messages.values().filter_map(|m| m.held.clone()).collect();
+        self.open_window(
+            sid,
+            from,
+            client_id,
+            claim_stamp,
+            Arrived {
+                had: &had,
+                held: &shipped_held,
+                settled,
+            },
+        );
         for (filter, entry) in subscriptions {
             self.add_transferred_subscription(sid, &filter, entry);
         }
@@ -432,19 +536,25 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             if !self.may_receive(sid, &topic) {
                 continue;
             }
-            match (record.inflight, &waiting) {
-                (Some((packet_id, state)), Some(_)) => {
+            match record.inflight {
+                // With its packet id: a client that kept its session state holds it (a QoS 2
+                // one it acknowledged with PUBREC is released with PUBREL, never sent again),
+                // and one that dropped it answers the PUBREL all the same.
+                Some((packet_id, state)) => {
                     self.restore_inflight(sid, packet_id, state, record.delivery)
                 }
-                // The client dropped its session state (no Session Present): a QoS 2 message
-                // it acknowledged with PUBREC is its own already.
-                (Some((_, InflightState::AwaitComp)), None) => {}
-                _ => self.deliver(sid, record.delivery, &mut None),
+                // Held back there for its origin's order: held here too, while older ones of
+                // its origin may still come.
+                None if record.held.is_some() => {
+                    self.deliver_shipped_held(sid, record.held, record.delivery)
+                }
+                None => self.deliver(sid, record.delivery, &mut None),
             }
         }
-        if let Some(w) = &waiting {
+        self.merge_had(client_id, &had);
+        if let Some(released) = &kept_state {
             for packet_id in incoming {
-                if !w.released.contains(&packet_id) {
+                if !released.contains(&packet_id) {
                     self.keep_incoming(sid, packet_id);
                 }
             }
@@ -550,38 +660,60 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// `peer` took the session shipped for its claim: let go of it here.
-    pub(super) fn on_session_taken(&mut self, peer: &NodeId, client_id: String, claim: Stamp) {
+    /// `peer` took the session shipped to it: let go of it here.
+    pub(super) fn on_session_taken(&mut self, peer: &NodeId, client_id: String, shipment: Stamp) {
         let Some(c) = &mut self.cluster else { return };
-        let key = (client_id, claim);
+        let key = (client_id, shipment);
         if c.transfers.outgoing.get(&key).is_none_or(|o| o.to != *peer) {
             return;
         }
         c.transfers.outgoing.remove(&key);
-        let (client_id, claim) = key;
-        self.persist(Key::Transfer { client_id, claim }.encode(), None);
+        let (client_id, shipment) = key;
+        self.persist(
+            Key::Transfer {
+                client_id,
+                shipment,
+            }
+            .encode(),
+            None,
+        );
     }
 
-    /// A resuming client whose session is on another node: no QoS 1/2 message goes to it
-    /// until the session arrives or the wait is over.
-    pub(in crate::broker) fn await_transfer(&mut self, sid: SessionId) {
+    /// A resuming client whose session `holder` holds (its claim says): no QoS 1/2 message
+    /// goes to it until the session arrives or the wait is over, and no QoS 2 one until the
+    /// session arrives.
+    pub(in crate::broker) fn await_transfer(&mut self, sid: SessionId, holder: NodeId) {
         let Some(client_id) = self.session(sid).map(|s| s.client_id.clone()) else {
             return;
         };
         let Some(c) = &mut self.cluster else { return };
         let until = self.now.plus_ms(c.config.session_transfer_wait_ms);
+        c.transfers.resumed.entry(client_id.clone()).or_default();
         c.transfers.awaiting.insert(
-            client_id,
+            client_id.clone(),
             Awaiting {
                 until,
-                released: Vec::new(),
+                over: false,
+                holder,
             },
         );
         self.timers.insert((until, Timer::TransferWait(sid)));
+        self.persist_intake(&client_id);
     }
 
-    /// Whether a session waits for its state from another node (no QoS 1/2 message goes to
-    /// its client meanwhile).
+    /// Whether a message of `qos` waits for a session's state from another node: every QoS
+    /// 1/2 message while the wait lasts, QoS 2 ones once it is over.
+    pub(in crate::broker) fn transfer_blocks(&self, sid: SessionId, qos: QoS) -> bool {
+        let Some(c) = &self.cluster else { return false };
+        if c.transfers.awaiting.is_empty() {
+            return false;
+        }
+        self.session(sid)
+            .and_then(|s| c.transfers.awaiting.get(&s.client_id))
+            .is_some_and(|w| !w.over || qos == QoS::ExactlyOnce)
+    }
+
+    /// Whether a session's state is on its way from another node (wait over or not).
     pub(in crate::broker) fn awaits_transfer(&self, sid: SessionId) -> bool {
         let Some(c) = &self.cluster else { return false };
         !c.transfers.awaiting.is_empty()
@@ -595,21 +727,43 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(client_id) = self.session(sid).map(|s| s.client_id.clone()) else {
             return;
         };
-        if let Some(w) = self
+        if let Some(released) = self
             .cluster
             .as_mut()
-            .and_then(|c| c.transfers.awaiting.get_mut(&client_id))
+            .and_then(|c| c.transfers.resumed.get_mut(&client_id))
         {
-            w.released.push(packet_id);
+            released.insert(packet_id);
         }
     }
 
     /// A session that ends or leaves waits for nothing.
     pub(in crate::broker) fn forget_transfer_wait(&mut self, client_id: &str) {
-        if let Some(c) = &mut self.cluster
-            && !c.transfers.awaiting.is_empty()
-        {
-            c.transfers.awaiting.remove(client_id);
+        let Some(c) = &mut self.cluster else { return };
+        c.transfers.resumed.remove(client_id);
+        if c.transfers.awaiting.remove(client_id).is_some() {
+            self.persist_intake(client_id);
+        }
+    }
+
+    /// A node was forgotten: sessions waited for from it come no more.
+    pub(super) fn transfers_forget_node(&mut self, node: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        let gone: Vec<ClientId> = c
+            .transfers
+            .awaiting
+            .iter()
+            .filter(|(_, w)| w.holder == *node)
+            .map(|(client_id, _)| client_id.clone())
+            .collect();
+        for client_id in gone {
+            if let Some(c) = &mut self.cluster {
+                c.transfers.awaiting.remove(&client_id);
+            }
+            self.persist_intake(&client_id);
+            self.release_held(&client_id);
+            if let Some(sid) = self.by_client_id.get(client_id.as_str()).copied() {
+                self.pump(sid);
+            }
         }
     }
 
@@ -622,13 +776,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         let Some(c) = &mut self.cluster else { return };
         // A slot given to another session since, or a later wait, is not this timer's.
-        if c.transfers
-            .awaiting
-            .get(&client_id)
-            .is_some_and(|w| w.until <= now)
+        if let Some(w) = c.transfers.awaiting.get_mut(&client_id)
+            && w.until <= now
+            && !w.over
         {
-            c.transfers.awaiting.remove(&client_id);
+            w.over = true;
             self.stats.sessions_transfer_waits_over += 1;
+            self.release_held(&client_id);
             self.pump(sid);
         }
     }
@@ -637,14 +791,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(in crate::broker) fn restore_transfer(
         &mut self,
         client_id: &str,
-        claim: Stamp,
+        shipment: Stamp,
         value: &Bytes,
     ) -> Result<(), RecordError> {
         let out = decode_outgoing(value)?;
         if let Some(c) = &mut self.cluster {
             c.transfers
                 .outgoing
-                .insert((client_id.to_owned(), claim), out);
+                .insert((client_id.to_owned(), shipment), out);
         }
         Ok(())
     }

@@ -145,7 +145,9 @@ pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Optio
         }
         // A relay and its end answer the receiver's claim; an acknowledgement the sender's.
         Frame::SessionRelay(r) => r.claim.node == *me,
-        Frame::SessionRelayDone { claim, .. } => claim.node == *me,
+        Frame::SessionRelayDone { claim, .. } | Frame::SessionRelayCaughtUp { claim, .. } => {
+            claim.node == *me
+        }
         Frame::SessionRelayAck { claim, .. } => claim.node == *peer,
         // The sender's own filters: they name no other node.
         Frame::ScopedRoutes { .. }
