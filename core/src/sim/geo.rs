@@ -266,16 +266,20 @@ pub fn region_partition() -> Scenario {
     s
 }
 
-/// The subscription fence's cost and effect: a subscriber in Frankfurt subscribes while a
-/// publisher in Cape Town sends a QoS 1 message every 10 ms to its topic. Messages published
+/// The subscription fence's cost and effect: a subscriber in Frankfurt subscribes, in a
+/// settled mesh, while a publisher in Cape Town sends a QoS 1 message every 10 ms to its topic. Messages published
 /// after the SUBACK but before Cape Town knew the route are lost without the fence.
 pub fn subscribe_fence(on: bool) -> Scenario {
     let mut s = writeup_deployment(if on { "fence-on" } else { "fence-off" });
     s.subscribe_fence = on;
-    s.clients.push(group("sub-fra", "fra", &["news/fra"]));
+    // Two seconds in, once the mesh settled: until a node caught up with a peer's routes
+    // after their link came up, it forwards QoS 1/2 messages to that peer whatever its routes.
+    let mut sub = group("sub-fra", "fra", &["news/fra"]);
+    sub.connect_at_ms = 2_000;
+    s.clients.push(sub);
     s.clients.push(group("pub-cpt", "cpt", &[]));
     s.publishes
-        .push(plan("pub-cpt", "news/fra", QoS::AtLeastOnce, 20, 10, 100));
+        .push(plan("pub-cpt", "news/fra", QoS::AtLeastOnce, 2_020, 10, 100));
     s.duration_ms = 10_000;
     s
 }

@@ -78,6 +78,9 @@ impl LinkSpec {
 struct Link {
     spec: LinkSpec,
     up: bool,
+    /// Cut by a fault ([`Action::Cut`]) until it heals ([`Action::Heal`]): a node that restarts
+    /// meanwhile does not reach over it.
+    held_down: bool,
     /// Bumped on every cut: stream frames of an earlier epoch died with the connection.
     epoch: u64,
     /// When the last stream frame in each direction arrives (keeps the stream ordered).
@@ -281,6 +284,7 @@ impl Sim {
                         up: false,
                         epoch: 0,
                         stream_tail: [0; 2],
+                        held_down: false,
                     },
                 );
             }
@@ -583,8 +587,18 @@ impl Sim {
                 c.node = node;
                 self.act(Action::Connect { client });
             }
-            Action::Cut { a, b } => self.cut(&a, &b),
-            Action::Heal { a, b } => self.heal(&a, &b),
+            Action::Cut { a, b } => {
+                if let Some(link) = self.links.get_mut(&key(&a, &b)) {
+                    link.held_down = true;
+                }
+                self.cut(&a, &b);
+            }
+            Action::Heal { a, b } => {
+                if let Some(link) = self.links.get_mut(&key(&a, &b)) {
+                    link.held_down = false;
+                }
+                self.heal(&a, &b);
+            }
             Action::Crash { node } => self.crash(&node),
             Action::Restart { node } => self.restart(&node),
         }
@@ -653,7 +667,8 @@ impl Sim {
         }
     }
 
-    /// A crashed node starts again from its store, with a new incarnation.
+    /// A crashed node starts again from its store, with a new incarnation; its links come up
+    /// again, but for those a fault holds down ([`Action::Cut`] until [`Action::Heal`]).
     pub fn restart(&mut self, node: &NodeId) {
         let Some(n) = self.nodes.get_mut(node) else {
             return;
@@ -671,7 +686,14 @@ impl Sim {
         self.after_input(node);
         let others: Vec<NodeId> = self.nodes.keys().filter(|n| *n != node).cloned().collect();
         for other in others {
-            self.heal(node, &other);
+            // A link a fault holds down stays down until the fault heals it.
+            if self
+                .links
+                .get(&key(node, &other))
+                .is_some_and(|l| !l.held_down)
+            {
+                self.heal(node, &other);
+            }
         }
     }
 

@@ -1,0 +1,356 @@
+//! Chaos in the simulator: moves, link cuts and crashes at once, on random schedules.
+//!
+//! Three nodes, each with a QoS 2 publisher at a steady rate (a persistent session that stays
+//! on its node); three persistent MQTT 5.0 subscribers on `chaos/#` at QoS 2 that move to
+//! another node every 2 to 5 seconds, leaving their connection behind as a device that
+//! changes networks does; meanwhile the link between `a` and `c` is cut for 6 s, `c` is cut
+//! off from both others for 6 s, and (`kills`) `b` and then `a` crash and restart. Once
+//! everything healed and settled, every subscriber must hold every message its publisher had
+//! acknowledged (PUBCOMP), each once (QoS 2: a DUP re-send of what a connection lost is the
+//! protocol's, not a second delivery), and in each publisher's order.
+//!
+//! `SIM_SEEDS=n` sweeps more seeds, `SIM_CHAOS_SECONDS=s` lengthens the run (70 is the
+//! real-process scenario's length); a failure names its seed, and
+//! `SIM_SEED_BASE=SEED SIM_SEEDS=1` replays it (`CHAOS_DEBUG=1` prints its schedule).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use meridian_core::Config;
+use meridian_core::codec::QoS;
+use meridian_core::routes::NodeId;
+use meridian_core::sim::{Action, LinkSpec, Rng, Sim};
+
+const NODES: [&str; 3] = ["a", "b", "c"];
+
+fn id(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+
+/// What a run is made of, drawn from its seed.
+#[derive(Debug)]
+struct Plan {
+    seconds: u64,
+    kills: bool,
+}
+
+/// The moments of the run, in milliseconds: publishing starts at `START` and stops at
+/// `end`; every fault heals by `end`; the run goes on until everything settled.
+const START: u64 = 5_000;
+const SETTLE_MS: u64 = 60_000;
+
+/// How long a session that moved holds messages back for their order: longer than the
+/// faults, which follow each other within 14 s (past it, order is not promised).
+const ORDER_WAIT_MS: u64 = 20_000;
+
+fn seconds() -> u64 {
+    std::env::var("SIM_CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24)
+}
+
+/// A message's payload: its publisher's index and its number.
+fn payload(publisher: u8, n: u32) -> Bytes {
+    let mut v = vec![publisher];
+    v.extend_from_slice(&n.to_be_bytes());
+    Bytes::from(v)
+}
+
+fn decode(payload: &[u8]) -> (u8, u32) {
+    (
+        payload[0],
+        u32::from_be_bytes(payload[1..5].try_into().unwrap()),
+    )
+}
+
+fn debug(what: impl FnOnce() -> String) {
+    if std::env::var("CHAOS_DEBUG").is_ok() {
+        eprintln!("{}", what());
+    }
+}
+
+fn run(seed: u64, plan: &Plan) -> Sim {
+    let link = |_: &str, _: &str| LinkSpec {
+        rtt_ms: 20,
+        jitter_ms: 4,
+        gossip_loss_ppm: 50_000,
+        gossip_dup_ppm: 20_000,
+    };
+    let mut sim = Sim::new(
+        seed,
+        Config::default(),
+        &[("a", "ra"), ("b", "rb"), ("c", "rc")],
+        link,
+        |c| {
+            c.digest_interval_ms = 1_000;
+            c.session_order_wait_ms = ORDER_WAIT_MS;
+        },
+    );
+    let mut rng = Rng::new(seed ^ 0xc4a0_5eed);
+    let end = START + plan.seconds * 1_000;
+    // Publishers: one per node, 40 messages a second each.
+    let publishers: Vec<usize> = NODES
+        .iter()
+        .map(|n| {
+            let p = sim.add_client(&format!("pub-{n}"), &id(n), 2);
+            sim.at(0, Action::Connect { client: p });
+            p
+        })
+        .collect();
+    for (i, &p) in publishers.iter().enumerate() {
+        let mut n = 0u32;
+        let mut at = START + i as u64 * 7;
+        while at < end {
+            sim.at(
+                at,
+                Action::Publish {
+                    client: p,
+                    topic: format!("chaos/{}", NODES[i]),
+                    payload: payload(i as u8, n),
+                    qos: QoS::ExactlyOnce,
+                    retain: false,
+                },
+            );
+            n += 1;
+            at += 25;
+        }
+    }
+    // Subscribers: one starting on each node, moving every 2 to 5 s.
+    for (i, node) in NODES.iter().enumerate() {
+        let s = sim.add_client(&format!("sub-{i}"), &id(node), 2);
+        sim.at(
+            0,
+            Action::ConnectAndSubscribe {
+                client: s,
+                filter: "chaos/#".into(),
+                qos: QoS::ExactlyOnce,
+            },
+        );
+        let mut at = START + 2_000 + rng.up_to(3_000);
+        let mut here = i;
+        while at < end {
+            here = (here + 1 + rng.up_to(1) as usize) % NODES.len();
+            debug(|| format!("{at:>6}: sub-{i} roams to {}", NODES[here]));
+            sim.at(
+                at,
+                Action::Roam {
+                    client: s,
+                    node: id(NODES[here]),
+                },
+            );
+            at += 2_000 + rng.up_to(3_000);
+        }
+        // Once every fault healed, it connects again where it went last (a device retries
+        // a node that was down when it came).
+        sim.at(
+            end + 1_000,
+            Action::Roam {
+                client: s,
+                node: id(NODES[here]),
+            },
+        );
+    }
+    // Link faults: a–c cut for 6 s, then c cut off from both for 6 s.
+    let span = plan.seconds * 1_000;
+    let ac = START + rng.up_to(span.saturating_sub(14_000).max(1));
+    debug(|| format!("{ac:>6}: a-c cut for 6 s"));
+    sim.at(ac, cut("a", "c"));
+    sim.at(ac + 6_000, heal("a", "c"));
+    let island = ac + 6_000 + rng.up_to(2_000);
+    debug(|| format!("{island:>6}: c cut off for 6 s"));
+    for other in ["a", "b"] {
+        sim.at(island, cut("c", other));
+        sim.at(island + 6_000, heal("c", other));
+    }
+    if plan.kills {
+        // b, then a, crash and restart; their publishers come back once they are up.
+        for (node, publisher) in [("b", publishers[1]), ("a", publishers[0])] {
+            let at = START + rng.up_to(span.saturating_sub(4_000).max(1));
+            let down = 500 + rng.up_to(2_500);
+            debug(|| format!("{at:>6}: {node} crashes for {down} ms"));
+            sim.at(at, Action::Crash { node: id(node) });
+            sim.at(at + down, Action::Restart { node: id(node) });
+            sim.at(at + down + 200, Action::Connect { client: publisher });
+        }
+    }
+    sim.run_until(end + SETTLE_MS, |_| {});
+    sim
+}
+
+fn cut(a: &str, b: &str) -> Action {
+    Action::Cut { a: id(a), b: id(b) }
+}
+
+fn heal(a: &str, b: &str) -> Action {
+    Action::Heal { a: id(a), b: id(b) }
+}
+
+/// What went wrong for one subscriber and one publisher.
+#[derive(Debug, Default)]
+struct Faults {
+    lost: Vec<u32>,
+    twice: Vec<u32>,
+    out_of_order: Vec<u32>,
+}
+
+/// Every subscriber against every publisher: what it lost, got twice or out of order.
+fn faults(sim: &Sim) -> BTreeMap<(String, u8), Faults> {
+    let acknowledged: Vec<BTreeSet<u32>> = (0..NODES.len())
+        .map(|i| {
+            let p = sim
+                .clients
+                .iter()
+                .find(|c| c.name == format!("pub-{}", NODES[i]))
+                .unwrap();
+            p.acknowledged.iter().map(|m| decode(m).1).collect()
+        })
+        .collect();
+    let mut out = BTreeMap::new();
+    for sub in sim.clients.iter().filter(|c| c.name.starts_with("sub-")) {
+        for (i, acked) in acknowledged.iter().enumerate() {
+            let got: Vec<u32> = sub
+                .received
+                .iter()
+                .filter(|r| !r.dup)
+                .map(|r| decode(&r.payload))
+                .filter(|(p, _)| usize::from(*p) == i)
+                .map(|(_, n)| n)
+                .collect();
+            let mut f = Faults::default();
+            let mut seen = BTreeSet::new();
+            let mut last = None;
+            for &n in &got {
+                if !seen.insert(n) {
+                    f.twice.push(n);
+                    continue;
+                }
+                if last.is_some_and(|l| n < l) {
+                    f.out_of_order.push(n);
+                }
+                last = Some(last.map_or(n, |l: u32| l.max(n)));
+            }
+            // A message a DUP re-send brought, its first copy lost with a connection, arrived.
+            let dup_only: BTreeSet<u32> = sub
+                .received
+                .iter()
+                .filter(|r| r.dup)
+                .map(|r| decode(&r.payload))
+                .filter(|(p, _)| usize::from(*p) == i)
+                .map(|(_, n)| n)
+                .collect();
+            f.lost = acked
+                .iter()
+                .copied()
+                .filter(|n| !seen.contains(n) && !dup_only.contains(n))
+                .collect();
+            out.insert((sub.name.clone(), i as u8), f);
+        }
+    }
+    out
+}
+
+/// What went wrong in one run, if anything.
+fn check(seed: u64, plan: &Plan) -> Option<String> {
+    let sim = run(seed, plan);
+    let acked: usize = sim
+        .clients
+        .iter()
+        .filter(|c| c.name.starts_with("pub-"))
+        .map(|c| c.acknowledged.len())
+        .sum();
+    if acked == 0 {
+        return Some(format!("seed {seed}: nothing was acknowledged"));
+    }
+    let bad: Vec<String> = faults(&sim)
+        .into_iter()
+        .filter(|(_, f)| !f.lost.is_empty() || !f.twice.is_empty() || !f.out_of_order.is_empty())
+        .map(|((sub, publisher), f)| {
+            format!(
+                "  {sub} from pub-{}: lost {}, twice {}, out of order {}",
+                NODES[usize::from(publisher)],
+                head(&f.lost),
+                head(&f.twice),
+                head(&f.out_of_order)
+            )
+        })
+        .collect();
+    (!bad.is_empty()).then(|| {
+        format!(
+            "seed {seed} ({plan:?}, {acked} messages acknowledged): replay with \
+             SIM_SEED_BASE={seed} SIM_SEEDS=1\n{}",
+            bad.join("\n")
+        )
+    })
+}
+
+/// Every seed of the sweep, each failure named.
+fn check_all(plan: &Plan, default_seeds: u64) {
+    let failed: Vec<String> = sweep(default_seeds)
+        .filter_map(|seed| {
+            let outcome = check(seed, plan);
+            eprintln!(
+                "chaos seed {seed} ({plan:?}): {}",
+                if outcome.is_some() { "FAILED" } else { "ok" }
+            );
+            outcome
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// The first few, and how many in all.
+fn head(v: &[u32]) -> String {
+    if v.len() <= 12 {
+        format!("{v:?}")
+    } else {
+        format!("{:?}... ({} in all)", &v[..12], v.len())
+    }
+}
+
+/// The seeds a sweep runs: `SIM_SEEDS` of them (else `default`) from `SIM_SEED_BASE`.
+fn sweep(default: u64) -> std::ops::Range<u64> {
+    let seeds: u64 = std::env::var("SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    let base: u64 = std::env::var("SIM_SEED_BASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0xc4a0);
+    base..base + seeds
+}
+
+#[test]
+fn moves_through_cuts_lose_nothing_and_deliver_each_message_once_in_order() {
+    let plan = Plan {
+        seconds: seconds(),
+        kills: false,
+    };
+    check_all(&plan, 4);
+}
+
+#[test]
+fn moves_through_cuts_and_crashes_lose_nothing_and_deliver_each_message_once_in_order() {
+    let plan = Plan {
+        seconds: seconds(),
+        kills: true,
+    };
+    check_all(&plan, 4);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_chaos() {
+    let plan = Plan {
+        seconds: 8,
+        kills: true,
+    };
+    let a = run(11, &plan).trace_hash();
+    let b = run(11, &plan).trace_hash();
+    assert_eq!(a, b, "seed 11: two runs differ");
+}
