@@ -592,8 +592,14 @@ mod trust {
             })
             .expect("b claims dev");
         mesh.advance(50);
-        mesh.node("c")
-            .publish(from_c, "t/x", &1u32.to_be_bytes(), QoS::ExactlyOnce, false, 1);
+        mesh.node("c").publish(
+            from_c,
+            "t/x",
+            &1u32.to_be_bytes(),
+            QoS::ExactlyOnce,
+            false,
+            1,
+        );
         mesh.advance(50);
         assert!(mesh.node("b").read_numbers(conn).is_empty(), "held");
         // c, which never held the session, says a relayed all of c's: refused, still held.

@@ -8,7 +8,7 @@ use super::client_id::ClientId;
 use super::io::{ConnId, Timestamp};
 use super::persist::{self, ConnRecord, Key, QueuedRecord, RecordError, SessionRecord};
 use super::resume::Resuming;
-use super::session::{Inflight, Queued, SessionId, SubscriptionEntry};
+use super::session::{Inflight, Queued, SessionId, SubscriptionEntry, origin_order};
 use super::{Authenticator, Authorizer, Broker, Timer};
 use crate::topic::TopicFilter;
 
@@ -344,13 +344,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         queued: BTreeMap<(String, u64), QueuedRecord>,
         report: &mut RestoreReport,
     ) {
-        for ((client_id, seq), record) in queued {
+        for ((client_id, seq), record) in held_in_origin_order(queued) {
             let Some(&sid) = self.by_client_id.get(client_id.as_str()) else {
                 self.persist(Key::Queued { client_id, seq }.encode(), None);
                 continue;
             };
             // Held back for its origin's order: held again while the session may still get
-            // older ones (else in its place: it was let go before the restart).
+            // older ones (else it went before the restart, in its origin's order).
             let held = record.held.filter(|_| self.may_get_older(&client_id));
             let Some(session) = self.session_mut(sid) else {
                 continue;
@@ -426,4 +426,31 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         self.on_timeout();
     }
+}
+
+/// A session let its held messages go (or holds them) in their origins' order, which need not
+/// be the order they came in, their numbers' here: within each session's records, each
+/// origin's held ones take the places they came in, in that origin's order.
+fn held_in_origin_order(
+    records: BTreeMap<(String, u64), QueuedRecord>,
+) -> Vec<((String, u64), QueuedRecord)> {
+    let mut out = Vec::with_capacity(records.len());
+    let mut records = records.into_iter().peekable();
+    while let Some(first) = records.next() {
+        let mut session = vec![first];
+        while let Some(next) = records.next_if(|((c, _), _)| *c == session[0].0.0) {
+            session.push(next);
+        }
+        let places: Vec<usize> = (0..session.len())
+            .filter(|&i| session[i].1.held.is_some())
+            .collect();
+        let order = origin_order(places.iter().filter_map(|&i| session[i].1.held.as_ref()));
+        let mut slots: Vec<Option<_>> = session.into_iter().map(Some).collect();
+        let moved: Vec<_> = order.iter().map(|&j| slots[places[j]].take()).collect();
+        for (&place, record) in places.iter().zip(moved) {
+            slots[place] = record;
+        }
+        out.extend(slots.into_iter().flatten());
+    }
+    out
 }

@@ -392,27 +392,43 @@ impl MessageQueue {
     }
 
     /// Let the held messages whose origin `still_held` does not keep join the messages ready
-    /// to go, each origin's in its numbers' order. Returns how many went.
-    pub fn release(&mut self, still_held: impl Fn(&MessageId, &Queued) -> bool) -> usize {
+    /// to go, each origin's in its numbers' order, each taking the next sequence number from
+    /// `next_seq` (the queue stays in its numbers' order, as it is stored). Returns the numbers
+    /// they had; they are the last ones of the queue now.
+    pub fn release(
+        &mut self,
+        next_seq: &mut u64,
+        still_held: impl Fn(&MessageId, &Queued) -> bool,
+    ) -> Vec<u64> {
         let Some(store) = self.0.as_mut() else {
-            return 0;
+            return Vec::new();
         };
         if store.held.is_empty() {
-            return 0;
+            return Vec::new();
         }
         let (keep, go): (Vec<_>, Vec<_>) = std::mem::take(&mut store.held)
             .into_iter()
             .partition(|(id, m)| still_held(id, m));
         store.held = keep;
-        let n = go.len();
         let order = origin_order(go.iter().map(|(id, _)| id));
         let mut go: Vec<Option<Queued>> = go.into_iter().map(|(_, m)| Some(m)).collect();
+        let mut had = Vec::with_capacity(go.len());
         for i in order {
-            if let Some(m) = go[i].take() {
+            if let Some(mut m) = go[i].take() {
+                had.push(m.seq);
+                m.seq = *next_seq;
+                *next_seq += 1;
                 store.messages.push_back(m);
             }
         }
-        n
+        had
+    }
+
+    /// The last `n` messages ready to go.
+    pub fn last(&self, n: usize) -> impl Iterator<Item = &Queued> {
+        let messages = self.0.iter().flat_map(|q| q.messages.iter());
+        let len = self.0.as_ref().map_or(0, |q| q.messages.len());
+        messages.skip(len.saturating_sub(n))
     }
 
     pub fn pop_front(&mut self) -> Option<Queued> {
@@ -475,7 +491,7 @@ impl MessageQueue {
 /// The order held messages go in, as indices into `ids`: the order they came, except that
 /// each node's messages take the places its messages came in, in the order they were
 /// published (by incarnation, then number).
-fn origin_order<'a>(ids: impl Iterator<Item = &'a MessageId>) -> Vec<usize> {
+pub(in crate::broker) fn origin_order<'a>(ids: impl Iterator<Item = &'a MessageId>) -> Vec<usize> {
     let ids: Vec<&MessageId> = ids.collect();
     let mut slots: BTreeMap<&NodeId, Vec<usize>> = BTreeMap::new();
     for (i, id) in ids.iter().enumerate() {

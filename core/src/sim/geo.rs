@@ -278,8 +278,14 @@ pub fn subscribe_fence(on: bool) -> Scenario {
     sub.connect_at_ms = 2_000;
     s.clients.push(sub);
     s.clients.push(group("pub-cpt", "cpt", &[]));
-    s.publishes
-        .push(plan("pub-cpt", "news/fra", QoS::AtLeastOnce, 2_020, 10, 100));
+    s.publishes.push(plan(
+        "pub-cpt",
+        "news/fra",
+        QoS::AtLeastOnce,
+        2_020,
+        10,
+        100,
+    ));
     s.duration_ms = 10_000;
     s
 }

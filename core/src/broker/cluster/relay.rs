@@ -1154,14 +1154,39 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if session.queue.held() == 0 {
             return;
         }
-        let released = session.queue.release(|id, m| {
+        let had = session.queue.release(&mut session.next_seq, |id, m| {
             awaiting
                 || (on_its_way && m.delivery.qos == QoS::ExactlyOnce)
                 || window.is_some_and(|w| w.holds(&id.0.node))
         });
-        if released > 0 {
-            self.pump(sid);
+        if had.is_empty() {
+            return;
         }
+        // Stored again at their new places, no longer held: a restart finds them there.
+        if session.is_persistent() {
+            let records: Vec<_> = session
+                .queue
+                .last(had.len())
+                .map(|m| {
+                    let key = Key::Queued {
+                        client_id: client_id.to_owned(),
+                        seq: m.seq,
+                    };
+                    (key.encode(), persist::encode_queued(None, &m.delivery))
+                })
+                .collect();
+            for seq in had {
+                let key = Key::Queued {
+                    client_id: client_id.to_owned(),
+                    seq,
+                };
+                self.persist(key.encode(), None);
+            }
+            for (key, value) in records {
+                self.persist(key, Some(value));
+            }
+        }
+        self.pump(sid);
     }
 
     /// The hold of a session that moved here ran out: what it held goes.
