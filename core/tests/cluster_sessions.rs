@@ -695,6 +695,35 @@ mod home {
     }
 
     #[test]
+    fn packets_pipelined_after_connect_are_handled_once_the_home_region_granted_it() {
+        let mut mesh = pinned();
+        let w = mesh.node("b");
+        let conn = w.accept();
+        let mut c = connect_packet(V5, "plant-1");
+        persistent(&mut c);
+        let mut bytes = bytes::BytesMut::new();
+        for packet in [
+            Packet::Connect(c),
+            Packet::Publish(publish_packet("t", b"x", QoS::ExactlyOnce, false, 1)),
+            Packet::PingReq,
+        ] {
+            meridian_core::codec::encode(&packet, V5, &mut bytes).unwrap();
+        }
+        w.send_bytes(conn, &bytes);
+        assert!(w.recv(conn).is_empty(), "waits for region-a");
+        mesh.settle();
+        let got = mesh.node("b").recv(conn);
+        assert!(
+            matches!(
+                &got[..],
+                [Packet::ConnAck(a), Packet::PubRec(r), Packet::PingResp]
+                    if a.reason == ReasonCode::SUCCESS && r.packet_id == 1
+            ),
+            "{got:?}"
+        );
+    }
+
+    #[test]
     fn the_node_serving_a_pinned_client_closes_it_before_another_serves_it() {
         let mut mesh = pinned();
         let first = start_connect(&mut mesh, "c", "plant-1");

@@ -180,6 +180,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             c.hlc.observe(hlc, now.as_millis());
         }
         self.complete_connect(conn, w.connect, w.assigned, w.username, true);
+        // Packets the client pipelined after CONNECT were held back: handle them now, or
+        // they would wait for the client's next bytes (a PUBLISH for its acknowledgement).
+        self.on_bytes(conn, &[]);
     }
 
     /// A connection still waiting for its home region when the wait is over is refused.
