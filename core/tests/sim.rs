@@ -511,7 +511,13 @@ fn a_roaming_client_gets_every_message_once() {
             .filter(|(k, _)| seen.insert(*k))
             .map(|(k, _)| *k)
             .collect();
-        out_of_order += firsts.windows(2).filter(|w| w[1] < w[0]).count();
+        let late: Vec<u64> = firsts
+            .windows(2)
+            .filter(|w| w[1] < w[0])
+            .map(|w| w[1])
+            .collect();
+        assert!(late.is_empty(), "seed {seed}: out of order: {late:?}");
+        out_of_order += late.len();
         for node in sim.node_ids() {
             let b = sim.broker(&node).unwrap();
             relayed += b.stats().messages_relayed;
