@@ -146,6 +146,26 @@ impl Node {
     pub fn log(&self) -> String {
         self.daemon.log_text()
     }
+
+    /// SIGKILL: the node gets no chance to flush or to say goodbye to its peers.
+    pub fn kill9(&mut self) {
+        self.daemon.kill9();
+    }
+
+    /// Start it again after [`Node::kill9`], on the same ports and data directory, and wait
+    /// until it accepts MQTT (a multi-threaded runtime: the wait blocks this worker).
+    pub async fn restart(&mut self) {
+        tokio::task::block_in_place(|| self.daemon.restart());
+        self.peer_id = node_info(self.daemon.admin).await["peer_id"]
+            .as_str()
+            .expect("peer id in /api/node")
+            .to_owned();
+    }
+
+    /// Whether its process is running (not killed).
+    pub fn running(&self) -> bool {
+        self.daemon.child.is_some()
+    }
 }
 
 pub async fn node_info(admin: u16) -> serde_json::Value {
