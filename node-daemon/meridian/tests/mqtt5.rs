@@ -206,3 +206,96 @@ async fn receive_maximum_limits_unacknowledged_deliveries() {
         other => panic!("expected the third PUBLISH, got {other:?}"),
     }
 }
+
+/// A publisher's QoS 2 handshake never waits for a subscriber: a subscriber with Receive
+/// Maximum 1 holds its first PUBREC while a publisher completes two QoS 2 handshakes (each
+/// PUBCOMP before the next PUBLISH); the second message reaches the subscriber once it lets
+/// go of the first, with PUBREC and PUBCOMP, or with an error PUBREC (which ends that flow: no
+/// PUBREL). Three such pairs run at once, 20 rounds each: a fault in one run of six would
+/// show with near certainty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos2_publishers_never_wait_for_a_subscriber_holding_its_pubrec() {
+    let d = Daemon::start();
+    let port = d.mqtt;
+    let flows: Vec<_> = (0..3)
+        .map(|flow| tokio::spawn(qos2_rounds(port, flow, 20)))
+        .collect();
+    for f in flows {
+        f.await.unwrap();
+    }
+}
+
+async fn qos2_rounds(port: u16, flow: u32, rounds: u32) {
+    use common::raw::{Raw, connect_packet};
+    use meridian_core::codec::{
+        Ack, Packet, ProtocolVersion::V5, Publish, QoS as CQoS, ReasonCode, Subscribe,
+        SubscribeFilter, SubscriptionOptions,
+    };
+    for round in 0..rounds {
+        let topic = format!("q2/{flow}/{round}");
+        let mut c = connect_packet(V5, &format!("q2-sub-{flow}-{round}"));
+        c.properties.receive_maximum = Some(1);
+        let (mut sub, ack) = Raw::connect_with(port, c).await;
+        assert!(!ack.reason.is_error());
+        sub.send(&Packet::Subscribe(Subscribe {
+            packet_id: 1,
+            filters: vec![SubscribeFilter {
+                filter: topic.clone(),
+                options: SubscriptionOptions {
+                    qos: CQoS::ExactlyOnce,
+                    ..Default::default()
+                },
+            }],
+            properties: Default::default(),
+        }))
+        .await;
+        assert!(matches!(sub.next().await, Some(Packet::SubAck(_))));
+        let mut publ = Raw::connect(port, V5, &format!("q2-pub-{flow}-{round}")).await;
+        let mut held = None;
+        for n in 1..=2u16 {
+            publ.send(&Packet::Publish(Publish {
+                dup: false,
+                qos: CQoS::ExactlyOnce,
+                retain: false,
+                topic: topic.clone(),
+                packet_id: Some(n),
+                payload: format!("{n}").into(),
+                properties: Default::default(),
+            }))
+            .await;
+            let what = format!("flow {flow} round {round} message {n}");
+            match publ.next().await {
+                Some(Packet::PubRec(a)) => assert!(!a.reason.is_error(), "{what}: {a:?}"),
+                other => panic!("{what}: expected PUBREC, got {other:?}"),
+            }
+            publ.send(&Packet::PubRel(Ack::new(n))).await;
+            match publ.next().await {
+                Some(Packet::PubComp(a)) => assert_eq!(a.packet_id, n, "{what}"),
+                other => panic!("{what}: expected PUBCOMP, got {other:?}"),
+            }
+            if n == 1 {
+                match sub.next().await {
+                    Some(Packet::Publish(p)) => held = p.packet_id,
+                    other => panic!("{what}: expected the first delivery, got {other:?}"),
+                }
+            }
+        }
+        let held = held.unwrap();
+        if round % 2 == 0 {
+            sub.send(&Packet::PubRec(Ack::new(held))).await;
+            match sub.next().await {
+                Some(Packet::PubRel(a)) => assert_eq!(a.packet_id, held),
+                other => panic!("flow {flow} round {round}: expected PUBREL, got {other:?}"),
+            }
+            sub.send(&Packet::PubComp(Ack::new(held))).await;
+        } else {
+            let mut refused = Ack::new(held);
+            refused.reason = ReasonCode::UNSPECIFIED_ERROR;
+            sub.send(&Packet::PubRec(refused)).await;
+        }
+        match sub.next().await {
+            Some(Packet::Publish(p)) => assert_eq!(&p.payload[..], b"2"),
+            other => panic!("flow {flow} round {round}: expected the second, got {other:?}"),
+        }
+    }
+}
