@@ -41,6 +41,16 @@ struct Plan {
 const START: u64 = 5_000;
 const SETTLE_MS: u64 = 60_000;
 
+/// The longest a link takes to come back once a fault stops cutting it: 0 by default (at
+/// once); `SIM_CHAOS_RECONNECT_MS` draws a delay up to it for each heal, as a real link takes
+/// seconds to reconnect, so faults overlap longer.
+fn reconnect_ms() -> u64 {
+    std::env::var("SIM_CHAOS_RECONNECT_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 /// How long a session that moved holds messages back for their order: longer than the
 /// faults, which follow each other within 14 s (past it, order is not promised).
 /// `SIM_CHAOS_ORDER_WAIT_MS` sets another (0: no hold, to see what it costs and buys).
@@ -159,17 +169,25 @@ fn run(seed: u64, plan: &Plan) -> Sim {
             },
         );
     }
-    // Link faults: a–c cut for 6 s, then c cut off from both for 6 s.
+    // Link faults: a–c cut for 6 s, then c cut off from both for 6 s. A link that a fault
+    // stops cutting comes back up to `reconnect_ms()` later, unless the next fault cut it
+    // again first.
     let span = plan.seconds * 1_000;
     let ac = START + rng.up_to(span.saturating_sub(14_000).max(1));
-    debug(|| format!("{ac:>6}: a-c cut for 6 s"));
-    sim.at(ac, cut("a", "c"));
-    sim.at(ac + 6_000, heal("a", "c"));
     let island = ac + 6_000 + rng.up_to(2_000);
-    debug(|| format!("{island:>6}: c cut off for 6 s"));
+    let max = reconnect_ms();
+    let mut reconnect = || if max > 0 { rng.up_to(max) } else { 0 };
+    let ac_back = ac + 6_000 + reconnect();
+    debug(|| format!("{ac:>6}: a-c cut, back at {ac_back}"));
+    sim.at(ac, cut("a", "c"));
+    if ac_back < island {
+        sim.at(ac_back, heal("a", "c"));
+    }
     for other in ["a", "b"] {
+        let back = island + 6_000 + reconnect();
+        debug(|| format!("{island:>6}: c-{other} cut, back at {back}"));
         sim.at(island, cut("c", other));
-        sim.at(island + 6_000, heal("c", other));
+        sim.at(back, heal("c", other));
     }
     if plan.kills {
         // b, then a, crash and restart; their publishers come back once they are up.
