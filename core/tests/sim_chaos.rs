@@ -34,6 +34,8 @@ fn id(s: &str) -> NodeId {
 struct Plan {
     seconds: u64,
     kills: bool,
+    /// The longest a healed link takes to come back ([`reconnect_ms`]).
+    reconnect_ms: u64,
 }
 
 /// The moments of the run, in milliseconds: publishing starts at `START` and stops at
@@ -175,7 +177,7 @@ fn run(seed: u64, plan: &Plan) -> Sim {
     let span = plan.seconds * 1_000;
     let ac = START + rng.up_to(span.saturating_sub(14_000).max(1));
     let island = ac + 6_000 + rng.up_to(2_000);
-    let max = reconnect_ms();
+    let max = plan.reconnect_ms;
     let mut reconnect = || if max > 0 { rng.up_to(max) } else { 0 };
     let ac_back = ac + 6_000 + reconnect();
     debug(|| format!("{ac:>6}: a-c cut, back at {ac_back}"));
@@ -353,7 +355,8 @@ fn check(seed: u64, plan: &Plan, totals: &mut Totals) -> Option<String> {
     (!bad.is_empty()).then(|| {
         format!(
             "seed {seed} ({plan:?}, {acked} messages acknowledged): replay with \
-             SIM_SEED_BASE={seed} SIM_SEEDS=1\n{}",
+             SIM_SEED_BASE={seed} SIM_SEEDS=1 SIM_CHAOS_RECONNECT_MS={}\n{}",
+            plan.reconnect_ms,
             bad.join("\n")
         )
     })
@@ -421,6 +424,7 @@ fn moves_through_cuts_lose_nothing_and_deliver_each_message_once_in_order() {
     let plan = Plan {
         seconds: seconds(),
         kills: false,
+        reconnect_ms: reconnect_ms(),
     };
     check_all(&plan, 4);
 }
@@ -430,24 +434,33 @@ fn moves_through_cuts_and_crashes_lose_nothing_and_deliver_each_message_once_in_
     let plan = Plan {
         seconds: seconds(),
         kills: true,
+        reconnect_ms: reconnect_ms(),
     };
     check_all(&plan, 4);
 }
 
 /// Seeds that found faults, run in every sweep: held messages stored in the order they came,
 /// not the order they went, restored out of order after a crash (50461: a session's node
-/// crashed after it let them go; 50509: while it held them).
+/// crashed after it let them go; 50509: while it held them); a part of a session, taken
+/// while the node holding the rest was cut off, counted as had its node's messages routed
+/// to that node before it began (50375, links reconnecting late: lost).
 #[test]
 fn seeds_that_found_faults_stay_fixed() {
-    let plan = Plan {
+    let plan = |kills, reconnect_ms| Plan {
         seconds: seconds(),
-        kills: true,
+        kills,
+        reconnect_ms,
     };
     let mut totals = Totals::default();
-    let failed: Vec<String> = [50461, 50509]
-        .into_iter()
-        .filter_map(|seed| check(seed, &plan, &mut totals))
-        .collect();
+    let failed: Vec<String> = [
+        (50461, plan(true, 0)),
+        (50509, plan(true, 0)),
+        (50375, plan(false, 5_000)),
+        (50375, plan(true, 5_000)),
+    ]
+    .into_iter()
+    .filter_map(|(seed, plan)| check(seed, &plan, &mut totals))
+    .collect();
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
@@ -456,6 +469,7 @@ fn the_same_seed_gives_the_same_chaos() {
     let plan = Plan {
         seconds: 8,
         kills: true,
+        reconnect_ms: 5_000,
     };
     let a = run(11, &plan).trace_hash();
     let b = run(11, &plan).trace_hash();

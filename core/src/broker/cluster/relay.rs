@@ -1355,7 +1355,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.moves.windows.remove(client_id);
         self.forget_took(client_id);
         let Some(c) = &mut self.cluster else { return };
-        if let Some(intake) = c.moves.intakes.get_mut(client_id) {
+        // Unless the session here is a part, another node holding the rest (what was routed
+        // there, older messages among it, comes with that rest or relayed after it).
+        if !c.transfers.on_its_way(client_id)
+            && let Some(intake) = c.moves.intakes.get_mut(client_id)
+        {
             intake.settle();
         }
         self.persist_intake(client_id);
