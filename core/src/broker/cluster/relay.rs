@@ -465,15 +465,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .into_iter()
             .partition(|o| o.client_id == client_id && o.next == claim && o.next.node == *peer);
         c.moves.routed_onward = waiting;
-        for o in told {
-            self.send_to_peer(
-                o.to,
-                Frame::SessionRouted {
-                    client_id: o.client_id,
-                    claim: o.claim,
-                },
-            );
-        }
+        self.tell_routed(told);
         let Some(c) = &mut self.cluster else { return };
         let key = (client_id, claim);
         let token = c.moves.next_token;
@@ -1295,6 +1287,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.ack_relay(peer, r.client_id, r.claim, r.n);
     }
 
+    /// The nodes that shipped these sessions on: their routes are everywhere now.
+    fn tell_routed(&mut self, told: Vec<RoutedOnward>) {
+        for o in told {
+            self.send_to_peer(
+                o.to,
+                Frame::SessionRouted {
+                    client_id: o.client_id,
+                    claim: o.claim,
+                },
+            );
+        }
+    }
+
     fn ack_relay(&mut self, peer: &NodeId, client_id: String, claim: Stamp, n: u64) {
         self.send_to_peer(
             peer.clone(),
@@ -1392,15 +1397,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .filter(|o| o.to != *node)
             .partition(|o| o.next.node == *node);
         c.moves.routed_onward = waiting;
-        for o in told {
-            self.send_to_peer(
-                o.to,
-                Frame::SessionRouted {
-                    client_id: o.client_id,
-                    claim: o.claim,
-                },
-            );
-        }
+        self.tell_routed(told);
         let Some(c) = &mut self.cluster else { return };
         let mut waiting_on = Vec::new();
         let mut gone = Vec::new();
