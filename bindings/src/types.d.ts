@@ -208,6 +208,12 @@ export interface BrokerStats {
   sessionsTransferWaitsOver: number;
   /** Messages relayed to the node a session moved to. */
   messagesRelayed: number;
+  /** Messages a session that moved held back while older ones of their node could still come. */
+  messagesHeldForOrder: number;
+  /** Holds for order that ran out before the old node passed on everything older. */
+  sessionOrderWaitsOver: number;
+  /** Messages delivered to a session that moved after a later one from the same node. */
+  messagesDeliveredLate: number;
   /** Forwards and retained writes a data-residency rule kept from a node of another region. */
   residencyWithheld: number;
   /** CONNECTs of client ids pinned to a home region that it did not grant in time. */

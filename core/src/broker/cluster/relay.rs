@@ -165,6 +165,23 @@ pub(super) struct Moves {
 }
 
 impl Moves {
+    /// Whether `client_id`'s session here holds `node`'s messages back for their order: its
+    /// hold is on, and a relay may still bring older ones of `node`, from the node it came
+    /// from, or from a stay here before (its relay from here waits for `node`'s fence echo:
+    /// messages routed here for that stay may still be on their way from `node`).
+    fn holds(&self, me: &NodeId, client_id: &str, node: &NodeId) -> bool {
+        let Some(w) = self.windows.get(client_id) else {
+            return false;
+        };
+        w.holds(node)
+            || (w.hold_until.is_some()
+                && node != me
+                && self
+                    .relays
+                    .iter()
+                    .any(|((c, _), r)| c == client_id && !r.echoed.contains(node)))
+    }
+
     /// Whether relays may still come to `client_id`'s session here.
     pub fn has_window(&self, client_id: &str) -> bool {
         self.windows.contains_key(client_id)
@@ -305,7 +322,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return Moving::Deliver;
         };
         let take = intake.take(&id, exact);
-        let held = awaiting || window.is_some_and(|w| w.holds(&id.0.node));
+        let held = awaiting || c.moves.holds(&c.owner.node, &client_id, &id.0.node);
         match take {
             Take::Twice => {
                 self.stats.dropped_moved_twice += 1;
@@ -534,6 +551,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for key in &keys {
             self.fence_progress(key);
             self.relay_markers(&key.0);
+            // The session may be back here, holding `peer`'s messages for this relay's echo.
+            self.release_held(&key.0);
         }
         self.settle_moves();
     }
@@ -1115,10 +1134,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             client_id.is_some_and(|client_id| {
                 c.transfers.awaits(&client_id)
                     || (c.transfers.on_its_way(&client_id) && delivery.qos == QoS::ExactlyOnce)
-                    || c.moves
-                        .windows
-                        .get(&client_id)
-                        .is_some_and(|w| w.holds(&id.0.node))
+                    || c.moves.holds(&c.owner.node, &client_id, &id.0.node)
             })
         });
         match held {
@@ -1139,7 +1155,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &self.cluster else { return };
         let awaiting = c.transfers.awaits(client_id);
         let on_its_way = c.transfers.on_its_way(client_id);
-        let window = c.moves.windows.get(client_id);
+        let (moves, me) = (&c.moves, &c.owner.node);
         let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -1149,7 +1165,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let had = session.queue.release(&mut session.next_seq, |id, m| {
             awaiting
                 || (on_its_way && m.delivery.qos == QoS::ExactlyOnce)
-                || window.is_some_and(|w| w.holds(&id.0.node))
+                || moves.holds(me, client_id, &id.0.node)
         });
         if had.is_empty() {
             return;
