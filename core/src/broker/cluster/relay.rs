@@ -677,6 +677,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .map(|(_, claim)| claim)
             .max()
             .cloned();
+        // What each relay from here for the session has had echoed: a relay says a node
+        // caught up only once every other one did (what a node routed here for an earlier
+        // stay of the session goes to it too, later).
+        let echoes: Vec<(Stamp, Option<BTreeSet<NodeId>>)> = c
+            .moves
+            .relays
+            .iter()
+            .filter(|((cid, _), _)| cid == client_id)
+            .map(|((_, claim), r)| (claim.clone(), r.fence.as_ref().map(|_| r.echoed.clone())))
+            .collect();
         let mut frames = Vec::new();
         for ((cid, claim), relay) in c.moves.relays.iter_mut() {
             if cid != client_id || relay.fence.is_none() {
@@ -695,6 +705,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 .iter()
                 .filter(|n| !relay.caught_up.contains(*n))
                 .filter(|n| window.is_none_or(|w| w.caught_up(n)))
+                .filter(|n| {
+                    echoes.iter().all(|(other, echoed)| {
+                        other == claim || echoed.as_ref().is_some_and(|e| e.contains(*n))
+                    })
+                })
                 .cloned()
                 .collect();
             let up = c.peers.get(&relay.to).is_some_and(|p| p.connected);
