@@ -23,8 +23,11 @@
 //! ([`Frame::SessionRelayCaughtUp`], sent once that node echoed its fence, or for the old
 //! node itself once its own forwards went), at most
 //! [`ClusterConfig::session_order_wait_ms`](super::ClusterConfig::session_order_wait_ms):
-//! then the held messages go, each node's in its order. A node that passes on a relay for a
-//! session that moved on again says a node caught up only once its own relay said so too.
+//! then the held messages go, each node's in its order. A node that passes on relays for a
+//! session that moved on again says a node caught up only once every relay to it said so
+//! too, and every relay from it for the session (earlier stays included) had that node's
+//! echo; a session back on a node it left holds a node's messages while that node's relay
+//! from the earlier stay waits for that node's echo.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -668,15 +671,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let here = self.by_client_id.contains_key(client_id);
         let Some(c) = &mut self.cluster else { return };
         let me = c.owner.node.clone();
+        // What relays to here may still bring of a node is passed on, by whichever relay: no
+        // relay from here says that node caught up before every relay to here did.
         let window = c.moves.windows.get(client_id).filter(|_| !here);
-        let latest = c
-            .moves
-            .relays
-            .keys()
-            .filter(|(cid, _)| cid == client_id)
-            .map(|(_, claim)| claim)
-            .max()
-            .cloned();
         // What each relay from here for the session has had echoed: a relay says a node
         // caught up only once every other one did (what a node routed here for an earlier
         // stay of the session goes to it too, later).
@@ -692,7 +689,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             if cid != client_id || relay.fence.is_none() {
                 continue;
             }
-            let window = window.filter(|_| latest.as_ref() == Some(claim));
             let own_sent = c
                 .peers
                 .get(&relay.to)
