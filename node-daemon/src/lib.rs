@@ -56,8 +56,9 @@ pub mod cli {
 /// that sends what it likes). Not a stable interface.
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::mailbox::LinkLimits;
+    pub use crate::mailbox::{LinkLimits, PeerWriter};
     pub use crate::mailbox::{LinkEvent, MeshCmd, ToEngine};
     pub use crate::mesh::keys::load_cluster_key;
-    pub use crate::mesh::{MeshSettings, MeshStats, start as start_mesh};
+    pub use crate::mesh::policy_sync::POLICY_PROTOCOL;
+    pub use crate::mesh::{Mesh, MeshSettings, MeshStats, start as start_mesh};
 }

@@ -229,6 +229,72 @@ fn publish(topic: &str, qos: rumqttc::QoS) -> Publish {
     }
 }
 
+/// A node of its own, built from the daemon's mesh, holding the cluster key and connected to
+/// the nodes given: it sends whatever it likes.
+struct Forger {
+    mesh: meridian_daemon::testing::Mesh,
+    /// Its link sessions, by peer id, as the broker task would get them.
+    writers: std::collections::HashMap<String, meridian_daemon::testing::PeerWriter>,
+    /// Gossip.
+    cmds: mpsc::Sender<MeshCmd>,
+}
+
+impl Forger {
+    async fn start(dir: &std::path::Path, nodes: &[&Node]) -> Self {
+        let node_port = |n: &Node| {
+            format!("/ip4/127.0.0.1/tcp/{}", n.p2p)
+                .parse::<libp2p::Multiaddr>()
+                .expect("multiaddr")
+        };
+        let settings = MeshSettings {
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+            bootstrap: nodes.iter().map(|n| node_port(n)).collect(),
+            cluster_key: load_cluster_key(&dir.join("cluster.key")).unwrap(),
+            allow: Vec::new(),
+            ping_interval: Duration::from_secs(1),
+            redial_min: Duration::from_millis(50),
+            redial_max: Duration::from_secs(1),
+            discover: false,
+            advertise: Vec::new(),
+            announce_every: Duration::from_secs(10),
+            link_limits: LinkLimits::default(),
+            policy: None,
+        };
+        let (engine_tx, mut engine_rx) = mpsc::channel(1024);
+        let (cmds, cmd_rx) = mpsc::channel(64);
+        let keypair = libp2p::identity::Keypair::generate_ed25519();
+        let mesh = start_mesh(
+            settings,
+            keypair,
+            engine_tx,
+            cmd_rx,
+            std::sync::Arc::new(MeshStats::default()),
+            "forger",
+        )
+        .await
+        .expect("the forger's mesh starts");
+        let mut writers = std::collections::HashMap::new();
+        tokio::time::timeout(MESH_DEADLINE, async {
+            while writers.len() < nodes.len() {
+                if let Some(ToEngine::Link(LinkEvent::PeerUp { peer, writer, .. })) =
+                    engine_rx.recv().await
+                {
+                    writers.insert(peer.to_string(), writer);
+                }
+            }
+        })
+        .await
+        .expect("the forger's sessions open");
+        // Keep reading what the nodes send it (hellos, digests), as a peer does.
+        tokio::spawn(async move { while engine_rx.recv().await.is_some() {} });
+        Self {
+            mesh,
+            writers,
+            cmds,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_with_the_key_that_forges_other_nodes_state_changes_nothing() {
     let (a, c, _link, dir) = two_regions().await;
@@ -239,55 +305,11 @@ async fn a_peer_with_the_key_that_forges_other_nodes_state_changes_nothing() {
     })
     .await;
 
-    // The forger: a node of its own, built from the daemon's mesh, holding the cluster key,
-    // connected to both a and c.
-    let node_port = |n: &Node| {
-        format!("/ip4/127.0.0.1/tcp/{}", n.p2p)
-            .parse::<libp2p::Multiaddr>()
-            .expect("multiaddr")
-    };
-    let settings = MeshSettings {
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-        bootstrap: vec![node_port(&a), node_port(&c)],
-        cluster_key: load_cluster_key(&dir.path().join("cluster.key")).unwrap(),
-        allow: Vec::new(),
-        ping_interval: Duration::from_secs(1),
-        redial_min: Duration::from_millis(50),
-        redial_max: Duration::from_secs(1),
-        discover: false,
-        advertise: Vec::new(),
-        announce_every: Duration::from_secs(10),
-        link_limits: LinkLimits::default(),
-        policy: None,
-    };
-    let (engine_tx, mut engine_rx) = mpsc::channel(1024);
-    let (cmd_tx, cmd_rx) = mpsc::channel(64);
-    let keypair = libp2p::identity::Keypair::generate_ed25519();
-    let mesh = start_mesh(
-        settings,
-        keypair,
-        engine_tx,
-        cmd_rx,
-        std::sync::Arc::new(MeshStats::default()),
-        "forger",
-    )
-    .await
-    .expect("the forger's mesh starts");
-    // Its link sessions to a and c, as the broker task would get them.
-    let mut writers = std::collections::HashMap::new();
-    tokio::time::timeout(MESH_DEADLINE, async {
-        while writers.len() < 2 {
-            if let Some(ToEngine::Link(LinkEvent::PeerUp { peer, writer, .. })) =
-                engine_rx.recv().await
-            {
-                writers.insert(peer.to_string(), writer);
-            }
-        }
-    })
-    .await
-    .expect("the forger's sessions open");
-    // Keep reading what a and c send it (hellos, digests), as a peer does.
-    tokio::spawn(async move { while engine_rx.recv().await.is_some() {} });
+    let Forger {
+        mesh,
+        writers,
+        cmds: cmd_tx,
+    } = Forger::start(dir.path(), &[&a, &c]).await;
 
     let stolen = Frame::RouteDelta(RouteDelta {
         owner: owner(&a.peer_id, u64::MAX),
@@ -390,4 +412,128 @@ async fn a_peer_with_the_key_that_forges_other_nodes_state_changes_nothing() {
         c.log()
     );
     mesh.shutdown().await;
+}
+
+/// A policy stream message: tag (0 sync, 1 whole document), epoch, body; framed with its
+/// length.
+fn policy_frame(tag: u8, epoch: u64, body: &[u8]) -> Vec<u8> {
+    let mut m = Vec::new();
+    let len = u32::try_from(1 + 8 + body.len()).unwrap();
+    m.extend_from_slice(&len.to_be_bytes());
+    m.push(tag);
+    m.extend_from_slice(&epoch.to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+fn uleb(mut n: usize, out: &mut Vec<u8>) {
+    loop {
+        let byte = u8::try_from(n & 0x7f).unwrap();
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// An automerge chunk of `kind` (0 document, 2 compressed change) around `data`.
+fn automerge_chunk(kind: u8, data: &[u8]) -> Vec<u8> {
+    let mut c = vec![0x85, 0x6f, 0x4a, 0x83, 0, 0, 0, 0, kind];
+    uleb(data.len(), &mut c);
+    c.extend_from_slice(data);
+    c
+}
+
+/// 64 MiB of zeros, deflated (a few tens of KiB).
+fn deflate_bomb() -> Vec<u8> {
+    use std::io::Read as _;
+    let zeros = std::io::repeat(0).take(64 << 20);
+    let mut out = Vec::new();
+    flate2::bufread::DeflateEncoder::new(
+        std::io::BufReader::new(zeros),
+        flate2::Compression::best(),
+    )
+    .read_to_end(&mut out)
+    .unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_the_key_that_sends_malformed_policy_sync_changes_nothing() {
+    // c takes policy documents up to 1 MiB: what compressed parts inflate to is held to 8 MiB.
+    let (a, c, _link, dir) = two_regions_with("[policy]\nmax_document_bytes = 1048576\n").await;
+    let forger = Forger::start(dir.path(), &[&c]).await;
+    let c_peer: libp2p::PeerId = c.peer_id.parse().unwrap();
+
+    let bomb = deflate_bomb();
+    // A bloom filter of 0 bits per entry: automerge's next message divides by zero.
+    let zero_bits = vec![0x42, 0, 0, 1, 0, 3, 1, 0, 1, 0];
+    // One of u32::MAX probes: 16 GiB of them.
+    let probes = vec![
+        0x42, 0, 0, 1, 0, 9, 1, 10, 0xff, 0xff, 0xff, 0xff, 0x0f, 0xff, 0xff, 0,
+    ];
+    // A compressed change that inflates to 64 MiB.
+    let mut inflating_change = vec![0x42, 0, 0, 0, 1];
+    let chunk = automerge_chunk(2, &bomb);
+    uleb(chunk.len(), &mut inflating_change);
+    inflating_change.extend_from_slice(&chunk);
+    // A whole document of a later epoch whose one column inflates to 64 MiB.
+    let mut document = vec![0, 0, 1, 0b1000];
+    uleb(bomb.len(), &mut document);
+    document.push(0);
+    document.extend_from_slice(&bomb);
+    let inflating_document = automerge_chunk(0, &document);
+    let messages = [
+        policy_frame(0, 0, &zero_bits),
+        policy_frame(0, 0, &probes),
+        policy_frame(0, 0, &inflating_change),
+        policy_frame(1, 1, &inflating_document),
+        policy_frame(0, 0, &[0x42, 0xff, 0xff, 0xff]),
+    ];
+    for (i, message) in messages.iter().enumerate() {
+        let mut stream = forger
+            .mesh
+            .streams
+            .clone()
+            .open_stream(c_peer, meridian_daemon::testing::POLICY_PROTOCOL)
+            .await
+            .expect("c takes a policy stream");
+        use futures_util::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        stream.write_all(message).await.expect("written");
+        stream.flush().await.expect("flushed");
+        // c answers with its own sync message, then ends the stream.
+        let mut sink = Vec::new();
+        let ended = tokio::time::timeout(MESH_DEADLINE, stream.read_to_end(&mut sink)).await;
+        assert!(ended.is_ok(), "c did not end the policy stream of message {i}");
+    }
+
+    let metrics = c.metrics().await;
+    assert_eq!(
+        metric(&metrics, "meridian_policy_sync_refused_total"),
+        5.0,
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "meridian_policy_task_restarts_total"), 0.0);
+    // c's policy task lives on and syncs with a both ways.
+    let rules_of = |admin: u16| async move {
+        let (_, body) = common::http(admin, "GET", "/api/policy").await;
+        body
+    };
+    assert!(ctl(a.daemon.admin, &["acl", "add", "deny", "subscribe", "from-a/#"]).0);
+    assert!(ctl(c.daemon.admin, &["acl", "add", "deny", "subscribe", "from-c/#"]).0);
+    wait_for("both rules at both nodes", &[&a, &c], || async {
+        let (pa, pc) = (rules_of(a.daemon.admin).await, rules_of(c.daemon.admin).await);
+        [pa, pc]
+            .iter()
+            .all(|p| p.contains("from-a/#") && p.contains("from-c/#"))
+    })
+    .await;
+    assert!(
+        c.log().contains("policy sync refused"),
+        "{}",
+        tail(&c.log(), 40)
+    );
+    forger.mesh.shutdown().await;
 }

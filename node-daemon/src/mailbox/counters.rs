@@ -148,6 +148,11 @@ counters! {
     /// Journal checkpoints: the changes since the last written to the database
     /// (storage.journal_max_bytes).
     storage_checkpoints => "storage_checkpoints";
+    /// Policy sync messages and documents from peers refused (malformed, past a bound, or
+    /// not a policy document); the policy stream that brought each one ended.
+    policy_sync_refused => "policy_sync_refused";
+    /// Times the policy task failed on a request and started again from its saved document.
+    policy_task_restarts => "policy_task_restarts";
     /// Pages the store's cache let go of because it was full (storage.cache_bytes).
     storage_cache_evictions => "storage_cache_evictions";
 }

@@ -105,14 +105,25 @@ pub struct MeshStats {
 }
 
 /// A running mesh.
-#[derive(Debug)]
 pub struct Mesh {
     pub peer_id: PeerId,
     /// The addresses it listens on (with the port the OS chose for `/tcp/0`).
     pub listen_addrs: Vec<Multiaddr>,
     pub stats: Arc<MeshStats>,
+    /// Opens streams of any protocol to connected peers (what a test playing a peer uses to
+    /// send raw bytes on a protocol's stream).
+    pub streams: libp2p_stream::Control,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("peer_id", &self.peer_id)
+            .field("listen_addrs", &self.listen_addrs)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Mesh {
@@ -368,11 +379,13 @@ pub async fn start(
         peer_id,
         gossip_warned: HashSet::new(),
     };
+    let streams = driver.swarm.behaviour().stream.new_control();
     let task = tokio::spawn(driver.run(cmds, stop_rx));
     Ok(Mesh {
         peer_id,
         listen_addrs,
         stats,
+        streams,
         stop: Some(stop),
         task,
     })

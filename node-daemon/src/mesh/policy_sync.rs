@@ -8,7 +8,8 @@
 //! does not decode, or one whose changes would make the document larger than that bound ends
 //! the stream; the opener tries again later (backing off while streams end at once), and the
 //! document stays as it was. One stream per peer stands at a time: a newer one from the same
-//! peer replaces the older.
+//! peer replaces the older. Every stream ends when the policy task starts again after a
+//! failure (its sync states are gone); the opener then opens a new one.
 
 use futures_util::io::{AsyncReadExt, AsyncWriteExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
@@ -58,7 +59,7 @@ pub async fn run(
         }
     };
     let sync = async {
-        changes.borrow_and_update();
+        let restarts = changes.borrow_and_update().restarts;
         loop {
             while let Some(message) = policy.sync_out(session, &peer_id).await {
                 let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
@@ -77,7 +78,9 @@ pub async fn run(
                     if changed.is_err() {
                         return Ok(());
                     }
-                    changes.borrow_and_update();
+                    if changes.borrow_and_update().restarts != restarts {
+                        return Err(std::io::Error::other("the policy task started again"));
+                    }
                 }
             }
         }

@@ -30,13 +30,16 @@ pub mod tokens;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
 use automerge::ActorId;
 use automerge::sync;
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{debug, info, warn};
+use futures_util::FutureExt as _;
+use tracing::{debug, error, info, warn};
 
 use document::{Author, DocError, Edit, EditError, HistoryEntry, Policy, PolicyDoc, TokenKind, by};
 use tokens::TokenSet;
@@ -58,15 +61,19 @@ pub const EDGE_FILE_TOKEN: &str = "edge-token-file";
 pub struct Snapshot {
     /// The document's epoch (compactions).
     pub epoch: u64,
+    /// How many times the policy task started again after a failure: the policy streams of
+    /// an earlier start end (their sync states are gone with it).
+    pub restarts: u64,
     pub policy: Arc<Policy>,
     admin_tokens: Arc<TokenSet>,
     edge_tokens: Arc<TokenSet>,
 }
 
 impl Snapshot {
-    fn of(epoch: u64, policy: Policy) -> Self {
+    fn of(epoch: u64, restarts: u64, policy: Policy) -> Self {
         Self {
             epoch,
+            restarts,
             admin_tokens: Arc::new(TokenSet::from_hashes(&policy.admin_tokens)),
             edge_tokens: Arc::new(TokenSet::from_hashes(&policy.edge_tokens)),
             policy: Arc::new(policy),
@@ -102,6 +109,8 @@ pub struct PolicySettings {
     pub node_expiry_ms: u64,
     /// What seeds a new document.
     pub seed: Seed,
+    /// Where refused sync messages and restarts of the task are counted.
+    pub counters: Arc<crate::mailbox::DaemonCounters>,
 }
 
 /// What the files say, for a new document.
@@ -209,6 +218,9 @@ enum Cmd {
     SyncEnd {
         session: u64,
     },
+    /// Fails half-way, as a bug would (the tests of [`PolicyTask::restart`]).
+    #[cfg(test)]
+    Fail,
 }
 
 /// The way to the policy task.
@@ -230,6 +242,8 @@ impl std::fmt::Debug for Cmd {
             Self::SyncOut { .. } => "SyncOut",
             Self::SyncIn { .. } => "SyncIn",
             Self::SyncEnd { .. } => "SyncEnd",
+            #[cfg(test)]
+            Self::Fail => "Fail",
         })
     }
 }
@@ -286,7 +300,7 @@ impl PolicyHandle {
                 "policy document: entries that cannot be read are left out"
             );
         }
-        let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(doc.epoch(), policy));
+        let (snapshot_tx, snapshot) = watch::channel(Snapshot::of(doc.epoch(), 0, policy));
         let (tx, rx) = mpsc::channel(QUEUE);
         let max_document_bytes = settings.max_document_bytes;
         let waiting = Arc::new(Mutex::new(Vec::new()));
@@ -300,6 +314,7 @@ impl PolicyHandle {
             quiet_heads: None,
             last_seen: HashMap::new(),
             started_ms: now_ms(),
+            restarts: 0,
         };
         tokio::spawn(task.run(rx));
         Ok(Self {
@@ -412,6 +427,8 @@ struct PolicyTask {
     /// When each peer last sent a policy message (ms since the Unix epoch).
     last_seen: HashMap<String, i64>,
     started_ms: i64,
+    /// Times the task started again after a failure ([`Snapshot::restarts`]).
+    restarts: u64,
     /// The nodes the last compaction check found without this node's document, while one
     /// was due ([`PolicyHandle::compaction_waits_for`]).
     waiting: Arc<Mutex<Vec<String>>>,
@@ -468,15 +485,63 @@ impl PolicyTask {
                     None => return,
                 },
                 _ = compaction.tick() => {
-                    self.expire_nodes().await;
-                    if self.compaction_due() {
-                        self.compact().await;
+                    if AssertUnwindSafe(self.tick()).catch_unwind().await.is_err() {
+                        self.restart("compaction");
                     }
                     continue;
                 }
             };
-            self.handle(cmd).await;
+            let what = format!("{cmd:?}");
+            if AssertUnwindSafe(self.handle(cmd)).catch_unwind().await.is_err() {
+                self.restart(&what);
+            }
         }
+    }
+
+    /// What is due every `compact_interval_ms`.
+    async fn tick(&mut self) {
+        self.expire_nodes().await;
+        if self.compaction_due() {
+            self.compact().await;
+        }
+    }
+
+    /// A request made the task fail half-way: start again from the saved document (every
+    /// change it holds was saved before it counted), with fresh sync states (peers send
+    /// again what this node lacks). The request's caller gets no answer; a policy stream
+    /// whose message it was ends.
+    fn restart(&mut self, what: &str) {
+        self.settings
+            .counters
+            .policy_task_restarts
+            .fetch_add(1, Ordering::Relaxed);
+        self.sessions.clear();
+        self.quiet_heads = None;
+        let saved = fresh_actor()
+            .map_err(|e| e.to_string())
+            .and_then(|actor| {
+                let bytes = std::fs::read(&self.path).map_err(|e| e.to_string())?;
+                PolicyDoc::load(&bytes, actor).map_err(|e| e.to_string())
+            });
+        match saved {
+            Ok(doc) => {
+                self.doc = doc;
+                error!(
+                    request = what,
+                    path = %self.path.display(),
+                    "policy task failed; started again from its saved document"
+                );
+            }
+            Err(e) => error!(
+                error = %e,
+                request = what,
+                "policy task failed, and its saved document cannot be read; it goes on with \
+                 the document it had"
+            ),
+        }
+        self.restarts += 1;
+        let snapshot = Snapshot::of(self.doc.epoch(), self.restarts, self.doc.policy());
+        self.snapshot.send_replace(snapshot);
     }
 
     async fn handle(&mut self, cmd: Cmd) {
@@ -517,10 +582,26 @@ impl PolicyTask {
                 reply,
             } => {
                 let r = self.receive(session, peer, &message).await;
+                if r.is_err() {
+                    self.settings
+                        .counters
+                        .policy_sync_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 let _ = reply.send(r);
             }
             Cmd::SyncEnd { session } => {
                 self.sessions.remove(&session);
+            }
+            #[cfg(test)]
+            Cmd::Fail => {
+                // The document as a bug might leave it: changed in memory, not saved.
+                let author = self.author("bug".to_owned());
+                let edit = Edit::AclDefault {
+                    permission: meridian_core::acl::Permission::Deny,
+                };
+                let _ = self.doc.apply(&[edit], &author, now_ms());
+                panic!("a failure half-way");
             }
         }
     }
@@ -577,6 +658,10 @@ impl PolicyTask {
                         max,
                     });
                 }
+                document::screen::document(
+                    body,
+                    max.saturating_mul(document::screen::INFLATE_FACTOR),
+                )?;
                 let mut next = PolicyDoc::load(
                     body,
                     fresh_actor().map_err(|e| DocError::Load(e.to_string()))?,
@@ -765,7 +850,7 @@ impl PolicyTask {
         let policy = self.doc.policy();
         let bytes = self.doc.save();
         self.snapshot
-            .send_replace(Snapshot::of(self.doc.epoch(), policy));
+            .send_replace(Snapshot::of(self.doc.epoch(), self.restarts, policy));
         let path = self.path.clone();
         match tokio::task::spawn_blocking(move || save(&path, &bytes)).await {
             Ok(Ok(())) => Ok(()),
@@ -803,4 +888,58 @@ fn fresh_actor() -> anyhow::Result<ActorId> {
 
 fn now_ms() -> i64 {
     i64::try_from(crate::clock::unix_ms()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dir: &Path, counters: Arc<crate::mailbox::DaemonCounters>) -> PolicySettings {
+        PolicySettings {
+            data_dir: dir.to_owned(),
+            node: "n".to_owned(),
+            region: "r".to_owned(),
+            peer_id: None,
+            max_document_bytes: 1 << 20,
+            history_retention_ms: 86_400_000,
+            compact_after_changes: 1_000,
+            compact_interval_ms: 3_600_000,
+            node_expiry_ms: 0,
+            seed: Seed::default(),
+            counters,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_task_that_fails_starts_again_from_its_saved_document() {
+        let dir = tempfile::tempdir().unwrap();
+        let counters = Arc::new(crate::mailbox::DaemonCounters::default());
+        let policy = PolicyHandle::start(settings(dir.path(), counters.clone()))
+            .await
+            .unwrap();
+        let rule = |filter: &str| Edit::AclAdd {
+            rule: document::RuleEntry {
+                permission: "deny".to_owned(),
+                action: "subscribe".to_owned(),
+                topic: filter.to_owned(),
+                user: None,
+                client_id: None,
+            },
+            before: None,
+        };
+        assert!(policy.edit(vec![rule("saved/#")], "t".into()).await.unwrap());
+        let mut watch = policy.watch();
+        watch.borrow_and_update();
+        policy.tx.send(Cmd::Fail).await.unwrap();
+        watch.changed().await.unwrap();
+        assert_eq!(watch.borrow().restarts, 1);
+        assert_eq!(counters.policy_task_restarts.load(Ordering::Relaxed), 1);
+        // It answers again, with the saved document: the saved rule, not what the failure
+        // left in memory.
+        assert!(policy.edit(vec![rule("after/#")], "t".into()).await.unwrap());
+        let now = policy.current();
+        let filters: Vec<&str> = now.acl.iter().map(|r| r.topic.as_str()).collect();
+        assert_eq!(filters, ["saved/#", "after/#"]);
+        assert_eq!(now.acl_default, Some(meridian_core::acl::Permission::Allow));
+    }
 }

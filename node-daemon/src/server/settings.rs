@@ -13,6 +13,7 @@ use crate::policy::{PolicySettings, Seed, SeedFiles};
 pub(super) fn policy_settings(
     config: &DaemonConfig,
     peer_id: Option<String>,
+    counters: std::sync::Arc<crate::mailbox::DaemonCounters>,
 ) -> anyhow::Result<PolicySettings> {
     let data_dir = config.storage.data_dir.clone();
     let files = SeedFiles {
@@ -40,6 +41,7 @@ pub(super) fn policy_settings(
         compact_interval_ms: config.policy.compact_interval_ms,
         node_expiry_ms: config.cluster.peer_expiry_ms,
         seed,
+        counters,
     })
 }
 

@@ -52,7 +52,7 @@ pub(super) async fn start(
     // Cluster mode: the secrets first, so that a missing key stops the start early.
     let secrets = ClusterSecrets::load(&config)?;
     let node_id = secrets.as_ref().map(|s| s.node.to_string());
-    let policy = start_policy(&config, custom_auth.is_some(), node_id.clone()).await?;
+    let policy = start_policy(&config, custom_auth.is_some(), node_id.clone(), &counters).await?;
     let hooks = Hooks::choose(&config, custom_auth, policy.as_ref())?;
     let tokens = TokenSources(policy.clone());
     let admin_access = AdminAccess::new(
@@ -173,11 +173,12 @@ async fn start_policy(
     config: &DaemonConfig,
     custom_auth: bool,
     peer_id: Option<String>,
+    counters: &Arc<DaemonCounters>,
 ) -> anyhow::Result<Option<PolicyHandle>> {
     if custom_auth || config.policy.source != PolicySource::Document {
         return Ok(None);
     }
-    let handle = PolicyHandle::start(policy_settings(config, peer_id)?).await?;
+    let handle = PolicyHandle::start(policy_settings(config, peer_id, counters.clone())?).await?;
     let current = handle.current();
     info!(
         users = current.users.len(),

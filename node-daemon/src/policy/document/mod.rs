@@ -24,6 +24,7 @@
 //! ([`Policy::unreadable`]): a node never fails because of what another wrote.
 
 mod history;
+pub mod screen;
 
 pub use history::HistoryEntry;
 
@@ -903,7 +904,8 @@ impl PolicyDoc {
     }
 
     /// Apply a peer's sync message. Refused, leaving the document as it was, when it is
-    /// malformed or would make the saved document larger than `max_bytes`. Returns whether
+    /// malformed, fails the [`screen`], or would make the saved document larger than
+    /// `max_bytes`. Returns whether
     /// the document changed.
     pub fn receive_sync(
         &mut self,
@@ -911,7 +913,8 @@ impl PolicyDoc {
         message: &[u8],
         max_bytes: usize,
     ) -> Result<bool, DocError> {
-        let message = sync::Message::decode(message).map_err(|e| DocError::Sync(e.to_string()))?;
+        let inflated = max_bytes.saturating_mul(screen::INFLATE_FACTOR);
+        let message = screen::sync_message(message, inflated)?;
         let heads = self.doc.get_heads();
         if message.changes.is_empty() {
             self.doc
