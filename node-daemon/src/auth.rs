@@ -40,6 +40,8 @@ pub struct AuthSetup {
     anonymous: bool,
     /// Password checks one source address may have waiting or running.
     pending_per_address: usize,
+    /// What one check may cost.
+    hash_bounds: passwd::HashBounds,
     acl: Acl,
 }
 
@@ -117,17 +119,35 @@ impl AuthSetup {
                 "auth.allow_anonymous ignored: a listener is not on loopback, clients must log in"
             );
         }
-        // Any stored hash will do (`known` stays false for unknown users): same parameters,
-        // same cost.
+        let bounds = config.auth.hash_bounds();
+        if let Some(users) = &users {
+            let mut past: Vec<&str> = users
+                .iter()
+                .filter(|(_, h)| bounds.check(h).is_err())
+                .map(|(u, _)| u.as_str())
+                .collect();
+            if !past.is_empty() {
+                past.sort_unstable();
+                tracing::warn!(
+                    count = past.len(),
+                    users = ?&past[..past.len().min(10)],
+                    "password hashes that ask for more than auth.max_hash_memory_kib or \
+                     auth.max_hash_passes, or are not Argon2: these users cannot log in"
+                );
+            }
+        }
+        // Any stored hash within the bounds will do (`known` stays false for unknown users):
+        // same parameters, same cost.
         let dummy_hash: Arc<str> = users
             .as_ref()
-            .and_then(|u| u.values().next())
+            .and_then(|u| u.values().find(|h| bounds.check(h).is_ok()))
             .map_or_else(|| Arc::from(""), |h| Arc::from(h.as_str()));
         Ok(Self {
             users,
             dummy_hash,
             anonymous,
             pending_per_address: config.auth.max_pending_per_address,
+            hash_bounds: config.auth.hash_bounds(),
             acl,
         })
     }
@@ -176,6 +196,7 @@ impl AuthSetup {
             dummy_hash: self.dummy_hash,
             anonymous: self.anonymous,
             pending_per_address: self.pending_per_address,
+            hash_bounds: self.hash_bounds,
             engine,
             limits: limits.clone(),
             generation,
@@ -276,7 +297,7 @@ impl VerifyLimits {
                     }
                 }
             };
-            let ok = passwd::verify(&job.password, &job.hash) && job.known;
+            let ok = passwd::verify(&job.password, &job.hash, &job.bounds) && job.known;
             self.counters
                 .password_checks
                 .fetch_add(1, Ordering::Relaxed);
@@ -389,6 +410,7 @@ struct Job {
     password: Vec<u8>,
     hash: String,
     known: bool,
+    bounds: passwd::HashBounds,
     generation: u64,
     engine: mpsc::Sender<ToEngine>,
 }
@@ -417,6 +439,7 @@ struct PasswordAuth {
     dummy_hash: Arc<str>,
     anonymous: bool,
     pending_per_address: usize,
+    hash_bounds: passwd::HashBounds,
     engine: mpsc::Sender<ToEngine>,
     limits: VerifyLimits,
     /// The value of `limits.generation` while these hooks are current.
@@ -467,6 +490,7 @@ impl Authenticator for PasswordAuth {
             password: password.to_vec(),
             hash,
             known,
+            bounds: self.hash_bounds,
             generation: self.generation,
             engine: self.engine.clone(),
         };
@@ -504,6 +528,7 @@ mod tests {
             dummy_hash: Arc::from(hash),
             anonymous: false,
             pending_per_address: 2,
+            hash_bounds: passwd::HashBounds::default(),
             acl: Acl::default(),
         }
     }

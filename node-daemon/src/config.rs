@@ -469,6 +469,18 @@ pub struct AuthConfig {
     pub password_file: String,
     pub allow_anonymous: bool,
     pub max_pending_per_address: usize,
+    pub max_hash_memory_kib: u32,
+    pub max_hash_passes: u32,
+}
+
+impl AuthConfig {
+    /// What checking one password may cost.
+    pub fn hash_bounds(&self) -> crate::passwd::HashBounds {
+        crate::passwd::HashBounds {
+            memory_kib: self.max_hash_memory_kib,
+            passes: self.max_hash_passes,
+        }
+    }
 }
 
 impl Default for DaemonConfig {
@@ -911,6 +923,8 @@ partial!(PAuth {
     password_file: String,
     allow_anonymous: bool,
     max_pending_per_address: usize,
+    max_hash_memory_kib: u32,
+    max_hash_passes: u32,
 });
 partial!(PAcl { default: acl::Permission, rules: Vec<acl::Rule> });
 partial!(PPolicy {

@@ -56,8 +56,8 @@ pub mod cli {
 /// that sends what it likes). Not a stable interface.
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::mailbox::{LinkLimits, PeerWriter};
     pub use crate::mailbox::{LinkEvent, MeshCmd, ToEngine};
+    pub use crate::mailbox::{LinkLimits, PeerWriter};
     pub use crate::mesh::keys::load_cluster_key;
     pub use crate::mesh::policy_sync::POLICY_PROTOCOL;
     pub use crate::mesh::{Mesh, MeshSettings, MeshStats, start as start_mesh};

@@ -45,7 +45,6 @@ pub fn hash(password: &[u8]) -> anyhow::Result<String> {
         .map_err(|e| anyhow::anyhow!("hashing failed: {e}"))
 }
 
-/// Whether `password` matches the PHC string `hash`.
 /// The password written to stdin: its first line, without the line ending. `command` shows
 /// how to call it in the error for an empty one.
 pub fn read_password(command: &str) -> anyhow::Result<String> {
@@ -66,9 +65,53 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-pub fn verify(password: &[u8], hash: &str) -> bool {
+/// What checking a password against one hash may cost (`auth.max_hash_memory_kib`,
+/// `auth.max_hash_passes`): a hash's own parameters decide it, and a login worker must not be
+/// held for hours by one (`t = 4294967295`). Argon2 here runs its lanes one after the other,
+/// so the cost is the memory times the passes, whatever the lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashBounds {
+    /// The most memory, in KiB (64 MiB; `meridian passwd` uses 19 MiB).
+    pub memory_kib: u32,
+    /// The most passes over it (`meridian passwd` makes 2).
+    pub passes: u32,
+}
+
+impl Default for HashBounds {
+    fn default() -> Self {
+        Self {
+            memory_kib: 65_536,
+            passes: 10,
+        }
+    }
+}
+
+impl HashBounds {
+    /// Whether the PHC string `hash` is an Argon2 hash within these bounds.
+    pub fn check(&self, hash: &str) -> Result<(), String> {
+        let phc = argon2::password_hash::phc::PasswordHash::new(hash)
+            .map_err(|e| format!("not a PHC string: {e}"))?;
+        let params =
+            argon2::Params::try_from(&phc).map_err(|e| format!("not Argon2 parameters: {e}"))?;
+        if params.m_cost() > self.memory_kib || params.t_cost() > self.passes {
+            return Err(format!(
+                "Argon2 parameters m={},t={} past auth.max_hash_memory_kib = {} or \
+                 auth.max_hash_passes = {}",
+                params.m_cost(),
+                params.t_cost(),
+                self.memory_kib,
+                self.passes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `password` matches the PHC string `hash`; never for a hash past `bounds`, which is
+/// not checked at all.
+pub fn verify(password: &[u8], hash: &str, bounds: &HashBounds) -> bool {
     use argon2::password_hash::PasswordVerifier;
-    Argon2::default().verify_password(password, hash).is_ok()
+    bounds.check(hash).is_ok() && Argon2::default().verify_password(password, hash).is_ok()
 }
 
 /// `meridian passwd FILE USER`: create or update USER's line, password from stdin (the first
@@ -123,9 +166,10 @@ mod tests {
     fn hash_then_verify() {
         let h = hash(b"secret").unwrap();
         assert!(h.starts_with("$argon2id$"));
-        assert!(verify(b"secret", &h));
-        assert!(!verify(b"wrong", &h));
-        assert!(!verify(b"secret", "garbage"));
+        let b = HashBounds::default();
+        assert!(verify(b"secret", &h, &b));
+        assert!(!verify(b"wrong", &h, &b));
+        assert!(!verify(b"secret", "garbage", &b));
     }
 
     #[test]
@@ -136,5 +180,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn hashes_that_would_hold_a_login_worker_are_never_checked() {
+        let bounds = HashBounds::default();
+        let costly = [
+            "$argon2id$v=19$m=19456,t=4294967295,p=1$c2FsdHNhbHQ$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+            "$argon2id$v=19$m=4194304,t=2,p=1$c2FsdHNhbHQ$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        ];
+        for h in costly {
+            let e = bounds.check(h).unwrap_err();
+            assert!(e.contains("past auth.max_hash"), "{e}");
+            // Refused before any hashing: checking it would hold the test for hours.
+            assert!(!verify(b"pw", h, &bounds));
+        }
+        let h = hash(b"pw").unwrap();
+        assert_eq!(bounds.check(&h), Ok(()));
+        assert!(verify(b"pw", &h, &bounds));
+        let tight = HashBounds {
+            memory_kib: 1024,
+            passes: 1,
+        };
+        assert!(!verify(b"pw", &h, &tight));
     }
 }

@@ -190,6 +190,87 @@ async fn requests_for_another_host_are_refused_on_loopback() {
     );
 }
 
+/// A raw request with a body: the status code.
+async fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("admin connect");
+    let mut req = format!("POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n");
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str(&format!(
+        "connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    s.write_all(req.as_bytes()).await.expect("write request");
+    let mut resp = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(30), s.read_to_end(&mut resp))
+        .await
+        .expect("an answer in time")
+        .expect("read response");
+    let text = String::from_utf8_lossy(&resp);
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status code")
+}
+
+/// A web page of another site can make a browser POST to the loopback API, which asks for no
+/// token there, without asking first, as long as the body is a "simple" type (text/plain,
+/// a form); it cannot send JSON or hide its Origin.
+#[tokio::test]
+async fn a_web_page_of_another_site_cannot_edit_the_policy() {
+    let d = Daemon::start();
+    let deny_all = r#"{"edits":[{"edit":"acl_default","permission":"deny"}]}"#;
+    let own = format!("http://127.0.0.1:{}", d.admin);
+    let forged = [
+        // What a form or fetch(..., {mode: "no-cors"}) sends.
+        vec![
+            ("content-type", "text/plain"),
+            ("origin", "http://evil.example"),
+        ],
+        vec![("content-type", "application/x-www-form-urlencoded")],
+        vec![("content-type", "text/plain;charset=UTF-8")],
+        vec![],
+        // JSON from another site (a browser asks first, and gets no CORS answer; a page of a
+        // sandboxed frame sends "null").
+        vec![
+            ("content-type", "application/json"),
+            ("origin", "http://evil.example"),
+        ],
+        vec![("content-type", "application/json"), ("origin", "null")],
+        vec![
+            ("content-type", "application/json"),
+            ("origin", "https://127.0.0.1:1"),
+        ],
+    ];
+    let mut statuses = Vec::new();
+    for headers in &forged {
+        statuses.push(post(d.admin, "/api/policy", headers, deny_all).await);
+    }
+    assert_eq!(statuses, [403, 415, 415, 415, 403, 403, 403]);
+    let (_, policy) = http(d.admin, "GET", "/api/policy").await;
+    assert!(policy.contains(r#""acl_default":"allow""#), "{policy}");
+    let (_, metrics) = http(d.admin, "GET", "/metrics").await;
+    let m = common::Metrics::parse(&metrics);
+    assert_eq!(
+        m.get(r#"meridian_admin_refused_total{reason="origin"}"#),
+        Some(4.0)
+    );
+    assert_eq!(
+        m.get(r#"meridian_admin_refused_total{reason="content_type"}"#),
+        Some(3.0)
+    );
+    // Its own pages, and clients that send no Origin (ctl, curl), with JSON, still can.
+    let json = ("content-type", "application/json");
+    let headers = [json, ("origin", own.as_str())];
+    assert_eq!(post(d.admin, "/api/policy", &headers, deny_all).await, 200);
+    let allow = deny_all.replace("deny", "allow");
+    assert_eq!(post(d.admin, "/api/policy", &[json], &allow).await, 200);
+}
+
 /// A client that opens a connection and sends its headers slowly, or never, is cut off.
 #[tokio::test]
 async fn a_client_that_does_not_finish_its_headers_is_cut_off() {

@@ -225,7 +225,11 @@ fn passwd_command_creates_and_updates_a_line() {
     assert!(text.starts_with("# keep me\nbob:$argon2id$"), "{text}");
     let db = meridian_daemon::passwd::parse(&text).unwrap();
     assert_eq!(db.len(), 2);
-    assert!(meridian_daemon::passwd::verify(b"two", &db["alice"]));
+    assert!(meridian_daemon::passwd::verify(
+        b"two",
+        &db["alice"],
+        &Default::default()
+    ));
 }
 
 #[test]
@@ -475,5 +479,44 @@ topic = "secret/#"
         metrics.get("meridian_subscriptions_refused_total{reason=\"not_authorized\"}"),
         Some(1.0),
         "{metrics:?}"
+    );
+}
+
+/// A hash whose own parameters ask for 2^32 - 1 passes: checking one password against it
+/// would hold a login worker for hours. The policy document holds what any node wrote, and
+/// this one is seeded from the file as a peer could have written it.
+#[tokio::test]
+async fn a_hash_that_would_hold_the_login_workers_is_never_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    let costly = "$argon2id$v=19$m=19456,t=4294967295,p=1$c2FsdHNhbHQ$\
+                  AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    std::fs::write(
+        &file,
+        format!("alice:{}\nmallory:{costly}\n", cheap_hash("looking-glass")),
+    )
+    .unwrap();
+    let daemon = Daemon::start_with_config(Some(&config_text(&file, "")));
+    let port = daemon.mqtt;
+    // More logins than there are login workers (4), at once.
+    let tries: Vec<_> = (0..8)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("m{i}");
+                login(port, V5, &id, Some("mallory"), Some("anything"))
+                    .await
+                    .1
+            })
+        })
+        .collect();
+    for t in tries {
+        assert_eq!(t.await.unwrap(), ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+    }
+    let (_, r) = login(port, V5, "a", Some("alice"), Some("looking-glass")).await;
+    assert!(!r.is_error(), "{r:?}");
+    assert!(
+        daemon.log_text().contains("these users cannot log in"),
+        "{}",
+        daemon.log_text()
     );
 }

@@ -20,8 +20,8 @@ const MAX_PACKET: usize = 64 * 1024;
 /// What the client tries to stream before its CONNACK: far more than the bound.
 const STREAM_BYTES: usize = 32 * 1024 * 1024;
 
-/// A password hash whose check takes minutes (8 KiB, ten million passes): logins against it
-/// stay pending for as long as a test looks.
+/// A password hash whose check takes minutes (8 KiB, ten million passes, which the tests'
+/// `auth.max_hash_passes` allows): logins against it stay pending for as long as a test looks.
 const SLOW_HASH: &str = "$argon2id$v=19$m=8,t=10000000,p=1$c2FsdHNhbHRzYWx0c2FsdA$\
                          AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 
@@ -29,8 +29,8 @@ fn config(dir: &std::path::Path) -> String {
     let passwd = dir.join("passwd");
     std::fs::write(&passwd, format!("slow:{SLOW_HASH}\n")).unwrap();
     format!(
-        "[auth]\npassword_file = \"{}\"\n[limits]\nmax_packet_size = {MAX_PACKET}\n\
-         connect_timeout_ms = 60000\n",
+        "[auth]\npassword_file = \"{}\"\nmax_hash_passes = 10000000\n[limits]\n\
+         max_packet_size = {MAX_PACKET}\nconnect_timeout_ms = 60000\n",
         passwd.display()
     )
 }

@@ -506,7 +506,10 @@ async fn a_peer_with_the_key_that_sends_malformed_policy_sync_changes_nothing() 
         // c answers with its own sync message, then ends the stream.
         let mut sink = Vec::new();
         let ended = tokio::time::timeout(MESH_DEADLINE, stream.read_to_end(&mut sink)).await;
-        assert!(ended.is_ok(), "c did not end the policy stream of message {i}");
+        assert!(
+            ended.is_ok(),
+            "c did not end the policy stream of message {i}"
+        );
     }
 
     let metrics = c.metrics().await;
@@ -521,10 +524,25 @@ async fn a_peer_with_the_key_that_sends_malformed_policy_sync_changes_nothing() 
         let (_, body) = common::http(admin, "GET", "/api/policy").await;
         body
     };
-    assert!(ctl(a.daemon.admin, &["acl", "add", "deny", "subscribe", "from-a/#"]).0);
-    assert!(ctl(c.daemon.admin, &["acl", "add", "deny", "subscribe", "from-c/#"]).0);
+    assert!(
+        ctl(
+            a.daemon.admin,
+            &["acl", "add", "deny", "subscribe", "from-a/#"]
+        )
+        .0
+    );
+    assert!(
+        ctl(
+            c.daemon.admin,
+            &["acl", "add", "deny", "subscribe", "from-c/#"]
+        )
+        .0
+    );
     wait_for("both rules at both nodes", &[&a, &c], || async {
-        let (pa, pc) = (rules_of(a.daemon.admin).await, rules_of(c.daemon.admin).await);
+        let (pa, pc) = (
+            rules_of(a.daemon.admin).await,
+            rules_of(c.daemon.admin).await,
+        );
         [pa, pc]
             .iter()
             .all(|p| p.contains("from-a/#") && p.contains("from-c/#"))

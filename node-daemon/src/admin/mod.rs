@@ -3,8 +3,10 @@
 //! Who may ask ([`AdminAccess`]): with `admin.token_file`, every request but `GET /health`
 //! carries `Authorization: Bearer TOKEN` (else 401); a token is required to bind off
 //! loopback. On loopback, the `Host` must name loopback too (else 421), so that a web page
-//! cannot reach the API by pointing its own name at 127.0.0.1. A client that does not send a
-//! request's headers within `admin.header_timeout_ms` is cut off, and at most
+//! cannot reach the API by pointing its own name at 127.0.0.1. Whatever the token, a request
+//! whose `Origin` is another site's is refused (403), and so is a POST whose body is not JSON
+//! (415): a web page cannot make a browser send one without asking first. A client that does
+//! not send a request's headers within `admin.header_timeout_ms` is cut off, and at most
 //! [`MAX_CONNECTIONS`] connections are served at once.
 //!
 //! | method and path | answer |
@@ -132,6 +134,7 @@ impl AdminAccess {
                 ))));
             }
         }
+        cross_site(req, counters)?;
         // Off loopback the tokens cannot be empty at start; if all are removed later, nobody
         // gets in until one is added on a node that still takes requests.
         if self.loopback && self.tokens.is_empty() {
@@ -164,6 +167,52 @@ impl AdminAccess {
         );
         Err(Box::new(closing(r)))
     }
+}
+
+/// Refuse what a web page of another site can make a browser send without asking first (no
+/// CORS preflight): a request whose `Origin` is not the API's own (HTTP 403,
+/// `reason="origin"`), and a body that is not JSON (HTTP 415, `reason="content_type"`). A
+/// page could otherwise edit the policy through a loopback API that asks for no token.
+fn cross_site(
+    req: &Request<Incoming>,
+    counters: &DaemonCounters,
+) -> Result<(), Box<Response<Body>>> {
+    let header = |name| {
+        req.headers()
+            .get(name)
+            .map(|h| h.to_str().unwrap_or("\u{fffd}"))
+    };
+    if let Some(origin) = header(hyper::header::ORIGIN) {
+        let own = header(hyper::header::HOST).unwrap_or("");
+        let authority = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"));
+        if authority.is_none_or(|a| !a.eq_ignore_ascii_case(own)) {
+            counters
+                .admin_refused_origin
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Box::new(closing(plain(
+                StatusCode::FORBIDDEN,
+                "the admin API answers its own pages only (Origin is another site)\n",
+            ))));
+        }
+    }
+    let has_body = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
+    let json = header(hyper::header::CONTENT_TYPE).is_some_and(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if has_body && !json {
+        counters
+            .admin_refused_content_type
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(Box::new(closing(plain(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the admin API takes JSON bodies only (Content-Type: application/json)\n",
+        ))));
+    }
+    Ok(())
 }
 
 /// The response, with the connection closed after it: a client that was refused keeps no

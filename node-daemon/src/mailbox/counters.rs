@@ -63,7 +63,8 @@ const METRIC_HELP: &[(&str, &str)] = &[
     ),
     (
         "admin_refused",
-        "Admin requests refused: no or a wrong token (token), a Host not allowed (host), \
+        "Admin requests refused: no or a wrong token (token), a Host not allowed (host), an \
+         Origin of another site (origin), a POST body that is not JSON (content_type), \
          headers not sent in time (header_timeout)",
     ),
     (
@@ -120,6 +121,10 @@ counters! {
     admin_refused_token => "admin_refused" ("reason" = "token");
     /// Admin requests refused: a Host header that names no allowed host (HTTP 421).
     admin_refused_host => "admin_refused" ("reason" = "host");
+    /// Admin requests refused: an Origin header naming another site (HTTP 403).
+    admin_refused_origin => "admin_refused" ("reason" = "origin");
+    /// Admin requests refused: a POST whose body is not JSON (HTTP 415).
+    admin_refused_content_type => "admin_refused" ("reason" = "content_type");
     /// Admin connections closed because their request headers took too long.
     admin_header_timeouts => "admin_refused" ("reason" = "header_timeout");
     /// Edge links refused: no or a wrong token (HTTP 401).

@@ -29,16 +29,16 @@ pub mod document;
 pub mod tokens;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
 use automerge::ActorId;
 use automerge::sync;
-use tokio::sync::{mpsc, oneshot, watch};
 use futures_util::FutureExt as _;
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 
 use document::{Author, DocError, Edit, EditError, HistoryEntry, Policy, PolicyDoc, TokenKind, by};
@@ -492,7 +492,11 @@ impl PolicyTask {
                 }
             };
             let what = format!("{cmd:?}");
-            if AssertUnwindSafe(self.handle(cmd)).catch_unwind().await.is_err() {
+            if AssertUnwindSafe(self.handle(cmd))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
                 self.restart(&what);
             }
         }
@@ -517,12 +521,10 @@ impl PolicyTask {
             .fetch_add(1, Ordering::Relaxed);
         self.sessions.clear();
         self.quiet_heads = None;
-        let saved = fresh_actor()
-            .map_err(|e| e.to_string())
-            .and_then(|actor| {
-                let bytes = std::fs::read(&self.path).map_err(|e| e.to_string())?;
-                PolicyDoc::load(&bytes, actor).map_err(|e| e.to_string())
-            });
+        let saved = fresh_actor().map_err(|e| e.to_string()).and_then(|actor| {
+            let bytes = std::fs::read(&self.path).map_err(|e| e.to_string())?;
+            PolicyDoc::load(&bytes, actor).map_err(|e| e.to_string())
+        });
         match saved {
             Ok(doc) => {
                 self.doc = doc;
@@ -927,7 +929,12 @@ mod tests {
             },
             before: None,
         };
-        assert!(policy.edit(vec![rule("saved/#")], "t".into()).await.unwrap());
+        assert!(
+            policy
+                .edit(vec![rule("saved/#")], "t".into())
+                .await
+                .unwrap()
+        );
         let mut watch = policy.watch();
         watch.borrow_and_update();
         policy.tx.send(Cmd::Fail).await.unwrap();
@@ -936,7 +943,12 @@ mod tests {
         assert_eq!(counters.policy_task_restarts.load(Ordering::Relaxed), 1);
         // It answers again, with the saved document: the saved rule, not what the failure
         // left in memory.
-        assert!(policy.edit(vec![rule("after/#")], "t".into()).await.unwrap());
+        assert!(
+            policy
+                .edit(vec![rule("after/#")], "t".into())
+                .await
+                .unwrap()
+        );
         let now = policy.current();
         let filters: Vec<&str> = now.acl.iter().map(|r| r.topic.as_str()).collect();
         assert_eq!(filters, ["saved/#", "after/#"]);

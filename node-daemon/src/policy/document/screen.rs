@@ -103,7 +103,9 @@ impl Budget {
 
     /// Inflate `deflated` (raw deflate), counting what it produces; refused past the budget.
     fn inflate(&mut self, deflated: &[u8]) -> Result<(), String> {
-        let limit = u64::try_from(self.left).unwrap_or(u64::MAX).saturating_add(1);
+        let limit = u64::try_from(self.left)
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
         let mut sink = std::io::sink();
         let mut decoder = flate2::bufread::DeflateDecoder::new(deflated).take(limit);
         let n = std::io::copy(&mut decoder, &mut sink)
