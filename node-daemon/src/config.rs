@@ -57,6 +57,9 @@ pub struct DaemonConfig {
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
     pub source: PolicySource,
+    /// Public operator keys (64 hex digits each): with any, a policy change counts only if
+    /// one of them signed it.
+    pub operator_keys: Vec<String>,
     pub max_document_bytes: usize,
     pub history_retention_days: u64,
     pub compact_after_changes: usize,
@@ -929,6 +932,7 @@ partial!(PAuth {
 partial!(PAcl { default: acl::Permission, rules: Vec<acl::Rule> });
 partial!(PPolicy {
     source: PolicySource,
+    operator_keys: Vec<String>,
     max_document_bytes: usize,
     history_retention_days: u64,
     compact_after_changes: usize,

@@ -4,6 +4,11 @@
 //! Policy edits (`user`, `acl`, `token`, `residency`) go to the node's policy document and
 //! from there to every node of the deployment. Passwords and tokens never leave this process:
 //! they are hashed here and only the hashes are sent.
+//!
+//! With `--operator-key FILE` (a deployment with `policy.operator_keys`), an edit is made here
+//! as a change of the node's document, signed with the operator key, and sent as such; the
+//! node checks the signature before the change counts. `policy compact` makes the next epoch
+//! the same way.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +19,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
-use crate::policy::document::{Edit, RuleEntry, TokenKind};
+use crate::policy::document::{Author, Edit, PolicyDoc, RuleEntry, TokenKind};
+use crate::policy::operator::OperatorKey;
 
 /// How long one request to the admin API may take.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -28,6 +34,10 @@ pub struct CtlArgs {
     /// A token file (the node's admin.token_file will do): its first token is presented.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// An operator key (`meridian keygen --operator`): edits are signed with it, as a node
+    /// with `policy.operator_keys` requires.
+    #[arg(long, value_name = "FILE")]
+    pub operator_key: Option<PathBuf>,
     #[command(subcommand)]
     pub command: CtlCommand,
 }
@@ -53,6 +63,23 @@ pub enum CtlCommand {
     /// Every change of the policy document: when, by which token, on which node and region,
     /// and what.
     History,
+    /// The policy document itself.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+/// `meridian ctl policy ...`
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum PolicyCommand {
+    /// Make the deployment's next epoch from what the node's document says now, signed with
+    /// the operator key (--operator-key): its history is summarised, and a document made
+    /// before the deployment had operator keys becomes one every node takes. Edits made
+    /// elsewhere that the node does not hold yet are not carried over.
+    Compact {
+        /// History kept change by change (older changes are summarised), in days.
+        #[arg(long, default_value_t = 90)]
+        retention_days: u64,
+    },
 }
 
 /// `meridian ctl user ...`
@@ -232,22 +259,21 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
             let history = call(Method::GET, "/api/policy/history".to_owned(), None)?;
             writeln!(
                 out,
-                "{:<24} {:<16} {:<16} {:<10} WHAT",
-                "WHEN (UTC)", "BY", "NODE", "REGION"
+                "{:<24} {:<16} {:<16} {:<10} {:<16} WHAT",
+                "WHEN (UTC)", "BY", "NODE", "REGION", "SIGNED BY"
             )?;
             for h in history.as_array().into_iter().flatten() {
                 let s = |k: &str| h[k].as_str().unwrap_or("").to_owned();
+                let or_dash = |v: String| if v.is_empty() { "-".to_owned() } else { v };
+                let signed: String = s("signed_by").chars().take(16).collect();
                 writeln!(
                     out,
-                    "{:<24} {:<16} {:<16} {:<10} {}",
+                    "{:<24} {:<16} {:<16} {:<10} {:<16} {}",
                     utc(h["at_ms"].as_i64().unwrap_or(0)),
                     s("by"),
                     s("node"),
-                    if s("region").is_empty() {
-                        "-".to_owned()
-                    } else {
-                        s("region")
-                    },
+                    or_dash(s("region")),
+                    or_dash(signed),
                     s("what")
                 )?;
             }
@@ -300,13 +326,43 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
                 )?;
             }
         }
+        CtlCommand::Policy(PolicyCommand::Compact { retention_days }) => {
+            let key = operator_key(args)?.context(
+                "policy compact: the next epoch is signed with the operator key (--operator-key)",
+            )?;
+            let (mut doc, author) = node_document(&call, &key)?;
+            let next = doc.compacted_signed(
+                &author,
+                now_ms(),
+                retention_days.saturating_mul(86_400_000),
+                &key,
+            )?;
+            let mut next = next;
+            let body = serde_json::json!({ "document": hex::encode(next.save()) });
+            let answer = call(Method::POST, "/api/policy/epoch".to_owned(), Some(body))?;
+            writeln!(out, "epoch {}: signed by {}", answer["epoch"], key.public_hex())?;
+        }
         CtlCommand::User(_)
         | CtlCommand::Acl(_)
         | CtlCommand::Token(_)
         | CtlCommand::Residency(_) => {
             let (edit, secret) = policy_edit(&args.command)?;
-            let body = serde_json::json!({ "edits": [edit] });
-            let answer = call(Method::POST, "/api/policy".to_owned(), Some(body))?;
+            let answer = match operator_key(args)? {
+                None => {
+                    let body = serde_json::json!({ "edits": [edit] });
+                    call(Method::POST, "/api/policy".to_owned(), Some(body))?
+                }
+                Some(key) => {
+                    let (doc, author) = node_document(&call, &key)?;
+                    match doc.signed_change(std::slice::from_ref(&edit), &author, now_ms(), &key)? {
+                        Some(change) => {
+                            let body = serde_json::json!({ "changes": [hex::encode(change)] });
+                            call(Method::POST, "/api/policy/changes".to_owned(), Some(body))?
+                        }
+                        None => serde_json::json!({ "changed": false }),
+                    }
+                }
+            };
             let what = edit.describe();
             match secret {
                 // The new token, alone on its line (`ctl token add admin ops > ops.token`).
@@ -317,6 +373,40 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
         }
     }
     Ok(())
+}
+
+/// The operator key of `--operator-key`, if given.
+fn operator_key(args: &CtlArgs) -> anyhow::Result<Option<OperatorKey>> {
+    args.operator_key
+        .as_deref()
+        .map(OperatorKey::load)
+        .transpose()
+}
+
+/// The node's document, to make a change on, and the author a change made on it names: the
+/// operator key (its first 16 hex digits), and the node and region it was sent to.
+fn node_document(
+    call: &impl Fn(Method, String, Option<serde_json::Value>) -> anyhow::Result<serde_json::Value>,
+    key: &OperatorKey,
+) -> anyhow::Result<(PolicyDoc, Author)> {
+    let node = call(Method::GET, "/api/node".to_owned(), None)?;
+    let answer = call(Method::GET, "/api/policy/document".to_owned(), None)?;
+    let bytes = hex::decode(answer["document"].as_str().unwrap_or(""))
+        .context("the node's document is not hex")?;
+    let mut actor = [0u8; 16];
+    getrandom::fill(&mut actor).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    let doc = PolicyDoc::load(&bytes, automerge::ActorId::from(&actor[..]))
+        .context("the node's policy document")?;
+    let author = Author {
+        by: format!("operator:{}", &key.public_hex()[..16]),
+        node: node["name"].as_str().unwrap_or("").to_owned(),
+        region: node["region"].as_str().unwrap_or("").to_owned(),
+    };
+    Ok((doc, author))
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(crate::clock::unix_ms()).unwrap_or(i64::MAX)
 }
 
 /// The policy edit a command asks for, and the new token it made, if any.

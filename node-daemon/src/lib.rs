@@ -49,6 +49,7 @@ pub mod cli {
         TokenKindArg, UserCommand, ctl_command,
     };
     pub use crate::mesh::keys::{keygen_command, peer_id_command};
+    pub use crate::policy::operator::keygen_command as operator_keygen_command;
     pub use crate::passwd::passwd_command;
 }
 

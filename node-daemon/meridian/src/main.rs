@@ -26,10 +26,16 @@ enum Command {
     Run(Box<RunArgs>),
     /// Create or update USER in the password FILE (the password is read from stdin).
     Passwd { file: PathBuf, user: String },
-    /// Write a new cluster key (the deployment's shared secret) to FILE.
+    /// Write a new cluster key (the deployment's shared secret) to FILE, or a new operator
+    /// key (whose public half, printed, goes in every node's policy.operator_keys).
+    #[command(group(clap::ArgGroup::new("key").required(true)))]
     Keygen {
-        #[arg(long, value_name = "FILE")]
-        cluster_key: PathBuf,
+        /// The cluster key file to write.
+        #[arg(long, value_name = "FILE", group = "key")]
+        cluster_key: Option<PathBuf>,
+        /// The operator key file to write (keep it off the nodes).
+        #[arg(long, value_name = "FILE", group = "key")]
+        operator: Option<PathBuf>,
     },
     /// Print the node's peer id (its id in the region mesh), creating its identity if needed.
     PeerId {
@@ -129,9 +135,19 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(*args),
         Command::Passwd { file, user } => meridian_daemon::cli::passwd_command(&file, &user),
-        Command::Keygen { cluster_key } => {
-            meridian_daemon::cli::keygen_command(&cluster_key, &mut std::io::stdout().lock())
-        }
+        Command::Keygen {
+            cluster_key,
+            operator,
+        } => match (cluster_key, operator) {
+            (Some(path), _) => {
+                meridian_daemon::cli::keygen_command(&path, &mut std::io::stdout().lock())
+            }
+            (None, Some(path)) => meridian_daemon::cli::operator_keygen_command(
+                &path,
+                &mut std::io::stdout().lock(),
+            ),
+            (None, None) => unreachable!("clap requires one of them"),
+        },
         Command::PeerId { data_dir } => {
             meridian_daemon::cli::peer_id_command(&data_dir, &mut std::io::stdout().lock())
         }

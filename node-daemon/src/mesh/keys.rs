@@ -75,7 +75,7 @@ pub fn peer_id_command(data_dir: &Path, out: &mut impl Write) -> anyhow::Result<
 }
 
 /// Write a file readable by its owner only, atomically (a temporary file renamed into place).
-fn write_secret(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_secret(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp: PathBuf = path.with_extension("tmp");
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);

@@ -26,6 +26,7 @@
 //! sender's epoch (8 bytes, big-endian), and the body.
 
 pub mod document;
+pub mod operator;
 pub mod tokens;
 
 use std::collections::HashMap;
@@ -111,6 +112,9 @@ pub struct PolicySettings {
     pub seed: Seed,
     /// Where refused sync messages and restarts of the task are counted.
     pub counters: Arc<crate::mailbox::DaemonCounters>,
+    /// `policy.operator_keys`: with any, a change counts only if one of them signed it
+    /// ([`operator`]).
+    pub operator_keys: operator::OperatorKeys,
 }
 
 /// What the files say, for a new document.
@@ -218,6 +222,18 @@ enum Cmd {
     SyncEnd {
         session: u64,
     },
+    /// The whole document and its epoch.
+    Document(oneshot::Sender<(u64, Vec<u8>)>),
+    /// Signed changes (`meridian ctl --operator-key`).
+    Changes {
+        changes: Vec<automerge::Change>,
+        reply: oneshot::Sender<Result<bool, DocError>>,
+    },
+    /// A signed document of a later epoch (`meridian ctl --operator-key ... policy compact`).
+    Epoch {
+        document: Vec<u8>,
+        reply: oneshot::Sender<Result<u64, DocError>>,
+    },
     /// Fails half-way, as a bug would (the tests of [`PolicyTask::restart`]).
     #[cfg(test)]
     Fail,
@@ -232,6 +248,8 @@ pub struct PolicyHandle {
     waiting: Arc<Mutex<Vec<String>>>,
     /// `policy.max_document_bytes`: what a policy stream takes at most in one message.
     max_document_bytes: usize,
+    /// `policy.operator_keys` is set.
+    signed: bool,
 }
 
 impl std::fmt::Debug for Cmd {
@@ -242,6 +260,9 @@ impl std::fmt::Debug for Cmd {
             Self::SyncOut { .. } => "SyncOut",
             Self::SyncIn { .. } => "SyncIn",
             Self::SyncEnd { .. } => "SyncEnd",
+            Self::Document(_) => "Document",
+            Self::Changes { .. } => "Changes",
+            Self::Epoch { .. } => "Epoch",
             #[cfg(test)]
             Self::Fail => "Fail",
         })
@@ -263,9 +284,19 @@ impl PolicyHandle {
             region: settings.region.clone(),
         };
         let now = now_ms();
+        let signed = !settings.operator_keys.is_empty();
         let mut doc = match std::fs::read(&path) {
             Ok(bytes) => PolicyDoc::load(&bytes, actor)
                 .with_context(|| format!("the policy document {}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && signed => {
+                info!(
+                    path = %path.display(),
+                    "policy document: new and empty; with policy.operator_keys, users, rules and \
+                     tokens come from changes an operator key signs (`meridian ctl \
+                     --operator-key FILE`), not from the files"
+                );
+                PolicyDoc::genesis(actor)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut doc = PolicyDoc::genesis(actor);
                 doc.apply(&settings.seed.edits(), &author(by::SEED), now)
@@ -277,7 +308,18 @@ impl PolicyHandle {
                 return Err(e).with_context(|| format!("cannot read {}", path.display()));
             }
         };
-        if let Some(peer_id) = &settings.peer_id {
+        if signed {
+            let unsigned = doc.unsigned_changes(&settings.operator_keys);
+            if unsigned > 0 {
+                warn!(
+                    changes = unsigned,
+                    "policy document: changes no operator key signed (made before \
+                     policy.operator_keys was set) stay in force on this node, but no other \
+                     node takes them: `meridian ctl --operator-key FILE policy compact` signs \
+                     what the document says now as the deployment's next epoch"
+                );
+            }
+        } else if let Some(peer_id) = &settings.peer_id {
             let me = Edit::Node {
                 peer_id: peer_id.clone(),
                 name: settings.node.clone(),
@@ -322,6 +364,7 @@ impl PolicyHandle {
             snapshot,
             waiting,
             max_document_bytes,
+            signed,
         })
     }
 
@@ -411,6 +454,41 @@ impl PolicyHandle {
     /// The session ended: forget its sync state.
     pub async fn sync_end(&self, session: u64) {
         let _ = self.tx.send(Cmd::SyncEnd { session }).await;
+    }
+
+    /// Whether changes count only when an operator key signed them (`policy.operator_keys`).
+    pub fn signed(&self) -> bool {
+        self.signed
+    }
+
+    /// The whole document (what `meridian ctl --operator-key` makes its change on) and its
+    /// epoch.
+    pub async fn document(&self) -> Option<(u64, Vec<u8>)> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(Cmd::Document(reply)).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// Apply changes an operator key signed (each one checked). Whether the document changed.
+    pub async fn submit_changes(&self, changes: Vec<automerge::Change>) -> Result<bool, DocError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || DocError::Sync("the policy task has stopped".to_owned());
+        self.tx
+            .send(Cmd::Changes { changes, reply })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    /// Take a signed document of a later epoch. Its epoch.
+    pub async fn submit_epoch(&self, document: Vec<u8>) -> Result<u64, DocError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || DocError::Sync("the policy task has stopped".to_owned());
+        self.tx
+            .send(Cmd::Epoch { document, reply })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
 }
 
@@ -548,6 +626,13 @@ impl PolicyTask {
 
     async fn handle(&mut self, cmd: Cmd) {
         match cmd {
+            Cmd::Edit { reply, .. } if self.signed() => {
+                let _ = reply.send(Err(EditError::Refused(
+                    "this deployment's policy changes are signed by an operator key: \
+                     `meridian ctl --operator-key FILE ...` makes them"
+                        .to_owned(),
+                )));
+            }
             Cmd::Edit { edits, by, reply } => {
                 let author = self.author(by);
                 let max = self.settings.max_document_bytes;
@@ -594,6 +679,40 @@ impl PolicyTask {
             }
             Cmd::SyncEnd { session } => {
                 self.sessions.remove(&session);
+            }
+            Cmd::Document(reply) => {
+                let _ = reply.send((self.doc.epoch(), self.doc.save()));
+            }
+            Cmd::Changes { changes, reply } => {
+                let max = self.settings.max_document_bytes;
+                let keys = &self.settings.operator_keys;
+                let r = if keys.is_empty() {
+                    Err(DocError::Unsigned(
+                        "this node has no policy.operator_keys: it takes edits (POST /api/policy)"
+                            .to_owned(),
+                    ))
+                } else {
+                    self.doc.receive_changes(changes, keys, max)
+                };
+                let r = match r {
+                    Ok(true) => self
+                        .changed()
+                        .await
+                        .map(|()| true)
+                        .map_err(|e| DocError::Sync(e.to_string())),
+                    other => other,
+                };
+                let _ = reply.send(r);
+            }
+            Cmd::Epoch { document, reply } => {
+                let r = if self.signed() {
+                    self.take_epoch(&document, None, "meridian ctl").await
+                } else {
+                    Err(DocError::Unsigned(
+                        "this node has no policy.operator_keys: it compacts by itself".to_owned(),
+                    ))
+                };
+                let _ = reply.send(r.map(|()| self.doc.epoch()));
             }
             #[cfg(test)]
             Cmd::Fail => {
@@ -646,7 +765,8 @@ impl PolicyTask {
                     // Ahead: its document is on its way.
                     return Ok(());
                 }
-                if self.doc.receive_sync(&mut s.state, body, max)? {
+                let keys = Some(&self.settings.operator_keys).filter(|k| !k.is_empty());
+                if self.doc.receive_sync(&mut s.state, body, max, keys)? {
                     self.changed()
                         .await
                         .map_err(|e| DocError::Sync(e.to_string()))?;
@@ -654,52 +774,8 @@ impl PolicyTask {
                 Ok(())
             }
             TAG_DOCUMENT if epoch > mine => {
-                if body.len() > max {
-                    return Err(DocError::TooLarge {
-                        size: body.len(),
-                        max,
-                    });
-                }
-                document::screen::document(
-                    body,
-                    max.saturating_mul(document::screen::INFLATE_FACTOR),
-                )?;
-                let mut next = PolicyDoc::load(
-                    body,
-                    fresh_actor().map_err(|e| DocError::Load(e.to_string()))?,
-                )?;
-                if next.epoch() != epoch {
-                    return Err(DocError::Load(
-                        "its epoch is not the one it names".to_owned(),
-                    ));
-                }
-                match self.doc.replay_onto(&mut next) {
-                    Some(replayed) => info!(
-                        %peer,
-                        epoch,
-                        replayed,
-                        "policy document: took the deployment's next epoch, with this node's \
-                         edits since"
-                    ),
-                    None => warn!(
-                        %peer,
-                        epoch,
-                        mine,
-                        "policy document: took the deployment's document; this node missed \
-                         more than one compaction, its edits since are not carried over"
-                    ),
-                }
-                // This node is one of the deployment's, whatever the document it took says.
-                if let Some(peer_id) = &self.settings.peer_id {
-                    let me = Edit::Node {
-                        peer_id: peer_id.clone(),
-                        name: self.settings.node.clone(),
-                        region: self.settings.region.clone(),
-                    };
-                    let _ = next.apply(&[me], &self.author(by::NODE.to_owned()), now_ms());
-                }
+                self.take_epoch(body, Some(epoch), &peer).await?;
                 session_in(&mut self.sessions, session, peer).their_epoch = Some(epoch);
-                self.switch(next).await;
                 Ok(())
             }
             TAG_DOCUMENT => Ok(()),
@@ -707,11 +783,91 @@ impl PolicyTask {
         }
     }
 
+    /// Take a whole document of a later epoch than this node's (from a peer's policy stream,
+    /// naming `named` as its epoch, or from `meridian ctl`), checked as every peer's bytes
+    /// are, and with operator keys, signed. Without operator keys this node's edits since
+    /// the previous epoch are made again on it.
+    async fn take_epoch(
+        &mut self,
+        body: &[u8],
+        named: Option<u64>,
+        from: &str,
+    ) -> Result<(), DocError> {
+        let max = self.settings.max_document_bytes;
+        let mine = self.doc.epoch();
+        if body.len() > max {
+            return Err(DocError::TooLarge {
+                size: body.len(),
+                max,
+            });
+        }
+        document::screen::document(body, max.saturating_mul(document::screen::INFLATE_FACTOR))?;
+        let mut next = PolicyDoc::load(
+            body,
+            fresh_actor().map_err(|e| DocError::Load(e.to_string()))?,
+        )?;
+        let epoch = next.epoch();
+        if named.is_some_and(|n| n != epoch) {
+            return Err(DocError::Load(
+                "its epoch is not the one it names".to_owned(),
+            ));
+        }
+        if epoch <= mine {
+            return Err(DocError::Behind(format!(
+                "a document of epoch {epoch}, where this node's is {mine}"
+            )));
+        }
+        if self.signed() {
+            next.verify(&self.settings.operator_keys)?;
+            info!(
+                from,
+                epoch,
+                "policy document: took the deployment's next epoch, signed by an operator key"
+            );
+        } else {
+            match self.doc.replay_onto(&mut next) {
+                Some(replayed) => info!(
+                    from,
+                    epoch,
+                    replayed,
+                    "policy document: took the deployment's next epoch, with this node's \
+                     edits since"
+                ),
+                None => warn!(
+                    from,
+                    epoch,
+                    mine,
+                    "policy document: took the deployment's document; this node missed \
+                     more than one compaction, its edits since are not carried over"
+                ),
+            }
+            // This node is one of the deployment's, whatever the document it took says.
+            if let Some(peer_id) = &self.settings.peer_id {
+                let me = Edit::Node {
+                    peer_id: peer_id.clone(),
+                    name: self.settings.node.clone(),
+                    region: self.settings.region.clone(),
+                };
+                let _ = next.apply(&[me], &self.author(by::NODE.to_owned()), now_ms());
+            }
+        }
+        self.switch(next).await;
+        Ok(())
+    }
+
+    fn signed(&self) -> bool {
+        !self.settings.operator_keys.is_empty()
+    }
+
     /// Whether this node should compact the document now: it is the one that does (the
     /// smallest peer id among the document's nodes), there is something to compact, and
     /// every other node of the document holds the same document.
     fn compaction_due(&mut self) -> bool {
         self.set_waiting(Vec::new());
+        // With operator keys, an operator compacts (`meridian ctl policy compact`).
+        if self.signed() {
+            return false;
+        }
         let policy = self.doc.policy();
         let me = self.settings.peer_id.as_deref();
         // One node compacts: the smallest of the document's nodes, if it is one of them.
@@ -769,7 +925,8 @@ impl PolicyTask {
     /// them after as long, and compaction does not wait for them.
     async fn expire_nodes(&mut self) {
         let expiry = self.settings.node_expiry_ms;
-        if expiry == 0 {
+        // With operator keys, nodes do not write the document.
+        if expiry == 0 || self.signed() {
             return;
         }
         let now = now_ms();
@@ -909,6 +1066,7 @@ mod tests {
             node_expiry_ms: 0,
             seed: Seed::default(),
             counters,
+            operator_keys: operator::OperatorKeys::default(),
         }
     }
 

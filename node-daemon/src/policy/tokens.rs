@@ -26,17 +26,14 @@ pub const MIN_TOKEN_LEN: usize = 16;
 
 /// A token's hash as the document holds it: SHA-256, lower-case hex.
 pub fn token_hash(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// A fresh random token (32 bytes, hex).
 pub fn new_token() -> anyhow::Result<String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(bytes))
 }
 
 /// A token seeded from a file: its name (`NAME-` and the start of its hash) and its hash.

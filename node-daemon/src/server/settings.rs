@@ -42,6 +42,7 @@ pub(super) fn policy_settings(
         node_expiry_ms: config.cluster.peer_expiry_ms,
         seed,
         counters,
+        operator_keys: crate::policy::operator::OperatorKeys::parse(&config.policy.operator_keys)?,
     })
 }
 

@@ -25,6 +25,10 @@ pub struct HistoryEntry {
     pub what: String,
     /// The change's hash (empty for a summary).
     pub change: String,
+    /// The operator key that signed it (64 hex digits), if one did. A node with
+    /// `policy.operator_keys` took the change only after checking the signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
     /// For a summary: how many changes, from when, of which kinds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<Summary>,
@@ -71,6 +75,7 @@ impl HistoryEntry {
             by: "summary".to_owned(),
             node: String::new(),
             region: String::new(),
+            signed_by: None,
             what: format!(
                 "{} earlier changes ({})",
                 summary.count,
@@ -122,6 +127,7 @@ impl PolicyDoc {
                     region: author.region,
                     what,
                     change: c.hash.to_string(),
+                    signed_by: super::signed::signed_by(c.message.as_deref()),
                     summary: None,
                 }
             })
@@ -162,10 +168,7 @@ impl PolicyDoc {
                 actor != GENESIS_ACTOR && actor != BASE_ACTOR
             })
             .map(|c| {
-                let note = c
-                    .message
-                    .as_deref()
-                    .and_then(|m| serde_json::from_str::<ChangeNote>(m).ok());
+                let note = super::signed::note_of(c.message.as_deref());
                 let meta = ChangeMeta {
                     hash: c.hash,
                     timestamp: c.timestamp,
@@ -300,10 +303,7 @@ impl PolicyDoc {
             {
                 continue;
             }
-            let Some(note) = change
-                .message()
-                .and_then(|m| serde_json::from_str::<ChangeNote>(m).ok())
-            else {
+            let Some(note) = super::signed::note_of(change.message()) else {
                 continue;
             };
             if note.author.by == super::by::SEED {

@@ -25,6 +25,7 @@
 
 mod history;
 pub mod screen;
+pub mod signed;
 
 pub use history::HistoryEntry;
 
@@ -254,6 +255,9 @@ pub enum EditError {
     /// Applied and in force, but not saved (the data directory refused the write).
     #[error("{0}")]
     Storage(String),
+    /// Not this way: with operator keys, edits are made by `meridian ctl --operator-key`.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl Edit {
@@ -488,6 +492,12 @@ pub enum DocError {
     Sync(String),
     #[error("the document would grow past {max} bytes ({size})")]
     TooLarge { size: usize, max: usize },
+    /// With operator keys: a change no operator key signed.
+    #[error("not signed by an operator key: {0}")]
+    Unsigned(String),
+    /// A change that depends on what this document does not hold.
+    #[error("{0}")]
+    Behind(String),
 }
 
 /// A replica of the policy document.
@@ -904,17 +914,23 @@ impl PolicyDoc {
     }
 
     /// Apply a peer's sync message. Refused, leaving the document as it was, when it is
-    /// malformed, fails the [`screen`], or would make the saved document larger than
-    /// `max_bytes`. Returns whether
+    /// malformed, fails the [`screen`], holds a change none of `keys` signed (with operator
+    /// keys), or would make the saved document larger than `max_bytes`. Returns whether
     /// the document changed.
     pub fn receive_sync(
         &mut self,
         state: &mut sync::State,
         message: &[u8],
         max_bytes: usize,
+        keys: Option<&crate::policy::operator::OperatorKeys>,
     ) -> Result<bool, DocError> {
         let inflated = max_bytes.saturating_mul(screen::INFLATE_FACTOR);
         let message = screen::sync_message(message, inflated)?;
+        if let Some(keys) = keys {
+            for change in signed::changes_of(&message).map_err(DocError::Sync)? {
+                signed::verify_change(&change, self.epoch, keys).map_err(DocError::Unsigned)?;
+            }
+        }
         let heads = self.doc.get_heads();
         if message.changes.is_empty() {
             self.doc

@@ -34,7 +34,7 @@ pub const MAX_HAVES: usize = 8;
 pub const INFLATE_FACTOR: usize = 8;
 
 const MAGIC: [u8; 4] = [0x85, 0x6f, 0x4a, 0x83];
-const CHUNK_DOCUMENT: u8 = 0;
+pub(super) const CHUNK_DOCUMENT: u8 = 0;
 const CHUNK_CHANGE: u8 = 1;
 const CHUNK_COMPRESSED: u8 = 2;
 /// A column whose data is deflated (automerge's column specification).
@@ -120,6 +120,22 @@ impl Budget {
         self.left -= n;
         Ok(())
     }
+}
+
+/// The chunks of `bytes` (through the screen already), each with its kind.
+pub(super) fn split_chunks(bytes: &[u8]) -> Result<Vec<(u8, &[u8])>, String> {
+    let mut out = Vec::new();
+    let mut r = Reader(bytes);
+    while !r.0.is_empty() {
+        let start = r.0;
+        r.take(8)?;
+        let kind = r.take(1)?[0];
+        let len = r.len()?;
+        r.take(len)?;
+        let whole = start.len() - r.0.len();
+        out.push((kind, &start[..whole]));
+    }
+    Ok(out)
 }
 
 /// A sequence of automerge chunks.
@@ -270,12 +286,12 @@ mod tests {
             if let Some(m) = a.sync_message(&mut sa) {
                 quiet = false;
                 sync_message(&m, 1 << 20).expect("a's message passes");
-                b.receive_sync(&mut sb, &m, 1 << 24).expect("b takes it");
+                b.receive_sync(&mut sb, &m, 1 << 24, None).expect("b takes it");
             }
             if let Some(m) = b.sync_message(&mut sb) {
                 quiet = false;
                 sync_message(&m, 1 << 20).expect("b's message passes");
-                a.receive_sync(&mut sa, &m, 1 << 24).expect("a takes it");
+                a.receive_sync(&mut sa, &m, 1 << 24, None).expect("a takes it");
             }
             if quiet {
                 break;

@@ -356,12 +356,12 @@ fn sync_pair(a: &mut PolicyDoc, b: &mut PolicyDoc, max: usize) -> Result<usize, 
     loop {
         let mut quiet = true;
         if let Some(m) = a.sync_message(&mut sa) {
-            b.receive_sync(&mut sb, &m, max)?;
+            b.receive_sync(&mut sb, &m, max, None)?;
             quiet = false;
             n += 1;
         }
         if let Some(m) = b.sync_message(&mut sb) {
-            a.receive_sync(&mut sa, &m, max)?;
+            a.receive_sync(&mut sa, &m, max, None)?;
             quiet = false;
             n += 1;
         }
@@ -395,7 +395,7 @@ fn sync_brings_replicas_together_within_the_size_bound() {
     assert_eq!(a.heads(), before);
     // Malformed bytes are an error, not a panic.
     let mut s = sync::State::new();
-    assert!(a.receive_sync(&mut s, b"\x42\x00garbage", 1 << 20).is_err());
+    assert!(a.receive_sync(&mut s, b"\x42\x00garbage", 1 << 20, None).is_err());
 }
 
 #[test]

@@ -1,0 +1,203 @@
+//! Operator keys: what decides the policy when `policy.operator_keys` is set.
+//!
+//! An operator key is an Ed25519 key pair. Its secret stays with the operator
+//! (`meridian keygen --operator FILE` writes it; `meridian ctl --operator-key FILE` signs with
+//! it); nodes are given the public halves (`policy.operator_keys`, 64 hex digits each). Then a
+//! change of the policy document counts only if one of those keys signed it
+//! ([`super::document::PolicyDoc::verify_change`]): admin tokens open a node's admin API, and
+//! holding the cluster key makes a node a member, but neither makes policy.
+//!
+//! What is signed is [`DOMAIN`] followed by the change's digest: the automerge hash the change
+//! would have with its message cut before the signature ([`SIGNATURE_MARK`]). The digest
+//! covers the change's operations, its author's note, its time and its dependencies (and
+//! through them the whole history before it, the epoch included), so a signature cannot be
+//! moved to another change, another place in the history or another epoch.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use libp2p::identity::ed25519;
+use serde::{Deserialize, Serialize};
+
+/// What precedes a change's digest in what an operator key signs.
+pub const DOMAIN: &[u8] = b"meridian policy change v1\0";
+/// What separates a signed change's note from its signature in the change's message.
+pub const SIGNATURE_MARK: char = '\u{1e}';
+
+/// The public halves of the operator keys a node takes changes from.
+#[derive(Clone, Default)]
+pub struct OperatorKeys(Vec<ed25519::PublicKey>);
+
+impl std::fmt::Debug for OperatorKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|k| hex::encode(k.to_bytes())))
+            .finish()
+    }
+}
+
+impl OperatorKeys {
+    /// Keys from `policy.operator_keys` (64 hex digits each); the error names the one that is
+    /// not a key.
+    pub fn parse(keys: &[String]) -> anyhow::Result<Self> {
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| {
+                public_key(k).with_context(|| format!("policy.operator_keys[{i}] ({k:?})"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(Self)
+    }
+
+    /// Whether no key is set: the policy is made by admin tokens, as without signatures.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `signature` is one of these keys' over `digest`.
+    pub fn verify(&self, digest: &[u8], signature: &Signature) -> bool {
+        let Ok(key) = public_key(&signature.key) else {
+            return false;
+        };
+        let Ok(sig) = hex::decode(&signature.sig) else {
+            return false;
+        };
+        self.0.contains(&key) && key.verify(&signed_bytes(digest), &sig)
+    }
+}
+
+/// A signature as a signed change's message carries it, after [`SIGNATURE_MARK`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signature {
+    /// The public key, 64 hex digits.
+    pub key: String,
+    /// The signature, 128 hex digits.
+    pub sig: String,
+}
+
+/// An operator's secret key.
+pub struct OperatorKey(ed25519::Keypair);
+
+impl OperatorKey {
+    /// Read a key file written by `meridian keygen --operator`.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the operator key {}", path.display()))?;
+        let secret = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'))
+            .unwrap_or("");
+        let mut bytes = hex::decode(secret)
+            .ok()
+            .filter(|b| b.len() == 32)
+            .with_context(|| {
+                format!(
+                    "{}: not an operator key (64 hex digits; `meridian keygen --operator FILE` \
+                     writes one)",
+                    path.display()
+                )
+            })?;
+        let secret = ed25519::SecretKey::try_from_bytes(&mut bytes)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Ok(Self(ed25519::Keypair::from(secret)))
+    }
+
+    /// A new random key.
+    pub fn generate() -> Self {
+        Self(ed25519::Keypair::generate())
+    }
+
+    /// The public half, 64 hex digits (what `policy.operator_keys` lists).
+    pub fn public_hex(&self) -> String {
+        hex::encode(self.0.public().to_bytes())
+    }
+
+    /// Sign a change's digest.
+    pub fn sign(&self, digest: &[u8]) -> Signature {
+        Signature {
+            key: self.public_hex(),
+            sig: hex::encode(self.0.sign(&signed_bytes(digest))),
+        }
+    }
+
+    fn secret_hex(&self) -> String {
+        hex::encode(self.0.secret().as_ref())
+    }
+}
+
+fn public_key(hex_key: &str) -> anyhow::Result<ed25519::PublicKey> {
+    let bytes = hex::decode(hex_key.trim()).context("not hex")?;
+    ed25519::PublicKey::try_from_bytes(&bytes).map_err(|e| anyhow::anyhow!("not a key: {e}"))
+}
+
+fn signed_bytes(digest: &[u8]) -> Vec<u8> {
+    let mut m = DOMAIN.to_vec();
+    m.extend_from_slice(digest);
+    m
+}
+
+/// `meridian keygen --operator FILE`: write a new operator key (mode 0600) and print its
+/// public half; refuses to overwrite.
+pub fn keygen_command(path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    if path.exists() {
+        bail!(
+            "{} exists already; a new key would not be one the nodes take",
+            path.display()
+        );
+    }
+    let key = OperatorKey::generate();
+    let text = format!(
+        "# A Meridian operator key: keep it off the nodes. Its public half, for\n\
+         # policy.operator_keys: {}\n{}\n",
+        key.public_hex(),
+        key.secret_hex()
+    );
+    crate::mesh::keys::write_secret(path, text.as_bytes())?;
+    writeln!(out, "{}", key.public_hex())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_counts_for_its_digest_and_the_listed_keys_only() {
+        let operator = OperatorKey::generate();
+        let rogue = OperatorKey::generate();
+        let keys = OperatorKeys::parse(&[operator.public_hex()]).unwrap();
+        let sig = operator.sign(b"digest");
+        assert!(keys.verify(b"digest", &sig));
+        assert!(!keys.verify(b"another", &sig));
+        assert!(!keys.verify(b"digest", &rogue.sign(b"digest")));
+        // A rogue signature presented as the operator's.
+        let mut forged = rogue.sign(b"digest");
+        forged.key = operator.public_hex();
+        assert!(!keys.verify(b"digest", &forged));
+        let garbage = Signature {
+            key: "zz".into(),
+            sig: "00".into(),
+        };
+        assert!(!keys.verify(b"digest", &garbage));
+    }
+
+    #[test]
+    fn key_files_round_trip_and_bad_keys_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("operator.key");
+        let mut out = Vec::new();
+        keygen_command(&path, &mut out).unwrap();
+        let printed = String::from_utf8(out).unwrap();
+        let key = OperatorKey::load(&path).unwrap();
+        assert_eq!(printed.trim(), key.public_hex());
+        assert!(keygen_command(&path, &mut Vec::new()).is_err(), "no overwrite");
+        let e = OperatorKeys::parse(&[key.public_hex(), "abc".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.operator_keys[1]"), "{e}");
+        std::fs::write(&path, "not a key\n").unwrap();
+        assert!(OperatorKey::load(&path).is_err());
+    }
+}
