@@ -340,7 +340,12 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
             let mut next = next;
             let body = serde_json::json!({ "document": hex::encode(next.save()) });
             let answer = call(Method::POST, "/api/policy/epoch".to_owned(), Some(body))?;
-            writeln!(out, "epoch {}: signed by {}", answer["epoch"], key.public_hex())?;
+            writeln!(
+                out,
+                "epoch {}: signed by {}",
+                answer["epoch"],
+                key.public_hex()
+            )?;
         }
         CtlCommand::User(_)
         | CtlCommand::Acl(_)

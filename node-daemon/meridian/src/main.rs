@@ -142,10 +142,9 @@ fn main() -> ExitCode {
             (Some(path), _) => {
                 meridian_daemon::cli::keygen_command(&path, &mut std::io::stdout().lock())
             }
-            (None, Some(path)) => meridian_daemon::cli::operator_keygen_command(
-                &path,
-                &mut std::io::stdout().lock(),
-            ),
+            (None, Some(path)) => {
+                meridian_daemon::cli::operator_keygen_command(&path, &mut std::io::stdout().lock())
+            }
             (None, None) => unreachable!("clap requires one of them"),
         },
         Command::PeerId { data_dir } => {

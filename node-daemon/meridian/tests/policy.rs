@@ -559,3 +559,169 @@ async fn the_document_is_compacted_once_every_node_holds_it() {
     .await;
     assert!(logs_in(coordinator.mqtt(), "u1").await);
 }
+
+/// `meridian keygen --operator FILE`: the public key it prints.
+fn operator_keygen(path: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(["keygen", "--operator"])
+        .arg(path)
+        .output()
+        .expect("run meridian keygen");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A deployment with an operator key: only what the operator signs makes policy. A rogue node
+/// holding the cluster key (the released binary, with a configuration of its own and no
+/// operator keys) mints an admin token and sets alice's password on its own document; no
+/// other node takes either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_operator_key_a_node_holding_the_cluster_key_makes_no_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let op_key = dir.path().join("operator.key");
+    let public = operator_keygen(&op_key);
+    let op = op_key.to_str().unwrap();
+    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    let (pa, pc, pr) = (free_port(), free_port(), free_port());
+    let ac = Proxy::start(pa).await.unwrap();
+    let ra = Proxy::start(pa).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
+    let c = Node::start_with("afs1", pc, &[ac.port], &key, &signed).await;
+    wait_for("the mesh to connect", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+
+    // An admin token no longer makes policy; the operator key does.
+    let (ok, _, err) = ctl(a.daemon.admin, &["user", "add", "alice"], "pw\n");
+    assert!(!ok && err.contains("--operator-key"), "{err}");
+    ctl_ok(&a, &["--operator-key", op, "user", "add", "alice"], "pw\n");
+    let token = ctl_ok(
+        &a,
+        &["--operator-key", op, "token", "add", "admin", "ops"],
+        "",
+    );
+    let token = token.trim().to_owned();
+    wait_for("alice and the token at c", &[&a, &c], || async {
+        let p = policy_with(&c, &token).await;
+        p["users"] == serde_json::json!(["alice"])
+            && p["admin_tokens"] == serde_json::json!(["ops"])
+    })
+    .await;
+    assert!(logs_in(c.mqtt(), "alice").await);
+    let history = ctl_ok(
+        &c,
+        &["--token-file", &write_token(&dir, &token), "history"],
+        "",
+    );
+    assert!(history.contains(&public[..16]), "{history}");
+
+    // The rogue: a node of its own with the cluster key and no operator keys, linked to a.
+    let rogue = Node::start_with("xx1", pr, &[ra.port], &key, "").await;
+    let (ok, pwn, _) = ctl(rogue.daemon.admin, &["token", "add", "admin", "pwn"], "");
+    assert!(ok, "the rogue's own document takes it");
+    let pwn_file = dir.path().join("pwn.token");
+    std::fs::write(&pwn_file, &pwn).unwrap();
+    let with_pwn = ["--token-file", pwn_file.to_str().unwrap()];
+    let (ok, _, err) = ctl(
+        rogue.daemon.admin,
+        &[&with_pwn[..], &["user", "passwd", "alice"]].concat(),
+        "stolen\n",
+    );
+    assert!(ok, "{err}");
+    wait_for("a to refuse the rogue's policy", &[&a], || async {
+        metric(
+            &metrics_with(&a, &token).await,
+            "meridian_policy_sync_refused_total",
+        ) >= 1.0
+    })
+    .await;
+    let bearer = |t: &str| format!("Bearer {}", t.trim());
+    let ask = |port: u16, t: String| async move {
+        common::http_with(
+            port,
+            "GET",
+            "/api/clients",
+            &[("host", "127.0.0.1"), ("authorization", &t)],
+        )
+        .await
+        .0
+    };
+    for node in [&a, &c] {
+        assert_eq!(ask(node.daemon.admin, bearer(&pwn)).await, 401);
+        assert_eq!(ask(node.daemon.admin, bearer(&token)).await, 200);
+        let p = policy_with(node, &token).await;
+        assert_eq!(p["admin_tokens"], serde_json::json!(["ops"]), "{p}");
+        assert!(logs_in(node.mqtt(), "alice").await, "alice's own password");
+    }
+
+    // The operator compacts: the next epoch, signed, reaches c.
+    let out = ctl_ok(
+        &a,
+        &[
+            "--token-file",
+            &write_token(&dir, &token),
+            "--operator-key",
+            op,
+            "policy",
+            "compact",
+        ],
+        "",
+    );
+    assert!(out.contains("epoch 1"), "{out}");
+    wait_for("c to take epoch 1", &[&a, &c], || async {
+        policy_with(&c, &token).await["epoch"] == 1
+    })
+    .await;
+    assert!(logs_in(c.mqtt(), "alice").await);
+    assert_eq!(
+        metric(
+            &metrics_with(&c, &token).await,
+            "meridian_policy_task_restarts_total"
+        ),
+        0.0
+    );
+}
+
+/// `token` in a file, for `--token-file`.
+fn write_token(dir: &tempfile::TempDir, token: &str) -> String {
+    let path = dir.path().join("ops.token");
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// A node's metrics page, asking with an admin token.
+async fn metrics_with(node: &Node, token: &str) -> String {
+    common::http_with(
+        node.daemon.admin,
+        "GET",
+        "/metrics",
+        &[
+            ("host", "127.0.0.1"),
+            ("authorization", &format!("Bearer {token}")),
+        ],
+    )
+    .await
+    .1
+}
+
+/// [`policy`], asking with an admin token.
+async fn policy_with(node: &Node, token: &str) -> serde_json::Value {
+    let (status, body) = common::http_with(
+        node.daemon.admin,
+        "GET",
+        "/api/policy",
+        &[
+            ("host", "127.0.0.1"),
+            ("authorization", &format!("Bearer {token}")),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}

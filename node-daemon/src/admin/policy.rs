@@ -194,7 +194,10 @@ pub(super) async fn route(
             } else {
                 MAX_BODY_BYTES
             };
-            let body = match http_body_util::Limited::new(req.into_body(), max).collect().await {
+            let body = match http_body_util::Limited::new(req.into_body(), max)
+                .collect()
+                .await
+            {
                 Ok(b) => b.to_bytes(),
                 Err(e) => {
                     return respond(

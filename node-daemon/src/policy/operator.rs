@@ -192,7 +192,10 @@ mod tests {
         let printed = String::from_utf8(out).unwrap();
         let key = OperatorKey::load(&path).unwrap();
         assert_eq!(printed.trim(), key.public_hex());
-        assert!(keygen_command(&path, &mut Vec::new()).is_err(), "no overwrite");
+        assert!(
+            keygen_command(&path, &mut Vec::new()).is_err(),
+            "no overwrite"
+        );
         let e = OperatorKeys::parse(&[key.public_hex(), "abc".into()])
             .unwrap_err()
             .to_string();

@@ -286,12 +286,14 @@ mod tests {
             if let Some(m) = a.sync_message(&mut sa) {
                 quiet = false;
                 sync_message(&m, 1 << 20).expect("a's message passes");
-                b.receive_sync(&mut sb, &m, 1 << 24, None).expect("b takes it");
+                b.receive_sync(&mut sb, &m, 1 << 24, None)
+                    .expect("b takes it");
             }
             if let Some(m) = b.sync_message(&mut sb) {
                 quiet = false;
                 sync_message(&m, 1 << 20).expect("b's message passes");
-                a.receive_sync(&mut sa, &m, 1 << 24, None).expect("a takes it");
+                a.receive_sync(&mut sa, &m, 1 << 24, None)
+                    .expect("a takes it");
             }
             if quiet {
                 break;

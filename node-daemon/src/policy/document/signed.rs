@@ -338,13 +338,21 @@ mod tests {
         assert!(matches!(e, Err(DocError::Unsigned(_))), "{e:?}");
         // Unsigned, as a node or an admin token makes them.
         let mut unsigned = ctl.clone();
-        unsigned.apply(&[user("mallory")], &author(), 2_000).unwrap();
+        unsigned
+            .apply(&[user("mallory")], &author(), 2_000)
+            .unwrap();
         let plain = unsigned.doc.get_last_local_change().unwrap();
         assert!(verify_change(&plain, 0, &keys).is_err());
         // The operator's signature moved onto another change.
         let mut moved = plain.decode();
-        let signature = split_message(good_message(&ctl).as_str()).1.unwrap().to_owned();
-        moved.message = Some(format!("{}{SIGNATURE_MARK}{signature}", moved.message.unwrap()));
+        let signature = split_message(good_message(&ctl).as_str())
+            .1
+            .unwrap()
+            .to_owned();
+        moved.message = Some(format!(
+            "{}{SIGNATURE_MARK}{signature}",
+            moved.message.unwrap()
+        ));
         let moved = Change::from(moved);
         assert!(verify_change(&moved, 0, &keys).is_err());
         // A batch with one bad change is refused whole.
@@ -371,11 +379,15 @@ mod tests {
         let keys = keys();
         let mut rogue = doc(1);
         rogue
-            .apply(&[Edit::TokenSet {
-                kind: crate::policy::document::TokenKind::Admin,
-                name: "pwn".into(),
-                hash: crate::policy::tokens::token_hash("0123456789abcdef0123"),
-            }], &author(), 1)
+            .apply(
+                &[Edit::TokenSet {
+                    kind: crate::policy::document::TokenKind::Admin,
+                    name: "pwn".into(),
+                    hash: crate::policy::tokens::token_hash("0123456789abcdef0123"),
+                }],
+                &author(),
+                1,
+            )
             .unwrap();
         let mut node = doc(2);
         let (mut rs, mut ns) = (automerge::sync::State::new(), automerge::sync::State::new());
@@ -392,7 +404,8 @@ mod tests {
         let (mut cs, mut ns) = (automerge::sync::State::new(), automerge::sync::State::new());
         for _ in 0..4 {
             if let Some(m) = ctl.sync_message(&mut cs) {
-                node.receive_sync(&mut ns, &m, 1 << 24, Some(&keys)).unwrap();
+                node.receive_sync(&mut ns, &m, 1 << 24, Some(&keys))
+                    .unwrap();
             }
             if let Some(m) = node.sync_message(&mut ns) {
                 ctl.receive_sync(&mut cs, &m, 1 << 24, Some(&keys)).unwrap();
@@ -420,7 +433,10 @@ mod tests {
         // A bare genesis of a far epoch: nobody's statement, but no base either.
         let mut far = PolicyDoc::genesis_of(i64::MAX as u64, ActorId::random());
         let e = far.verify(&keys);
-        assert!(matches!(e, Err(DocError::Unsigned(ref w)) if w.contains("base")), "{e:?}");
+        assert!(
+            matches!(e, Err(DocError::Unsigned(ref w)) if w.contains("base")),
+            "{e:?}"
+        );
         // A signed base from the operator's key, but not the operator of this deployment.
         let mut rogue = ctl
             .compacted_signed(&author(), 5_000, 86_400_000, &OperatorKey::generate())
@@ -444,7 +460,11 @@ mod tests {
             name.prop_map(|n| Edit::UserRemove { name: n.into() }),
             topic.prop_map(deny),
         ];
-        let maker = prop_oneof![Just(Maker::Operator), Just(Maker::Rogue), Just(Maker::Unsigned)];
+        let maker = prop_oneof![
+            Just(Maker::Operator),
+            Just(Maker::Rogue),
+            Just(Maker::Unsigned)
+        ];
         (edit, maker)
     }
 

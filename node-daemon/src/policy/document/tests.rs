@@ -395,7 +395,10 @@ fn sync_brings_replicas_together_within_the_size_bound() {
     assert_eq!(a.heads(), before);
     // Malformed bytes are an error, not a panic.
     let mut s = sync::State::new();
-    assert!(a.receive_sync(&mut s, b"\x42\x00garbage", 1 << 20, None).is_err());
+    assert!(
+        a.receive_sync(&mut s, b"\x42\x00garbage", 1 << 20, None)
+            .is_err()
+    );
 }
 
 #[test]
