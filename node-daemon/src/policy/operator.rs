@@ -4,7 +4,7 @@
 //! (`meridian keygen --operator FILE` writes it; `meridian ctl --operator-key FILE` signs with
 //! it); nodes are given the public halves (`policy.operator_keys`, 64 hex digits each). Then a
 //! change of the policy document counts only if one of those keys signed it
-//! ([`super::document::PolicyDoc::verify_change`]): admin tokens open a node's admin API, and
+//! ([`super::document::signed::verify_change`]): admin tokens open a node's admin API, and
 //! holding the cluster key makes a node a member, but neither makes policy.
 //!
 //! What is signed is [`DOMAIN`] followed by the change's digest: the automerge hash the change
