@@ -258,6 +258,8 @@ impl Forger {
             advertise: Vec::new(),
             announce_every: Duration::from_secs(10),
             link_limits: LinkLimits::default(),
+            max_connections: 1024,
+            max_connections_per_address: 64,
             policy: None,
         };
         let (engine_tx, mut engine_rx) = mpsc::channel(1024);
@@ -554,4 +556,46 @@ async fn a_peer_with_the_key_that_sends_malformed_policy_sync_changes_nothing() 
         tail(&c.log(), 40)
     );
     forger.mesh.shutdown().await;
+}
+
+/// Connections a stranger opens to the p2p port count against its address from the start:
+/// past the address's share they are closed at once, and counted; once they end, a node from
+/// the same address gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2p_connections_past_an_address_s_share_are_refused() {
+    use tokio::io::AsyncReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let a = Node::start_with(
+        "euc1",
+        pa,
+        &[],
+        &key,
+        "max_peer_connections_per_address = 3\n",
+    )
+    .await;
+    // Three sockets that never start the handshake hold the address's share.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(tokio::net::TcpStream::connect(("127.0.0.1", pa)).await.unwrap());
+    }
+    let refused = |m: &str| metric(m, "meridian_p2p_refused_connections_total{reason=\"limit\"}");
+    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", pa)).await.unwrap();
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(MESH_DEADLINE, extra.read(&mut byte)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the fourth connection is closed: {closed:?}"
+    );
+    wait_for("the refusal to be counted", &[&a], || async {
+        refused(&a.metrics().await) >= 1.0
+    })
+    .await;
+    drop(held);
+    let c = Node::start_with("afs1", pc, &[pa], &key, "").await;
+    wait_for("c to link once the sockets are gone", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
 }

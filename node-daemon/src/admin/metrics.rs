@@ -223,6 +223,7 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
     for (reason, v) in [
         ("handshake", m.refused_handshake.load(Ordering::Relaxed)),
         ("not_allowed", m.refused_not_allowed.load(Ordering::Relaxed)),
+        ("limit", m.refused_limit.load(Ordering::Relaxed)),
     ] {
         refused
             .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
@@ -230,7 +231,8 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
     }
     r.register(
         "p2p_refused_connections",
-        "Connections refused: failed handshake (no or wrong cluster key) or peer not allowed",
+        "Connections refused: failed handshake (no or wrong cluster key), peer not allowed, or \
+         past cluster.max_peer_connections or its per-address share",
         refused,
     );
     let c = Counter::<u64>::default();

@@ -14,6 +14,7 @@
 //! Bootstrap peers are dialled until they answer, with exponential backoff, and re-dialled
 //! when their connection drops. The node's id in the deployment is its peer id.
 
+mod conn_limits;
 pub mod discovery;
 pub mod keys;
 pub mod member;
@@ -37,8 +38,8 @@ use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{
-    Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, gossipsub, identify, noise, ping,
-    tcp, yamux,
+    Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, connection_limits, gossipsub,
+    identify, noise, ping, tcp, yamux,
 };
 use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN};
 use meridian_core::routes::NodeId;
@@ -77,6 +78,11 @@ pub struct MeshSettings {
     pub announce_every: Duration,
     /// The bounds of each link session's queue.
     pub link_limits: crate::mailbox::LinkLimits,
+    /// p2p connections in at most (`cluster.max_peer_connections`).
+    pub max_connections: usize,
+    /// p2p connections in from one address at most
+    /// (`cluster.max_peer_connections_per_address`).
+    pub max_connections_per_address: usize,
     /// The policy document to keep in sync with every peer (`policy.source = "document"`),
     /// and the largest one accepted.
     pub policy: Option<crate::policy::PolicyHandle>,
@@ -93,6 +99,8 @@ pub struct MeshStats {
     pub refused_handshake: AtomicU64,
     /// Connections refused because the peer id is not on the allowlist.
     pub refused_not_allowed: AtomicU64,
+    /// Connections in refused past `cluster.max_peer_connections` or its per-address share.
+    pub refused_limit: AtomicU64,
     /// Dials of bootstrap or discovered peers that failed.
     pub dial_failures: AtomicU64,
     /// Peers known through discovery, with their addresses (`GET /api/discovery`, and their
@@ -138,6 +146,8 @@ impl Mesh {
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
+    limits: connection_limits::Behaviour,
+    per_address: conn_limits::PerAddress,
     allow: Toggle<allow_block_list::Behaviour<allow_block_list::AllowedPeers>>,
     gossipsub: gossipsub::Behaviour,
     identify: identify::Behaviour,
@@ -158,6 +168,10 @@ pub async fn start(
     let peer_id = keypair.public().to_peer_id();
     let psk = settings.cluster_key;
     let allow = settings.allow.clone();
+    let (max_connections, max_per_address) = (
+        settings.max_connections,
+        settings.max_connections_per_address,
+    );
     let ping_interval = settings.ping_interval;
     let agent = format!("meridian/{} region={region}", env!("CARGO_PKG_VERSION"));
     let uses_quic = settings
@@ -219,7 +233,14 @@ pub async fn start(
                 }
                 list
             });
+            let total = u32::try_from(max_connections).unwrap_or(u32::MAX);
             Ok(Behaviour {
+                limits: connection_limits::Behaviour::new(
+                    connection_limits::ConnectionLimits::default()
+                        .with_max_established_incoming(Some(total))
+                        .with_max_pending_incoming(Some((total / 4).max(1))),
+                ),
+                per_address: conn_limits::PerAddress::new(max_per_address),
                 allow: Toggle::from(allow),
                 gossipsub,
                 identify: identify::Behaviour::new(
@@ -378,6 +399,7 @@ pub async fn start(
         openers: HashMap::new(),
         peer_id,
         gossip_warned: HashSet::new(),
+        limit_warned: HashSet::new(),
     };
     let streams = driver.swarm.behaviour().stream.new_control();
     let task = tokio::spawn(driver.run(cmds, stop_rx));
@@ -441,6 +463,8 @@ struct Driver {
     peer_id: PeerId,
     /// Authors of refused gossip, warned about once each (at most [`MAX_WARNED`]).
     gossip_warned: HashSet<PeerId>,
+    /// Addresses warned of for connections past a bound (at most [`MAX_WARNED`]).
+    limit_warned: HashSet<Option<std::net::IpAddr>>,
 }
 
 impl Driver {
@@ -737,6 +761,18 @@ impl Driver {
                 peer_id,
                 ..
             } => match error {
+                ListenError::Denied { cause }
+                    if cause.downcast_ref::<conn_limits::AddressFull>().is_some()
+                        || cause
+                            .downcast_ref::<connection_limits::Exceeded>()
+                            .is_some() =>
+                {
+                    self.stats.refused_limit.fetch_add(1, Ordering::Relaxed);
+                    let host = conn_limits::source(&send_back_addr);
+                    if self.limit_warned.len() < MAX_WARNED && self.limit_warned.insert(host) {
+                        warn!(addr = %send_back_addr, cause = %cause, "refused a p2p connection past a bound (said once per address)");
+                    }
+                }
                 ListenError::Denied { cause } => {
                     self.stats
                         .refused_not_allowed

@@ -376,6 +376,8 @@ impl Starting {
             advertise: cluster.advertise.iter().map(|a| a.0.clone()).collect(),
             announce_every: Duration::from_millis(cluster.announce_interval_ms),
             link_limits: cluster.link_limits(),
+            max_connections: cluster.max_peer_connections,
+            max_connections_per_address: cluster.max_peer_connections_per_address,
             policy,
         };
         let engine_tx = self.handle.tx.clone();
