@@ -147,6 +147,8 @@ pub struct EdgeSection {
     pub key: PathBuf,
     /// Edge links open at once.
     pub max_links: usize,
+    /// Leaves one token links at once.
+    pub max_leaves_per_token: usize,
     /// A leaf without a link for this long is forgotten.
     pub leaf_expiry_ms: u64,
     /// Filters one leaf may bring.
@@ -191,12 +193,19 @@ impl EdgeSection {
         }
         if !addr.ip().is_loopback() && !self.tls() {
             return Err(format!(
-                "cluster.edge.listen is {addr} (not loopback) but cluster.edge.cert is not set:                  edge tokens would cross the network in the clear. Set cluster.edge.cert and                  cluster.edge.key, or listen on 127.0.0.1"
+                "cluster.edge.listen is {addr} (not loopback) but cluster.edge.cert is not set: \
+                 edge tokens would cross the network in the clear. Set cluster.edge.cert and \
+                 cluster.edge.key, or listen on 127.0.0.1"
             ));
         }
-        if self.max_links == 0 || self.leaf_expiry_ms == 0 || self.max_filters == 0 {
+        if self.max_links == 0
+            || self.max_leaves_per_token == 0
+            || self.leaf_expiry_ms == 0
+            || self.max_filters == 0
+        {
             return Err(
-                "cluster.edge.max_links, leaf_expiry_ms and max_filters: must be at least 1"
+                "cluster.edge.max_links, max_leaves_per_token, leaf_expiry_ms and max_filters: \
+                 must be at least 1"
                     .to_owned(),
             );
         }
@@ -997,6 +1006,7 @@ partial!(PEdge {
     cert: PathBuf,
     key: PathBuf,
     max_links: usize,
+    max_leaves_per_token: usize,
     leaf_expiry_ms: u64,
     max_filters: usize,
 });

@@ -12,7 +12,10 @@
 //! in its `meridian-node` header. The first frame names the leaf
 //! (`Hello`); a name that does not start with `edge-`, or is a mesh member's, is refused
 //! (`reason="node"`), and
-//! one session per leaf stands at a time (a new one replaces the old). A link that sends no
+//! one session per leaf stands at a time (a new one replaces the old). A token is a
+//! credential: a live leaf is replaced only by a link with the token it linked with, and one
+//! token links at most `cluster.edge.max_leaves_per_token` leaves at once; past either, the
+//! link is closed after its `Hello` (`reason="credential"`). A link that sends no
 //! `Hello` within [`HELLO_TIMEOUT`], or a frame that does not decode, is closed. One address
 //! may have [`MAX_HANDSHAKES_PER_ADDRESS`] connections at once between their accept and a
 //! completed upgrade; more get 503 (`reason="busy_address"`), so that one host holding
@@ -68,7 +71,51 @@ pub struct EdgeSettings {
     pub tls: Option<TlsAcceptor>,
     /// Links open at once, handshakes included.
     pub max_links: usize,
+    /// Leaves one token links at once (`cluster.edge.max_leaves_per_token`).
+    pub max_leaves_per_token: usize,
     pub limits: LinkLimits,
+}
+
+/// The live leaves, each with its session and the name of the token it linked with.
+#[derive(Debug, Default)]
+struct Credentials(std::sync::Mutex<std::collections::HashMap<String, (u64, String)>>);
+
+impl Credentials {
+    /// Take `leaf` for `session` with `token`, unless it is live with another token, or the
+    /// token has `max` other live leaves.
+    fn take(&self, leaf: &str, session: u64, token: &str, max: usize) -> Result<(), String> {
+        let mut live = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, other)) = live.get(leaf)
+            && other != token
+        {
+            return Err(format!("{leaf} is live, linked with another token"));
+        }
+        let others = live
+            .iter()
+            .filter(|(l, (_, t))| t == token && l.as_str() != leaf)
+            .count();
+        if others >= max {
+            return Err(format!(
+                "the token links {others} leaves already (cluster.edge.max_leaves_per_token)"
+            ));
+        }
+        live.insert(leaf.to_owned(), (session, token.to_owned()));
+        Ok(())
+    }
+
+    /// `session` of `leaf` ended (a later session of it keeps its place).
+    fn end(&self, leaf: &str, session: u64) {
+        let mut live = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.get(leaf).is_some_and(|(s, _)| *s == session) {
+            live.remove(leaf);
+        }
+    }
 }
 
 /// Accept edge links on `listener` until `stop` turns true.
@@ -81,6 +128,7 @@ pub async fn serve(
 ) {
     let permits = Arc::new(Semaphore::new(settings.max_links));
     let handshakes = PerAddress::new(MAX_HANDSHAKES_PER_ADDRESS, false);
+    let credentials = Arc::new(Credentials::default());
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -110,7 +158,9 @@ pub async fn serve(
         let settings = settings.clone();
         let engine = engine.clone();
         let counters = counters.clone();
+        let credentials = credentials.clone();
         tokio::spawn(async move {
+            let ours = (&settings, &*credentials, &*counters);
             match &settings.tls {
                 Some(tls) => {
                     let Ok(Ok(stream)) =
@@ -119,9 +169,9 @@ pub async fn serve(
                         debug!(%addr, "edge link: TLS handshake failed");
                         return;
                     };
-                    link(stream, handshake, &settings, engine, &counters).await;
+                    link(stream, handshake, ours, engine).await;
                 }
-                None => link(stream, handshake, &settings, engine, &counters).await,
+                None => link(stream, handshake, ours, engine).await,
             }
             drop(permit);
         });
@@ -133,12 +183,12 @@ pub async fn serve(
 async fn link<S>(
     stream: S,
     handshake: AddressSlot,
-    settings: &EdgeSettings,
+    (settings, credentials, counters): (&EdgeSettings, &Credentials, &DaemonCounters),
     engine: mpsc::Sender<ToEngine>,
-    counters: &DaemonCounters,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let mut credential = None;
     let refuse = |status: StatusCode, text: &str| -> ErrorResponse {
         let mut r = ErrorResponse::new(Some(text.to_owned()));
         *r.status_mut() = status;
@@ -159,7 +209,7 @@ async fn link<S>(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map_or("", str::trim);
-        if settings.tokens.admits(token).is_none() {
+        let Some(name) = settings.tokens.admits(token) else {
             counters
                 .edge_links_refused_token
                 .fetch_add(1, Ordering::Relaxed);
@@ -167,7 +217,8 @@ async fn link<S>(
                 StatusCode::UNAUTHORIZED,
                 "an edge link token is required (Authorization: Bearer TOKEN)\n",
             ));
-        }
+        };
+        credential = Some(name);
         if let Ok(node) = settings.node.parse() {
             resp.headers_mut().insert(NODE_HEADER, node);
         }
@@ -210,6 +261,20 @@ async fn link<S>(
     };
     let leaf = node.clone();
     let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let credential = credential.unwrap_or_default();
+    if let Err(why) = credentials.take(
+        leaf.as_str(),
+        session,
+        &credential,
+        settings.max_leaves_per_token,
+    ) {
+        counters
+            .edge_links_refused_credential
+            .fetch_add(1, Ordering::Relaxed);
+        warn!(%leaf, token = %credential, %why, "edge link refused");
+        let _ = sink.close().await;
+        return;
+    }
     let (writer, mut rx, queued_bytes) = PeerWriter::channel(settings.limits);
     let kill = writer.kill.clone();
     let (accepted_tx, accepted_rx) = tokio::sync::oneshot::channel();
@@ -220,6 +285,7 @@ async fn link<S>(
         accepted: accepted_tx,
     });
     if engine.send(up).await.is_err() || !accepted_rx.await.unwrap_or(false) {
+        credentials.end(leaf.as_str(), session);
         counters
             .edge_links_refused_node
             .fetch_add(1, Ordering::Relaxed);
@@ -280,6 +346,7 @@ async fn link<S>(
         }
     };
     info!(%leaf, session, why, "edge link ended");
+    credentials.end(leaf.as_str(), session);
     let _ = engine
         .send(ToEngine::Link(LinkEvent::Down {
             peer: leaf,

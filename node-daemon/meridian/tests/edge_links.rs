@@ -190,3 +190,97 @@ async fn one_address_cannot_hold_every_handshake() {
     })
     .await;
 }
+
+/// Open an edge link with `token` and send a Hello naming `leaf`: whether the hub keeps the
+/// link (true) or closes it (false), within `wait_ms` after the Hello.
+async fn hello(
+    edge: u16,
+    token: &str,
+    leaf: &str,
+    wait_ms: u64,
+) -> (
+    bool,
+    Option<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>>,
+) {
+    let (mut ws, _) = open(edge, token).await.expect("the upgrade succeeds");
+    let frame = Frame::Hello {
+        node: NodeId::new(leaf).unwrap(),
+        incarnation: 1,
+        protocol: link::LINK_PROTOCOL_VERSION,
+        region: "edge".into(),
+    };
+    let mut bytes = BytesMut::new();
+    link::encode(&frame, &mut bytes).unwrap();
+    ws.send(WsMessage::Binary(bytes.freeze())).await.unwrap();
+    let closed = tokio::time::timeout(std::time::Duration::from_millis(wait_ms), async {
+        while let Some(Ok(m)) = ws.next().await {
+            if m.is_close() {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok();
+    if closed {
+        (false, None)
+    } else {
+        (true, Some(ws))
+    }
+}
+
+/// An edge-link token is a credential: a live leaf cannot be taken over with another token,
+/// and one token links a bounded number of leaves (so that it cannot fill `max_nodes` with
+/// names of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_links_its_own_leaves_and_a_bounded_number_of_them() {
+    const OTHER: &str = "edge-token-other-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let tokens = dir.path().join("edge-tokens");
+    std::fs::write(&tokens, format!("{TOKEN}\n{OTHER}\n")).unwrap();
+    let edge = common::free_port();
+    let extra = format!(
+        "[cluster.edge]\nlisten = \"127.0.0.1:{edge}\"\ntoken_file = \"{}\"\nmax_leaves_per_token = 2\n",
+        tokens.display()
+    );
+    let hub = Node::start_with("euc1", common::free_port(), &[], &key, &extra).await;
+    let refused = || async {
+        metric(
+            &hub.metrics().await,
+            "meridian_edge_links_refused_total{reason=\"credential\"}",
+        )
+    };
+    let mut a = Leaf::link(edge, "edge-a", &hub.peer_id).await;
+    a.run_for(50).await;
+    // Another token's link naming the live leaf is closed; the leaf keeps its link.
+    let (kept, _) = hello(edge, OTHER, "edge-a", 10_000).await;
+    assert!(!kept, "a live leaf's name with another token");
+    assert_eq!(refused().await, 1.0);
+    let listed = |name: &'static str| {
+        let hub = &hub;
+        async move {
+            hub.peers()
+                .await
+                .iter()
+                .any(|p| p["peer_id"] == name && p["connected_since_ms"].as_u64().is_some())
+        }
+    };
+    assert!(listed("edge-a").await, "{}", tail(&hub.log(), 20));
+    // TOKEN links a second leaf, and no third.
+    let (kept, _b) = hello(edge, TOKEN, "edge-b", 300).await;
+    assert!(kept);
+    let (kept, _) = hello(edge, TOKEN, "edge-c", 10_000).await;
+    assert!(!kept, "a third leaf for a token of two");
+    assert_eq!(refused().await, 2.0);
+    // The other token links its own.
+    let (kept, _c) = hello(edge, OTHER, "edge-c", 300).await;
+    assert!(kept);
+    // The leaf's own token replaces its link (a reconnect).
+    let (kept, _a2) = hello(edge, TOKEN, "edge-a", 300).await;
+    assert!(kept);
+    wait_for("the hub to list the leaves it kept", &[&hub], || async {
+        listed("edge-b").await && listed("edge-c").await && listed("edge-a").await
+    })
+    .await;
+    assert_eq!(refused().await, 2.0);
+}

@@ -578,10 +578,21 @@ async fn p2p_connections_past_an_address_s_share_are_refused() {
     // Three sockets that never start the handshake hold the address's share.
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(tokio::net::TcpStream::connect(("127.0.0.1", pa)).await.unwrap());
+        held.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", pa))
+                .await
+                .unwrap(),
+        );
     }
-    let refused = |m: &str| metric(m, "meridian_p2p_refused_connections_total{reason=\"limit\"}");
-    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", pa)).await.unwrap();
+    let refused = |m: &str| {
+        metric(
+            m,
+            "meridian_p2p_refused_connections_total{reason=\"limit\"}",
+        )
+    };
+    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", pa))
+        .await
+        .unwrap();
     let mut byte = [0u8; 1];
     let closed = tokio::time::timeout(MESH_DEADLINE, extra.read(&mut byte)).await;
     assert!(

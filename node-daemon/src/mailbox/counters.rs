@@ -70,7 +70,8 @@ const METRIC_HELP: &[(&str, &str)] = &[
     (
         "edge_links_refused",
         "Edge links refused: no or a wrong token, before the upgrade (token); a leaf named as \
-         this node or a mesh member (node); too many handshakes from one address (busy_address)",
+         this node or a mesh member (node); a live leaf's name with another token, or a token \
+         past its leaves (credential); too many handshakes from one address (busy_address)",
     ),
     (
         "edge_link_frames",
@@ -131,6 +132,9 @@ counters! {
     edge_links_refused_token => "edge_links_refused" ("reason" = "token");
     /// Edge links refused: a leaf named as this node or a mesh member.
     edge_links_refused_node => "edge_links_refused" ("reason" = "node");
+    /// Edge links refused: a live leaf's name with another token, or a token past
+    /// cluster.edge.max_leaves_per_token.
+    edge_links_refused_credential => "edge_links_refused" ("reason" = "credential");
     /// Edge links refused: too many handshakes from one address (HTTP 503).
     edge_links_refused_busy_address => "edge_links_refused" ("reason" = "busy_address");
     /// Link frames read from edge links.

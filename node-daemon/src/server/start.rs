@@ -434,6 +434,7 @@ impl Starting {
             tokens,
             tls,
             max_links: edge.max_links,
+            max_leaves_per_token: edge.max_leaves_per_token,
             limits: cluster.link_limits(),
         };
         tokio::spawn(crate::edge::serve(
