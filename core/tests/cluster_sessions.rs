@@ -804,6 +804,95 @@ mod home {
         );
     }
 
+    /// Only a node of a pinned client id's home region revokes a connection, and only it is
+    /// asked who may serve one: a revocation or a request from anywhere else, or for a client
+    /// id that is not pinned, changes nothing and is counted.
+    #[test]
+    fn revocations_and_requests_from_outside_the_home_region_change_nothing() {
+        use meridian_core::link::Frame;
+        let mut mesh = pinned();
+        let on_c = start_connect(&mut mesh, "c", "plant-1");
+        mesh.settle();
+        assert!(connack(&mut mesh, "c", on_c).is_some());
+        let (free, _) = mesh.node("c").connect_with(V5, "sensor-1", persistent);
+        mesh.settle();
+        // b is of region-b: it may not close plant-1 at c.
+        mesh.inject(
+            "b",
+            "c",
+            Frame::Revoke {
+                client_id: "plant-1".into(),
+                token: 7,
+            },
+        );
+        // a is of region-a, but sensor-1 is pinned nowhere.
+        mesh.inject(
+            "a",
+            "c",
+            Frame::Revoke {
+                client_id: "sensor-1".into(),
+                token: 8,
+            },
+        );
+        // c is not of region-a: it decides nothing for plant-1.
+        mesh.inject(
+            "b",
+            "c",
+            Frame::ClaimRequest {
+                client_id: "plant-1".into(),
+                user: None,
+                token: 9,
+            },
+        );
+        let c = mesh.node("c");
+        assert!(!c.is_closed(on_c), "c still serves plant-1");
+        assert!(!c.is_closed(free), "and sensor-1");
+        assert_eq!(c.broker.stats().peer_frames_not_owner, 3);
+        mesh.settle();
+        // a still decides: plant-1 moves to b once a has c let go.
+        let conn = start_connect(&mut mesh, "b", "plant-1");
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "b", conn).map(|a| a.reason),
+            Some(ReasonCode::SUCCESS)
+        );
+        assert!(mesh.node("c").is_closed(on_c));
+    }
+
+    /// A grant's clock reading moves the waiting node's clock: one far ahead is refused, and
+    /// the genuine grant still comes.
+    #[test]
+    fn a_grant_from_a_clock_far_ahead_is_refused() {
+        let mut mesh = pinned();
+        let conn = start_connect(&mut mesh, "b", "plant-1");
+        mesh.inject(
+            "a",
+            "b",
+            meridian_core::link::Frame::ClaimAnswer {
+                client_id: "plant-1".into(),
+                token: 0,
+                reason: 0,
+                hlc: meridian_core::retained::Hlc {
+                    wall_ms: u64::MAX / 2,
+                    logical: 0,
+                },
+            },
+        );
+        assert_eq!(connack(&mut mesh, "b", conn), None, "refused");
+        assert_eq!(mesh.node("b").broker.stats().peer_frames_clock_ahead, 1);
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "b", conn).map(|a| a.reason),
+            Some(ReasonCode::SUCCESS)
+        );
+        // b's clock did not jump: its next claim is taken by a.
+        let (_, ack) = mesh.node("b").connect_with(V5, "sensor-2", persistent);
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+        mesh.settle();
+        assert_eq!(mesh.node("a").broker.claim_owner("sensor-2"), Some(id("b")));
+        assert_eq!(mesh.node("a").broker.stats().peer_frames_clock_ahead, 0);
+    }
+
     #[test]
     fn a_grant_that_never_comes_ends_in_a_refusal() {
         let mut mesh = pinned();

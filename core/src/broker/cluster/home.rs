@@ -20,8 +20,10 @@ use crate::broker::connection::{ConnState, HomeWait};
 use crate::broker::io::{ConnId, DisconnectCause, Timestamp};
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
 use crate::codec::{Connect, ReasonCode};
-use crate::link::Frame;
+use crate::link::{Frame, FrameKind};
 use crate::retained::Hlc;
+
+use super::trust::PeerFault;
 use crate::routes::NodeId;
 
 /// Client ids pinned to a region.
@@ -202,6 +204,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         user: Option<String>,
         token: u64,
     ) {
+        // Only a pinned client id's home region decides it: a request for another client id,
+        // or to a node outside its home region, is no request a node makes.
+        let ours = self.home_region_of(&client_id).is_some_and(|region| {
+            self.cluster
+                .as_ref()
+                .is_some_and(|c| c.config.region == region)
+        });
+        if !ours {
+            return self.peer_fault(peer, PeerFault::NotOwner(FrameKind::ClaimRequest));
+        }
         self.decide_home(peer.clone(), client_id, user, token);
     }
 
@@ -319,6 +331,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// The deciding node's answer to a request of this node's (from the node asked only).
     pub(super) fn on_claim_answer(&mut self, peer: &NodeId, token: u64, reason: u8, hlc: Hlc) {
+        // The clock reading moves this node's clock: one far ahead is refused, as for claims
+        // and retained writes (the client waits for the wait to run out).
+        let now = self.now;
+        if let Some(c) = &self.cluster
+            && hlc.wall_ms.saturating_sub(now.as_millis()) > c.config.max_clock_drift_ms
+        {
+            return self.peer_fault(peer, PeerFault::ClockAhead);
+        }
         let conn = self.conns.iter().find_map(|(id, conn)| match &conn.state {
             ConnState::AwaitingHome(w)
                 if w.token == token && w.authority.as_ref() == Some(peer) =>
@@ -348,6 +368,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// The deciding node of `client_id`'s home region has another node serve it next.
     pub(super) fn on_revoke(&mut self, peer: &NodeId, client_id: String, token: u64) {
+        // Only a node of a pinned client id's home region (the region it named on its link)
+        // closes its connection here. Which of them decides may look different from here
+        // while links are cut, so any of them may.
+        let from_home = self.home_region_of(&client_id).is_some_and(|region| {
+            self.cluster.as_ref().is_some_and(|c| {
+                c.peers.get(peer).is_some_and(|p| {
+                    !c.leaves.is_leaf(peer) && p.region.as_deref() == Some(&region)
+                })
+            })
+        });
+        if !from_home {
+            return self.peer_fault(peer, PeerFault::NotOwner(FrameKind::Revoke));
+        }
         self.revoke_here(&client_id);
         self.send_to_peer(peer.clone(), Frame::Revoked { client_id, token });
     }
