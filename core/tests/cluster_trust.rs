@@ -360,6 +360,40 @@ fn an_announced_forget_is_ignored_by_a_node_that_still_reaches_it() {
     assert_eq!(c.broker.stats().peers_forgotten, 0);
 }
 
+/// A forget that names an incarnation no node has met (up to u64::MAX) would have every node
+/// drop what waits for a region that is merely cut off: it is refused and counted; the
+/// incarnation the nodes know is forgotten as documented.
+#[test]
+fn an_announced_forget_of_an_incarnation_nobody_met_is_refused() {
+    let (mut mesh, _) = three();
+    mesh.link_down(&id("a"), &id("c"));
+    for incarnation in [2, u64::MAX] {
+        mesh.inject(
+            "b",
+            "c",
+            Frame::Forget {
+                node: id("a"),
+                incarnation,
+            },
+        );
+    }
+    let c = mesh.node("c");
+    assert_eq!(c.broker.nodes_for("a/x"), vec![id("a")]);
+    assert_eq!(c.broker.stats().peers_forgotten, 0);
+    assert_eq!(c.broker.stats().peer_frames_not_owner, 2);
+    mesh.inject(
+        "b",
+        "c",
+        Frame::Forget {
+            node: id("a"),
+            incarnation: 1,
+        },
+    );
+    let c = mesh.node("c");
+    assert_eq!(c.broker.stats().peers_forgotten, 1);
+    assert!(c.broker.nodes_for("a/x").is_empty());
+}
+
 #[test]
 fn a_node_absent_past_the_expiry_is_forgotten_by_itself() {
     let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {

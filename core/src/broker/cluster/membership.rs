@@ -7,8 +7,10 @@
 use crate::broker::io::{Event, Timestamp};
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
-use crate::link::Frame;
+use crate::link::{Frame, FrameKind};
 use crate::routes::NodeId;
+
+use super::trust::PeerFault;
 
 /// Why a node was forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,10 +213,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if c.peers.get(node).is_some_and(|p| p.connected) {
             return;
         }
-        if c.table
-            .replica(node)
-            .is_some_and(|r| r.incarnation > incarnation)
-        {
+        // Only the incarnation this node knows (the one the announcing node forgot, if they
+        // agree): a later one is alive, and one nobody has met yet (up to u64::MAX) is no
+        // node's word.
+        let known = c.table.replica(node).map_or(0, |r| r.incarnation);
+        if incarnation != known {
+            if incarnation > known {
+                self.peer_fault(from, PeerFault::NotOwner(FrameKind::Forget));
+            }
             return;
         }
         let reason = ForgetReason::Announced { by: from.clone() };
