@@ -35,6 +35,7 @@ mod mesh;
 pub mod passwd;
 mod per_address;
 mod policy;
+mod secret_file;
 mod server;
 mod storage;
 mod transport;

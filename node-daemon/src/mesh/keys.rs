@@ -4,11 +4,13 @@
 //! distributes; [`super::member`] says what it is for).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, bail};
 use libp2p::identity::Keypair;
 use libp2p::pnet::PreSharedKey;
+
+use crate::secret_file::write_secret;
 
 /// File name of the identity key inside the data directory.
 pub const IDENTITY_FILE: &str = "p2p-identity.key";
@@ -71,23 +73,6 @@ pub fn keygen_command(path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
 pub fn peer_id_command(data_dir: &Path, out: &mut impl Write) -> anyhow::Result<()> {
     let key = load_or_create_identity(data_dir)?;
     writeln!(out, "{}", key.public().to_peer_id())?;
-    Ok(())
-}
-
-/// Write a file readable by its owner only, atomically (a temporary file renamed into place).
-pub(crate) fn write_secret(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp: PathBuf = path.with_extension("tmp");
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 

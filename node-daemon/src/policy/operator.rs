@@ -154,7 +154,7 @@ pub fn keygen_command(path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         key.public_hex(),
         key.secret_hex()
     );
-    crate::mesh::keys::write_secret(path, text.as_bytes())?;
+    crate::secret_file::write_secret(path, text.as_bytes())?;
     writeln!(out, "{}", key.public_hex())?;
     Ok(())
 }
