@@ -345,6 +345,16 @@ pub struct AdminConfig {
     pub token_file: PathBuf,
     /// How long a client may take to send a request's headers before it is cut off.
     pub header_timeout_ms: u64,
+    /// TLS certificate (PEM chain) and key: the API speaks HTTPS; required off loopback.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl AdminConfig {
+    /// Whether the API speaks HTTPS (`cert` and `key` set).
+    pub fn tls(&self) -> bool {
+        !self.cert.as_os_str().is_empty()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -608,6 +618,11 @@ impl DaemonConfig {
                     "listeners.{name}.backlog: must be at least 1"
                 )));
             }
+        }
+        if self.admin.cert.as_os_str().is_empty() != self.admin.key.as_os_str().is_empty() {
+            return Err(invalid(
+                "admin.cert and admin.key: set both (HTTPS) or neither".to_owned(),
+            ));
         }
         if self.admin.header_timeout_ms == 0 {
             return Err(invalid(
@@ -888,6 +903,8 @@ partial!(PAdmin {
     bind: SocketAddr,
     token_file: PathBuf,
     header_timeout_ms: u64,
+    cert: PathBuf,
+    key: PathBuf,
 });
 partial!(PStorage {
     data_dir: PathBuf,

@@ -21,6 +21,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::policy::document::{Author, Edit, PolicyDoc, RuleEntry, TokenKind};
 use crate::policy::operator::OperatorKey;
+use tokio_rustls::rustls::pki_types::ServerName;
 
 /// How long one request to the admin API may take.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -34,6 +35,13 @@ pub struct CtlArgs {
     /// A token file (the node's admin.token_file will do): its first token is presented.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Speak HTTPS to the admin API (admin.cert), trusting the certificates of FILE (PEM: the
+    /// node's certificate, or the CA that signed it).
+    #[arg(long, value_name = "FILE")]
+    pub admin_ca: Option<PathBuf>,
+    /// The name the node's certificate is checked against (default: the --admin address).
+    #[arg(long, value_name = "NAME", requires = "admin_ca")]
+    pub admin_name: Option<String>,
     /// An operator key (`meridian keygen --operator`): edits are signed with it, as a node
     /// with `policy.operator_keys` requires.
     #[arg(long, value_name = "FILE")]
@@ -198,6 +206,18 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
             .next(),
         None => None,
     };
+    let tls = match &args.admin_ca {
+        Some(ca) => {
+            let name = match &args.admin_name {
+                Some(n) => n.clone(),
+                None => args.admin.ip().to_string(),
+            };
+            let name = ServerName::try_from(name.clone())
+                .with_context(|| format!("--admin-name {name:?} is not a host name"))?;
+            Some((crate::transport::tls::client_connector(ca)?, name))
+        }
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -207,7 +227,14 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
         runtime.block_on(async {
             tokio::time::timeout(
                 REQUEST_TIMEOUT,
-                request(args.admin, token.as_deref(), method, &path, body),
+                request(
+                    args.admin,
+                    tls.as_ref(),
+                    token.as_deref(),
+                    method,
+                    &path,
+                    body,
+                ),
             )
             .await
             .unwrap_or_else(|_| {
@@ -522,10 +549,23 @@ fn utc(ms: i64) -> String {
     )
 }
 
+/// An HTTP/1.1 client connection over `io`, driven on its own task.
+async fn handshake<S>(io: S) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .context("admin API handshake")?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
 /// One request to the admin API; the JSON answer of a 2xx, else an error with the node's
 /// own words.
 async fn request(
     addr: SocketAddr,
+    tls: Option<&(tokio_rustls::TlsConnector, ServerName<'static>)>,
     token: Option<&str>,
     method: Method,
     path: &str,
@@ -534,10 +574,16 @@ async fn request(
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .with_context(|| format!("cannot reach the admin API at {addr} (--admin ADDR)"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .context("admin API handshake")?;
-    tokio::spawn(conn);
+    let mut sender = match tls {
+        Some((connector, name)) => {
+            let stream = connector
+                .connect(name.clone(), stream)
+                .await
+                .with_context(|| format!("TLS with the admin API at {addr} (--admin-ca)"))?;
+            handshake(stream).await?
+        }
+        None => handshake(stream).await?,
+    };
     let mut req = Request::builder()
         .method(method)
         .uri(path)

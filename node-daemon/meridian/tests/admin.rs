@@ -295,3 +295,58 @@ async fn a_client_that_does_not_finish_its_headers_is_cut_off() {
         "{metrics}"
     );
 }
+
+/// With `admin.cert` and `admin.key` the API speaks HTTPS only (required off loopback), and
+/// `meridian ctl --admin-ca` checks the node's certificate.
+#[tokio::test]
+async fn with_a_certificate_the_admin_api_speaks_https_only() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap();
+    let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let path = |n: &str| dir.path().join(n);
+    std::fs::write(path("cert.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(path("key.pem"), cert.signing_key.serialize_pem()).unwrap();
+    std::fs::write(path("other.pem"), other.cert.pem()).unwrap();
+    let config = format!(
+        "[admin]\ncert = \"{}\"\nkey = \"{}\"\n",
+        path("cert.pem").display(),
+        path("key.pem").display()
+    );
+    let d = Daemon::start_with_config(Some(&config));
+    // Plain HTTP gets no HTTP answer.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", d.admin))
+        .await
+        .unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        s.read_to_end(&mut answer),
+    )
+    .await;
+    assert!(!answer.starts_with(b"HTTP/"), "{answer:?}");
+    let ctl = |ca: Option<&std::path::Path>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"));
+        cmd.args(["ctl", "--admin", &format!("127.0.0.1:{}", d.admin)]);
+        if let Some(ca) = ca {
+            cmd.arg("--admin-ca").arg(ca);
+        }
+        cmd.args(["user", "list"]).output().unwrap()
+    };
+    let out = ctl(Some(&path("cert.pem")));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Another certificate for the same name, or none at all: refused.
+    let out = ctl(Some(&path("other.pem")));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TLS"));
+    assert!(!ctl(None).status.success());
+}

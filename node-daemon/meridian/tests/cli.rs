@@ -51,6 +51,26 @@ fn an_admin_api_off_loopback_without_a_token_is_refused() {
     assert!(err.contains("admin.token_file"), "{err}");
 }
 
+/// Off loopback, the admin API needs TLS: tokens would cross the network in the clear.
+#[test]
+fn an_admin_api_off_loopback_without_tls_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("admin.token");
+    std::fs::write(&tokens, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let out = meridian()
+        .args(["run", "--mqtt", "127.0.0.1:0", "--ws", "127.0.0.1:0"])
+        .args(["--admin", "0.0.0.0:0"])
+        .arg("--admin-token-file")
+        .arg(&tokens)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("admin.cert"), "{err}");
+}
+
 #[test]
 fn non_loopback_listener_without_auth_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,8 @@
 //! Who may ask ([`AdminAccess`]): with `admin.token_file`, every request but `GET /health`
 //! carries `Authorization: Bearer TOKEN` (else 401); a token is required to bind off
 //! loopback. On loopback, the `Host` must name loopback too (else 421), so that a web page
-//! cannot reach the API by pointing its own name at 127.0.0.1. Whatever the token, a request
+//! cannot reach the API by pointing its own name at 127.0.0.1. Off loopback it speaks HTTPS
+//! only (`admin.cert`, `admin.key`). Whatever the token, a request
 //! whose `Origin` is another site's is refused (403), and so is a POST whose body is not JSON
 //! (415): a web page cannot make a browser send one without asking first. A client that does
 //! not send a request's headers within `admin.header_timeout_ms` is cut off, and at most
@@ -95,7 +96,7 @@ pub struct AdminAccess {
 pub type Requester = String;
 
 impl AdminAccess {
-    /// Refuse a listener off loopback without a token.
+    /// Refuse a listener off loopback without a token, or without TLS.
     pub fn new(config: &crate::config::AdminConfig, tokens: Tokens) -> anyhow::Result<Self> {
         let loopback = config.bind.ip().is_loopback();
         anyhow::ensure!(
@@ -105,6 +106,13 @@ impl AdminAccess {
              --admin-token-file; with policy.source = \"document\" it seeds the policy's \
              tokens on the first start, `meridian ctl token add admin NAME` adds more), or \
              bind the admin API to 127.0.0.1",
+            config.bind
+        );
+        anyhow::ensure!(
+            loopback || config.tls(),
+            "admin.bind is {} (not loopback) but admin.cert is not set: bearer tokens and \
+             policy changes would cross the network in the clear. Set admin.cert and \
+             admin.key (HTTPS), or bind the admin API to 127.0.0.1",
             config.bind
         );
         Ok(Self {
@@ -243,10 +251,11 @@ pub struct AdminState {
     pub broker_thread: RuntimeMetrics,
 }
 
-/// Serve admin HTTP until `stop` changes.
+/// Serve admin HTTP (HTTPS with `tls`) until `stop` changes.
 pub async fn serve(
     listener: TcpListener,
     state: std::sync::Arc<AdminState>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
 ) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -272,35 +281,61 @@ pub async fn serve(
             continue;
         };
         let state = state.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let counters = state.engine.counters.clone();
             let header_timeout = state.access.header_timeout;
-            let service = service_fn(move |req| {
-                let state = state.clone();
-                async move {
-                    let response = match state.access.admit(&req, &state.engine.counters) {
-                        Ok(who) => routes::route(req, &state, who).await,
-                        Err(refusal) => *refusal,
-                    };
-                    Ok::<_, Infallible>(response)
+            match tls {
+                Some(tls) => {
+                    // The handshake has the headers' time too.
+                    match tokio::time::timeout(header_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => connection(stream, peer, state).await,
+                        Ok(Err(e)) => debug!(%peer, error = %e, "admin TLS handshake failed"),
+                        Err(_) => {
+                            state
+                                .engine
+                                .counters
+                                .admin_header_timeouts
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
-            });
-            let served = http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .max_buf_size(64 * 1024)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = served {
-                if e.is_timeout() {
-                    counters
-                        .admin_header_timeouts
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                debug!(%peer, error = %e, "admin connection error");
+                None => connection(stream, peer, state).await,
             }
             drop((permit, slot));
         });
+    }
+}
+
+/// Serve one admin connection.
+async fn connection<S>(stream: S, peer: std::net::SocketAddr, state: std::sync::Arc<AdminState>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let counters = state.engine.counters.clone();
+    let header_timeout = state.access.header_timeout;
+    let service = service_fn(move |req| {
+        let state = state.clone();
+        async move {
+            let response = match state.access.admit(&req, &state.engine.counters) {
+                Ok(who) => routes::route(req, &state, who).await,
+                Err(refusal) => *refusal,
+            };
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let served = http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(64 * 1024)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    if let Err(e) = served {
+        if e.is_timeout() {
+            counters
+                .admin_header_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        debug!(%peer, error = %e, "admin connection error");
     }
 }
 

@@ -463,7 +463,7 @@ impl Starting {
             .await
             .with_context(|| format!("admin: cannot bind {}", config.admin.bind))?;
         let local = listener.local_addr()?;
-        info!(addr = %local, "admin HTTP listening");
+        info!(addr = %local, https = config.admin.tls(), "admin HTTP listening");
         self.addrs.push((ListenerKind::Admin, local));
         let mesh = self.mesh.as_ref();
         let node = NodeInfo {
@@ -489,9 +489,18 @@ impl Starting {
             reloads,
             broker_thread: self.broker_thread.metrics(),
         };
+        let tls = if config.admin.tls() {
+            Some(
+                crate::transport::tls::server_acceptor(&config.admin.cert, &config.admin.key)
+                    .context("admin.cert / admin.key")?,
+            )
+        } else {
+            None
+        };
         tokio::spawn(crate::admin::serve(
             listener,
             Arc::new(state),
+            tls,
             self.stop.subscribe(),
         ));
         Ok(())

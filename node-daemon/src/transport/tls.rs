@@ -1,4 +1,5 @@
-//! TLS for the `tls` and `wss` listeners and the edge-link listener (rustls with PEM files).
+//! TLS for the `tls` and `wss` listeners, the edge-link listener and the admin API, and for
+//! `meridian ctl`'s requests to it (rustls with PEM files).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +19,32 @@ pub fn acceptor(l: &ListenerConfig) -> anyhow::Result<TlsAcceptor> {
     let key_path = l.key.as_ref().context("no key configured")?;
     let client_ca = l.client_ca.as_deref().filter(|p| !p.as_os_str().is_empty());
     build(cert_path, key_path, client_ca, l.require_client_cert)
+}
+
+/// The certificates of a PEM file, as trust anchors.
+fn roots(ca_path: &Path) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_path)
+        .with_context(|| format!("cannot read {}", ca_path.display()))?
+    {
+        let cert = cert.with_context(|| format!("bad PEM in {}", ca_path.display()))?;
+        roots
+            .add(cert)
+            .with_context(|| format!("bad CA certificate in {}", ca_path.display()))?;
+    }
+    anyhow::ensure!(!roots.is_empty(), "no certificate in {}", ca_path.display());
+    Ok(roots)
+}
+
+/// A TLS client that trusts the certificates of `ca` (PEM): `meridian ctl --admin-ca`.
+pub fn client_connector(ca: &Path) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots(ca)?)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
 /// A TLS acceptor that asks for no client certificate.
@@ -49,16 +76,8 @@ fn build(
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca_path) => {
-            let mut roots = RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(ca_path)
-                .with_context(|| format!("cannot read {}", ca_path.display()))?
-            {
-                let cert = cert.with_context(|| format!("bad PEM in {}", ca_path.display()))?;
-                roots
-                    .add(cert)
-                    .with_context(|| format!("bad CA certificate in {}", ca_path.display()))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_path)?), provider);
             let verifier = if require_client_cert {
                 verifier
             } else {
