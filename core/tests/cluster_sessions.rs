@@ -506,6 +506,42 @@ mod trust {
         assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("a")));
     }
 
+    /// A node's claim naming another user keeps that user out of the client id everywhere
+    /// (0x87) for as long as the claim stands; once the node is forgotten, its claims go with
+    /// it and the client id is free again.
+    #[test]
+    fn a_forgotten_node_s_claims_keep_no_one_out() {
+        let mut mesh = three();
+        mesh.inject(
+            "c",
+            "a",
+            Frame::Claim(ClaimUpdate {
+                client_id: "dev".into(),
+                stamp: stamp("c", 1),
+                claim: Some(Claim {
+                    user: Some("mallory".into()),
+                    resume: true,
+                    persistent: true,
+                }),
+            }),
+        );
+        let (_, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(
+            ack.reason,
+            ReasonCode::NOT_AUTHORIZED,
+            "kept out by c's claim"
+        );
+        mesh.link_down(&id("a"), &id("c"));
+        mesh.link_down(&id("b"), &id("c"));
+        let a = mesh.node("a");
+        a.broker
+            .forget_peer(meridian_core::Timestamp(a.now), &id("c"))
+            .unwrap();
+        assert_eq!(mesh.node("a").broker.claim_owner("dev"), None);
+        let (_, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    }
+
     #[test]
     fn claims_past_a_peers_bound_cut_its_session() {
         let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {

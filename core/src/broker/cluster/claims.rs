@@ -84,6 +84,24 @@ impl Claims {
     fn live_of(&self, node: &NodeId) -> usize {
         self.by_node.get(node).copied().unwrap_or(0)
     }
+
+    /// Drop every claim (and release) `node` made; the client ids they named.
+    fn drop_node(&mut self, node: &NodeId) -> Vec<String> {
+        let theirs: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(_, e)| e.stamp.node == *node)
+            .map(|(client_id, _)| client_id.to_string())
+            .collect();
+        for client_id in &theirs {
+            if let Some(e) = self.map.forget(client_id)
+                && e.value.is_some()
+            {
+                self.count(node, -1);
+            }
+        }
+        theirs
+    }
 }
 
 impl Cluster {
@@ -321,6 +339,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return self.end_session(sid);
         }
         self.move_session(sid, stamp);
+    }
+
+    /// A node was forgotten: its claims go with it, so that a client id it claimed (and the
+    /// user its claim named) no longer keeps anyone out.
+    pub(super) fn forget_claims_of(&mut self, node: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        for client_id in c.claims.drop_node(node) {
+            self.persist(Key::Claim { client_id }.encode(), None);
+        }
     }
 
     /// A link to `peer` came up: tell it the claims this node made.

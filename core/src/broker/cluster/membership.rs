@@ -129,6 +129,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.routes.remove_peer(node);
         self.forget_scoped(node);
         self.moves_forget_node(node);
+        self.forget_claims_of(node);
         let Some(c) = &mut self.cluster else {
             return Forgotten {
                 routes: 0,
