@@ -489,6 +489,7 @@ mod trust {
                 user: None,
                 resume: true,
                 persistent: true,
+                proof: None,
             }),
         })
     }
@@ -522,6 +523,7 @@ mod trust {
                     user: Some("mallory".into()),
                     resume: true,
                     persistent: true,
+                    proof: None,
                 }),
             }),
         );
@@ -540,6 +542,77 @@ mod trust {
         assert_eq!(mesh.node("a").broker.claim_owner("dev"), None);
         let (_, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
         assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    }
+
+    /// Hooks of a deployment whose nodes prove their clients' logins: the authenticator gives
+    /// alice's claims a proof, the authorizer takes alice's claims only with it.
+    struct Proving(bool);
+
+    impl meridian_core::broker::Authenticator for Proving {
+        fn authenticate(
+            &mut self,
+            _: &meridian_core::broker::AuthRequest<'_>,
+        ) -> meridian_core::broker::AuthOutcome {
+            meridian_core::broker::AuthOutcome::Allow { username: None }
+        }
+
+        fn claim_proof(&mut self, _: meridian_core::ConnId, _: &str) -> Option<Bytes> {
+            self.0.then(|| Bytes::from_static(b"alice logged in"))
+        }
+    }
+
+    struct Vouching;
+
+    impl meridian_core::broker::Authorizer for Vouching {
+        fn may_publish(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
+            true
+        }
+        fn may_subscribe(
+            &self,
+            _: &meridian_core::broker::ClientRef<'_>,
+            _: &meridian_core::topic::TopicFilter,
+        ) -> meridian_core::broker::FilterAccess {
+            meridian_core::broker::FilterAccess::Allowed
+        }
+        fn may_receive(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
+            true
+        }
+        fn vouches(&self, _: &str, _: &meridian_core::routes::NodeId, claim: &Claim) -> bool {
+            claim.user.as_deref() != Some("alice")
+                || claim.proof.as_deref() == Some(b"alice logged in".as_slice())
+        }
+    }
+
+    /// A claim the authorizer does not vouch for (no proof that the client logged in as the
+    /// user it names) moves no session and keeps no one out; one with the proof does.
+    #[test]
+    fn a_claim_without_proof_moves_no_session() {
+        let mut mesh = three();
+        for (node, proves) in [("a", true), ("b", true), ("c", false)] {
+            let w = mesh.node(node);
+            let now = meridian_core::Timestamp(w.now);
+            w.broker
+                .set_hooks(now, Box::new(Proving(proves)), Box::new(Vouching));
+        }
+        let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+        mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
+        mesh.settle();
+        // c lets "alice" in with no proof (its own password file, say) and claims dev.
+        let (_, ack) = mesh.node("c").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(ack.reason, ReasonCode::SUCCESS, "c serves its own client");
+        mesh.settle();
+        let a = mesh.node("a");
+        assert!(!a.is_closed(on_a), "a still serves alice");
+        assert_eq!(a.broker.claim_owner("dev"), Some(id("a")));
+        assert_eq!(a.broker.stats().claims_unproven, 1);
+        assert_eq!(mesh.node("b").broker.stats().claims_unproven, 1);
+        // alice at b, proven: her session follows her there.
+        let (_, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+        mesh.settle();
+        assert!(mesh.node("a").is_closed(on_a), "taken over");
+        assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("b")));
+        assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
     }
 
     #[test]

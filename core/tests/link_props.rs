@@ -288,15 +288,21 @@ fn claim_update() -> impl Strategy<Value = ClaimUpdate> {
     (
         "[a-z0-9/]{0,12}",
         stamp(),
-        prop::option::of((prop::option::of("[a-z]{0,6}"), any::<bool>(), any::<bool>())),
+        prop::option::of((
+            prop::option::of("[a-z]{0,6}"),
+            any::<bool>(),
+            any::<bool>(),
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..80)),
+        )),
     )
         .prop_map(|(client_id, stamp, claim)| ClaimUpdate {
             client_id,
             stamp,
-            claim: claim.map(|(user, resume, persistent)| Claim {
+            claim: claim.map(|(user, resume, persistent, proof)| Claim {
                 user,
                 resume,
                 persistent,
+                proof: proof.map(Bytes::from),
             }),
         })
 }

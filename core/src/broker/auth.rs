@@ -6,6 +6,7 @@ use super::io::ConnId;
 use crate::acl::Acl;
 pub use crate::acl::{ClientRef, FilterAccess};
 use crate::codec::ReasonCode;
+use crate::routes::NodeId;
 use crate::topic::TopicFilter;
 
 /// What an authenticator is asked, on CONNECT and on each AUTH step.
@@ -54,11 +55,23 @@ pub enum AuthOutcome {
 pub trait Authenticator {
     /// Judge one step: a CONNECT, an AUTH that continues an exchange, or a re-authentication.
     fn authenticate(&mut self, request: &AuthRequest<'_>) -> AuthOutcome;
+
+    /// What shows other nodes that the client of `conn`, just let in, authenticated here as
+    /// its user, for its claim on `client_id` (cluster mode; [`crate::link::Claim::proof`]).
+    /// Asked once, as the claim is made. None by default.
+    fn claim_proof(&mut self, conn: ConnId, client_id: &str) -> Option<Bytes> {
+        let _ = (conn, client_id);
+        None
+    }
 }
 
 impl<T: Authenticator + ?Sized> Authenticator for Box<T> {
     fn authenticate(&mut self, request: &AuthRequest<'_>) -> AuthOutcome {
         (**self).authenticate(request)
+    }
+
+    fn claim_proof(&mut self, conn: ConnId, client_id: &str) -> Option<Bytes> {
+        (**self).claim_proof(conn, client_id)
     }
 }
 
@@ -77,6 +90,15 @@ pub trait Authorizer {
     /// Whether a message on `topic` may go to `client` through a subscription that
     /// [`Authorizer::may_subscribe`] answered `Filtered` for.
     fn may_receive(&self, client: &ClientRef<'_>, topic: &str) -> bool;
+
+    /// Whether node `claimer`'s claim on `client_id` counts: the user it names is the one its
+    /// client authenticated as there ([`crate::link::Claim::proof`]). A claim that does not
+    /// count is dropped: it moves no session and keeps no one out. Every claim counts by
+    /// default.
+    fn vouches(&self, client_id: &str, claimer: &NodeId, claim: &crate::link::Claim) -> bool {
+        let _ = (client_id, claimer, claim);
+        true
+    }
 }
 
 impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
@@ -90,6 +112,10 @@ impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
 
     fn may_receive(&self, client: &ClientRef<'_>, topic: &str) -> bool {
         (**self).may_receive(client, topic)
+    }
+
+    fn vouches(&self, client_id: &str, claimer: &NodeId, claim: &crate::link::Claim) -> bool {
+        (**self).vouches(client_id, claimer, claim)
     }
 }
 

@@ -363,6 +363,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.unpersist_session(sid);
         }
         self.claim_client(
+            conn_id,
             &connect.client_id,
             username.as_deref(),
             !connect.clean_start,

@@ -222,6 +222,9 @@ stats! {
     /// Sessions shipped here that were not taken: not their client id's records, another
     /// user's, or for a session that ended here before they arrived.
     Counter sessions_transfers_refused: u64 => "session_transfers_refused";
+    /// Claims from peers dropped because the authorizer does not vouch for them (no proof
+    /// that the client logged in as the user the claim names).
+    Counter claims_unproven: u64 => "claims_unproven";
     /// Resumed sessions whose wait for the session from another node ran out
     /// (`ClusterConfig::session_transfer_wait_ms`).
     Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";

@@ -521,7 +521,7 @@ fn put_stamp(out: &mut BytesMut, stamp: &Stamp) -> Result<(), LinkError> {
 }
 
 /// client id, stamp, then 0 for a release or 1, flags (bit 0 resume, bit 1 persistent, bit 2
-/// a user follows) and the user.
+/// a user follows, bit 3 a proof follows), the user and the proof (u32 length and bytes).
 fn put_claim(out: &mut BytesMut, c: &ClaimUpdate) -> Result<(), LinkError> {
     put_str(out, &c.client_id)?;
     put_stamp(out, &c.stamp)?;
@@ -532,10 +532,15 @@ fn put_claim(out: &mut BytesMut, c: &ClaimUpdate) -> Result<(), LinkError> {
             out.put_u8(
                 u8::from(claim.resume)
                     | u8::from(claim.persistent) << 1
-                    | u8::from(claim.user.is_some()) << 2,
+                    | u8::from(claim.user.is_some()) << 2
+                    | u8::from(claim.proof.is_some()) << 3,
             );
             if let Some(user) = &claim.user {
                 put_str(out, user)?;
+            }
+            if let Some(proof) = &claim.proof {
+                put_count(out, proof.len())?;
+                out.put_slice(proof);
             }
         }
     }
@@ -610,17 +615,24 @@ impl Reader {
             0 => None,
             1 => {
                 let flags = self.u8()?;
-                if flags & !0b111 != 0 {
+                if flags & !0b1111 != 0 {
                     return Err(self.bad("unknown claim flags"));
                 }
+                let user = if flags & 4 != 0 {
+                    Some(self.string()?)
+                } else {
+                    None
+                };
+                let proof = if flags & 8 != 0 {
+                    Some(self.bytes()?)
+                } else {
+                    None
+                };
                 Some(Claim {
                     resume: flags & 1 != 0,
                     persistent: flags & 2 != 0,
-                    user: if flags & 4 != 0 {
-                        Some(self.string()?)
-                    } else {
-                        None
-                    },
+                    user,
+                    proof,
                 })
             }
             _ => return Err(self.bad("unknown claim operation")),

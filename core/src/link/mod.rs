@@ -29,7 +29,7 @@ pub use outbox::{Outbox, OutboxFull, OutboxLimits, Queued};
 pub use wire::{EncodedFrame, FrameReader, StreamRead, decode_message};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
-pub const LINK_PROTOCOL_VERSION: u16 = 4;
+pub const LINK_PROTOCOL_VERSION: u16 = 5;
 
 /// Largest frame accepted by default (a snapshot chunk or a forwarded message).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -84,6 +84,10 @@ pub struct Claim {
     pub resume: bool,
     /// The session outlives the connection (session expiry above 0).
     pub persistent: bool,
+    /// What shows that the client authenticated at the claiming node as `user`, if the
+    /// authenticator gave one ([`crate::broker::Authenticator::claim_proof`]): the node that
+    /// holds the session checks it ([`crate::broker::Authorizer::vouches`]). Opaque here.
+    pub proof: Option<Bytes>,
 }
 
 /// A client id claimed by the node that serves the client now (the stamp's node), or let go

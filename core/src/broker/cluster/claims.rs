@@ -16,12 +16,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::Cluster;
 use super::trust::{PeerFault, PeerLimit};
+use crate::broker::io::ConnId;
 use crate::broker::io::DisconnectCause;
 use crate::broker::persist::{self, Key, RecordError};
 use crate::broker::session::SessionId;
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::ReasonCode;
-use crate::link::{Claim, ClaimUpdate, Frame};
+use crate::link::{Claim, ClaimUpdate, Frame, FrameKind};
 use crate::read::Fields;
 use crate::retained::Stamp;
 use crate::routes::NodeId;
@@ -122,7 +123,8 @@ impl Cluster {
     }
 }
 
-/// The value of a claim record: stamp, then 0 for a tombstone, or 1, flags and the user.
+/// The value of a claim record: stamp, then 0 for a tombstone, or 1, flags, the user and the
+/// proof (the rest of the value; none in records written before proofs).
 fn encode_claim(stamp: &Stamp, claim: Option<&Claim>) -> Bytes {
     let mut v = BytesMut::with_capacity(32);
     v.put_u8(1);
@@ -133,6 +135,9 @@ fn encode_claim(stamp: &Stamp, claim: Option<&Claim>) -> Bytes {
             v.put_u8(1);
             v.put_u8(u8::from(c.resume) | u8::from(c.persistent) << 1);
             persist::put_opt_string(&mut v, c.user.as_deref());
+            if let Some(proof) = &c.proof {
+                v.put_slice(proof);
+            }
         }
     }
     v.freeze()
@@ -145,10 +150,13 @@ fn decode_claim(value: &[u8]) -> Result<(Stamp, Option<Claim>), RecordError> {
         0 => None,
         1 => {
             let flags = r.u8()?;
+            let user = r.opt_string()?;
+            let proof = Some(r.rest()).filter(|p| !p.is_empty());
             Some(Claim {
-                user: r.opt_string()?,
+                user,
                 resume: flags & 1 != 0,
                 persistent: flags & 2 != 0,
+                proof: proof.map(Bytes::copy_from_slice),
             })
         }
         _ => {
@@ -201,12 +209,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// A client connected here: claim its client id, and tell the mesh.
     pub(in crate::broker) fn claim_client(
         &mut self,
+        conn: ConnId,
         client_id: &str,
         user: Option<&str>,
         resume: bool,
         persistent: bool,
     ) {
         let now = self.now;
+        if self.cluster.is_none() {
+            return;
+        }
+        let proof = self.authenticator.claim_proof(conn, client_id);
         let Some(c) = &mut self.cluster else { return };
         let update = ClaimUpdate {
             client_id: client_id.to_owned(),
@@ -218,6 +231,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 user: user.map(str::to_owned),
                 resume,
                 persistent,
+                proof,
             }),
         };
         self.publish_claim(update);
@@ -294,6 +308,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             return;
         }
+        // A claim counts only if the authorizer takes its word for the user it names (with
+        // operator keys, a proof that the client logged in as that user at the claimer).
+        if let Some(claim) = &update.claim
+            && !self.authorizer.vouches(&update.client_id, peer, claim)
+        {
+            self.stats.claims_unproven += 1;
+            return self.peer_fault(peer, PeerFault::NotOwner(FrameKind::Claim));
+        }
+        let Some(c) = &mut self.cluster else { return };
         let replaces_own_live = c
             .claims
             .live(&update.client_id)
