@@ -42,7 +42,73 @@ pub struct AuthSetup {
     pending_per_address: usize,
     /// What one check may cost.
     hash_bounds: passwd::HashBounds,
+    /// With operator keys: the users' claim keys, which claims are proven with and checked
+    /// against ([`crate::policy::claim_key`]).
+    claims: Option<ClaimKeys>,
     acl: Acl,
+}
+
+/// The users' claim keys (user → public half, hex) and this node's id, which proofs name.
+#[derive(Debug, Clone)]
+pub struct ClaimKeys {
+    pub keys: Arc<std::collections::BTreeMap<String, String>>,
+    pub node: String,
+}
+
+/// What the password check of a user with a claim key also does: prove the login for the
+/// claim the core makes next ([`Authenticator::claim_proof`]).
+struct ClaimJob {
+    user: String,
+    client_id: String,
+    public: String,
+    node: String,
+    proofs: Proofs,
+}
+
+/// Proofs made by password checks, waiting for their connection's claim.
+type Proofs = Arc<Mutex<HashMap<ConnId, (String, bytes::Bytes)>>>;
+/// Proofs kept waiting at most (each is taken within the same turn of the broker task as
+/// its login's decision; the bound only matters for connections that closed meanwhile).
+const MAX_WAITING_PROOFS: usize = 4096;
+
+/// The core's rule engine, and with operator keys the check of peers' claims.
+struct PolicyAuthorizer {
+    acl: Acl,
+    claims: ClaimKeys,
+}
+
+impl meridian_core::broker::Authorizer for PolicyAuthorizer {
+    fn may_publish(&self, client: &meridian_core::broker::ClientRef<'_>, topic: &str) -> bool {
+        meridian_core::broker::Authorizer::may_publish(&self.acl, client, topic)
+    }
+
+    fn may_subscribe(
+        &self,
+        client: &meridian_core::broker::ClientRef<'_>,
+        filter: &meridian_core::topic::TopicFilter,
+    ) -> meridian_core::broker::FilterAccess {
+        meridian_core::broker::Authorizer::may_subscribe(&self.acl, client, filter)
+    }
+
+    fn may_receive(&self, client: &meridian_core::broker::ClientRef<'_>, topic: &str) -> bool {
+        meridian_core::broker::Authorizer::may_receive(&self.acl, client, topic)
+    }
+
+    /// With operator keys, a claim counts only with a proof made with its user's claim key
+    /// for this client id and the claiming node.
+    fn vouches(
+        &self,
+        client_id: &str,
+        claimer: &meridian_core::routes::NodeId,
+        claim: &meridian_core::link::Claim,
+    ) -> bool {
+        let (Some(user), Some(proof)) = (claim.user.as_deref(), claim.proof.as_deref()) else {
+            return false;
+        };
+        self.claims.keys.get(user).is_some_and(|public| {
+            crate::policy::claim_key::verify(public, client_id, user, claimer.as_str(), proof)
+        })
+    }
 }
 
 impl AuthSetup {
@@ -64,6 +130,25 @@ impl AuthSetup {
     /// listener elsewhere, a start is refused (as without a password file), and a change that
     /// removes the last user lets nobody in but clients with a certificate.
     pub fn from_policy(
+        config: &DaemonConfig,
+        policy: &crate::policy::document::Policy,
+        at_start: bool,
+        node: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        // With operator keys (so that the users' claim keys are the operator's word), claims
+        // are proven and checked.
+        let claims = node
+            .filter(|_| !config.policy.operator_keys.is_empty())
+            .map(|node| ClaimKeys {
+                keys: Arc::new(policy.claim_keys.clone()),
+                node: node.to_owned(),
+            });
+        let mut setup = Self::from_policy_users(config, policy, at_start)?;
+        setup.claims = claims;
+        Ok(setup)
+    }
+
+    fn from_policy_users(
         config: &DaemonConfig,
         policy: &crate::policy::document::Policy,
         at_start: bool,
@@ -148,6 +233,7 @@ impl AuthSetup {
             anonymous,
             pending_per_address: config.auth.max_pending_per_address,
             hash_bounds: config.auth.hash_bounds(),
+            claims: None,
             acl,
         })
     }
@@ -197,11 +283,20 @@ impl AuthSetup {
             anonymous: self.anonymous,
             pending_per_address: self.pending_per_address,
             hash_bounds: self.hash_bounds,
+            claims: self.claims.clone(),
+            proofs: Proofs::default(),
             engine,
             limits: limits.clone(),
             generation,
         };
-        (Box::new(authn), Box::new(self.acl))
+        let authz: SendAuthorizer = match self.claims {
+            Some(claims) => Box::new(PolicyAuthorizer {
+                acl: self.acl,
+                claims,
+            }),
+            None => Box::new(self.acl),
+        };
+        (Box::new(authn), authz)
     }
 }
 
@@ -298,6 +393,9 @@ impl VerifyLimits {
                 }
             };
             let ok = passwd::verify(&job.password, &job.hash, &job.bounds) && job.known;
+            if ok && let Some(claim) = &job.claim {
+                prove_login(&job, claim);
+            }
             self.counters
                 .password_checks
                 .fetch_add(1, Ordering::Relaxed);
@@ -322,6 +420,30 @@ impl VerifyLimits {
                 }));
         }
     }
+}
+
+/// Make the proof of a login for the claim that follows it: the user's claim key, derived
+/// from the password just checked, signs the client id, the user and this node. None if the
+/// password derives another key than the user's entry holds.
+fn prove_login(job: &Job, claim: &ClaimJob) {
+    let Ok(key) = crate::policy::claim_key::derive(&job.password, &claim.user) else {
+        return;
+    };
+    if crate::policy::claim_key::public_hex(&key) != claim.public {
+        tracing::warn!(
+            user = %claim.user,
+            "the password derives another claim key than the user's entry holds: its \
+             claims are not proven (set the password again with `meridian ctl \
+             --operator-key FILE user passwd`)"
+        );
+        return;
+    }
+    let proof = crate::policy::claim_key::prove(&key, &claim.client_id, &claim.user, &claim.node);
+    let mut proofs = claim.proofs.lock().unwrap_or_else(PoisonError::into_inner);
+    if proofs.len() >= MAX_WAITING_PROOFS {
+        proofs.clear();
+    }
+    proofs.insert(job.conn, (claim.client_id.clone(), proof.into()));
 }
 
 /// Where a login comes from, for sharing the queue: the IPv4 address, or the IPv6 /64 (one
@@ -411,6 +533,8 @@ struct Job {
     hash: String,
     known: bool,
     bounds: passwd::HashBounds,
+    /// The login's proof to make, for a user with a claim key (operator keys).
+    claim: Option<ClaimJob>,
     generation: u64,
     engine: mpsc::Sender<ToEngine>,
 }
@@ -440,6 +564,8 @@ struct PasswordAuth {
     anonymous: bool,
     pending_per_address: usize,
     hash_bounds: passwd::HashBounds,
+    claims: Option<ClaimKeys>,
+    proofs: Proofs,
     engine: mpsc::Sender<ToEngine>,
     limits: VerifyLimits,
     /// The value of `limits.generation` while these hooks are current.
@@ -447,6 +573,12 @@ struct PasswordAuth {
 }
 
 impl Authenticator for PasswordAuth {
+    fn claim_proof(&mut self, conn: ConnId, client_id: &str) -> Option<bytes::Bytes> {
+        let mut proofs = self.proofs.lock().unwrap_or_else(PoisonError::into_inner);
+        let (proven, proof) = proofs.remove(&conn)?;
+        (proven == client_id).then_some(proof)
+    }
+
     fn authenticate(&mut self, request: &AuthRequest<'_>) -> AuthOutcome {
         if request.method.is_some() {
             return AuthOutcome::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD);
@@ -491,6 +623,15 @@ impl Authenticator for PasswordAuth {
             hash,
             known,
             bounds: self.hash_bounds,
+            claim: self.claims.as_ref().and_then(|c| {
+                Some(ClaimJob {
+                    user: username.to_owned(),
+                    client_id: request.client_id.to_owned(),
+                    public: c.keys.get(username)?.clone(),
+                    node: c.node.clone(),
+                    proofs: self.proofs.clone(),
+                })
+            }),
             generation: self.generation,
             engine: self.engine.clone(),
         };
@@ -529,6 +670,7 @@ mod tests {
             anonymous: false,
             pending_per_address: 2,
             hash_bounds: passwd::HashBounds::default(),
+            claims: None,
             acl: Acl::default(),
         }
     }

@@ -378,7 +378,7 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
         | CtlCommand::Acl(_)
         | CtlCommand::Token(_)
         | CtlCommand::Residency(_) => {
-            let (edit, secret) = policy_edit(&args.command)?;
+            let (edit, secret) = policy_edit(&args.command, args.operator_key.is_some())?;
             let answer = match operator_key(args)? {
                 None => {
                     let body = serde_json::json!({ "edits": [edit] });
@@ -441,8 +441,10 @@ fn now_ms() -> i64 {
     i64::try_from(crate::clock::unix_ms()).unwrap_or(i64::MAX)
 }
 
-/// The policy edit a command asks for, and the new token it made, if any.
-fn policy_edit(command: &CtlCommand) -> anyhow::Result<(Edit, Option<String>)> {
+/// The policy edit a command asks for, and the new token it made, if any. With
+/// `claim_keys` (an operator key signs the edit), a user's password also derives its claim
+/// key, whose public half the entry holds.
+fn policy_edit(command: &CtlCommand, claim_keys: bool) -> anyhow::Result<(Edit, Option<String>)> {
     let rule = |r: &RuleArgs| RuleEntry {
         permission: r.permission.clone(),
         action: r.action.clone(),
@@ -454,18 +456,28 @@ fn policy_edit(command: &CtlCommand) -> anyhow::Result<(Edit, Option<String>)> {
         TokenKindArg::Admin => TokenKind::Admin,
         TokenKindArg::Edge => TokenKind::Edge,
     };
-    let password = |name: &str| -> anyhow::Result<String> {
+    let password = |name: &str| -> anyhow::Result<(String, Option<String>)> {
         let password = crate::passwd::read_password(&format!("meridian ctl user add {name}"))?;
-        crate::passwd::hash(password.as_bytes())
+        let claim_key = if claim_keys {
+            let key = crate::policy::claim_key::derive(password.as_bytes(), name)?;
+            Some(crate::policy::claim_key::public_hex(&key))
+        } else {
+            None
+        };
+        Ok((crate::passwd::hash(password.as_bytes())?, claim_key))
     };
     Ok(match command {
-        CtlCommand::User(UserCommand::Add { name } | UserCommand::Passwd { name }) => (
-            Edit::UserSet {
-                name: name.clone(),
-                hash: password(name)?,
-            },
-            None,
-        ),
+        CtlCommand::User(UserCommand::Add { name } | UserCommand::Passwd { name }) => {
+            let (hash, claim_key) = password(name)?;
+            (
+                Edit::UserSet {
+                    name: name.clone(),
+                    hash,
+                    claim_key,
+                },
+                None,
+            )
+        }
         CtlCommand::User(UserCommand::Remove { name }) => {
             (Edit::UserRemove { name: name.clone() }, None)
         }

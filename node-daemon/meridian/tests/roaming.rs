@@ -434,3 +434,131 @@ async fn a_client_id_pinned_to_a_home_region_is_served_by_one_node_at_a_time() {
     let refused = common::mesh::metric(&c.metrics().await, "meridian_connects_home_refused_total");
     assert_eq!(refused, 2.0);
 }
+
+/// `meridian ctl --admin 127.0.0.1:PORT ARGS`, `stdin` written to it: its output, or panic.
+fn ctl(admin: u16, args: &[&str], stdin: &str) -> String {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .arg("ctl")
+        .arg("--admin")
+        .arg(format!("127.0.0.1:{admin}"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "meridian ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// With operator keys, a claim on a client id counts only with a proof that its client
+/// logged in as the claim's user, which only a node that checked the user's password can make.
+/// A rogue node (the released binary, the cluster key, a password file of its own that gives
+/// alice another password) logs a client in as alice with her client id: it gets none of her
+/// queued messages, and alice, back at her node, gets all of them. Her session still follows
+/// her to an honest node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_does_not_know_a_users_password_cannot_take_her_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let op_key = dir.path().join("operator.key");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(["keygen", "--operator"])
+        .arg(&op_key)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let public = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    let stolen = dir.path().join("rogue-passwords");
+    std::fs::write(&stolen, format!("alice:{}\n", cheap_hash("stolen"))).unwrap();
+    // Its users from its own file only: it takes nothing of the deployment's policy.
+    let rogue_auth = format!(
+        "\n[auth]\npassword_file = \"{}\"\n[policy]\nsource = \"files\"\n",
+        stolen.display()
+    );
+    let (pa, pc, pr) = (free_port(), free_port(), free_port());
+    let ac = Proxy::start(pa).await.unwrap();
+    let ra = Proxy::start(pa).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
+    let c = Node::start_with("afs1", pc, &[ac.port], &key, &signed).await;
+    let r = Node::start_with("xx1", pr, &[ra.port], &key, &rogue_auth).await;
+    for (x, y) in [(&a, &c), (&a, &r)] {
+        wait_for("the mesh to connect", &[x, y], || async {
+            x.connected_to(y).await && y.connected_to(x).await
+        })
+        .await;
+    }
+    let op = op_key.to_str().unwrap();
+    ctl(
+        a.daemon.admin,
+        &["--operator-key", op, "user", "add", "alice"],
+        "pw\n",
+    );
+    wait_for("alice at c", &[&a, &c], || async {
+        let (_, p) = common::http(c.daemon.admin, "GET", "/api/policy").await;
+        p.contains("alice")
+    })
+    .await;
+
+    // Alice's device subscribes at a and goes away; commands are queued for it there.
+    let mut device = v3::connect(v3_login("dev", a.mqtt(), "alice")).await;
+    device.subscribe("cmd/dev/#", QoS::AtLeastOnce).await;
+    device.abort();
+    let mut ops = v3::connect(v3_login("ops", a.mqtt(), "alice")).await;
+    let send = |ops: &mut v3::Client, i: u32| {
+        let client = ops.client.clone();
+        async move {
+            client
+                .publish("cmd/dev/x", QoS::AtLeastOnce, false, format!("cmd {i}"))
+                .await
+                .unwrap();
+        }
+    };
+    for i in 0..5 {
+        send(&mut ops, i).await;
+        ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+
+    // The rogue logs "alice" in with her client id and its own password for her.
+    let mut o = v3::options("dev", r.mqtt());
+    o.set_credentials("alice", "stolen");
+    o.set_clean_session(false);
+    let mut thief = v3::connect(o).await;
+    metric_reaches(&a, "meridian_claims_unproven_total", 1.0).await;
+    let stray = tokio::time::timeout(std::time::Duration::from_millis(500), async {
+        next_publish(&mut thief, |_| true).await
+    })
+    .await;
+    assert!(stray.is_err(), "the rogue got a queued message: {stray:?}");
+
+    // Alice, back at a: her session, every command, once, in order.
+    let mut device = v3::connect(v3_login("dev", a.mqtt(), "alice")).await;
+    assert!(device.session_present);
+    for i in 0..5 {
+        let p = next_publish(&mut device, |_| true).await;
+        assert_eq!(p.payload, format!("cmd {i}").as_bytes());
+    }
+    device.abort();
+
+    // At an honest node, proven: her session follows her.
+    let mut device = v3::connect(v3_login("dev", c.mqtt(), "alice")).await;
+    assert!(device.session_present, "the session follows alice to c");
+    metric_reaches(&c, "meridian_sessions_moved_total{direction=\"in\"}", 1.0).await;
+    send(&mut ops, 5).await;
+    let p = next_publish(&mut device, |_| true).await;
+    assert_eq!(&p.payload[..], b"cmd 5");
+}

@@ -25,6 +25,7 @@
 //! On the policy streams each message is a tag (0: a sync message, 1: a whole document), the
 //! sender's epoch (8 bytes, big-endian), and the body.
 
+pub mod claim_key;
 pub mod document;
 pub mod operator;
 pub mod tokens;
@@ -178,6 +179,7 @@ impl Seed {
             .map(|(name, hash)| Edit::UserSet {
                 name: name.clone(),
                 hash: hash.clone(),
+                claim_key: None,
             })
             .collect();
         edits.push(Edit::AclDefault {

@@ -40,6 +40,8 @@ pub(super) struct Follower {
     pub tx: mpsc::Sender<ToEngine>,
     pub limits: auth::VerifyLimits,
     pub in_force: Arc<PolicyInForce>,
+    /// This node's id (cluster mode), which its claims' proofs name.
+    pub node: Option<String>,
 }
 
 impl Follower {
@@ -48,7 +50,14 @@ impl Follower {
     /// next operation follow it (connected clients stay connected), and each change of its
     /// residency rules is put in force at once. Ends with the policy task or the broker task.
     pub async fn run(self, mut rx: watch::Receiver<Snapshot>, started: Arc<Policy>) {
-        let auth_part = |p: &Policy| (p.users.clone(), p.acl_default, p.acl.clone());
+        let auth_part = |p: &Policy| {
+            (
+                p.users.clone(),
+                p.claim_keys.clone(),
+                p.acl_default,
+                p.acl.clone(),
+            )
+        };
         let residency_part = |p: &Policy| (p.residency.clone(), p.node_regions());
         // What the broker started with; a change made since is applied at once.
         let mut applied = auth_part(&started);
@@ -104,7 +113,7 @@ impl Follower {
     /// Make the broker use the users and rules of `policy`. False once the broker task is
     /// gone.
     async fn apply_auth(&self, policy: &Policy, new_users: bool) -> bool {
-        match auth::AuthSetup::from_policy(&self.config, policy, false) {
+        match auth::AuthSetup::from_policy(&self.config, policy, false, self.node.as_deref()) {
             Ok(setup) => {
                 let summary = setup.summary();
                 if set_hooks(&self.tx, setup, &self.limits, new_users)

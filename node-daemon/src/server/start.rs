@@ -53,7 +53,7 @@ pub(super) async fn start(
     let secrets = ClusterSecrets::load(&config)?;
     let node_id = secrets.as_ref().map(|s| s.node.to_string());
     let policy = start_policy(&config, custom_auth.is_some(), node_id.clone(), &counters).await?;
-    let hooks = Hooks::choose(&config, custom_auth, policy.as_ref())?;
+    let hooks = Hooks::choose(&config, custom_auth, policy.as_ref(), node_id.as_deref())?;
     let tokens = TokenSources(policy.clone());
     let admin_access = AdminAccess::new(
         &config.admin,
@@ -97,7 +97,7 @@ pub(super) async fn start(
                 .await?;
         }
         starting
-            .serve_edge(&config, &tokens, node_id.unwrap_or_default())
+            .serve_edge(&config, &tokens, node_id.clone().unwrap_or_default())
             .await?;
         starting
             .serve_admin(
@@ -126,6 +126,7 @@ pub(super) async fn start(
             tx: starting.handle.tx.clone(),
             limits: verify_limits.clone(),
             in_force,
+            node: node_id.clone(),
         };
         tokio::spawn(follower.run(p.watch(), started));
     }
@@ -202,11 +203,12 @@ impl Hooks {
         config: &DaemonConfig,
         custom_auth: Option<AuthFactory>,
         policy: Option<&PolicyHandle>,
+        node: Option<&str>,
     ) -> anyhow::Result<Self> {
         Ok(match (custom_auth, policy) {
             (Some(factory), _) => Self::Application(factory),
             (None, Some(p)) => {
-                Self::Configured(AuthSetup::from_policy(config, &p.current(), true)?)
+                Self::Configured(AuthSetup::from_policy(config, &p.current(), true, node)?)
             }
             (None, None) => Self::Configured(AuthSetup::from_config(config)?),
         })

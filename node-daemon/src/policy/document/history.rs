@@ -238,12 +238,15 @@ impl PolicyDoc {
             let _ = doc.put(&objs[obj], key, value);
         };
         for (name, hash) in &policy.users {
-            put(USERS, name, json(&SecretEntry { hash: hash.clone() }));
+            let claim_key = policy.claim_keys.get(name).cloned();
+            let hash = hash.clone();
+            put(USERS, name, json(&SecretEntry { hash, claim_key }));
         }
         for kind in [TokenKind::Admin, TokenKind::Edge] {
             for (name, hash) in kind.of(&policy) {
                 let hash = hash.clone();
-                put(kind.object(), name, json(&SecretEntry { hash }));
+                let claim_key = None;
+                put(kind.object(), name, json(&SecretEntry { hash, claim_key }));
             }
         }
         for (filter, regions) in &policy.residency {

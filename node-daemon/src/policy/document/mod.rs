@@ -192,10 +192,14 @@ impl std::fmt::Display for RuleEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "edit", rename_all = "snake_case")]
 pub enum Edit {
-    /// Add a user or change its password (`hash` is a PHC string, `$argon2id$...`).
+    /// Add a user or change its password (`hash` is a PHC string, `$argon2id$...`), with the
+    /// public half of the key its password derives for claims (`claim_key`, 64 hex digits;
+    /// [`crate::policy::claim_key`]).
     UserSet {
         name: String,
         hash: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        claim_key: Option<String>,
     },
     UserRemove {
         name: String,
@@ -266,7 +270,17 @@ impl Edit {
         let bad = |s: String| Err(EditError::Invalid(s));
         let name_ok = |n: &str| !n.is_empty() && n.len() <= MAX_NAME_LEN && !n.contains(':');
         match self {
-            Self::UserSet { name, hash } => {
+            Self::UserSet {
+                name,
+                hash,
+                claim_key,
+            } => {
+                if claim_key
+                    .as_deref()
+                    .is_some_and(|k| k.len() != 64 || hex::decode(k).is_err())
+                {
+                    return bad("claim_key: 64 hex digits".to_owned());
+                }
                 if !name_ok(name) {
                     return bad(format!("user name: 1 to {MAX_NAME_LEN} bytes, without ':'"));
                 }
@@ -410,6 +424,9 @@ struct ChangeNote {
 #[serde(deny_unknown_fields)]
 struct SecretEntry {
     hash: String,
+    /// A user's claim key ([`Edit::UserSet`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    claim_key: Option<String>,
 }
 
 /// A residency rule as the document holds it.
@@ -432,6 +449,9 @@ pub struct NodeEntry {
 pub struct Policy {
     /// User name → PHC hash.
     pub users: BTreeMap<String, String>,
+    /// User name → the public half of the key its password derives for claims (64 hex
+    /// digits), for the users that have one.
+    pub claim_keys: BTreeMap<String, String>,
     pub acl_default: Option<Permission>,
     /// The access rules in order, each once.
     pub acl: Vec<RuleEntry>,
@@ -634,11 +654,20 @@ impl PolicyDoc {
                 .map_err(|e| EditError::Invalid(e.to_string()))
         };
         match edit {
-            Edit::UserSet { name, hash } => {
-                if before.users.get(name) == Some(hash) {
+            Edit::UserSet {
+                name,
+                hash,
+                claim_key,
+            } => {
+                if before.users.get(name) == Some(hash)
+                    && before.claim_keys.get(name) == claim_key.as_ref()
+                {
                     return Ok(false);
                 }
-                let v = json(&SecretEntry { hash: hash.clone() });
+                let v = json(&SecretEntry {
+                    hash: hash.clone(),
+                    claim_key: claim_key.clone(),
+                });
                 put(&mut self.doc, &self.objs[0], name, v)?;
             }
             Edit::UserRemove { name } => {
@@ -655,7 +684,10 @@ impl PolicyDoc {
                 if current.get(name) == Some(hash) {
                     return Ok(false);
                 }
-                let v = json(&SecretEntry { hash: hash.clone() });
+                let v = json(&SecretEntry {
+                    hash: hash.clone(),
+                    claim_key: None,
+                });
                 let obj = self.objs[kind.object()].clone();
                 put(&mut self.doc, &obj, name, v)?;
             }
@@ -792,9 +824,14 @@ impl PolicyDoc {
     pub fn policy(&self) -> Policy {
         let mut p = Policy::default();
         let mut unreadable = 0;
-        p.users = self.secrets(0, &mut unreadable);
-        p.admin_tokens = self.secrets(2, &mut unreadable);
-        p.edge_tokens = self.secrets(3, &mut unreadable);
+        let users = self.secrets(0, &mut unreadable);
+        p.claim_keys = users
+            .iter()
+            .filter_map(|(n, e)| Some((n.clone(), e.claim_key.clone()?)))
+            .collect();
+        p.users = users.into_iter().map(|(n, e)| (n, e.hash)).collect();
+        p.admin_tokens = hashes(self.secrets(2, &mut unreadable));
+        p.edge_tokens = hashes(self.secrets(3, &mut unreadable));
         for (filter, values) in self.entries(RESIDENCY) {
             if check_filter(&filter).is_err() {
                 unreadable += 1;
@@ -867,7 +904,7 @@ impl PolicyDoc {
 
     /// The live entries of a map of secrets (users, tokens): a removal among concurrent
     /// values wins, else the value automerge picks (the same on every node).
-    fn secrets(&self, obj: usize, unreadable: &mut usize) -> BTreeMap<String, String> {
+    fn secrets(&self, obj: usize, unreadable: &mut usize) -> BTreeMap<String, SecretEntry> {
         let mut out = BTreeMap::new();
         for (name, values) in self.entries(obj) {
             if values.iter().any(|v| v == REMOVED) {
@@ -879,7 +916,7 @@ impl PolicyDoc {
                 .filter(|e| e.hash.len() <= MAX_HASH_LEN && name.len() <= MAX_NAME_LEN)
             {
                 Some(e) => {
-                    out.insert(name, e.hash);
+                    out.insert(name, e);
                 }
                 None => *unreadable += 1,
             }
@@ -1003,6 +1040,11 @@ fn genesis_objects(doc: &AutoCommit, epoch: u64) -> Result<Vec<ObjId>, DocError>
                 .ok_or_else(|| DocError::Load("it lacks the policy document's genesis".to_owned()))
         })
         .collect()
+}
+
+/// The hashes of secrets by name.
+fn hashes(secrets: BTreeMap<String, SecretEntry>) -> BTreeMap<String, String> {
+    secrets.into_iter().map(|(n, e)| (n, e.hash)).collect()
 }
 
 /// A string value.

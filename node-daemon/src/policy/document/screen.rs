@@ -253,6 +253,7 @@ mod tests {
             .map(|i| Edit::UserSet {
                 name: format!("user-{i}"),
                 hash: hash.clone(),
+                claim_key: None,
             })
             .collect();
         let author = Author {

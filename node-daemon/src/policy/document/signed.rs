@@ -290,6 +290,7 @@ mod tests {
         Edit::UserSet {
             name: name.into(),
             hash: hash().to_owned(),
+            claim_key: None,
         }
     }
 

@@ -49,6 +49,7 @@ fn user_set(name: &str, i: usize) -> Edit {
     Edit::UserSet {
         name: name.to_owned(),
         hash: hashes()[i].clone(),
+        claim_key: None,
     }
 }
 
@@ -77,10 +78,12 @@ fn edits_are_checked_and_no_op_edits_write_nothing() {
         Edit::UserSet {
             name: "a:b".into(),
             hash: hashes()[0].clone(),
+            claim_key: None,
         },
         Edit::UserSet {
             name: "bob".into(),
             hash: "plain".into(),
+            claim_key: None,
         },
         Edit::AclAdd {
             rule: rule("maybe", "all", "x"),
@@ -116,6 +119,7 @@ fn edits_are_checked_and_no_op_edits_write_nothing() {
             Edit::UserSet {
                 name: String::new(),
                 hash: hashes()[0].clone(),
+                claim_key: None,
             },
         ],
         &by("ops"),
