@@ -968,7 +968,6 @@ impl PolicyDoc {
                 signed::verify_change(&change, self.epoch, keys).map_err(DocError::Unsigned)?;
             }
         }
-        let heads = self.doc.get_heads();
         if message.changes.is_empty() {
             self.doc
                 .sync()
@@ -983,6 +982,15 @@ impl PolicyDoc {
         doc.sync()
             .receive_sync_message(&mut trial, message)
             .map_err(|e| DocError::Sync(e.to_string()))?;
+        let changed = self.keep_trial(doc, max_bytes)?;
+        *state = trial;
+        Ok(changed)
+    }
+
+    /// Keep `doc`, a copy of this document that took a peer's changes, if its saved form is
+    /// within `max_bytes` and it is still a policy document of this epoch. Whether it
+    /// differs from this one.
+    fn keep_trial(&mut self, mut doc: AutoCommit, max_bytes: usize) -> Result<bool, DocError> {
         let size = doc.save().len();
         if size > max_bytes {
             return Err(DocError::TooLarge {
@@ -991,10 +999,9 @@ impl PolicyDoc {
             });
         }
         let objs = genesis_objects(&doc, self.epoch)?;
-        let changed = doc.get_heads() != heads;
+        let changed = doc.get_heads() != self.doc.get_heads();
         self.doc = doc;
         self.objs = objs;
-        *state = trial;
         Ok(changed)
     }
 }

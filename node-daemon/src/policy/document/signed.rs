@@ -232,22 +232,10 @@ impl PolicyDoc {
                 }
             }
         }
-        let heads = self.doc.get_heads();
         let mut doc = self.doc.clone();
         doc.apply_changes(changes)
             .map_err(|e| DocError::Sync(e.to_string()))?;
-        let size = doc.save().len();
-        if size > max_bytes {
-            return Err(DocError::TooLarge {
-                size,
-                max: max_bytes,
-            });
-        }
-        let objs = super::genesis_objects(&doc, self.epoch)?;
-        let changed = doc.get_heads() != heads;
-        self.doc = doc;
-        self.objs = objs;
-        Ok(changed)
+        self.keep_trial(doc, max_bytes)
     }
 }
 
