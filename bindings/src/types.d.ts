@@ -204,6 +204,8 @@ export interface BrokerStats {
   sessionsMovedIn: number;
   /** Sessions shipped here that were not taken. */
   sessionsTransfersRefused: number;
+  /** Peers' claims dropped: the authorizer did not vouch for them (no proof of the login). */
+  claimsUnproven: number;
   /** Resumed sessions whose wait for a shipped session ran out. */
   sessionsTransferWaitsOver: number;
   /** Messages relayed to the node a session moved to. */
