@@ -218,6 +218,33 @@ fn a_peer_past_its_filter_bound_is_cut_and_changes_nothing() {
     assert_eq!(mesh.node("b").broker.replicated_routes(&id("a")).len(), 2);
 }
 
+/// A peer's route set is bounded in bytes as well as in filters: a delta of a few long
+/// filters past `max_snapshot_bytes` is refused like a snapshot that size.
+#[test]
+fn a_peer_s_route_set_is_bounded_in_bytes_however_it_grows() {
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+        c.peer_limits.max_snapshot_bytes = 1_000;
+    });
+    mesh.inject("a", "b", Frame::RouteDelta(delta("a", 1, &["short"])));
+    let long = "x/".repeat(600);
+    let mut more = delta("a", 1, &[long.as_str()]);
+    more.after = 1;
+    more.changes[0].version = 2;
+    more.hash = meridian_core::routes::set_hash(["short", long.as_str()]);
+    mesh.inject("a", "b", Frame::RouteDelta(more.clone()));
+    mesh.inject("a", "b", Frame::RouteDelta(more));
+    let b = mesh.node("b");
+    assert_eq!(
+        b.broker.replicated_routes(&id("a")),
+        vec!["short".to_owned()]
+    );
+    assert_eq!(b.broker.stats().peer_frames_over_limit, 2);
+    assert_eq!(
+        faults(b),
+        vec![("a".into(), PeerFault::OverLimit(PeerLimit::SnapshotBytes))]
+    );
+}
+
 #[test]
 fn nodes_beyond_the_bound_are_refused() {
     let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| c.max_nodes = 1);

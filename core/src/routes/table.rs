@@ -26,7 +26,8 @@ pub struct ReplicaLimits {
     pub max_filters: usize,
     /// Bytes of one owner's deltas kept while an earlier one is missing.
     pub max_pending_bytes: usize,
-    /// Bytes of one owner's snapshot being assembled.
+    /// Bytes of one owner's snapshot being assembled, and of its replica however it grows
+    /// (a delta that would take it past is refused as a snapshot would be).
     pub max_snapshot_bytes: usize,
 }
 
@@ -111,6 +112,8 @@ pub struct Replica {
     pub hash: u64,
     /// Hashed with a fixed seed: iteration order depends only on the operations applied.
     filters: HashSet<Arc<str>, FixedState>,
+    /// Bytes of `filters`, as [`ReplicaLimits`] counts them.
+    bytes: usize,
     /// Deltas that arrived before the one they follow, by `after`.
     early: BTreeMap<u64, RouteDelta>,
     /// Bytes of `early`, as [`ReplicaLimits`] counts them.
@@ -230,6 +233,7 @@ impl RouteTable {
         let replica = self.replicas.entry(node.clone()).or_default();
         let filter: Arc<str> = filter.into();
         if replica.filters.insert(filter.clone()) {
+            replica.bytes += filter.len() + FILTER_OVERHEAD;
             index(&mut self.trie, &filter, node);
         }
     }
@@ -389,18 +393,29 @@ impl RouteTable {
         Ok(())
     }
 
-    /// Whether applying `delta` would take the replica past [`ReplicaLimits::max_filters`].
+    /// Whether applying `delta` would take the replica past [`ReplicaLimits::max_filters`],
+    /// or past [`ReplicaLimits::max_snapshot_bytes`] in bytes.
     fn over_limit(&self, node: &NodeId, delta: &RouteDelta) -> Option<ReplicaLimit> {
         let replica = self.replicas.get(node)?;
-        let max_filters = self.limits_for(node).max_filters;
-        let mut len = replica.filters.len();
+        let limits = self.limits_for(node);
+        let (mut len, mut bytes) = (replica.filters.len(), replica.bytes);
         for change in delta.changes.iter().filter(|c| c.version > replica.version) {
+            let weight = change.filter.len() + FILTER_OVERHEAD;
             match change.op {
-                RouteOp::Add => len += 1,
-                RouteOp::Remove => len = len.saturating_sub(1),
+                RouteOp::Add => {
+                    len += 1;
+                    bytes = bytes.saturating_add(weight);
+                }
+                RouteOp::Remove => {
+                    len = len.saturating_sub(1);
+                    bytes = bytes.saturating_sub(weight);
+                }
             }
-            if len > max_filters {
+            if len > limits.max_filters {
                 return Some(ReplicaLimit::Filters);
+            }
+            if bytes > limits.max_snapshot_bytes {
+                return Some(ReplicaLimit::SnapshotBytes);
             }
         }
         None
@@ -422,6 +437,11 @@ impl RouteTable {
             };
             if !changed {
                 return false;
+            }
+            let weight = change.filter.len() + FILTER_OVERHEAD;
+            match change.op {
+                RouteOp::Add => replica.bytes += weight,
+                RouteOp::Remove => replica.bytes = replica.bytes.saturating_sub(weight),
             }
             replica.hash ^= filter_hash(&change.filter);
             match change.op {
@@ -509,6 +529,7 @@ impl RouteTable {
             note(&mut self.journal, node, new, true);
         }
         let replica = self.replicas.entry(node.clone()).or_default();
+        replica.bytes = weight(filters.iter());
         replica.filters = filters;
         replica.incarnation = chunk.owner.incarnation;
         replica.version = chunk.version;
