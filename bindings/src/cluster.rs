@@ -107,6 +107,7 @@ fn cluster_config(value: &JsValue) -> Result<ClusterConfig, JsValue> {
         ("peerMaxRetainedMessages", &mut limits.max_retained_messages),
         ("peerMaxRetainedBytes", &mut limits.max_retained_bytes),
         ("peerMaxClaims", &mut limits.max_claims),
+        ("peerMaxClaimBytes", &mut limits.max_claim_bytes),
         ("peerMaxTransferBytes", &mut limits.max_transfer_bytes),
     ] {
         if let Some(n) = f.usize(name)? {

@@ -303,6 +303,8 @@ export interface ClusterConfig {
   peerMaxRetainedBytes?: number;
   /** Client ids one peer may claim here. */
   peerMaxClaims?: number;
+  /** Bytes of those claims (client ids, users, proofs). */
+  peerMaxClaimBytes?: number;
   /** Bytes of sessions one peer ships here being assembled. */
   peerMaxTransferBytes?: number;
 }

@@ -629,6 +629,24 @@ mod trust {
         assert_eq!(a.broker.claim_owner("c2"), None, "refused");
     }
 
+    /// Claims count in bytes too: long client ids past a peer's byte bound are refused.
+    #[test]
+    fn claims_past_a_peers_byte_bound_cut_its_session() {
+        let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
+            c.peer_limits.max_claim_bytes = 400
+        });
+        for n in 0..3 {
+            let client_id = format!("{n}{}", "x".repeat(99));
+            mesh.inject("b", "a", claim(&client_id, "b"));
+        }
+        let a = mesh.node("a");
+        assert_eq!(a.broker.stats().peer_frames_over_limit, 1);
+        let id_of = |n: u32| format!("{n}{}", "x".repeat(99));
+        assert_eq!(a.broker.claim_owner(&id_of(1)), Some(id("b")));
+        let third = id_of(2);
+        assert_eq!(a.broker.claim_owner(&third), None, "refused");
+    }
+
     #[test]
     fn a_transfer_writes_its_own_clients_records_only() {
         let mut mesh = three();

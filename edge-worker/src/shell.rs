@@ -107,6 +107,7 @@ fn edge_cluster_config(node: NodeId, incarnation: u64, uplink: Option<&Uplink>) 
         max_retained_bytes: 4 * 1024 * 1024,
         // Claims and sessions move between mesh nodes only, never over a leaf link.
         max_claims: 0,
+        max_claim_bytes: 0,
         max_transfer_bytes: 0,
     };
     c

@@ -79,6 +79,7 @@ pub(super) fn core_cluster_config(
         max_retained_messages: c.peer_max_retained_messages,
         max_retained_bytes: c.peer_max_retained_bytes,
         max_claims: c.peer_max_claims,
+        max_claim_bytes: c.peer_max_claim_bytes,
         max_transfer_bytes: c.peer_max_transfer_bytes,
     };
     config.session_transfer_wait_ms = c.session_transfer_wait_ms;

@@ -40,6 +40,8 @@ pub(super) struct Claims {
     pub map: crate::retained::LwwMap<Claim>,
     /// Live claims held per claimer other than this node.
     by_node: BTreeMap<NodeId, usize>,
+    /// Bytes of the live claims held per claimer ([`claim_weight`]).
+    bytes_by_node: BTreeMap<NodeId, usize>,
     /// Live claims held, this node's included.
     live: usize,
 }
@@ -51,39 +53,51 @@ impl Claims {
         Some((&e.stamp, e.value.as_ref()?))
     }
 
-    /// One live claim more (`delta` 1) or less (-1) for `node`.
-    fn count(&mut self, node: &NodeId, delta: isize) {
+    /// One live claim more (`delta` 1) or less (-1) for `node`, of `weight` bytes.
+    fn count(&mut self, node: &NodeId, delta: isize, weight: usize) {
         self.live = self.live.saturating_add_signed(delta);
         let n = self.by_node.entry(node.clone()).or_default();
         *n = n.saturating_add_signed(delta);
         if *n == 0 {
             self.by_node.remove(node);
+            self.bytes_by_node.remove(node);
+            return;
         }
+        let b = self.bytes_by_node.entry(node.clone()).or_default();
+        *b = if delta > 0 {
+            b.saturating_add(weight)
+        } else {
+            b.saturating_sub(weight)
+        };
     }
 
     /// Apply a claim that wins over what is held (the caller checked), keeping the counts of
     /// live claims.
     fn apply(&mut self, update: &ClaimUpdate) {
-        let old = self
-            .map
-            .get(&update.client_id)
-            .filter(|e| e.value.is_some())
-            .map(|e| e.stamp.node.clone());
-        if let Some(node) = old {
-            self.count(&node, -1);
+        let old = self.map.get(&update.client_id).and_then(|e| {
+            let weight = claim_weight(&update.client_id, e.value.as_ref()?);
+            Some((e.stamp.node.clone(), weight))
+        });
+        if let Some((node, weight)) = old {
+            self.count(&node, -1, weight);
         }
         self.map.apply(
             &update.client_id,
             update.stamp.clone(),
             update.claim.clone(),
         );
-        if update.claim.is_some() {
-            self.count(&update.stamp.node, 1);
+        if let Some(claim) = &update.claim {
+            let weight = claim_weight(&update.client_id, claim);
+            self.count(&update.stamp.node, 1, weight);
         }
     }
 
     fn live_of(&self, node: &NodeId) -> usize {
         self.by_node.get(node).copied().unwrap_or(0)
+    }
+
+    fn bytes_of(&self, node: &NodeId) -> usize {
+        self.bytes_by_node.get(node).copied().unwrap_or(0)
     }
 
     /// Drop every claim (and release) `node` made; the client ids they named.
@@ -96,9 +110,9 @@ impl Claims {
             .collect();
         for client_id in &theirs {
             if let Some(e) = self.map.forget(client_id)
-                && e.value.is_some()
+                && let Some(claim) = &e.value
             {
-                self.count(node, -1);
+                self.count(node, -1, claim_weight(client_id, claim));
             }
         }
         theirs
@@ -121,6 +135,16 @@ impl Cluster {
         peers.retain(|p| !self.leaves.is_leaf(p));
         peers
     }
+}
+
+/// Bytes a claim is counted for in [`super::PeerLimits::max_claim_bytes`]: its client id,
+/// user and proof, and the bookkeeping around them.
+fn claim_weight(client_id: &str, claim: &Claim) -> usize {
+    const OVERHEAD: usize = 64;
+    client_id.len()
+        + claim.user.as_deref().map_or(0, str::len)
+        + claim.proof.as_ref().map_or(0, Bytes::len)
+        + OVERHEAD
 }
 
 /// The value of a claim record: stamp, then 0 for a tombstone, or 1, flags, the user and the
@@ -327,6 +351,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             self.peer_fault(peer, PeerFault::OverLimit(PeerLimit::Claims));
             return;
+        }
+        if let Some(claim) = &update.claim {
+            let replaced = c
+                .claims
+                .live(&update.client_id)
+                .filter(|(s, _)| s.node == *peer)
+                .map_or(0, |(_, old)| claim_weight(&update.client_id, old));
+            let bytes = c.claims.bytes_of(peer).saturating_sub(replaced)
+                + claim_weight(&update.client_id, claim);
+            if bytes > c.config.peer_limits.max_claim_bytes {
+                self.peer_fault(peer, PeerFault::OverLimit(PeerLimit::ClaimBytes));
+                return;
+            }
         }
         c.hlc.observe(update.stamp.hlc, now.as_millis());
         c.claims.apply(&update);

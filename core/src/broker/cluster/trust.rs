@@ -27,6 +27,8 @@ pub struct PeerLimits {
     pub max_retained_bytes: usize,
     /// Client ids the peer claims (clients it serves, sessions it holds) held here.
     pub max_claims: usize,
+    /// Bytes of those claims (client ids, users and proofs, each with a fixed overhead).
+    pub max_claim_bytes: usize,
     /// Bytes of sessions the peer ships here being assembled (a transfer's parts until the
     /// last one arrives).
     pub max_transfer_bytes: usize,
@@ -41,6 +43,7 @@ impl Default for PeerLimits {
             max_retained_messages: 100_000,
             max_retained_bytes: 64 * 1024 * 1024,
             max_claims: 2_000_000,
+            max_claim_bytes: 256 * 1024 * 1024,
             max_transfer_bytes: 64 * 1024 * 1024,
         }
     }
@@ -70,6 +73,8 @@ pub enum PeerLimit {
     RetainedBytes,
     /// [`PeerLimits::max_claims`].
     Claims,
+    /// [`PeerLimits::max_claim_bytes`].
+    ClaimBytes,
     /// [`PeerLimits::max_transfer_bytes`].
     TransferBytes,
 }
