@@ -1023,15 +1023,17 @@ fn epoch_of(doc: &mut AutoCommit) -> Result<u64, DocError> {
         .collect();
     candidates
         .into_iter()
-        .find(|&e| {
-            let mut genesis = PolicyDoc::genesis_of(e, ActorId::from(GENESIS_ACTOR));
-            genesis
-                .doc
-                .get_heads()
-                .first()
-                .is_some_and(|h| doc.get_change_meta_by_hash(h).is_some())
-        })
+        .find(|&e| genesis_hash(e).is_some_and(|h| doc.get_change_meta_by_hash(&h).is_some()))
         .ok_or_else(|| DocError::Load("it holds no policy document's genesis".to_owned()))
+}
+
+/// The hash of the genesis of `epoch` (the same change on every node).
+fn genesis_hash(epoch: u64) -> Option<automerge::ChangeHash> {
+    PolicyDoc::genesis_of(epoch, ActorId::from(GENESIS_ACTOR))
+        .doc
+        .get_heads()
+        .first()
+        .copied()
 }
 
 /// The genesis's objects in `doc`, which must hold the genesis of `epoch`.
