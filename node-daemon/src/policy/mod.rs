@@ -439,17 +439,25 @@ impl PolicyHandle {
         peer: &str,
         message: Vec<u8>,
     ) -> Result<(), DocError> {
+        let peer = peer.to_owned();
+        self.ask(|reply| Cmd::SyncIn {
+            session,
+            peer,
+            message,
+            reply,
+        })
+        .await
+    }
+
+    /// Send the task the command `cmd` makes with a reply channel, and wait for the answer; a
+    /// task that stopped (or failed on the command) is an error.
+    async fn ask<T>(
+        &self,
+        cmd: impl FnOnce(oneshot::Sender<Result<T, DocError>>) -> Cmd,
+    ) -> Result<T, DocError> {
         let (reply, answer) = oneshot::channel();
-        let gone = || DocError::Sync("the policy task has stopped".to_owned());
-        self.tx
-            .send(Cmd::SyncIn {
-                session,
-                peer: peer.to_owned(),
-                message,
-                reply,
-            })
-            .await
-            .map_err(|_| gone())?;
+        let gone = || DocError::Sync("the policy task did not answer".to_owned());
+        self.tx.send(cmd(reply)).await.map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
     }
 
@@ -473,24 +481,12 @@ impl PolicyHandle {
 
     /// Apply changes an operator key signed (each one checked). Whether the document changed.
     pub async fn submit_changes(&self, changes: Vec<automerge::Change>) -> Result<bool, DocError> {
-        let (reply, answer) = oneshot::channel();
-        let gone = || DocError::Sync("the policy task has stopped".to_owned());
-        self.tx
-            .send(Cmd::Changes { changes, reply })
-            .await
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        self.ask(|reply| Cmd::Changes { changes, reply }).await
     }
 
     /// Take a signed document of a later epoch. Its epoch.
     pub async fn submit_epoch(&self, document: Vec<u8>) -> Result<u64, DocError> {
-        let (reply, answer) = oneshot::channel();
-        let gone = || DocError::Sync("the policy task has stopped".to_owned());
-        self.tx
-            .send(Cmd::Epoch { document, reply })
-            .await
-            .map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        self.ask(|reply| Cmd::Epoch { document, reply }).await
     }
 }
 
