@@ -614,6 +614,24 @@ async fn with_an_operator_key_a_node_holding_the_cluster_key_makes_no_policy() {
     })
     .await;
     assert!(logs_in(c.mqtt(), "alice").await);
+    // A key the nodes do not list signs nothing they take: a change (POST
+    // /api/policy/changes) or a next epoch (POST /api/policy/epoch), with an admin token.
+    let rogue_key = dir.path().join("rogue-operator.key");
+    operator_keygen(&rogue_key);
+    let rogue = rogue_key.to_str().unwrap();
+    let tf = write_token(&dir, &token);
+    let with = |args: &[&'static str]| {
+        let mut v = vec!["--token-file", tf.as_str(), "--operator-key", rogue];
+        v.extend_from_slice(args);
+        v
+    };
+    let (ok, _, err) = ctl(a.daemon.admin, &with(&["user", "add", "mallory"]), "pw\n");
+    assert!(!ok && err.contains("403"), "{err}");
+    let (ok, _, err) = ctl(a.daemon.admin, &with(&["policy", "compact"]), "");
+    assert!(!ok && err.contains("403"), "{err}");
+    let p = policy_with(&a, &token).await;
+    assert_eq!(p["users"], serde_json::json!(["alice"]), "{p}");
+    assert_eq!(p["epoch"], 0, "{p}");
     let history = ctl_ok(
         &c,
         &["--token-file", &write_token(&dir, &token), "history"],
