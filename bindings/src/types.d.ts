@@ -214,6 +214,8 @@ export interface BrokerStats {
   messagesHeldForOrder: number;
   /** Holds for order that ran out before the old node passed on everything older. */
   sessionOrderWaitsOver: number;
+  /** Sessions resumed here that then learnt of another node's earlier claim: held for its part. */
+  sessionShipmentsExpected: number;
   /** Messages delivered to a session that moved after a later one from the same node. */
   messagesDeliveredLate: number;
   /** Forwards and retained writes a data-residency rule kept from a node of another region. */

@@ -443,7 +443,11 @@ fn moves_through_cuts_and_crashes_lose_nothing_and_deliver_each_message_once_in_
 /// not the order they went, restored out of order after a crash (50461: a session's node
 /// crashed after it let them go; 50509: while it held them); a part of a session, taken
 /// while the node holding the rest was cut off, counted as had its node's messages routed
-/// to that node before it began (50375, links reconnecting late: lost).
+/// to that node before it began (50375, links reconnecting late: lost). Links reconnecting
+/// late: a node cut off resumed a session it thought its own while another node had taken
+/// it meanwhile, and let its messages go before that node's part came with older ones
+/// (50622), or before what the others had queued for it during the cut came (50602); a
+/// relay that ended let nothing go that only it had held back (50500, with crashes).
 #[test]
 fn seeds_that_found_faults_stay_fixed() {
     let plan = |kills, reconnect_ms| Plan {
@@ -457,6 +461,9 @@ fn seeds_that_found_faults_stay_fixed() {
         (50509, plan(true, 0)),
         (50375, plan(false, 5_000)),
         (50375, plan(true, 5_000)),
+        (50622, plan(false, 5_000)),
+        (50602, plan(false, 5_000)),
+        (50500, plan(true, 5_000)),
     ]
     .into_iter()
     .filter_map(|(seed, plan)| check(seed, &plan, &mut totals))

@@ -237,6 +237,11 @@ stats! {
     /// passed on everything older: what they held went, and older messages that came after
     /// were delivered late, out of their node's order.
     Counter session_order_waits_over: u64 => "session_order_waits_over";
+    /// Sessions resumed here whose client id another node had claimed meanwhile, learnt of
+    /// only after this node's own claim (the two could not reach each other): the session
+    /// held its messages back for their order until that node's part came (or the hold ran
+    /// out).
+    Counter session_shipments_expected: u64 => "session_shipments_expected";
     /// Messages delivered to a session that moved after a later one from the same node (a
     /// hold that ran out, or a node the hold did not know).
     Counter messages_delivered_late: u64 => "messages_delivered_late";

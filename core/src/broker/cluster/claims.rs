@@ -325,11 +325,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.peer_fault(peer, PeerFault::ClockAhead);
             return;
         }
-        if c.claims
-            .map
-            .get(&update.client_id)
-            .is_some_and(|e| e.stamp >= update.stamp)
+        if let Some(e) = c.claims.map.get(&update.client_id)
+            && e.stamp >= update.stamp
         {
+            let own = e.stamp.node == c.owner.node && e.stamp > update.stamp;
+            if let (true, Some(mine)) = (own, e.value.clone()) {
+                let stamp = e.stamp.clone();
+                self.older_claim(peer, &update, &stamp, &mine);
+            }
             return;
         }
         // A claim counts only if the authorizer takes its word for the user it names (with
@@ -375,6 +378,25 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         ) {
             self.hand_over(sid, &update.stamp, claim);
         }
+    }
+
+    /// `peer`'s claim `update` came after this node's own live claim `mine` (stamped `stamp`)
+    /// though made before it: the two claimed the client id without knowing of each other.
+    /// If `peer` kept the session of the same user there, it ships it here once it learns this
+    /// node's claim; the session here waits for that part to keep its messages' order.
+    fn older_claim(&mut self, peer: &NodeId, update: &ClaimUpdate, stamp: &Stamp, mine: &Claim) {
+        let Some(theirs) = &update.claim else { return };
+        let Some(&sid) = self.by_client_id.get(update.client_id.as_str()) else {
+            return;
+        };
+        if update.stamp.node != *peer
+            || !(mine.resume && theirs.persistent)
+            || theirs.user != mine.user
+            || !self.authorizer.vouches(&update.client_id, peer, theirs)
+        {
+            return;
+        }
+        self.expect_shipment(sid, peer, &update.client_id, stamp);
     }
 
     /// Another node claimed the client id of a session held here: close its connection

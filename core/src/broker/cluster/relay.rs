@@ -80,6 +80,10 @@ pub(super) struct Window {
     /// Until when the session holds back messages for their order; `None` once over (or
     /// after a restart).
     hold_until: Option<Timestamp>,
+    /// The fence this node sent when it found its copy of the session stale (it went on
+    /// elsewhere while this node could not know, [`Broker::expect_shipment`]), and the nodes
+    /// whose echo is awaited: what they routed here for that copy may still be on its way.
+    fence: Option<(u64, BTreeSet<NodeId>)>,
 }
 
 /// A relay that may still come to a session.
@@ -89,6 +93,9 @@ struct Source {
     last: u64,
     /// The nodes it relayed everything of ([`Frame::SessionRelayCaughtUp`]).
     caught_up: BTreeSet<NodeId>,
+    /// A shipment expected from a node whose claim this node learnt of only after its own
+    /// ([`Broker::expect_shipment`]); not a relay (it may send nothing) until it comes.
+    expected: bool,
 }
 
 impl Window {
@@ -97,9 +104,16 @@ impl Window {
         self.hold_until.is_some() && !self.caught_up(node)
     }
 
-    /// Whether every relay that may come passed on everything `node` routed to it first.
+    /// Whether every relay that may come passed on everything `node` routed to it first, and
+    /// `node` echoed this node's own fence.
     fn caught_up(&self, node: &NodeId) -> bool {
         self.sources.values().all(|s| s.caught_up.contains(node))
+            && self.fence.as_ref().is_none_or(|(_, w)| !w.contains(node))
+    }
+
+    /// Whether nothing more may come: no relay, no echo awaited.
+    fn is_done(&self) -> bool {
+        self.sources.is_empty() && self.fence.as_ref().is_none_or(|(_, w)| w.is_empty())
     }
 }
 
@@ -199,6 +213,27 @@ impl Moves {
 }
 
 impl Cluster {
+    /// The nodes a fence goes to: every node that may have routed here, those with a link
+    /// now, and those whose routes this node holds (one cut off, or not met again since a
+    /// restart here, echoes when it is back, or is forgotten); and of those, the ones with a
+    /// link now.
+    fn fence_targets(&self) -> (BTreeSet<NodeId>, Vec<NodeId>) {
+        let me = &self.owner.node;
+        let waiting: BTreeSet<NodeId> = self
+            .peers
+            .keys()
+            .chain(self.table.replicas().map(|(node, _)| node))
+            .filter(|p| *p != me && !self.leaves.is_leaf(p))
+            .cloned()
+            .collect();
+        let up = waiting
+            .iter()
+            .filter(|p| self.peers.get(*p).is_some_and(|p| p.connected))
+            .cloned()
+            .collect();
+        (waiting, up)
+    }
+
     /// Whether every node of the deployment this one knows (linked now or not: one cut off
     /// learns the routes when it is back) has `version` of its routes.
     fn routes_everywhere(&self, version: u64) -> bool {
@@ -208,6 +243,17 @@ impl Cluster {
             .filter(|p| **p != self.owner.node && !self.leaves.is_leaf(p))
             .all(|p| self.routes.acked(p).is_some_and(|acked| acked >= version))
     }
+}
+
+/// What a session that took each origin's messages on this node, in order, had of them:
+/// everything this node had (its inbox's marks, its own messages numbered below `next`, and
+/// every message of its earlier incarnations).
+fn had_here(inbox: &crate::link::Inbox, me: &Owner, next: u64, intake: &mut Intake) {
+    for (origin, mark) in inbox.marks() {
+        intake.had_up_to(&origin, mark);
+    }
+    intake.had_up_to(me, next.saturating_sub(1));
+    intake.had_below(&me.node, me.incarnation);
 }
 
 /// A message's identity in a value: origin node, incarnation, number.
@@ -489,22 +535,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else { return };
         let key = (client_id, claim);
         let token = c.moves.next_token;
-        // Every node that may have routed here: those with a link now, and those whose routes
-        // this node holds (one cut off, or not met again since a restart here, echoes when it
-        // is back, or is forgotten).
-        let me = &c.owner.node;
-        let waiting: BTreeSet<NodeId> = c
-            .peers
-            .keys()
-            .chain(c.table.replicas().map(|(node, _)| node))
-            .filter(|p| *p != me && !c.leaves.is_leaf(p))
-            .cloned()
-            .collect();
-        let up: Vec<NodeId> = waiting
-            .iter()
-            .filter(|p| c.peers.get(*p).is_some_and(|p| p.connected))
-            .cloned()
-            .collect();
+        // Every node that may have routed here.
+        let (waiting, up) = c.fence_targets();
         let Some(relay) = c.moves.relays.get_mut(&key) else {
             return;
         };
@@ -551,11 +583,29 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 echoed.then(|| k.clone())
             })
             .collect();
+        let Some(c) = &mut self.cluster else { return };
+        let mut windows: Vec<(ClientId, bool)> = Vec::new();
+        for (client_id, w) in c.moves.windows.iter_mut() {
+            if let Some((t, waiting)) = &mut w.fence
+                && *t == token
+                && waiting.remove(peer)
+            {
+                windows.push((client_id.clone(), w.is_done()));
+            }
+        }
         for key in &keys {
             self.fence_progress(key);
             self.relay_markers(&key.0);
             // The session may be back here, holding `peer`'s messages for this relay's echo.
             self.release_held(&key.0);
+        }
+        for (client_id, done) in windows {
+            if done {
+                self.close_window(&client_id);
+            } else {
+                self.release_held(&client_id);
+                self.relay_markers(&client_id);
+            }
         }
         self.settle_moves();
     }
@@ -862,6 +912,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 });
             }
         }
+        for w in c.moves.windows.values() {
+            if let Some((token, waiting)) = &w.fence
+                && waiting.contains(peer)
+            {
+                frames.push(Frame::Fence { token: *token });
+            }
+        }
         let dones = self
             .cluster
             .as_mut()
@@ -943,25 +1000,78 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             // Until now the session took each origin's messages here in order: what it had
             // of them is what this node had (kept exactly from now on, as relays may bring
             // older ones).
-            for (origin, mark) in c.inbox.marks() {
-                intake.had_up_to(&origin, mark);
-            }
-            intake.had_up_to(&c.owner, c.next_message.saturating_sub(1));
-            intake.had_below(&c.owner.node, c.owner.incarnation);
+            had_here(&c.inbox, &c.owner, c.next_message, intake);
         }
         let until = now.plus_ms(c.config.session_order_wait_ms);
         let w = c.moves.windows.entry(key).or_default();
         // Another shipment by the same relay (a session it passed on): what it said before
         // spoke of less than it may carry now; it says it again.
-        w.sources
-            .entry((from.clone(), claim.clone()))
-            .or_default()
-            .caught_up
-            .clear();
+        let source = w.sources.entry((from.clone(), claim.clone())).or_default();
+        source.caught_up.clear();
+        source.expected = false;
         w.hold_until = Some(w.hold_until.map_or(until, |t| t.max(until)));
         self.timers.insert((until, Timer::OrderWait(sid)));
         // Relays from here for the session wait on relays to here no more.
         self.relay_markers(client_id);
+    }
+
+    /// `peer` claimed `client_id` before this node's live claim `claim`, and this node learns
+    /// of it only now (the two claimed while they could not reach each other, or their claims
+    /// crossed): the session `sid` here is not all of it. `peer` may hold a part taken after
+    /// this node last had the session, with older messages of any node among it, and ships it
+    /// here once it learns this node's claim. Until it does (or the hold runs out), the
+    /// session holds every node's messages back for their order, as for a relay.
+    pub(super) fn expect_shipment(
+        &mut self,
+        sid: SessionId,
+        peer: &NodeId,
+        client_id: &str,
+        claim: &Stamp,
+    ) {
+        let now = self.now;
+        let Ok(key) = ClientId::new(client_id) else {
+            return;
+        };
+        let Some(c) = &mut self.cluster else { return };
+        let settled =
+            !c.moves.windows.contains_key(client_id) && !c.transfers.on_its_way(client_id);
+        let source = (peer.clone(), claim.clone());
+        if c.moves
+            .windows
+            .get(client_id)
+            .is_some_and(|w| w.sources.contains_key(&source))
+        {
+            return;
+        }
+        let intake = c.moves.intakes.entry(key.clone()).or_default();
+        if settled {
+            had_here(&c.inbox, &c.owner, c.next_message, intake);
+        }
+        let until = now.plus_ms(c.config.session_order_wait_ms);
+        let (waiting, up) = c.fence_targets();
+        let token = c.moves.next_token;
+        let w = c.moves.windows.entry(key).or_default();
+        w.sources.insert(
+            source,
+            Source {
+                expected: true,
+                ..Source::default()
+            },
+        );
+        w.hold_until = Some(w.hold_until.map_or(until, |t| t.max(until)));
+        // What the others routed here while this copy seemed the session's is in once each
+        // echoes a fence (sent after what it had queued for here).
+        let fence = w.fence.is_none().then(|| {
+            w.fence = Some((token, waiting));
+            c.moves.next_token += 1;
+            up
+        });
+        self.timers.insert((until, Timer::OrderWait(sid)));
+        for p in fence.into_iter().flatten() {
+            self.send_to_peer(p, Frame::Fence { token });
+        }
+        self.stats.session_shipments_expected += 1;
+        self.persist_intake(client_id);
     }
 
     /// The messages of a shipped session are in: what it had joins what it took here.
@@ -988,7 +1098,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         };
         let w = c.moves.windows.entry(key).or_default();
-        w.sources.entry((from.clone(), claim.clone())).or_default();
+        w.sources
+            .entry((from.clone(), claim.clone()))
+            .or_default()
+            .expected = false;
         // The relay from here where the session went carries what `from` relays now: what it
         // said caught up before, it says again once that is in too.
         if let Some((_, relay)) = c
@@ -1020,11 +1133,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             awaiting = c.transfers.holder(client_id).cloned();
             if !c.moves.windows.contains_key(client_id) && awaiting.is_none() {
-                for (origin, mark) in c.inbox.marks() {
-                    had.had_up_to(&origin, mark);
-                }
-                had.had_up_to(&c.owner, c.next_message.saturating_sub(1));
-                had.had_below(&c.owner.node, c.owner.incarnation);
+                had_here(&c.inbox, &c.owner, c.next_message, &mut had);
             }
         }
         let key = Key::Seen {
@@ -1047,7 +1156,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .moves
             .windows
             .get(client_id)
-            .map(|w| w.sources.keys().cloned().collect())
+            .map(|w| {
+                w.sources
+                    .iter()
+                    .filter(|(_, s)| !s.expected)
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         let key = Key::Seen {
             client_id: client_id.to_owned(),
@@ -1227,8 +1342,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         w.hold_until = None;
+        // A shipment expected that did not come: the node it was expected from had no part
+        // of the session (or passed it on); what it ships later is taken as it comes.
+        w.sources.retain(|_, s| !s.expected);
+        w.fence = None;
+        let closed = w.is_done();
         if held > 0 {
             self.stats.session_order_waits_over += 1;
+        }
+        if closed {
+            return self.close_window(&client_id);
         }
         self.release_held(&client_id);
     }
@@ -1260,6 +1383,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .windows
             .get_mut(r.client_id.as_str())
             .and_then(|w| w.sources.get_mut(&source))
+            .filter(|s| !s.expected)
             .map(|s| &mut s.last)
         else {
             self.peer_fault(peer, PeerFault::NotOwner(FrameKind::SessionRelay));
@@ -1343,11 +1467,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn on_relay_done(&mut self, peer: &NodeId, client_id: &str, claim: Stamp) {
         let Some(c) = &mut self.cluster else { return };
         let closed = c.moves.windows.get_mut(client_id).is_some_and(|w| {
-            w.sources.remove(&(peer.clone(), claim));
-            w.sources.is_empty()
+            let source = (peer.clone(), claim);
+            if w.sources.get(&source).is_some_and(|s| !s.expected) {
+                w.sources.remove(&source);
+            }
+            w.is_done()
         });
         if closed {
             self.close_window(client_id);
+        } else {
+            // One relay fewer to wait for: its nodes' messages may go.
+            self.release_held(client_id);
+            self.relay_markers(client_id);
         }
         self.settle_moves();
     }
@@ -1368,6 +1499,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .windows
             .get_mut(client_id)
             .and_then(|w| w.sources.get_mut(&(peer.clone(), claim)))
+            .filter(|s| !s.expected)
         else {
             self.peer_fault(peer, PeerFault::NotOwner(FrameKind::SessionRelayCaughtUp));
             return;
@@ -1410,7 +1542,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .filter_map(|(client_id, w)| {
                 let before = w.sources.len();
                 w.sources.retain(|(from, _), _| from != node);
-                (w.sources.len() < before && w.sources.is_empty()).then(|| client_id.clone())
+                let echoed = w
+                    .fence
+                    .as_mut()
+                    .is_some_and(|(_, waiting)| waiting.remove(node));
+                ((w.sources.len() < before || echoed) && w.is_done()).then(|| client_id.clone())
             })
             .collect();
         for client_id in closed {
