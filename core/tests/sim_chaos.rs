@@ -447,7 +447,11 @@ fn moves_through_cuts_and_crashes_lose_nothing_and_deliver_each_message_once_in_
 /// late: a node cut off resumed a session it thought its own while another node had taken
 /// it meanwhile, and let its messages go before that node's part came with older ones
 /// (50622), or before what the others had queued for it during the cut came (50602); a
-/// relay that ended let nothing go that only it had held back (50500, with crashes).
+/// relay that ended let nothing go that only it had held back (50500, with crashes). With
+/// crashes and links reconnecting late: a relay whose subscriptions had gone did not survive
+/// its node's restart, so what an older relay still brought it was dropped (90127, 90005:
+/// lost), and a relay restored after a restart numbered its messages from 1 again, so its
+/// taker took new ones for ones sent again (90338).
 #[test]
 fn seeds_that_found_faults_stay_fixed() {
     let plan = |kills, reconnect_ms| Plan {
@@ -464,6 +468,9 @@ fn seeds_that_found_faults_stay_fixed() {
         (50622, plan(false, 5_000)),
         (50602, plan(false, 5_000)),
         (50500, plan(true, 5_000)),
+        (90127, plan(true, 5_000)),
+        (90005, plan(true, 5_000)),
+        (90338, plan(true, 5_000)),
     ]
     .into_iter()
     .filter_map(|(seed, plan)| check(seed, &plan, &mut totals))

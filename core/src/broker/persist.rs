@@ -161,6 +161,12 @@ pub(crate) enum Key {
         client_id: String,
         claim: Stamp,
     },
+    /// A relay whose subscriptions went, kept while relays to this node may still bring it
+    /// messages to pass on: where it goes, and the nodes that echoed its fence.
+    RelayKept {
+        client_id: String,
+        claim: Stamp,
+    },
     /// A message a session that moved took while others could still bring it again.
     Took {
         client_id: String,
@@ -275,6 +281,11 @@ impl Key {
             }
             Key::RelaySlot { client_id, claim } => {
                 let mut k = with_client(b'B', client_id, 16 + claim.node.as_str().len());
+                put_stamp(&mut k, claim);
+                k.freeze()
+            }
+            Key::RelayKept { client_id, claim } => {
+                let mut k = with_client(b'J', client_id, 16 + claim.node.as_str().len());
                 put_stamp(&mut k, claim);
                 k.freeze()
             }
@@ -432,12 +443,16 @@ impl Key {
                     seq,
                 }
             }
-            b'B' => {
+            b'B' | b'J' => {
                 let claim = get_stamp(&mut k)?;
                 if !k.is_empty() {
                     return Err(e("bytes after the stamp"));
                 }
-                Key::RelaySlot { client_id, claim }
+                if kind == b'B' {
+                    Key::RelaySlot { client_id, claim }
+                } else {
+                    Key::RelayKept { client_id, claim }
+                }
             }
             b'Z' => {
                 let claim = get_stamp(&mut k)?;
@@ -1144,6 +1159,10 @@ mod tests {
                 shipment: stamp(),
             },
             Key::RelaySlot {
+                client_id: "dev".into(),
+                claim: stamp(),
+            },
+            Key::RelayKept {
                 client_id: "dev".into(),
                 claim: stamp(),
             },

@@ -182,6 +182,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Key::RelaySlot { client_id, claim } => {
                 out.relay_slots.push((client_id, claim, value.clone()))
             }
+            Key::RelayKept { client_id, claim } => {
+                self.restore_relay_kept(client_id, claim, value)?
+            }
             Key::Seen { client_id } => self.restore_seen(client_id, value)?,
             Key::Checkpoint { client_id } => {
                 let records = persist::unpack(value)?;

@@ -256,6 +256,26 @@ fn had_here(inbox: &crate::link::Inbox, me: &Owner, next: u64, intake: &mut Inta
     intake.had_below(&me.node, me.incarnation);
 }
 
+/// The number of the first message a relay made in `incarnation` sends: above every number
+/// an earlier incarnation's relay sent (the taker takes a number it had as one sent again),
+/// with room for 2^32 messages per relay and incarnation.
+fn first_relay_number(incarnation: u64) -> u64 {
+    (incarnation.min(u64::from(u32::MAX)) << 32) | 1
+}
+
+/// The value of a [`Key::RelayKept`] record: where the relay goes, and the nodes that
+/// echoed its fence.
+fn encode_kept(to: &NodeId, echoed: &BTreeSet<NodeId>) -> Bytes {
+    let mut v = BytesMut::new();
+    v.put_u8(1);
+    persist::put_string(&mut v, to.as_str());
+    v.put_u32(u32::try_from(echoed.len()).unwrap_or(u32::MAX));
+    for node in echoed {
+        persist::put_string(&mut v, node.as_str());
+    }
+    v.freeze()
+}
+
 /// A message's identity in a value: origin node, incarnation, number.
 fn put_message_id(v: &mut BytesMut, (origin, seq): &MessageId) {
     persist::put_string(v, origin.node.as_str());
@@ -433,12 +453,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.moves.by_sid.insert(sid, key.clone());
         // The relay the session went by before carries nothing passed on any more.
         let earlier = c.moves.relays.keys().any(|(cid, _)| cid == client_id);
+        let next_n = first_relay_number(c.owner.incarnation);
         c.moves.relays.insert(
             key,
             Relay {
                 to: to.clone(),
                 sid: Some(sid),
-                next_n: 1,
+                next_n,
                 pending: BTreeMap::new(),
                 fence: None,
                 echoed: BTreeSet::new(),
@@ -620,6 +641,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         let Some(sid) = relay.sid.take() else { return };
+        let kept = encode_kept(&relay.to, &relay.echoed);
         c.moves.by_sid.remove(&sid);
         self.free_slot(sid);
         let record = Key::RelaySlot {
@@ -627,6 +649,45 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             claim: key.1.clone(),
         };
         self.persist(record.encode(), None);
+        // The relay itself stays while relays to here may bring it more: so after a restart.
+        let record = Key::RelayKept {
+            client_id: key.0.clone(),
+            claim: key.1.clone(),
+        };
+        self.persist(record.encode(), Some(kept));
+    }
+
+    /// A relay whose subscriptions had gone, read back from storage: it passes on again what
+    /// relays to this node bring, until it ends.
+    pub(in crate::broker) fn restore_relay_kept(
+        &mut self,
+        client_id: String,
+        claim: Stamp,
+        value: &[u8],
+    ) -> Result<(), RecordError> {
+        let mut r = persist::Reader::new("kept relay", value)?;
+        let to = r.node()?;
+        let mut echoed = BTreeSet::new();
+        for _ in 0..r.u32()? {
+            echoed.insert(r.node()?);
+        }
+        let Some(c) = &mut self.cluster else {
+            return Ok(());
+        };
+        let next_n = first_relay_number(c.owner.incarnation);
+        let relay = c.moves.relays.entry((client_id, claim)).or_insert(Relay {
+            to,
+            sid: None,
+            next_n,
+            pending: BTreeMap::new(),
+            fence: None,
+            echoed: BTreeSet::new(),
+            caught_up: BTreeSet::new(),
+        });
+        // Its fence was echoed by all.
+        relay.fence = Some((0, BTreeSet::new()));
+        relay.echoed.extend(echoed);
+        Ok(())
     }
 
     /// Store a relay's subscriptions, so that it goes on matching after a restart.
@@ -699,7 +760,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let relay = c.moves.relays.entry(key.clone()).or_insert(Relay {
             to,
             sid: None,
-            next_n: 1,
+            next_n: first_relay_number(c.owner.incarnation),
             pending: BTreeMap::new(),
             fence: None,
             echoed: BTreeSet::new(),
@@ -858,6 +919,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             c.moves.by_sid.remove(&sid);
             self.free_slot(sid);
             let record = Key::RelaySlot {
+                client_id: key.0.clone(),
+                claim: key.1.clone(),
+            };
+            self.persist(record.encode(), None);
+        } else {
+            let record = Key::RelayKept {
                 client_id: key.0.clone(),
                 claim: key.1.clone(),
             };
@@ -1688,10 +1755,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             c.next_message = c.next_message.max(id.1 + 1);
         }
+        let next_n = first_relay_number(c.owner.incarnation);
         let relay = c.moves.relays.entry((client_id, claim)).or_insert(Relay {
             to,
             sid: None,
-            next_n: 1,
+            next_n,
             pending: BTreeMap::new(),
             fence: Some((0, BTreeSet::new())),
             echoed: BTreeSet::new(),
