@@ -749,6 +749,93 @@ mod trust {
         assert_eq!(mesh.node("b").read_numbers(conn), vec![1]);
     }
 
+    /// c is cut off while dev moves to b; dev comes back to c, which never learnt that it had
+    /// left and resumes its own copy. When the links heal, c learns b's claim (older than its
+    /// own): b holds a part of the session with a's messages 1 and 2 in it, so a's message 3,
+    /// which comes to c straight, waits for that part. Before the part comes, a relay from b
+    /// for it is refused: b has shipped nothing yet.
+    #[test]
+    fn a_node_that_resumed_a_session_while_cut_off_waits_for_the_part_taken_meanwhile() {
+        let mut mesh = three();
+        subscriber(&mut mesh, "c", QoS::ExactlyOnce);
+        let from_a = mesh.node("a").connect(V5, "pub-a");
+        mesh.settle();
+        mesh.link_down(&id("a"), &id("c"));
+        mesh.link_down(&id("b"), &id("c"));
+        let at_b = mesh.node("b").connect_with(V5, "dev", persistent).0;
+        mesh.advance(50);
+        for i in 1..=2u32 {
+            mesh.node("a").publish(
+                from_a,
+                "t/x",
+                &i.to_be_bytes(),
+                QoS::ExactlyOnce,
+                false,
+                i as u16,
+            );
+            mesh.advance(50);
+        }
+        // The part at b waits for the rest of the session (its state is on its way from c).
+        assert!(mesh.node("b").read_numbers(at_b).is_empty());
+        let back = mesh.node("c").connect_with(V5, "dev", persistent).0;
+        mesh.advance(50);
+        assert_eq!(mesh.node("c").broker.stats().session_shipments_expected, 0);
+        // The links heal; only b's first words reach c yet (its claims among them).
+        mesh.link_up(&id("b"), &id("c"));
+        mesh.link_up(&id("a"), &id("c"));
+        mesh.deliver_one_way("b", "c");
+        assert_eq!(mesh.node("c").broker.stats().session_shipments_expected, 1);
+        let claim = mesh
+            .peek("c", "b")
+            .into_iter()
+            .find_map(|f| match f {
+                Frame::ClaimSnapshot(updates) => updates
+                    .into_iter()
+                    .find(|u| u.client_id == "dev")
+                    .map(|u| u.stamp),
+                _ => None,
+            })
+            .expect("c tells b its claim on dev");
+        mesh.inject(
+            "b",
+            "c",
+            Frame::SessionRelay(SessionRelay {
+                client_id: "dev".into(),
+                claim,
+                n: 1,
+                origin: meridian_core::routes::Owner {
+                    node: id("a"),
+                    incarnation: 1,
+                },
+                seq: 99,
+                message: publish_packet("t/x", &99u32.to_be_bytes(), QoS::ExactlyOnce, false, 1),
+            }),
+        );
+        assert_eq!(mesh.node("c").broker.stats().peer_frames_not_owner, 1);
+        // a's next message comes to c straight: it waits for b's part.
+        mesh.node("a").publish(
+            from_a,
+            "t/x",
+            &3u32.to_be_bytes(),
+            QoS::ExactlyOnce,
+            false,
+            3,
+        );
+        mesh.deliver_one_way("a", "c");
+        assert!(
+            mesh.node("c").read_numbers(back).is_empty(),
+            "held for b's part"
+        );
+        // b learns c's claim and ships its part: a's messages go in a's order, each once.
+        mesh.advance(50);
+        let mut got = Vec::new();
+        for _ in 0..20 {
+            got.extend(mesh.node("c").read_numbers(back));
+            mesh.advance(50);
+        }
+        assert_eq!(got, vec![1, 2, 3]);
+    }
+
     #[test]
     fn transfers_past_a_peers_byte_bound_cut_its_session() {
         let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
