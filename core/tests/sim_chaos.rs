@@ -289,6 +289,8 @@ struct Totals {
     held_for_order: u64,
     waits_over: u64,
     late: u64,
+    /// Frames a node refused from a peer (every node here is honest: none may be).
+    refused: u64,
     /// Deliveries after a later message of the same publisher.
     out_of_order: usize,
     /// Each delivery's delay from its publish, in ms.
@@ -322,11 +324,15 @@ fn check(seed: u64, plan: &Plan, totals: &mut Totals) -> Option<String> {
                 .push(u32::try_from(r.at_ms.saturating_sub(published)).unwrap_or(u32::MAX));
         }
     }
+    let mut refused = 0;
     for node in NODES {
         let Some(broker) = sim.broker(&id(node)) else {
             continue;
         };
         let stats = broker.stats();
+        refused += stats.peer_frames_not_owner
+            + stats.peer_frames_over_limit
+            + stats.peer_frames_clock_ahead;
         totals.moves += stats.sessions_moved_in;
         totals.relayed += stats.messages_relayed;
         totals.came_twice += stats.dropped_moved_twice;
@@ -334,8 +340,16 @@ fn check(seed: u64, plan: &Plan, totals: &mut Totals) -> Option<String> {
         totals.waits_over += stats.session_order_waits_over;
         totals.late += stats.messages_delivered_late;
     }
+    totals.refused += refused;
     if acked == 0 {
         return Some(format!("seed {seed}: nothing was acknowledged"));
+    }
+    if refused > 0 {
+        return Some(format!(
+            "seed {seed} ({plan:?}): honest nodes refused {refused} frames of each other; \
+             replay with SIM_SEED_BASE={seed} SIM_SEEDS=1 SIM_CHAOS_RECONNECT_MS={}",
+            plan.reconnect_ms
+        ));
     }
     let faults = faults(&sim);
     totals.out_of_order += faults.values().map(|f| f.out_of_order.len()).sum::<usize>();

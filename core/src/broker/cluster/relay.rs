@@ -28,6 +28,17 @@
 //! too, and every relay from it for the session (earlier stays included) had that node's
 //! echo; a session back on a node it left holds a node's messages while that node's relay
 //! from the earlier stay waits for that node's echo.
+//!
+//! A node cut off from the others may resume a session it still holds while another node took
+//! it meanwhile. Once the link is back it learns that node's claim, older than its own
+//! ([`Broker::expect_shipment`]): it then waits for that node's part as for a relay (a source
+//! marked expected, which relays nothing until the part comes), and fences every node, for
+//! what they routed to its stale copy; the session holds every node's messages until both
+//! are in, at most the same hold.
+//!
+//! A relay whose subscriptions went is stored ([`Key::RelayKept`]) until it ends, so that a
+//! restart does not drop what older relays to its node still bring; a relay made or restored
+//! in an incarnation numbers its messages above every number of the earlier ones.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
