@@ -783,6 +783,14 @@ mod trust {
         // The links heal; only b's first words reach c yet (its claims among them).
         mesh.link_up(&id("b"), &id("c"));
         mesh.link_up(&id("a"), &id("c"));
+        let b_claim = mesh
+            .peek("b", "c")
+            .into_iter()
+            .find_map(|f| match f {
+                Frame::ClaimSnapshot(updates) => updates.into_iter().find(|u| u.client_id == "dev"),
+                _ => None,
+            })
+            .expect("b tells c its claim on dev");
         mesh.deliver_one_way("b", "c");
         assert_eq!(mesh.node("c").broker.stats().session_shipments_expected, 1);
         let claim = mesh
@@ -834,6 +842,20 @@ mod trust {
             mesh.advance(50);
         }
         assert_eq!(got, vec![1, 2, 3]);
+        // The same older claim sent again (by b, or by anyone replaying it) holds nothing back.
+        mesh.advance(60_000);
+        mesh.inject("b", "c", Frame::Claim(b_claim));
+        assert_eq!(mesh.node("c").broker.stats().session_shipments_expected, 1);
+        mesh.node("a").publish(
+            from_a,
+            "t/x",
+            &4u32.to_be_bytes(),
+            QoS::ExactlyOnce,
+            false,
+            4,
+        );
+        mesh.advance(50);
+        assert_eq!(mesh.node("c").read_numbers(back), vec![4]);
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub(super) struct Claims {
     bytes_by_node: BTreeMap<NodeId, usize>,
     /// Live claims held, this node's included.
     live: usize,
+    /// Per client id this node's live claim holds: the newest claim of another node known to
+    /// have been made before it (the one it replaced, or one learnt of since), so that an
+    /// older claim counts once ([`Broker::older_claim`]).
+    known_before: BTreeMap<String, Stamp>,
 }
 
 impl Claims {
@@ -286,6 +290,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     fn publish_claim(&mut self, update: ClaimUpdate) {
         let Some(c) = &mut self.cluster else { return };
+        let replaced = c.claims.map.get(&update.client_id).map(|e| e.stamp.clone());
+        match replaced.filter(|_| update.claim.is_some()) {
+            Some(stamp) => c
+                .claims
+                .known_before
+                .insert(update.client_id.clone(), stamp),
+            None => c.claims.known_before.remove(&update.client_id),
+        };
         c.claims.apply(&update);
         let peers = c.claim_peers();
         self.persist_claim(&update);
@@ -369,6 +381,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
         }
         c.hlc.observe(update.stamp.hlc, now.as_millis());
+        c.claims.known_before.remove(&update.client_id);
         c.claims.apply(&update);
         self.persist_claim(&update);
         self.prune_claim_tombstones();
@@ -396,6 +409,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             return;
         }
+        // Once per claim: the same claim sent again (or one older than what this node's claim
+        // knew it replaced) holds nothing back again.
+        let Some(c) = &mut self.cluster else { return };
+        if c.claims
+            .known_before
+            .get(&update.client_id)
+            .is_some_and(|known| *known >= update.stamp)
+        {
+            return;
+        }
+        c.claims
+            .known_before
+            .insert(update.client_id.clone(), update.stamp.clone());
         self.expect_shipment(sid, peer, &update.client_id, stamp);
     }
 
