@@ -83,6 +83,27 @@ pub(super) struct Relay {
     caught_up: BTreeSet<NodeId>,
 }
 
+impl Relay {
+    /// A relay towards `to` with nothing relayed yet, made (or read back) in `incarnation`:
+    /// its numbers start above every earlier incarnation's ([`first_relay_number`]).
+    fn new(
+        to: NodeId,
+        sid: Option<SessionId>,
+        incarnation: u64,
+        fence: Option<(u64, BTreeSet<NodeId>)>,
+    ) -> Self {
+        Relay {
+            to,
+            sid,
+            next_n: first_relay_number(incarnation),
+            pending: BTreeMap::new(),
+            fence,
+            echoed: BTreeSet::new(),
+            caught_up: BTreeSet::new(),
+        }
+    }
+}
+
 /// What a node that took a session keeps while relays to it may come.
 #[derive(Debug, Default)]
 pub(super) struct Window {
@@ -464,19 +485,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.moves.by_sid.insert(sid, key.clone());
         // The relay the session went by before carries nothing passed on any more.
         let earlier = c.moves.relays.keys().any(|(cid, _)| cid == client_id);
-        let next_n = first_relay_number(c.owner.incarnation);
-        c.moves.relays.insert(
-            key,
-            Relay {
-                to: to.clone(),
-                sid: Some(sid),
-                next_n,
-                pending: BTreeMap::new(),
-                fence: None,
-                echoed: BTreeSet::new(),
-                caught_up: BTreeSet::new(),
-            },
-        );
+        let relay = Relay::new(to.clone(), Some(sid), c.owner.incarnation, None);
+        c.moves.relays.insert(key, relay);
         if earlier {
             self.relay_markers(client_id);
         }
@@ -685,16 +695,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else {
             return Ok(());
         };
-        let next_n = first_relay_number(c.owner.incarnation);
-        let relay = c.moves.relays.entry((client_id, claim)).or_insert(Relay {
-            to,
-            sid: None,
-            next_n,
-            pending: BTreeMap::new(),
-            fence: None,
-            echoed: BTreeSet::new(),
-            caught_up: BTreeSet::new(),
-        });
+        let incarnation = c.owner.incarnation;
+        let relay = c
+            .moves
+            .relays
+            .entry((client_id, claim))
+            .or_insert_with(|| Relay::new(to, None, incarnation, None));
         // Its fence was echoed by all.
         relay.fence = Some((0, BTreeSet::new()));
         relay.echoed.extend(echoed);
@@ -768,15 +774,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return Ok(());
         };
         let key = (client_id.to_owned(), claim);
-        let relay = c.moves.relays.entry(key.clone()).or_insert(Relay {
-            to,
-            sid: None,
-            next_n: first_relay_number(c.owner.incarnation),
-            pending: BTreeMap::new(),
-            fence: None,
-            echoed: BTreeSet::new(),
-            caught_up: BTreeSet::new(),
-        });
+        let incarnation = c.owner.incarnation;
+        let relay = c
+            .moves
+            .relays
+            .entry(key.clone())
+            .or_insert_with(|| Relay::new(to, None, incarnation, None));
         // Its taker says again that its routes are everywhere: then the fence.
         relay.sid = Some(sid);
         relay.fence = None;
@@ -1766,16 +1769,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             c.next_message = c.next_message.max(id.1 + 1);
         }
-        let next_n = first_relay_number(c.owner.incarnation);
-        let relay = c.moves.relays.entry((client_id, claim)).or_insert(Relay {
-            to,
-            sid: None,
-            next_n,
-            pending: BTreeMap::new(),
-            fence: Some((0, BTreeSet::new())),
-            echoed: BTreeSet::new(),
-            caught_up: BTreeSet::new(),
-        });
+        let incarnation = c.owner.incarnation;
+        let relay = c
+            .moves
+            .relays
+            .entry((client_id, claim))
+            .or_insert_with(|| Relay::new(to, None, incarnation, Some((0, BTreeSet::new()))));
         relay.next_n = relay.next_n.max(n + 1);
         relay.pending.insert(n, (id, delivery));
         Ok(())
