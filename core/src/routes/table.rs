@@ -49,9 +49,14 @@ pub enum ReplicaLimit {
     SnapshotBytes,
 }
 
+/// Bytes one filter is counted for in [`ReplicaLimits`].
+fn filter_weight(filter: &str) -> usize {
+    filter.len() + FILTER_OVERHEAD
+}
+
 /// The bytes a list of filters is counted for.
 fn weight<'a>(filters: impl Iterator<Item = &'a Arc<str>>) -> usize {
-    filters.map(|f| f.len() + FILTER_OVERHEAD).sum()
+    filters.map(|f| filter_weight(f)).sum()
 }
 
 /// The nodes that have a filter (sorted, small: one entry per region node).
@@ -233,7 +238,7 @@ impl RouteTable {
         let replica = self.replicas.entry(node.clone()).or_default();
         let filter: Arc<str> = filter.into();
         if replica.filters.insert(filter.clone()) {
-            replica.bytes += filter.len() + FILTER_OVERHEAD;
+            replica.bytes += filter_weight(&filter);
             index(&mut self.trie, &filter, node);
         }
     }
@@ -400,7 +405,7 @@ impl RouteTable {
         let limits = self.limits_for(node);
         let (mut len, mut bytes) = (replica.filters.len(), replica.bytes);
         for change in delta.changes.iter().filter(|c| c.version > replica.version) {
-            let weight = change.filter.len() + FILTER_OVERHEAD;
+            let weight = filter_weight(&change.filter);
             match change.op {
                 RouteOp::Add => {
                     len += 1;
@@ -438,15 +443,17 @@ impl RouteTable {
             if !changed {
                 return false;
             }
-            let weight = change.filter.len() + FILTER_OVERHEAD;
-            match change.op {
-                RouteOp::Add => replica.bytes += weight,
-                RouteOp::Remove => replica.bytes = replica.bytes.saturating_sub(weight),
-            }
             replica.hash ^= filter_hash(&change.filter);
+            let weight = filter_weight(&change.filter);
             match change.op {
-                RouteOp::Add => index(&mut self.trie, &change.filter, node),
-                RouteOp::Remove => unindex(&mut self.trie, &change.filter, node),
+                RouteOp::Add => {
+                    replica.bytes += weight;
+                    index(&mut self.trie, &change.filter, node);
+                }
+                RouteOp::Remove => {
+                    replica.bytes = replica.bytes.saturating_sub(weight);
+                    unindex(&mut self.trie, &change.filter, node);
+                }
             }
             note(
                 &mut self.journal,

@@ -38,10 +38,8 @@ pub(super) const CLAIM_TOMBSTONES_KEPT: usize = 100_000;
 pub(super) struct Claims {
     /// The greatest claim per client id (tombstones: sessions that ended).
     pub map: crate::retained::LwwMap<Claim>,
-    /// Live claims held per claimer other than this node.
-    by_node: BTreeMap<NodeId, usize>,
-    /// Bytes of the live claims held per claimer ([`claim_weight`]).
-    bytes_by_node: BTreeMap<NodeId, usize>,
+    /// Live claims held per claimer, and their bytes ([`claim_weight`]).
+    by_node: BTreeMap<NodeId, (usize, usize)>,
     /// Live claims held, this node's included.
     live: usize,
     /// Per client id this node's live claim holds: the newest claim of another node known to
@@ -60,19 +58,16 @@ impl Claims {
     /// One live claim more (`delta` 1) or less (-1) for `node`, of `weight` bytes.
     fn count(&mut self, node: &NodeId, delta: isize, weight: usize) {
         self.live = self.live.saturating_add_signed(delta);
-        let n = self.by_node.entry(node.clone()).or_default();
+        let (n, bytes) = self.by_node.entry(node.clone()).or_default();
         *n = n.saturating_add_signed(delta);
+        *bytes = if delta > 0 {
+            bytes.saturating_add(weight)
+        } else {
+            bytes.saturating_sub(weight)
+        };
         if *n == 0 {
             self.by_node.remove(node);
-            self.bytes_by_node.remove(node);
-            return;
         }
-        let b = self.bytes_by_node.entry(node.clone()).or_default();
-        *b = if delta > 0 {
-            b.saturating_add(weight)
-        } else {
-            b.saturating_sub(weight)
-        };
     }
 
     /// Apply a claim that wins over what is held (the caller checked), keeping the counts of
@@ -97,11 +92,11 @@ impl Claims {
     }
 
     fn live_of(&self, node: &NodeId) -> usize {
-        self.by_node.get(node).copied().unwrap_or(0)
+        self.by_node.get(node).map_or(0, |(n, _)| *n)
     }
 
     fn bytes_of(&self, node: &NodeId) -> usize {
-        self.bytes_by_node.get(node).copied().unwrap_or(0)
+        self.by_node.get(node).map_or(0, |(_, bytes)| *bytes)
     }
 
     /// Drop every claim (and release) `node` made; the client ids they named.
