@@ -465,6 +465,53 @@ fn a_pubrel_for_a_message_the_old_node_received_is_answered_and_forgotten() {
     );
 }
 
+#[test]
+fn a_shipped_message_waits_for_older_ones_of_its_node_that_come_another_way() {
+    const ORDER_WAIT_MS: u64 = 2_000;
+    let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |c| {
+        c.session_order_wait_ms = ORDER_WAIT_MS;
+    });
+    let first = subscriber(&mut mesh, "a", QoS::AtLeastOnce);
+    mesh.node("a").close(first);
+    mesh.settle();
+    // c is cut off from a: what it publishes for the session waits in its outbox for a.
+    mesh.link_down(&id("a"), &id("c"));
+    publish_numbers(&mut mesh, "c", 0..3, QoS::AtLeastOnce);
+    // The client stays on b a while: b takes the session, c sends to b too from then on.
+    let (at_b, ack) = mesh.node("b").connect_with(V5, "dev", persistent);
+    assert!(ack.session_present);
+    for _ in 0..3 {
+        mesh.advance(50);
+    }
+    assert_eq!(
+        mesh.node("c").broker.nodes_for("t/x"),
+        vec![id("a"), id("b")]
+    );
+    mesh.node("b").close(at_b);
+    mesh.settle();
+    publish_numbers(&mut mesh, "c", 3..6, QoS::AtLeastOnce);
+    // a cannot say it relayed everything of c (c cannot echo), so b holds 3..5 until its
+    // hold runs out; then they are queued ready to go.
+    mesh.advance(ORDER_WAIT_MS + 1);
+    assert_eq!(mesh.node("b").broker.stats().session_order_waits_over, 1);
+
+    // The client comes back to a: b ships 3..5, which must wait for 0..2, still in c's
+    // outbox for a.
+    let (back, ack) = mesh.node("a").connect_with(V5, "dev", persistent);
+    assert!(ack.session_present);
+    mesh.advance(50);
+    let early = mesh.node("a").read_numbers(back);
+    mesh.link_up(&id("a"), &id("c"));
+    for _ in 0..5 {
+        mesh.advance(50);
+    }
+    let got: Vec<u32> = early
+        .into_iter()
+        .chain(mesh.node("a").read_numbers(back))
+        .collect();
+    assert_eq!(got, (0..6).collect::<Vec<_>>(), "each once, in c's order");
+}
+
 mod trust {
     use super::*;
     use bytes::Bytes;

@@ -781,26 +781,36 @@ pub(crate) fn decode_subscription(value: &[u8]) -> Result<SubscriptionEntry, Rec
 pub(crate) struct QueuedRecord {
     pub inflight: Option<(u16, InflightState)>,
     pub delivery: Delivery,
-    /// For a message held back for its origin's order: its identity in the deployment.
-    pub held: Option<MessageId>,
+    /// The message's identity in the deployment, when a cluster routed it.
+    pub id: Option<MessageId>,
+    /// Whether it is held back for its origin's order (then it has its identity).
+    pub held: bool,
 }
 
-/// The state byte's flag for a held message's identity, which follows the subscription ids.
+/// The state byte's flags: the message is held back for its origin's order (`HELD`), its
+/// identity follows the subscription ids (`ID`, or `HELD`, which always has one).
 const HELD: u8 = 0x80;
+const ID: u8 = 0x40;
 
 pub(crate) fn encode_queued(inflight: Option<(u16, InflightState)>, delivery: &Delivery) -> Bytes {
-    encode_queued_held(inflight, delivery, None)
+    encode_queued_with(inflight, delivery, None, false)
 }
 
-/// A queued message's record, with its identity if it is held back for its origin's order.
-pub(crate) fn encode_queued_held(
+/// A queued message's record, with its identity in the deployment if it has one, held back
+/// for its origin's order or not (only a message with its identity can be).
+pub(crate) fn encode_queued_with(
     inflight: Option<(u16, InflightState)>,
     delivery: &Delivery,
-    held: Option<&MessageId>,
+    id: Option<&MessageId>,
+    held: bool,
 ) -> Bytes {
     let mut v = BytesMut::with_capacity(64 + delivery.message.payload.len());
     v.put_u8(FORMAT);
-    let flag = if held.is_some() { HELD } else { 0 };
+    let flag = match id {
+        Some(_) if held => HELD,
+        Some(_) => ID,
+        None => 0,
+    };
     match inflight {
         None => v.put_u8(flag),
         Some((_, InflightState::AwaitAck)) => v.put_u8(1 | flag),
@@ -816,7 +826,7 @@ pub(crate) fn encode_queued_held(
     for id in ids.iter().take(usize::from(u16::MAX)) {
         v.put_u32(*id);
     }
-    if let Some((origin, seq)) = held {
+    if let Some((origin, seq)) = id {
         put_string(&mut v, origin.node.as_str());
         v.put_u64(origin.incarnation);
         v.put_u64(*seq);
@@ -828,8 +838,8 @@ pub(crate) fn encode_queued_held(
 pub(crate) fn decode_queued(value: &[u8]) -> Result<QueuedRecord, RecordError> {
     let mut r = Reader::new("queued message", value)?;
     let state = r.u8()?;
-    let is_held = state & HELD != 0;
-    let state = state & !HELD;
+    let (held, has_id) = (state & HELD != 0, state & (HELD | ID) != 0);
+    let state = state & !(HELD | ID);
     let packet_id = r.u16()?;
     let inflight = match state {
         0 => None,
@@ -848,7 +858,7 @@ pub(crate) fn decode_queued(value: &[u8]) -> Result<QueuedRecord, RecordError> {
     for _ in 0..n {
         subscription_ids.push(r.u32()?);
     }
-    let held = if is_held {
+    let id = if has_id {
         let node = r.node()?;
         let incarnation = r.u64()?;
         Some((Owner { node, incarnation }, r.u64()?))
@@ -859,6 +869,7 @@ pub(crate) fn decode_queued(value: &[u8]) -> Result<QueuedRecord, RecordError> {
     Ok(QueuedRecord {
         inflight,
         delivery: Delivery::new(message, qos, retain, subscription_ids, shared),
+        id,
         held,
     })
 }
@@ -1208,6 +1219,37 @@ mod tests {
                 assert!(read.len() < records.len() && records.starts_with(&read));
             }
         }
+    }
+
+    #[test]
+    fn a_queued_message_keeps_its_identity_held_back_or_not() {
+        let message = Arc::new(Message {
+            topic: "t/x".into(),
+            payload: Bytes::from_static(b"7"),
+            qos: QoS::ExactlyOnce,
+            retain: false,
+            properties: Default::default(),
+            expires_at: None,
+            origin: None,
+        });
+        let delivery = Delivery::new(message, QoS::AtLeastOnce, false, vec![3], None);
+        let owner = Owner {
+            node: NodeId::new("fra-1").unwrap(),
+            incarnation: 4,
+        };
+        let id = (owner, 1 << 40);
+        for (id, held) in [(None, false), (Some(&id), false), (Some(&id), true)] {
+            let record = decode_queued(&encode_queued_with(None, &delivery, id, held)).unwrap();
+            assert_eq!((record.id.as_ref(), record.held), (id, held));
+            assert_eq!(record.delivery, delivery);
+            assert_eq!(record.inflight, None);
+        }
+        // Held without an identity is not a state: kept ready to go.
+        let record = decode_queued(&encode_queued_with(None, &delivery, None, true)).unwrap();
+        assert!(!record.held);
+        let inflight = Some((9, InflightState::AwaitComp));
+        let record = decode_queued(&encode_queued_with(inflight, &delivery, Some(&id), false));
+        assert_eq!(record.map(|r| (r.inflight, r.id)), Ok((inflight, Some(id))));
     }
 
     #[test]

@@ -360,22 +360,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         delivery: Delivery,
         detached: &mut Option<Arc<Message>>,
     ) {
-        let hold = match self.moving_delivery(sid, &delivery) {
-            Moving::Deliver => None,
+        let (id, held) = match self.moving_delivery(sid, &delivery) {
+            Moving::Deliver => (self.routing_id(), false),
             Moving::Handled => return,
-            Moving::Hold(id) => Some(id),
+            Moving::Hold(id) => (Some(id), true),
         };
-        self.hand_to_session(sid, delivery, detached, hold);
+        self.hand_to_session(sid, delivery, detached, id, held);
     }
 
-    /// [`Broker::deliver`] once the moves of sessions had their say: `hold`, the message's
-    /// identity if it is to be held back for its origin's order.
+    /// [`Broker::deliver`] once the moves of sessions had their say: `id`, the message's
+    /// identity in the deployment if a cluster routed it; `held`, whether it is to be held
+    /// back for its origin's order (with its identity).
     pub(super) fn hand_to_session(
         &mut self,
         sid: SessionId,
         mut delivery: Delivery,
         detached: &mut Option<Arc<Message>>,
-        hold: Option<crate::link::MessageId>,
+        id: Option<crate::link::MessageId>,
+        held: bool,
     ) {
         if delivery.qos != QoS::AtMostOnce && self.over_budget(delivery.message.weight()) {
             // It would be held (queued, or in flight until acknowledged).
@@ -403,7 +405,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .and_then(|c| self.conns.get(&c))
             .map_or(0, |c| usize::from(c.send_window));
         if let Some(conn) = conn
-            && hold.is_none()
+            && !held
             && !self.transfer_blocks(sid, delivery.qos)
             && session.queue.is_empty()
             && session.inflight.has_room(
@@ -435,6 +437,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         delivery.message = detached
             .get_or_insert_with(|| Arc::new(delivery.message.detached()))
             .clone();
+        let id = id.map(Box::new);
         let Some(session) = self.session_mut(sid) else {
             return;
         };
@@ -445,11 +448,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 client_id: session.client_id.to_string(),
                 seq,
             };
-            let value = persist::encode_queued_held(None, &delivery, hold.as_ref());
-            session.queue.enqueue(hold, Queued { delivery, seq });
+            let value = persist::encode_queued_with(None, &delivery, id.as_deref(), held);
+            session.queue.enqueue(held, Queued { delivery, seq, id });
             self.persist(key.encode(), Some(value));
         } else {
-            session.queue.enqueue(hold, Queued { delivery, seq });
+            session.queue.enqueue(held, Queued { delivery, seq, id });
         }
     }
 
@@ -643,7 +646,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             let Some(session) = self.sessions.get_mut(sid as usize).and_then(Option::as_mut) else {
                 return;
             };
-            let Some(Queued { delivery, seq }) = session.queue.pop_front() else {
+            let Some(Queued { delivery, seq, .. }) = session.queue.pop_front() else {
                 return;
             };
             if delivery.message.is_expired(now) {

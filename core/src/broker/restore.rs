@@ -354,7 +354,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             };
             // Held back for its origin's order: held again while the session may still get
             // older ones (else it went before the restart, in its origin's order).
-            let held = record.held.filter(|_| self.may_get_older(&client_id));
+            let held = record.held && self.may_get_older(&client_id);
             let Some(session) = self.session_mut(sid) else {
                 continue;
             };
@@ -373,6 +373,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     let queued = Queued {
                         delivery: record.delivery,
                         seq,
+                        id: record.id.map(Box::new),
                     };
                     session.queue.enqueue(held, queued);
                 }
@@ -444,10 +445,8 @@ fn held_in_origin_order(
         while let Some(next) = records.next_if(|((c, _), _)| *c == session[0].0.0) {
             session.push(next);
         }
-        let places: Vec<usize> = (0..session.len())
-            .filter(|&i| session[i].1.held.is_some())
-            .collect();
-        let order = origin_order(places.iter().filter_map(|&i| session[i].1.held.as_ref()));
+        let places: Vec<usize> = (0..session.len()).filter(|&i| session[i].1.held).collect();
+        let order = origin_order(places.iter().filter_map(|&i| session[i].1.id.as_ref()));
         let mut slots: Vec<Option<_>> = session.into_iter().map(Some).collect();
         let moved: Vec<_> = order.iter().map(|&j| slots[places[j]].take()).collect();
         for (&place, record) in places.iter().zip(moved) {

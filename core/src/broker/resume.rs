@@ -318,7 +318,7 @@ pub(in crate::broker) fn session_records_where(
             client_id: client_id(),
             seq: q.seq,
         };
-        let value = persist::encode_queued_held(None, &q.delivery, held);
+        let value = persist::encode_queued_with(None, &q.delivery, q.id.as_deref(), held);
         records.push((key.encode(), value));
     }
     for packet_id in s.incoming_qos2.iter() {

@@ -302,6 +302,10 @@ impl std::ops::Index<usize> for InflightWindow {
 pub(crate) struct Queued {
     pub delivery: Delivery,
     pub seq: u64,
+    /// The message's identity in the deployment, when it came routed by a cluster: a session
+    /// that moves takes it along, so that its new node knows the message's place in its
+    /// origin's order (and that it had it).
+    pub id: Option<Box<MessageId>>,
 }
 
 /// A session's queued QoS 1/2 messages, oldest first, and their weight in bytes. A session that
@@ -319,8 +323,8 @@ pub(crate) struct MessageQueue(Option<Box<QueueStore>>);
 #[derive(Debug, Default)]
 struct QueueStore {
     messages: VecDeque<Queued>,
-    /// Held back, in the order they came, with their identities in the deployment.
-    held: Vec<(MessageId, Queued)>,
+    /// Held back, in the order they came; each has its identity in the deployment.
+    held: Vec<Queued>,
     /// The sum of the messages' weights, held ones included.
     bytes: usize,
 }
@@ -354,14 +358,12 @@ impl MessageQueue {
         self.iter_marked().map(|(_, m)| m)
     }
 
-    /// As [`MessageQueue::iter`], with each held message's identity.
-    pub fn iter_marked(&self) -> impl Iterator<Item = (Option<&MessageId>, &Queued)> {
+    /// As [`MessageQueue::iter`], each message with whether it is held back.
+    pub fn iter_marked(&self) -> impl Iterator<Item = (bool, &Queued)> {
         self.0.iter().flat_map(|q| {
-            let order = origin_order(q.held.iter().map(|(id, _)| id));
-            let held = order
-                .into_iter()
-                .map(|i| (Some(&q.held[i].0), &q.held[i].1));
-            q.messages.iter().map(|m| (None, m)).chain(held)
+            let order = origin_order(q.held.iter().filter_map(|m| m.id.as_deref()));
+            let held = order.into_iter().map(|i| (true, &q.held[i]));
+            q.messages.iter().map(|m| (false, m)).chain(held)
         })
     }
 
@@ -376,19 +378,15 @@ impl MessageQueue {
         store.messages.push_back(queued);
     }
 
-    /// Queue a message, ready to go or (with its identity) held back.
-    pub fn enqueue(&mut self, held: Option<MessageId>, queued: Queued) {
-        match held {
-            Some(id) => self.hold(id, queued),
-            None => self.push_back(queued),
+    /// Queue a message, ready to go or held back until [`MessageQueue::release`] lets its
+    /// origin go (only a message with its identity can be: its origin's order is known).
+    pub fn enqueue(&mut self, held: bool, queued: Queued) {
+        if !held || queued.id.is_none() {
+            return self.push_back(queued);
         }
-    }
-
-    /// Queue a message held back until [`MessageQueue::release`] lets its origin go.
-    pub fn hold(&mut self, id: MessageId, queued: Queued) {
         let store = self.0.get_or_insert_with(Box::default);
         store.bytes += queued.delivery.message.weight();
-        store.held.push((id, queued));
+        store.held.push(queued);
     }
 
     /// Let the held messages whose origin `still_held` does not keep join the messages ready
@@ -408,10 +406,10 @@ impl MessageQueue {
         }
         let (keep, go): (Vec<_>, Vec<_>) = std::mem::take(&mut store.held)
             .into_iter()
-            .partition(|(id, m)| still_held(id, m));
+            .partition(|m| m.id.as_deref().is_some_and(|id| still_held(id, m)));
         store.held = keep;
-        let order = origin_order(go.iter().map(|(id, _)| id));
-        let mut go: Vec<Option<Queued>> = go.into_iter().map(|(_, m)| Some(m)).collect();
+        let order = origin_order(go.iter().filter_map(|m| m.id.as_deref()));
+        let mut go: Vec<Option<Queued>> = go.into_iter().map(Some).collect();
         let mut had = Vec::with_capacity(go.len());
         for i in order {
             if let Some(mut m) = go[i].take() {
@@ -444,8 +442,8 @@ impl MessageQueue {
         let queued = match store.messages.iter().position(|q| q.seq == seq) {
             Some(index) => store.messages.remove(index)?,
             None => {
-                let index = store.held.iter().position(|(_, q)| q.seq == seq)?;
-                store.held.remove(index).1
+                let index = store.held.iter().position(|q| q.seq == seq)?;
+                store.held.remove(index)
             }
         };
         store.bytes -= queued.delivery.message.weight();
@@ -466,7 +464,7 @@ impl MessageQueue {
             kept
         };
         store.messages.retain(|q| keep(q));
-        store.held.retain(|(_, q)| keep(q));
+        store.held.retain(|q| keep(q));
     }
 
     /// Drop the held messages `gone` names (taken by the session already, as it turned out),
@@ -476,8 +474,8 @@ impl MessageQueue {
             return Vec::new();
         };
         let mut seqs = Vec::new();
-        store.held.retain(|(id, q)| {
-            let drop = gone(id);
+        store.held.retain(|q| {
+            let drop = q.id.as_deref().is_some_and(&gone);
             if drop {
                 store.bytes -= q.delivery.message.weight();
                 seqs.push(q.seq);
@@ -682,8 +680,9 @@ mod tests {
 
     /// Bytes a queued message takes in its session's queue, and an in-flight one in its
     /// window: one each per message and subscriber, so a fan-out to many slow or absent
-    /// subscribers is counted in these.
-    const QUEUED_BUDGET: usize = 32;
+    /// subscribers is counted in these. (40: 8 of them point to the message's identity in
+    /// the deployment, boxed, as only a cluster gives one.)
+    const QUEUED_BUDGET: usize = 40;
     const INFLIGHT_BUDGET: usize = 40;
 
     #[test]
@@ -742,6 +741,7 @@ mod tests {
         Queued {
             delivery: q.delivery,
             seq,
+            id: None,
         }
     }
 

@@ -27,7 +27,9 @@
 //! session that moved on again says a node caught up only once every relay to it said so
 //! too, and every relay from it for the session (earlier stays included) had that node's
 //! echo; a session back on a node it left holds a node's messages while that node's relay
-//! from the earlier stay waits for that node's echo.
+//! from the earlier stay waits for that node's echo. A shipped session's queued messages
+//! carry their identities, so the new node holds them by the same rules (one its old node
+//! had ready to go waits only for the ways other than that node's relay).
 //!
 //! A node cut off from the others may resume a session it still holds while another node took
 //! it meanwhile. Once the link is back it learns that node's claim, older than its own
@@ -131,15 +133,18 @@ struct Source {
 }
 
 impl Window {
-    /// Whether `node`'s messages wait: the hold is on, and a relay may still bring older ones.
-    fn holds(&self, node: &NodeId) -> bool {
-        self.hold_until.is_some() && !self.caught_up(node)
+    /// Whether `node`'s messages wait: the hold is on, and a relay (but `except`) may still
+    /// bring older ones.
+    fn holds(&self, node: &NodeId, except: Option<&(NodeId, Stamp)>) -> bool {
+        self.hold_until.is_some() && !self.caught_up(node, except)
     }
 
-    /// Whether every relay that may come passed on everything `node` routed to it first, and
-    /// `node` echoed this node's own fence.
-    fn caught_up(&self, node: &NodeId) -> bool {
-        self.sources.values().all(|s| s.caught_up.contains(node))
+    /// Whether every relay that may come (but `except`) passed on everything `node` routed to
+    /// it first, and `node` echoed this node's own fence.
+    fn caught_up(&self, node: &NodeId, except: Option<&(NodeId, Stamp)>) -> bool {
+        self.sources
+            .iter()
+            .all(|(key, s)| Some(key) == except || s.caught_up.contains(node))
             && self.fence.as_ref().is_none_or(|(_, w)| !w.contains(node))
     }
 
@@ -218,11 +223,17 @@ impl Moves {
     /// hold is on, and a relay may still bring older ones of `node`, from the node it came
     /// from, or from a stay here before (its relay from here waits for `node`'s fence echo:
     /// messages routed here for that stay may still be on their way from `node`).
-    fn holds(&self, me: &NodeId, client_id: &str, node: &NodeId) -> bool {
+    fn holds(
+        &self,
+        me: &NodeId,
+        client_id: &str,
+        node: &NodeId,
+        except: Option<&(NodeId, Stamp)>,
+    ) -> bool {
         let Some(w) = self.windows.get(client_id) else {
             return false;
         };
-        w.holds(node)
+        w.holds(node, except)
             || (w.hold_until.is_some()
                 && node != me
                 && self
@@ -423,7 +434,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return Moving::Deliver;
         };
         let take = intake.take(&id, exact);
-        let held = awaiting || c.moves.holds(&c.owner.node, &client_id, &id.0.node);
+        let held = awaiting || c.moves.holds(&c.owner.node, &client_id, &id.0.node, None);
         match take {
             Take::Twice => {
                 self.stats.dropped_moved_twice += 1;
@@ -825,7 +836,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 .echoed
                 .iter()
                 .filter(|n| !relay.caught_up.contains(*n))
-                .filter(|n| window.is_none_or(|w| w.caught_up(n)))
+                .filter(|n| window.is_none_or(|w| w.caught_up(n, None)))
                 .filter(|n| {
                     echoes.iter().all(|(other, echoed)| {
                         other == claim || echoed.as_ref().is_some_and(|e| e.contains(*n))
@@ -1038,9 +1049,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// A session arrives here from `from` for this node's claim: its relays may follow, and
     /// the messages it had (`had`) come no second time. What it was held back here while it
-    /// was on its way and turns out to have had goes (unless it comes held in the shipment
-    /// too, `shipped_held`: then the shipment's copy goes); the rest waits, each node's
-    /// messages until `from` relayed everything older of that node.
+    /// was on its way and turns out to have had goes (unless the shipment carries it held
+    /// too, `shipped_held`: then the copy here stays, and the shipment's is taken no second
+    /// time); the rest waits, each node's messages until `from` relayed everything older of
+    /// that node.
     pub(super) fn open_window(
         &mut self,
         sid: SessionId,
@@ -1305,24 +1317,32 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.moves.intakes.entry(key).or_default().take(&id, true);
     }
 
-    /// A message that came with a shipped session, held back where it came from: held here
-    /// as long as older ones of its origin may still come, else delivered.
-    pub(super) fn deliver_shipped_held(
+    /// A message that came with a shipped session (from the relay `source`), with its
+    /// identity in the deployment: held back here as long as older ones of its origin may
+    /// still come, else delivered.
+    ///
+    /// One its sender held back for its order (`held_there`) may have reached the session
+    /// here by another way (the same message in two shipments of the session, or relayed):
+    /// it comes no second time. One its sender had ready to go came after every older one of
+    /// its origin that reached the sender: only another way (another relay, a fence, a stay
+    /// here before) can still bring older ones, so `source` holds it back no further.
+    pub(super) fn deliver_shipped(
         &mut self,
         sid: SessionId,
-        held: Option<MessageId>,
+        id: MessageId,
         delivery: Delivery,
+        source: &(NodeId, Stamp),
+        held_there: bool,
     ) {
-        // Taken here already (the same message in two shipments of the session, or by
-        // another way): not again.
-        if let Some(id) = &held {
-            let client_id = self.session(sid).map(|s| s.client_id.clone());
-            let Some(client_id) = client_id else { return };
+        let Some(client_id) = self.session(sid).map(|s| s.client_id.clone()) else {
+            return;
+        };
+        if held_there {
             let twice = self.cluster.as_mut().is_some_and(|c| {
                 c.moves
                     .intakes
                     .get_mut(&client_id)
-                    .is_some_and(|intake| intake.take(id, true) == Take::Twice)
+                    .is_some_and(|intake| intake.take(&id, true) == Take::Twice)
             });
             if twice {
                 self.stats.dropped_moved_twice += 1;
@@ -1335,22 +1355,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             };
             self.persist(record.encode(), Some(persist::marker()));
         }
-        let still_held = held.as_ref().is_some_and(|id| {
-            let client_id = self.session(sid).map(|s| s.client_id.clone());
-            let Some(c) = &self.cluster else { return false };
-            client_id.is_some_and(|client_id| {
+        let except = (!held_there).then_some(source);
+        let held = delivery.qos != QoS::AtMostOnce
+            && self.cluster.as_ref().is_some_and(|c| {
                 c.transfers.awaits(&client_id)
                     || (c.transfers.on_its_way(&client_id) && delivery.qos == QoS::ExactlyOnce)
-                    || c.moves.holds(&c.owner.node, &client_id, &id.0.node)
-            })
-        });
-        match held {
-            Some(id) if still_held && delivery.qos != QoS::AtMostOnce => {
-                self.stats.messages_held_for_order += 1;
-                self.hand_to_session(sid, delivery, &mut None, Some(id));
-            }
-            _ => self.deliver(sid, delivery, &mut None),
+                    || c.moves.holds(&c.owner.node, &client_id, &id.0.node, except)
+            });
+        if held {
+            self.stats.messages_held_for_order += 1;
         }
+        self.hand_to_session(sid, delivery, &mut None, Some(id), held);
     }
 
     /// Let the held messages of `client_id`'s session go whose node no relay may bring older
@@ -1372,7 +1387,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let had = session.queue.release(&mut session.next_seq, |id, m| {
             awaiting
                 || (on_its_way && m.delivery.qos == QoS::ExactlyOnce)
-                || moves.holds(me, client_id, &id.0.node)
+                || moves.holds(me, client_id, &id.0.node, None)
         });
         if had.is_empty() {
             return;
@@ -1387,7 +1402,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         client_id: client_id.to_owned(),
                         seq: m.seq,
                     };
-                    (key.encode(), persist::encode_queued(None, &m.delivery))
+                    let value =
+                        persist::encode_queued_with(None, &m.delivery, m.id.as_deref(), false);
+                    (key.encode(), value)
                 })
                 .collect();
             for seq in had {

@@ -516,7 +516,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         });
         // Relays from the sender may follow; what the session had before it left there comes
         // no second time.
-        let shipped_held: BTreeSet<_> = messages.values().filter_map(|m| m.held.clone()).collect();
+        let shipped_held: BTreeSet<_> = messages
+            .values()
+            .filter(|m| m.held)
+            .filter_map(|m| m.id.clone())
+            .collect();
         self.open_window(
             sid,
             from,
@@ -543,12 +547,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 Some((packet_id, state)) => {
                     self.restore_inflight(sid, packet_id, state, record.delivery)
                 }
-                // Held back there for its origin's order: held here too, while older ones of
+                // Its place in its origin's order is known: held here while older ones of
                 // its origin may still come.
-                None if record.held.is_some() => {
-                    self.deliver_shipped_held(sid, record.held, record.delivery)
-                }
-                None => self.deliver(sid, record.delivery, &mut None),
+                None => match record.id {
+                    Some(id) => {
+                        let source = (from.clone(), claim_stamp.clone());
+                        self.deliver_shipped(sid, id, record.delivery, &source, record.held)
+                    }
+                    None => self.deliver(sid, record.delivery, &mut None),
+                },
             }
         }
         self.merge_had(client_id, &had);
