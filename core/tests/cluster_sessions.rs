@@ -662,6 +662,101 @@ mod trust {
         assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
     }
 
+    /// A session comes only from a node whose own claim the receiver's replaced, one the
+    /// authorizer vouches for: a member without the user's proof cannot ship messages into
+    /// her session (or a window that would drop her next ones), whatever claim it names.
+    #[test]
+    fn only_a_node_that_held_the_session_by_a_proven_claim_ships_it() {
+        let mut mesh = three();
+        for (node, proves) in [("a", true), ("b", true), ("c", false)] {
+            let w = mesh.node(node);
+            let now = meridian_core::Timestamp(w.now);
+            w.broker
+                .set_hooks(now, Box::new(Proving(proves)), Box::new(Vouching));
+        }
+        let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+        mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
+        mesh.advance(50);
+        mesh.node("a").close(on_a);
+        publish_numbers(&mut mesh, "c", 0..2, QoS::AtLeastOnce);
+        // alice at b: a ships her session there, by its proven claim.
+        let (on_b, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
+        assert!(ack.session_present);
+        mesh.deliver_one_way("b", "a");
+        let shipped = mesh
+            .peek("a", "b")
+            .into_iter()
+            .find_map(|f| match f {
+                Frame::SessionTransfer(t) => Some(t),
+                _ => None,
+            })
+            .expect("a ships the session");
+        let by = shipped.by.clone().expect("a names its claim");
+        assert_eq!(
+            (by.stamp.node.clone(), by.stamp < shipped.claim),
+            (id("a"), true)
+        );
+        mesh.advance(50);
+        assert_eq!(mesh.node("b").read_numbers(on_b), vec![0, 1]);
+        assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
+
+        // c sends the same session again, as a shipment of its own, by every claim it can
+        // name: none of its own with a proof, a's (which names a), one of its own made after
+        // b's. Taken, its messages would reach alice a second time.
+        let unproven = ClaimUpdate {
+            client_id: "dev".into(),
+            stamp: stamp("c", 1),
+            claim: Some(Claim {
+                user: Some("alice".into()),
+                resume: true,
+                persistent: true,
+                proof: None,
+            }),
+        };
+        let later = ClaimUpdate {
+            stamp: Stamp {
+                hlc: Hlc {
+                    wall_ms: shipped.claim.hlc.wall_ms + 1,
+                    logical: 0,
+                },
+                node: id("c"),
+            },
+            ..by.clone()
+        };
+        let forged = [None, Some(unproven), Some(by), Some(later)];
+        for (n, by) in forged.into_iter().enumerate() {
+            let before = mesh.node("b").broker.stats();
+            mesh.inject(
+                "c",
+                "b",
+                Frame::SessionTransfer(SessionTransfer {
+                    shipment: stamp("c", 10 + n as u64),
+                    by,
+                    ..shipped.clone()
+                }),
+            );
+            mesh.advance(50);
+            let after = mesh.node("b").broker.stats();
+            assert_eq!(
+                (
+                    after.peer_frames_not_owner - before.peer_frames_not_owner,
+                    after.sessions_moved_in,
+                ),
+                (1, 1),
+                "forged transfer {n} refused"
+            );
+            assert!(
+                !mesh
+                    .peek("b", "c")
+                    .iter()
+                    .any(|f| matches!(f, Frame::SessionTaken { .. })),
+                "not answered: nothing of it is kept"
+            );
+        }
+        assert!(mesh.node("b").read_numbers(on_b).is_empty());
+        assert_eq!(mesh.node("b").broker.stats().queued_messages, 0);
+    }
+
     #[test]
     fn claims_past_a_peers_bound_cut_its_session() {
         let mut mesh = Mesh::new(&["a", "b"], Config::default(), |c| {
@@ -710,6 +805,7 @@ mod trust {
                 shipment: stamp("b", 1),
                 index: 0,
                 count: 1,
+                by: None,
                 records: vec![(Bytes::from(victim), Bytes::from_static(&[1, 5]))],
             }),
         );
@@ -917,6 +1013,7 @@ mod trust {
                 shipment: stamp("b", 1),
                 index,
                 count: 3,
+                by: None,
                 records: vec![(Bytes::from_static(b"k"), Bytes::from(vec![0u8; 600]))],
             })
         };

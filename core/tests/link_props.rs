@@ -164,6 +164,7 @@ fn frame() -> impl Strategy<Value = Frame> {
             "[a-z0-9]{0,12}",
             stamp(),
             1u32..5,
+            prop::option::of(claim_update()),
             prop::collection::vec(
                 (
                     prop::collection::vec(any::<u8>(), 0..12),
@@ -172,7 +173,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                 0..4
             )
         )
-            .prop_flat_map(|(client_id, claim, count, records)| {
+            .prop_flat_map(|(client_id, claim, count, by, records)| {
                 (0..count).prop_map(move |index| {
                     Frame::SessionTransfer(SessionTransfer {
                         client_id: client_id.clone(),
@@ -186,6 +187,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                         },
                         index,
                         count,
+                        by: by.clone(),
                         records: records
                             .iter()
                             .map(|(k, v)| (Bytes::from(k.clone()), Bytes::from(v.clone())))

@@ -133,6 +133,11 @@ pub(crate) enum Key {
     Claim {
         client_id: String,
     },
+    /// This node's own last claim on a client id that another node's claim replaced: what a
+    /// session it ships (or passes on) there was held by.
+    SupersededClaim {
+        client_id: String,
+    },
     /// A session shipped to the node whose claim took it over, by its shipment
     /// ([`crate::link::SessionTransfer::shipment`]).
     Transfer {
@@ -260,6 +265,7 @@ impl Key {
             Key::Checkpoint { client_id } => with_client(b'K', client_id, 0).freeze(),
             Key::Leaf { node } => with_client(b'L', node.as_str(), 0).freeze(),
             Key::Claim { client_id } => with_client(b'H', client_id, 0).freeze(),
+            Key::SupersededClaim { client_id } => with_client(b'E', client_id, 0).freeze(),
             Key::Seen { client_id } => with_client(b'V', client_id, 0).freeze(),
             Key::Transfer {
                 client_id,
@@ -419,6 +425,7 @@ impl Key {
                 node: node(&client_id)?,
             },
             b'H' if k.is_empty() => Key::Claim { client_id },
+            b'E' if k.is_empty() => Key::SupersededClaim { client_id },
             b'V' if k.is_empty() => Key::Seen { client_id },
             b'X' => {
                 let claim = get_stamp(&mut k)?;
@@ -1163,6 +1170,9 @@ mod tests {
                 node: NodeId::new("edge-eu").unwrap(),
             },
             Key::Claim {
+                client_id: "dev".into(),
+            },
+            Key::SupersededClaim {
                 client_id: "dev".into(),
             },
             Key::Transfer {

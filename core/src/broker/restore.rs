@@ -160,6 +160,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.restore_cluster_record(&k, value)?;
             }
             Key::Claim { client_id } => self.restore_claim(&client_id, value)?,
+            Key::SupersededClaim { client_id } => {
+                self.restore_superseded_claim(client_id, value)?
+            }
             Key::Transfer {
                 client_id,
                 shipment,

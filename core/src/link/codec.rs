@@ -162,6 +162,11 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             if index >= count {
                 return Err(r.bad("part index beyond count"));
             }
+            let by = match r.u8()? {
+                0 => None,
+                1 => Some(r.claim()?),
+                _ => return Err(r.bad("bad sender claim flag")),
+            };
             let n = r.count(8)?;
             let mut records = Vec::with_capacity(n);
             for _ in 0..n {
@@ -175,6 +180,7 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
                 shipment,
                 index,
                 count,
+                by,
                 records,
             })
         }
@@ -375,6 +381,13 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
             }
             body.put_u32(t.index);
             body.put_u32(t.count);
+            match &t.by {
+                None => body.put_u8(0),
+                Some(by) => {
+                    body.put_u8(1);
+                    put_claim(body, by)?;
+                }
+            }
             put_count(body, t.records.len())?;
             for (key, value) in &t.records {
                 put_count(body, key.len())?;

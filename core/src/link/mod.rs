@@ -29,7 +29,7 @@ pub use outbox::{Outbox, OutboxFull, OutboxLimits, Queued};
 pub use wire::{EncodedFrame, FrameReader, StreamRead, decode_message};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
-pub const LINK_PROTOCOL_VERSION: u16 = 5;
+pub const LINK_PROTOCOL_VERSION: u16 = 6;
 
 /// Largest frame accepted by default (a snapshot chunk or a forwarded message).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -124,6 +124,12 @@ pub struct SessionTransfer {
     pub index: u32,
     /// Parts in the transfer.
     pub count: u32,
+    /// The sender's own claim on the client id that `claim` replaced: what it held the
+    /// session by (or waited for it by, when it passes on a session that reached it after
+    /// `claim`). The receiver takes the transfer only from the node this claim names, made
+    /// before `claim`, and one its authorizer vouches for; `None` from a sender that had no
+    /// claim of its own, taken only where claims need no proof.
+    pub by: Option<ClaimUpdate>,
     /// Storage records (key, value) of the session.
     pub records: Vec<(Bytes, Bytes)>,
 }

@@ -46,7 +46,15 @@ pub(super) struct Claims {
     /// have been made before it (the one it replaced, or one learnt of since), so that an
     /// older claim counts once ([`Broker::older_claim`]).
     known_before: BTreeMap<String, Stamp>,
+    /// Per client id, this node's own last claim that another node's claim replaced: a
+    /// session this node ships or passes on there carries it, as its right to
+    /// ([`crate::link::SessionTransfer::by`]). At most [`CLAIMS_SUPERSEDED_KEPT`], the
+    /// oldest forgotten first.
+    superseded: BTreeMap<String, (Stamp, Claim)>,
 }
+
+/// Own claims replaced by others' that are remembered ([`Claims::superseded`]).
+const CLAIMS_SUPERSEDED_KEPT: usize = 100_000;
 
 impl Claims {
     /// The live claim on `client_id`, with its stamp.
@@ -148,7 +156,7 @@ fn claim_weight(client_id: &str, claim: &Claim) -> usize {
 
 /// The value of a claim record: stamp, then 0 for a tombstone, or 1, flags, the user and the
 /// proof (the rest of the value; none in records written before proofs).
-fn encode_claim(stamp: &Stamp, claim: Option<&Claim>) -> Bytes {
+pub(super) fn encode_claim(stamp: &Stamp, claim: Option<&Claim>) -> Bytes {
     let mut v = BytesMut::with_capacity(32);
     v.put_u8(1);
     persist::put_stamp_value(&mut v, stamp);
@@ -166,7 +174,7 @@ fn encode_claim(stamp: &Stamp, claim: Option<&Claim>) -> Bytes {
     v.freeze()
 }
 
-fn decode_claim(value: &[u8]) -> Result<(Stamp, Option<Claim>), RecordError> {
+pub(super) fn decode_claim(value: &[u8]) -> Result<(Stamp, Option<Claim>), RecordError> {
     let mut r = persist::Reader::new("claim", value)?;
     let stamp = r.stamp()?;
     let claim = match r.u8()? {
@@ -377,9 +385,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         c.hlc.observe(update.stamp.hlc, now.as_millis());
         c.claims.known_before.remove(&update.client_id);
+        let me = &c.owner.node;
+        let superseded = update
+            .claim
+            .as_ref()
+            .and_then(|_| c.claims.live(&update.client_id))
+            .filter(|(stamp, _)| stamp.node == *me)
+            .map(|(stamp, claim)| (stamp.clone(), claim.clone()));
         c.claims.apply(&update);
         self.persist_claim(&update);
         self.prune_claim_tombstones();
+        if let Some((stamp, claim)) = superseded {
+            self.remember_superseded(&update.client_id, stamp, claim);
+        }
         if let (Some(claim), Some(&sid)) = (
             &update.claim,
             self.by_client_id.get(update.client_id.as_str()),
@@ -474,6 +492,69 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for chunk in own.chunks(SNAPSHOT_CLAIMS) {
             self.send_to_peer(peer.clone(), Frame::ClaimSnapshot(chunk.to_vec()));
         }
+    }
+
+    /// This node's own claim `stamp` on `client_id` was replaced by another node's: keep it
+    /// (stored), for the sessions it ships or passes on there.
+    fn remember_superseded(&mut self, client_id: &str, stamp: Stamp, claim: Claim) {
+        let key = Key::SupersededClaim {
+            client_id: client_id.to_owned(),
+        };
+        self.persist(key.encode(), Some(encode_claim(&stamp, Some(&claim))));
+        let Some(c) = &mut self.cluster else { return };
+        c.claims
+            .superseded
+            .insert(client_id.to_owned(), (stamp, claim));
+        if c.claims.superseded.len() <= CLAIMS_SUPERSEDED_KEPT {
+            return;
+        }
+        // A tenth at a time, the oldest first, so that pruning costs little per claim.
+        let mut by_age: Vec<(Stamp, String)> = c
+            .claims
+            .superseded
+            .iter()
+            .map(|(client_id, (stamp, _))| (stamp.clone(), client_id.clone()))
+            .collect();
+        by_age.sort_unstable();
+        let excess = c.claims.superseded.len() - CLAIMS_SUPERSEDED_KEPT * 9 / 10;
+        by_age.truncate(excess);
+        for (_, client_id) in &by_age {
+            c.claims.superseded.remove(client_id);
+        }
+        for (_, client_id) in by_age {
+            self.persist(Key::SupersededClaim { client_id }.encode(), None);
+        }
+    }
+
+    /// This node's own last claim on `client_id` that another node's claim replaced, as a
+    /// session it ships there carries it ([`crate::link::SessionTransfer::by`]).
+    pub(super) fn superseded_claim(&self, client_id: &str) -> Option<ClaimUpdate> {
+        let c = self.cluster.as_ref()?;
+        let (stamp, claim) = c.claims.superseded.get(client_id)?;
+        Some(ClaimUpdate {
+            client_id: client_id.to_owned(),
+            stamp: stamp.clone(),
+            claim: Some(claim.clone()),
+        })
+    }
+
+    /// A superseded own claim read back from storage ([`Key::SupersededClaim`]).
+    pub(in crate::broker) fn restore_superseded_claim(
+        &mut self,
+        client_id: String,
+        value: &[u8],
+    ) -> Result<(), RecordError> {
+        let (stamp, claim) = decode_claim(value)?;
+        let Some(claim) = claim else {
+            return Err(RecordError {
+                kind: "superseded claim",
+                detail: "a release",
+            });
+        };
+        if let Some(c) = &mut self.cluster {
+            c.claims.superseded.insert(client_id, (stamp, claim));
+        }
+        Ok(())
     }
 
     /// A claim record read back from storage.

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::claims::{decode_claim, encode_claim};
 use super::relay::Arrived;
 use super::trust::{PeerFault, PeerLimit};
 use crate::broker::ClientId;
@@ -30,7 +31,7 @@ use crate::broker::persist::{self, Key, RecordError, SessionRecord};
 use crate::broker::session::{Inflight, InflightState, SessionId, SubscriptionEntry};
 use crate::broker::{Authenticator, Authorizer, Broker, ClientRef, FilterAccess, Timer};
 use crate::codec::QoS;
-use crate::link::{Claim, Frame, SessionTransfer};
+use crate::link::{Claim, ClaimUpdate, Frame, FrameKind, SessionTransfer};
 use crate::read::Fields;
 use crate::retained::Stamp;
 use crate::routes::NodeId;
@@ -47,6 +48,8 @@ pub(super) struct Outgoing {
     pub to: NodeId,
     /// The taker's claim it answers.
     pub claim: Stamp,
+    /// This node's own claim the taker's replaced ([`SessionTransfer::by`]).
+    pub by: Option<ClaimUpdate>,
     pub records: Vec<(Bytes, Bytes)>,
 }
 
@@ -157,13 +160,19 @@ impl Transfers {
 }
 
 /// The value of a shipped session's record: its taker and the claim it answers, then its
-/// records, packed.
+/// records, packed, and among them the claim it was held by (as its own record).
 fn encode_outgoing(out: &Outgoing) -> Bytes {
     let mut v = BytesMut::new();
     v.put_u8(1);
     persist::put_string(&mut v, out.to.as_str());
     persist::put_stamp_value(&mut v, &out.claim);
-    v.put_slice(&persist::pack(&out.records));
+    let by = out.by.as_ref().map(|by| {
+        let key = Key::SupersededClaim {
+            client_id: by.client_id.clone(),
+        };
+        (key.encode(), encode_claim(&by.stamp, by.claim.as_ref()))
+    });
+    v.put_slice(&persist::pack(&[&out.records[..], by.as_slice()].concat()));
     v.freeze()
 }
 
@@ -172,8 +181,25 @@ fn decode_outgoing(value: &Bytes) -> Result<Outgoing, RecordError> {
     let to = r.node()?;
     let claim = r.stamp()?;
     let used = value.len() - r.rest().len();
-    let records = persist::unpack(&value.slice(used..))?;
-    Ok(Outgoing { to, claim, records })
+    let mut records = persist::unpack(&value.slice(used..))?;
+    let mut by = None;
+    records.retain(|(key, value)| match Key::decode(key) {
+        Ok(Key::SupersededClaim { client_id }) => {
+            by = decode_claim(value).ok().map(|(stamp, claim)| ClaimUpdate {
+                client_id,
+                stamp,
+                claim,
+            });
+            false
+        }
+        _ => true,
+    });
+    Ok(Outgoing {
+        to,
+        claim,
+        by,
+        records,
+    })
 }
 
 /// Whether every record is one of `client_id`'s session (session, subscription, message,
@@ -250,6 +276,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let out = Outgoing {
             to: claim.node.clone(),
             claim: claim.clone(),
+            by: self.superseded_claim(client_id),
             records,
         };
         let key = Key::Transfer {
@@ -278,7 +305,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         else {
             return;
         };
-        let claim = out.claim.clone();
+        let (claim, by) = (out.claim.clone(), out.by.clone());
         let mut parts: Vec<Vec<(Bytes, Bytes)>> = vec![Vec::new()];
         let mut bytes = 0;
         for record in &out.records {
@@ -300,6 +327,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 shipment: shipment.clone(),
                 index: u32::try_from(index).unwrap_or(u32::MAX),
                 count,
+                by: by.clone(),
                 records,
             });
             self.send_to_peer(to.clone(), frame);
@@ -356,7 +384,39 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(assembly) = c.transfers.incoming.remove(&key) else {
             return;
         };
+        if !self.may_ship_here(peer, &t.client_id, t.by.as_ref()) {
+            // Not kept, not answered: a sender with the right to ship it sends it again.
+            self.stats.sessions_transfers_refused += 1;
+            return self.peer_fault(peer, PeerFault::NotOwner(FrameKind::SessionTransfer));
+        }
         self.take_session(peer, &t.client_id, &t.claim, t.shipment, assembly.records);
+    }
+
+    /// Whether `peer` may ship `client_id`'s session here: its own claim `by`, which this
+    /// node's replaced (its naming the sender and coming first are checked with the frame,
+    /// [`super::trust::foreign_origin`]), is one the authorizer vouches for (with operator
+    /// keys, a proof that the client logged in there as the claim's user). A sender without
+    /// a claim of its own is taken at its word only where claims need no proof.
+    fn may_ship_here(&self, peer: &NodeId, client_id: &str, by: Option<&ClaimUpdate>) -> bool {
+        match by {
+            Some(by) => by
+                .claim
+                .as_ref()
+                .is_some_and(|theirs| self.authorizer.vouches(client_id, peer, theirs)),
+            None => {
+                let user = self.cluster.as_ref().and_then(|c| {
+                    let (_, mine) = c.claims.live(client_id)?;
+                    mine.user.clone()
+                });
+                let unproven = Claim {
+                    user,
+                    resume: true,
+                    persistent: true,
+                    proof: None,
+                };
+                self.authorizer.vouches(client_id, peer, &unproven)
+            }
+        }
     }
 
     /// A whole session shipped by `peer` for this node's claim `claim` on `client_id`.

@@ -129,7 +129,8 @@ impl PeerFault {
 /// snapshots may relay other
 /// nodes' writes (a node that was away learns writes of nodes it cannot reach yet): they are
 /// held to the same clock and size bounds instead. Claims are their claimer's own; a session
-/// transfer answers the receiver's claim, and a session-taken answer the sender's.
+/// transfer answers the receiver's claim, by a claim of the sender's that came before it,
+/// and a session-taken answer the sender's.
 pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Option<FrameKind> {
     let own = match frame {
         Frame::Hello { node, .. } => node == peer,
@@ -144,7 +145,12 @@ pub(super) fn foreign_origin(me: &NodeId, peer: &NodeId, frame: &Frame) -> Optio
         Frame::ForwardAck { origin, .. } => origin.node == *me,
         Frame::Claim(update) => update.stamp.node == *peer,
         Frame::ClaimSnapshot(updates) => updates.iter().all(|u| u.stamp.node == *peer),
-        Frame::SessionTransfer(t) => t.claim.node == *me,
+        Frame::SessionTransfer(t) => {
+            t.claim.node == *me
+                && t.by.as_ref().is_none_or(|by| {
+                    by.stamp.node == *peer && by.client_id == t.client_id && by.stamp < t.claim
+                })
+        }
         Frame::SessionTaken { claim, .. } | Frame::SessionRouted { claim, .. } => {
             claim.node == *peer
         }
