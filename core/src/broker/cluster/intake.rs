@@ -152,6 +152,31 @@ impl Intake {
         }
     }
 
+    /// Hold what this says of `me`'s own messages to what `me` published: none of a later
+    /// incarnation, none numbered `next` or above. Whether it said more (no node that took
+    /// the session from `me` can have).
+    pub fn bound_own(&mut self, me: &Owner, next: u64) -> bool {
+        let mut said_more = false;
+        if let Some(below) = self.below.get_mut(&me.node)
+            && *below > me.incarnation
+        {
+            *below = me.incarnation;
+            said_more = true;
+        }
+        let before = self.origins.len();
+        self.origins
+            .retain(|o, _| o.node != me.node || o.incarnation <= me.incarnation);
+        said_more |= self.origins.len() != before;
+        if let Some(t) = self.origins.get_mut(me) {
+            let last = next.saturating_sub(1);
+            let beyond = t.above.split_off(&next);
+            said_more |= !beyond.is_empty() || t.upto > last;
+            t.upto = t.upto.min(last);
+        }
+        self.exact = self.origins.values().map(|t| t.above.len()).sum();
+        said_more
+    }
+
     /// The numbers kept one by one.
     pub fn exact_ids(&self) -> impl Iterator<Item = MessageId> + '_ {
         self.origins
@@ -260,6 +285,43 @@ mod tests {
         assert!(i.has(&(owner(1), 11)) && !i.has(&(owner(1), 13)));
         assert_eq!(i.take(&(owner(1), 20), false), Take::InOrder);
         assert!(i.has(&(owner(1), 15)), "in order, the gaps will not come");
+    }
+
+    #[test]
+    fn what_a_shipment_says_of_this_nodes_messages_stays_within_what_it_published() {
+        let me = owner(1);
+        let later = Owner {
+            incarnation: 2,
+            ..owner(1)
+        };
+        let mut honest = Intake::default();
+        honest.take(&(me.clone(), 7), true);
+        honest.had_up_to(&owner(2), 1_000);
+        let before = honest.clone();
+        assert!(!honest.bound_own(&me, 8), "7 was published");
+        assert_eq!(honest, before);
+
+        let mut forged = Intake::default();
+        forged.had_up_to(&me, 100_000);
+        forged.take(&(me.clone(), 100_001), true);
+        forged.take(&(later.clone(), 1), true);
+        forged.had_up_to(&owner(2), 1_000);
+        assert!(forged.bound_own(&me, 8));
+        assert!(forged.has(&(me.clone(), 7)) && !forged.has(&(me.clone(), 8)));
+        assert!(!forged.has(&(me.clone(), 100_001)) && !forged.has(&(later.clone(), 1)));
+        assert!(
+            forged.has(&(owner(2), 1_000)),
+            "other nodes' are theirs to say"
+        );
+        assert_eq!(forged.exact, 0);
+
+        let mut below = Intake::default();
+        below.had_below(&me.node, 9);
+        assert!(below.bound_own(&later, 1));
+        assert!(
+            below.has(&(me, 5)) && !below.has(&(later, 1)),
+            "below 2 only"
+        );
     }
 
     #[test]

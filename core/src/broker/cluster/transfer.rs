@@ -552,6 +552,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 _ => {}
             }
         }
+        // What the session had of this node's own messages is held to what this node
+        // published: a sender saying more would have later ones dropped as had.
+        let own = self
+            .cluster
+            .as_ref()
+            .map(|c| (c.owner.clone(), c.next_message));
+        if let Some((me, next)) = own
+            && had.bound_own(&me, next)
+        {
+            self.peer_fault(from, PeerFault::NotOwner(FrameKind::SessionTransfer));
+        }
         let Some(record) = session_record else {
             self.stats.sessions_transfers_refused += 1;
             return false;
