@@ -126,6 +126,7 @@ fn peer_summary(p: &PeerSummary) -> JsValue {
             "region",
             p.region.as_deref().map_or(JsValue::NULL, JsValue::from_str),
         )
+        .set("incarnation", js::num(p.incarnation))
         .set("routes", p.routes)
         .set("routeVersion", js::num(p.route_version))
         .set("announcedVersion", js::num(p.announced_version))

@@ -321,6 +321,8 @@ export interface PeerSummary {
   node: string;
   connected: boolean;
   region: string | null;
+  /** The incarnation of it known here (0: none yet): what a forget of it names. */
+  incarnation: number;
   routes: number;
   routeVersion: number;
   announcedVersion: number;

@@ -287,6 +287,7 @@ fn a_leaf_cannot_speak_for_the_mesh() {
         Frame::Forget {
             node: id("far"),
             incarnation: 1,
+            signature: None,
         },
     );
     let hub = mesh.node("hub");

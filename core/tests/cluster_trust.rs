@@ -15,7 +15,7 @@ use meridian_core::broker::{AllowAll, ForgetError, ForgetReason, PeerFault, Peer
 use meridian_core::codec::{Packet, Publish, QoS, ReasonCode};
 use meridian_core::link::{DigestEntry, Forward, Frame, FrameKind, OutboxLimits, RetainedUpdate};
 use meridian_core::retained::{Hlc, Stamp};
-use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
+use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use meridian_core::{Config, Event, Timestamp};
 
 fn owner(name: &str, incarnation: u64) -> Owner {
@@ -380,6 +380,7 @@ fn an_announced_forget_is_ignored_by_a_node_that_still_reaches_it() {
         Frame::Forget {
             node: id("a"),
             incarnation: 1,
+            signature: None,
         },
     );
     let c = mesh.node("c");
@@ -401,6 +402,7 @@ fn an_announced_forget_of_an_incarnation_nobody_met_is_refused() {
             Frame::Forget {
                 node: id("a"),
                 incarnation,
+                signature: None,
             },
         );
     }
@@ -414,8 +416,82 @@ fn an_announced_forget_of_an_incarnation_nobody_met_is_refused() {
         Frame::Forget {
             node: id("a"),
             incarnation: 1,
+            signature: None,
         },
     );
+    let c = mesh.node("c");
+    assert_eq!(c.broker.stats().peers_forgotten, 1);
+    assert!(c.broker.nodes_for("a/x").is_empty());
+}
+
+/// Takes every client and rule, and an announced forget only with the operator's signature
+/// (here, the bytes `operator`), as the daemon does with operator keys.
+struct SignedForgets;
+
+impl meridian_core::broker::Authorizer for SignedForgets {
+    fn may_publish(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
+        true
+    }
+    fn may_subscribe(
+        &self,
+        _: &meridian_core::broker::ClientRef<'_>,
+        _: &meridian_core::topic::TopicFilter,
+    ) -> meridian_core::broker::FilterAccess {
+        meridian_core::broker::FilterAccess::Allowed
+    }
+    fn may_receive(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
+        true
+    }
+    fn vouches_forget(&self, _: &NodeId, _: u64, signature: Option<&[u8]>) -> bool {
+        signature == Some(b"operator".as_slice())
+    }
+}
+
+/// With operator keys, a member's word (at the incarnation every node knows) makes no node
+/// drop what waits for a node that is merely cut off: only a forget the operator signed is
+/// honoured, and it goes round with the announcement.
+#[test]
+fn with_operator_keys_only_a_signed_forget_is_honoured() {
+    let (mut mesh, _) = three();
+    for node in ["b", "c"] {
+        let w = mesh.node(node);
+        let now = Timestamp(w.now);
+        w.broker
+            .set_hooks(now, Box::new(AllowAll), Box::new(SignedForgets));
+    }
+    mesh.link_down(&id("a"), &id("c"));
+    mesh.link_down(&id("a"), &id("b"));
+    let known = mesh
+        .node("c")
+        .broker
+        .peers()
+        .into_iter()
+        .find(|p| p.node == id("a"))
+        .map(|p| p.incarnation);
+    assert_eq!(known, Some(1));
+    for signature in [None, Some(Bytes::from_static(b"forged"))] {
+        mesh.inject(
+            "b",
+            "c",
+            Frame::Forget {
+                node: id("a"),
+                incarnation: 1,
+                signature,
+            },
+        );
+    }
+    let c = mesh.node("c");
+    assert_eq!(c.broker.stats().peer_frames_not_owner, 2);
+    assert_eq!(c.broker.stats().peers_forgotten, 0);
+    assert_eq!(c.broker.nodes_for("a/x"), vec![id("a")]);
+    // The operator signs the forget of a at b (its admin API was given the signature).
+    let b = mesh.node("b");
+    let now = Timestamp(b.now);
+    b.broker
+        .forget_peer_signed(now, &id("a"), Some(Bytes::from_static(b"operator")))
+        .unwrap();
+    b.drain();
+    mesh.settle();
     let c = mesh.node("c");
     assert_eq!(c.broker.stats().peers_forgotten, 1);
     assert!(c.broker.nodes_for("a/x").is_empty());
@@ -582,6 +658,7 @@ mod forged {
             any::<u64>().prop_map(|incarnation| Frame::Forget {
                 node: id("a"),
                 incarnation,
+                signature: None,
             }),
         ]
     }

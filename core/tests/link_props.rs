@@ -154,10 +154,15 @@ fn frame() -> impl Strategy<Value = Frame> {
         (any::<u64>(), any::<u64>())
             .prop_map(|(hash, entries)| Frame::RetainedDigest { hash, entries }),
         prop::collection::vec(retained_update(), 0..3).prop_map(Frame::RetainedSnapshot),
-        owner().prop_map(|o| Frame::Forget {
-            node: o.node,
-            incarnation: o.incarnation,
-        }),
+        (
+            owner(),
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..96))
+        )
+            .prop_map(|(o, signature)| Frame::Forget {
+                node: o.node,
+                incarnation: o.incarnation,
+                signature: signature.map(Bytes::from),
+            }),
         claim_update().prop_map(Frame::Claim),
         prop::collection::vec(claim_update(), 0..3).prop_map(Frame::ClaimSnapshot),
         (

@@ -48,11 +48,13 @@ pub struct AuthSetup {
     acl: Acl,
 }
 
-/// The users' claim keys (user → public half, hex) and this node's id, which proofs name.
+/// The users' claim keys (user → public half, hex) and this node's id, which proofs name;
+/// and the operator keys, which sign the forgets of nodes.
 #[derive(Debug, Clone)]
 pub struct ClaimKeys {
     pub keys: Arc<std::collections::BTreeMap<String, String>>,
     pub node: String,
+    pub operator: crate::policy::operator::OperatorKeys,
 }
 
 /// What the password check of a user with a claim key also does: prove the login for the
@@ -109,6 +111,19 @@ impl meridian_core::broker::Authorizer for PolicyAuthorizer {
             crate::policy::claim_key::verify(public, client_id, user, claimer.as_str(), proof)
         })
     }
+
+    /// With operator keys, an announced forget counts only with an operator's signature of
+    /// that node and incarnation (`meridian ctl --operator-key ... peers forget`).
+    fn vouches_forget(
+        &self,
+        node: &meridian_core::routes::NodeId,
+        incarnation: u64,
+        signature: Option<&[u8]>,
+    ) -> bool {
+        signature.is_some_and(|signature| {
+            (self.claims.operator).verify_forget(node.as_str(), incarnation, signature)
+        })
+    }
 }
 
 impl AuthSetup {
@@ -137,12 +152,12 @@ impl AuthSetup {
     ) -> anyhow::Result<Self> {
         // With operator keys (so that the users' claim keys are the operator's word), claims
         // are proven and checked.
-        let claims = node
-            .filter(|_| !config.policy.operator_keys.is_empty())
-            .map(|node| ClaimKeys {
-                keys: Arc::new(policy.claim_keys.clone()),
-                node: node.to_owned(),
-            });
+        let operator = crate::policy::operator::OperatorKeys::parse(&config.policy.operator_keys)?;
+        let claims = node.filter(|_| !operator.is_empty()).map(|node| ClaimKeys {
+            keys: Arc::new(policy.claim_keys.clone()),
+            node: node.to_owned(),
+            operator,
+        });
         let mut setup = Self::from_policy_users(config, policy, at_start)?;
         setup.claims = claims;
         Ok(setup)

@@ -8,7 +8,7 @@
 //! With `--operator-key FILE` (a deployment with `policy.operator_keys`), an edit is made here
 //! as a change of the node's document, signed with the operator key, and sent as such; the
 //! node checks the signature before the change counts. `policy compact` makes the next epoch
-//! the same way.
+//! the same way, and `peers forget` signs the forget of the node's incarnation.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,8 +42,8 @@ pub struct CtlArgs {
     /// The name the node's certificate is checked against (default: the --admin address).
     #[arg(long, value_name = "NAME", requires = "admin_ca")]
     pub admin_name: Option<String>,
-    /// An operator key (`meridian keygen --operator`): edits are signed with it, as a node
-    /// with `policy.operator_keys` requires.
+    /// An operator key (`meridian keygen --operator`): edits (and `peers forget`) are signed
+    /// with it, as a node with `policy.operator_keys` requires.
     #[arg(long, value_name = "FILE")]
     pub operator_key: Option<PathBuf>,
     #[command(subcommand)]
@@ -275,7 +275,27 @@ pub fn ctl_command(args: &CtlArgs, out: &mut impl std::io::Write) -> anyhow::Res
             let peer_id: libp2p::PeerId = peer_id
                 .parse()
                 .with_context(|| format!("{peer_id:?} is not a peer id"))?;
-            let answer = call(Method::DELETE, format!("/api/peers/{peer_id}"), None)?;
+            // With an operator key, the forget is signed for the incarnation the node knows,
+            // so that every other node honours its announcement.
+            let query = match operator_key(args)? {
+                Some(key) => {
+                    let peers = call(Method::GET, "/api/peers".to_owned(), None)?;
+                    let incarnation = peers
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|p| p["peer_id"].as_str() == Some(&peer_id.to_string()))
+                        .and_then(|p| p["incarnation"].as_u64())
+                        .with_context(|| format!("the node does not know {peer_id}"))?;
+                    let signature = key.sign_forget(&peer_id.to_string(), incarnation);
+                    format!(
+                        "?incarnation={incarnation}&signature={}",
+                        hex::encode(signature)
+                    )
+                }
+                None => String::new(),
+            };
+            let answer = call(Method::DELETE, format!("/api/peers/{peer_id}{query}"), None)?;
             writeln!(
                 out,
                 "forgot {peer_id}: {} routes withdrawn, {} queued messages dropped",

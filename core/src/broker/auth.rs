@@ -99,6 +99,15 @@ pub trait Authorizer {
         let _ = (client_id, claimer, claim);
         true
     }
+
+    /// Whether an announced forget of `node`'s `incarnation` counts: with operator keys, one
+    /// the operator signed (`signature`, as [`crate::Broker::forget_peer_signed`] was given
+    /// it). One that does not count is dropped and counted (`not_owner`). Every forget counts
+    /// by default (as documented, only where the node is not reached).
+    fn vouches_forget(&self, node: &NodeId, incarnation: u64, signature: Option<&[u8]>) -> bool {
+        let _ = (node, incarnation, signature);
+        true
+    }
 }
 
 impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
@@ -116,6 +125,10 @@ impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
 
     fn vouches(&self, client_id: &str, claimer: &NodeId, claim: &crate::link::Claim) -> bool {
         (**self).vouches(client_id, claimer, claim)
+    }
+
+    fn vouches_forget(&self, node: &NodeId, incarnation: u64, signature: Option<&[u8]>) -> bool {
+        (**self).vouches_forget(node, incarnation, signature)
     }
 }
 

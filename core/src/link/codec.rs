@@ -143,6 +143,11 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
         FrameKind::Forget => Frame::Forget {
             node: r.node()?,
             incarnation: r.u64()?,
+            signature: match r.u8()? {
+                0 => None,
+                1 => Some(r.bytes()?),
+                _ => return Err(r.bad("bad signature flag")),
+            },
         },
         FrameKind::Claim => Frame::Claim(r.claim()?),
         FrameKind::ClaimSnapshot => {
@@ -361,9 +366,21 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
                 put_retained(body, u)?;
             }
         }
-        Frame::Forget { node, incarnation } => {
+        Frame::Forget {
+            node,
+            incarnation,
+            signature,
+        } => {
             put_str(body, node.as_str())?;
             body.put_u64(*incarnation);
+            match signature {
+                None => body.put_u8(0),
+                Some(signature) => {
+                    body.put_u8(1);
+                    put_count(body, signature.len())?;
+                    body.put_slice(signature);
+                }
+            }
         }
         Frame::Claim(c) => put_claim(body, c)?,
         Frame::ClaimSnapshot(claims) => {

@@ -194,6 +194,9 @@ pub enum Frame {
         node: NodeId,
         /// The latest incarnation of it the sender knew (0: none).
         incarnation: u64,
+        /// The operator's signature of the forget, where the deployment has operator keys
+        /// (what it is and who checks it is the shell's: [`crate::broker::Authorizer::vouches_forget`]).
+        signature: Option<Bytes>,
     },
     /// A client id the sender claimed (a client connected there) or let go.
     Claim(ClaimUpdate),

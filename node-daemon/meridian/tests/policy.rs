@@ -706,6 +706,95 @@ async fn with_an_operator_key_a_node_holding_the_cluster_key_makes_no_policy() {
     );
 }
 
+/// With an operator key, a forget counts for the deployment only if the operator signed it.
+/// A node holding the cluster key (no operator key of its own) forgets a node that is down and
+/// tells the others: they keep it (a region merely cut off keeps its backlog) and count the
+/// announcement as `not_owner`. An honest node refuses a forget without the operator's
+/// signature (403); the operator's `ctl --operator-key ... peers forget` there is honoured by
+/// every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_operator_key_only_the_operator_forgets_a_node_for_the_deployment() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let op_key = dir.path().join("operator.key");
+    let public = operator_keygen(&op_key);
+    let op = op_key.to_str().unwrap();
+    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    let (pa, pb, pc, pr) = (free_port(), free_port(), free_port(), free_port());
+    let mut a = Node::start_with("euc1", pa, &[], &key, &signed).await;
+    let b = Node::start_with("use1", pb, &[pa], &key, &signed).await;
+    let c = Node::start_with("afs1", pc, &[pa, pb], &key, &signed).await;
+    let rogue = Node::start_with("xx1", pr, &[pa, pc], &key, "").await;
+    wait_for("the mesh to connect", &[&a, &b, &c, &rogue], || async {
+        b.connected_to(&a).await
+            && c.connected_to(&a).await
+            && c.connected_to(&b).await
+            && rogue.connected_to(&a).await
+            && rogue.connected_to(&c).await
+    })
+    .await;
+    let a_id = a.peer_id.clone();
+    a.daemon.kill9();
+    wait_for("a's links to go down", &[&b, &c, &rogue], || async {
+        !b.connected_to(&a).await && !c.connected_to(&a).await && !rogue.connected_to(&a).await
+    })
+    .await;
+
+    // The rogue's word: it forgets a itself, and the others keep it.
+    let (ok, _, err) = ctl(rogue.daemon.admin, &["peers", "forget", &a.peer_id], "");
+    assert!(ok, "the rogue forgets a for itself: {err}");
+    let not_owner = "meridian_peer_frames_refused_total{reason=\"not_owner\"}";
+    wait_for("c to refuse the rogue's announcement", &[&c], || async {
+        metric(&c.metrics().await, not_owner) >= 1.0
+    })
+    .await;
+    assert!(knows(&c, &a_id).await && knows(&b, &a_id).await);
+    assert_eq!(
+        metric(&c.metrics().await, "meridian_peers_forgotten_total"),
+        0.0
+    );
+
+    // An honest node's admin API forgets only with the operator's signature.
+    let (ok, _, err) = ctl(b.daemon.admin, &["peers", "forget", &a.peer_id], "");
+    assert!(
+        !ok && err.contains("403") && err.contains("--operator-key"),
+        "{err}"
+    );
+    let rogue_key = dir.path().join("rogue-operator.key");
+    operator_keygen(&rogue_key);
+    let args = [
+        "--operator-key",
+        rogue_key.to_str().unwrap(),
+        "peers",
+        "forget",
+    ];
+    let (ok, _, err) = ctl(b.daemon.admin, &[&args[..], &[&a.peer_id]].concat(), "");
+    assert!(
+        !ok && err.contains("403"),
+        "a key the nodes do not list: {err}"
+    );
+    assert!(knows(&b, &a_id).await);
+    let out = ctl_ok(
+        &b,
+        &["--operator-key", op, "peers", "forget", &a.peer_id],
+        "",
+    );
+    assert!(out.contains("forgot"), "{out}");
+    wait_for("c to forget a on the operator's word", &[&c], || async {
+        !knows(&c, &a_id).await
+    })
+    .await;
+    assert_eq!(
+        metric(&c.metrics().await, "meridian_peers_forgotten_total"),
+        1.0
+    );
+}
+
+/// Whether `node` knows the node `peer_id` (linked or not).
+async fn knows(node: &Node, peer_id: &str) -> bool {
+    node.peers().await.iter().any(|p| p["peer_id"] == peer_id)
+}
+
 /// `token` in a file, for `--token-file`.
 fn write_token(dir: &tempfile::TempDir, token: &str) -> String {
     let path = dir.path().join("ops.token");

@@ -22,9 +22,9 @@
 //! | `DELETE /api/clients/{id}` | disconnect the client (MQTT 5.0 gets DISCONNECT 0x98); 404 if not connected |
 //! | `DELETE /api/sessions/{id}` | end the client's session (disconnecting it): its subscriptions and messages go, and its client id is free for any user; 404 if none |
 //! | `GET /api/node` | this node: peer id, region, p2p listen addresses (cluster mode); what it has in force of the policy document (`policy_in_force`: changes applied, users, access and residency rules); what came of the configuration's reloads (`reloads`: done, failed, the last error, whether a restart is needed) |
-//! | `GET /api/peers` | JSON array of the peer nodes: connected, region, RTT, routes, route lag, outbox, forwards |
+//! | `GET /api/peers` | JSON array of the peer nodes: connected, region, incarnation, RTT, routes, route lag, outbox, forwards |
 //! | `GET /api/peers/{peer_id}/routes` | the filters that peer has subscribers for, as replicated here |
-//! | `DELETE /api/peers/{peer_id}` | forget a node that left: withdraw its routes, drop what waits for it, tell the other nodes; 404 if unknown, 409 while its link is up |
+//! | `DELETE /api/peers/{peer_id}` | forget a node that left: withdraw its routes, drop what waits for it, tell the other nodes; 404 if unknown, 409 while its link is up. With operator keys, `?incarnation=N&signature=HEX` (the operator's signature, `meridian ctl --operator-key`) is needed (403 without it) and goes with the announcement |
 //! | `GET /api/discovery` | JSON array of the peers discovery knows: addresses, whether self-reported, connected |
 //! | `GET /api/routes` | this node's own route set (filters with a local subscriber) |
 //! | `GET`, `POST /api/policy`, `GET /api/policy/history` | the cluster policy document ([`policy`]) |
@@ -249,6 +249,8 @@ pub struct AdminState {
     pub reloads: Arc<std::sync::Mutex<ReloadStatus>>,
     /// The broker thread's runtime ([`crate::broker_thread`]).
     pub broker_thread: RuntimeMetrics,
+    /// `policy.operator_keys`: with some, a forget needs one's signature.
+    pub operator_keys: crate::policy::operator::OperatorKeys,
 }
 
 /// Serve admin HTTP (HTTPS with `tls`) until `stop` changes.

@@ -146,7 +146,11 @@ pub(super) async fn route(
             let Ok(node) = NodeId::new(id) else {
                 return plain(StatusCode::BAD_REQUEST, "bad peer id\n");
             };
-            match engine.forget_peer(node).await {
+            let signature = match forget_signature(state, &node, req.uri().query()).await {
+                Ok(signature) => signature,
+                Err(refusal) => return refusal,
+            };
+            match engine.forget_peer(node, signature).await {
                 Some(Ok(forgotten)) => {
                     // Gone from the deployment: no longer one of the policy document's nodes
                     // (which compaction waits for).
@@ -298,6 +302,67 @@ fn node_json(state: &AdminState) -> serde_json::Value {
     })
 }
 
+/// With operator keys, the operator's signature of a forget, `?incarnation=N&signature=HEX`
+/// (`meridian ctl --operator-key ... peers forget`), checked here and carried by the
+/// announcement for every other node to check again: 403 without one or with one no operator
+/// key made, 409 when it names an incarnation other than the one this node knows. Without
+/// operator keys, none is needed (and none is passed on).
+async fn forget_signature(
+    state: &AdminState,
+    node: &NodeId,
+    query: Option<&str>,
+) -> Result<Option<Bytes>, Response<Body>> {
+    if state.operator_keys.is_empty() {
+        return Ok(None);
+    }
+    let (mut incarnation, mut signature) = (None, None);
+    for (key, value) in query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+    {
+        match key {
+            "incarnation" => incarnation = value.parse::<u64>().ok(),
+            "signature" => signature = hex::decode(value).ok(),
+            _ => {}
+        }
+    }
+    let (Some(incarnation), Some(signature)) = (incarnation, signature) else {
+        return Err(json(
+            StatusCode::FORBIDDEN,
+            serde_json::json!({"error": "with operator keys, a forget needs the operator's \
+                signature: meridian ctl --operator-key FILE peers forget PEER_ID"}),
+        ));
+    };
+    if !state
+        .operator_keys
+        .verify_forget(node.as_str(), incarnation, &signature)
+    {
+        return Err(json(
+            StatusCode::FORBIDDEN,
+            serde_json::json!({"error": "no operator key signed this forget"}),
+        ));
+    }
+    let known = state
+        .engine
+        .peers()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .find(|p| p.node == *node)
+        .map(|p| p.incarnation);
+    if known.is_some_and(|known| known != incarnation) {
+        return Err(json(
+            StatusCode::CONFLICT,
+            serde_json::json!({"error": format!(
+                "the forget is signed for incarnation {incarnation}, this node knows {}",
+                known.unwrap_or(0)
+            )}),
+        ));
+    }
+    Ok(Some(Bytes::from(signature)))
+}
+
 /// `?offset=N&limit=N&q=TEXT` of a listing: a page of it, of the entries that hold TEXT.
 fn page_of(query: Option<&str>) -> Page {
     let mut page = Page {
@@ -359,6 +424,7 @@ fn peer_json(p: &PeerSummary, rtt: Option<&std::time::Duration>) -> serde_json::
         "peer_id": p.node.as_str(),
         "connected": p.connected,
         "region": p.region,
+        "incarnation": p.incarnation,
         "rtt_ms": rtt.map(|d| d.as_secs_f64() * 1000.0),
         "routes": p.routes,
         "route_version": p.route_version,

@@ -533,8 +533,12 @@ impl Engine {
                 self.drain();
                 let _ = reply.send(n);
             }
-            AdminRequest::ForgetPeer { peer, reply } => {
-                let result = self.broker.forget_peer(now, &peer);
+            AdminRequest::ForgetPeer {
+                peer,
+                signature,
+                reply,
+            } => {
+                let result = self.broker.forget_peer_signed(now, &peer, signature);
                 self.drain();
                 let _ = reply.send(result);
             }

@@ -147,9 +147,11 @@ pub enum AdminRequest {
         reply: oneshot::Sender<Result<usize, TopicError>>,
     },
     Peers(oneshot::Sender<Vec<PeerSummary>>),
-    /// Forget a node that left the deployment ([`meridian_core::Broker::forget_peer`]).
+    /// Forget a node that left the deployment ([`meridian_core::Broker::forget_peer_signed`]),
+    /// with the operator's signature for the other nodes, where there are operator keys.
     ForgetPeer {
         peer: NodeId,
+        signature: Option<bytes::Bytes>,
         reply: oneshot::Sender<Result<Forgotten, ForgetError>>,
     },
     /// A peer's route set as replicated here (`None`: this node's own).
@@ -254,10 +256,18 @@ impl EngineHandle {
         self.ask(AdminRequest::Peers).await
     }
 
-    /// Forget a node that left the deployment.
-    pub async fn forget_peer(&self, peer: NodeId) -> Option<Result<Forgotten, ForgetError>> {
-        self.ask(|reply| AdminRequest::ForgetPeer { peer, reply })
-            .await
+    /// Forget a node that left the deployment; the announcement carries `signature`.
+    pub async fn forget_peer(
+        &self,
+        peer: NodeId,
+        signature: Option<bytes::Bytes>,
+    ) -> Option<Result<Forgotten, ForgetError>> {
+        self.ask(|reply| AdminRequest::ForgetPeer {
+            peer,
+            signature,
+            reply,
+        })
+        .await
     }
 
     /// A peer's route set as replicated here, or this node's own with `None`.

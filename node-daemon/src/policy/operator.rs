@@ -22,6 +22,11 @@ use serde::{Deserialize, Serialize};
 
 /// What precedes a change's digest in what an operator key signs.
 pub const DOMAIN: &[u8] = b"meridian policy change v1\0";
+/// What precedes a forget's node and incarnation in what an operator key signs
+/// ([`OperatorKey::sign_forget`]).
+pub const FORGET_DOMAIN: &[u8] = b"meridian forget v1\0";
+/// A signed forget as the announcement carries it: the key's public half, then the signature.
+const FORGET_SIGNATURE_LEN: usize = 32 + 64;
 /// What separates a signed change's note from its signature in the change's message.
 pub const SIGNATURE_MARK: char = '\u{1e}';
 
@@ -64,6 +69,19 @@ impl OperatorKeys {
             return false;
         };
         self.0.contains(&key) && key.verify(&signed_bytes(digest), &sig)
+    }
+
+    /// Whether `signature` ([`OperatorKey::sign_forget`]) is one of these keys' over the
+    /// forget of `node`'s `incarnation`.
+    pub fn verify_forget(&self, node: &str, incarnation: u64, signature: &[u8]) -> bool {
+        if signature.len() != FORGET_SIGNATURE_LEN {
+            return false;
+        }
+        let (key, sig) = signature.split_at(32);
+        let Ok(key) = ed25519::PublicKey::try_from_bytes(key) else {
+            return false;
+        };
+        self.0.contains(&key) && key.verify(&forget_statement(node, incarnation), sig)
     }
 }
 
@@ -122,6 +140,14 @@ impl OperatorKey {
         }
     }
 
+    /// Sign the forget of `node`'s `incarnation` (the one the nodes know: `GET /api/peers`),
+    /// as a forget announcement carries it: the key's public half, then the signature.
+    pub fn sign_forget(&self, node: &str, incarnation: u64) -> Vec<u8> {
+        let mut signed = self.0.public().to_bytes().to_vec();
+        signed.extend_from_slice(&self.0.sign(&forget_statement(node, incarnation)));
+        signed
+    }
+
     fn secret_hex(&self) -> String {
         hex::encode(self.0.secret().as_ref())
     }
@@ -130,6 +156,14 @@ impl OperatorKey {
 fn public_key(hex_key: &str) -> anyhow::Result<ed25519::PublicKey> {
     let bytes = hex::decode(hex_key.trim()).context("not hex")?;
     ed25519::PublicKey::try_from_bytes(&bytes).map_err(|e| anyhow::anyhow!("not a key: {e}"))
+}
+
+fn forget_statement(node: &str, incarnation: u64) -> Vec<u8> {
+    let mut m = FORGET_DOMAIN.to_vec();
+    m.extend_from_slice(node.as_bytes());
+    m.push(0);
+    m.extend_from_slice(&incarnation.to_be_bytes());
+    m
 }
 
 fn signed_bytes(digest: &[u8]) -> Vec<u8> {
@@ -162,6 +196,37 @@ pub fn keygen_command(path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signed_forget_counts_for_its_node_and_incarnation_and_the_listed_keys_only() {
+        let operator = OperatorKey::generate();
+        let rogue = OperatorKey::generate();
+        let keys = OperatorKeys::parse(&[operator.public_hex()]).unwrap();
+        let signed = operator.sign_forget("12D3KooWa", 7);
+        assert!(keys.verify_forget("12D3KooWa", 7, &signed));
+        assert!(
+            !keys.verify_forget("12D3KooWa", 8, &signed),
+            "another incarnation"
+        );
+        assert!(!keys.verify_forget("12D3KooWb", 7, &signed), "another node");
+        assert!(!keys.verify_forget("12D3KooWa", 7, &rogue.sign_forget("12D3KooWa", 7)));
+        let mut moved = rogue.sign_forget("12D3KooWa", 7);
+        moved[..32].copy_from_slice(&signed[..32]);
+        assert!(
+            !keys.verify_forget("12D3KooWa", 7, &moved),
+            "the operator's key, the rogue's signature"
+        );
+        assert!(!keys.verify_forget("12D3KooWa", 7, &signed[..95]));
+        // A policy change's signature is no forget's.
+        let change = operator.sign(b"digest");
+        let mut as_forget = operator.public_hex().into_bytes();
+        as_forget.extend_from_slice(change.sig.as_bytes());
+        assert!(!keys.verify_forget("12D3KooWa", 7, &as_forget));
+        assert!(
+            !OperatorKeys::default().verify_forget("12D3KooWa", 7, &signed),
+            "no key listed"
+        );
+    }
 
     #[test]
     fn a_signature_counts_for_its_digest_and_the_listed_keys_only() {

@@ -490,6 +490,9 @@ impl Starting {
             in_force,
             reloads,
             broker_thread: self.broker_thread.metrics(),
+            operator_keys: crate::policy::operator::OperatorKeys::parse(
+                &config.policy.operator_keys,
+            )?,
         };
         let tls = if config.admin.tls() {
             Some(

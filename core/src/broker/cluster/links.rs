@@ -228,7 +228,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     self.apply_retained_update(&peer, update);
                 }
             }
-            Frame::Forget { node, incarnation } => self.on_forget(&peer, &node, incarnation),
+            Frame::Forget {
+                node,
+                incarnation,
+                signature,
+            } => self.on_forget(&peer, &node, incarnation, signature.as_deref()),
             Frame::Claim(update) => self.on_claim(&peer, update),
             Frame::ClaimSnapshot(updates) => {
                 for update in updates {

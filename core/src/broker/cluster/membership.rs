@@ -4,6 +4,8 @@
 //! routes and drops what waited for it (counted); a forgotten node that comes back is met as a
 //! new member: its route set is copied afresh, and forwards to it continue their numbering.
 
+use bytes::Bytes;
+
 use crate::broker::io::{Event, Timestamp};
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
@@ -60,6 +62,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// waiting for it (counted), and tell the other nodes to do the same. Refused for a node
     /// whose link is up.
     pub fn forget_peer(&mut self, now: Timestamp, node: &NodeId) -> Result<Forgotten, ForgetError> {
+        self.forget_peer_signed(now, node, None)
+    }
+
+    /// [`Broker::forget_peer`], the announcement carrying `signature` (the operator's, of
+    /// this node's incarnation as [`Broker::peers`] shows it), which the other nodes'
+    /// [`Authorizer::vouches_forget`] checks.
+    pub fn forget_peer_signed(
+        &mut self,
+        now: Timestamp,
+        node: &NodeId,
+        signature: Option<Bytes>,
+    ) -> Result<Forgotten, ForgetError> {
         self.advance(now);
         let leaf = self.is_leaf(node);
         let forgotten = self.forget(node, ForgetReason::Command)?;
@@ -75,6 +89,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.broadcast(&Frame::Forget {
             node: node.clone(),
             incarnation,
+            signature,
         });
         Ok(forgotten)
     }
@@ -206,7 +221,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Another node's operator forgot `node`: forget it too, unless this node can reach it or
     /// knows a later incarnation of it.
-    pub(super) fn on_forget(&mut self, from: &NodeId, node: &NodeId, incarnation: u64) {
+    pub(super) fn on_forget(
+        &mut self,
+        from: &NodeId,
+        node: &NodeId,
+        incarnation: u64,
+        signature: Option<&[u8]>,
+    ) {
         let Some(c) = &self.cluster else { return };
         if *node == c.owner.node || node == from {
             return;
@@ -223,6 +244,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 self.peer_fault(from, PeerFault::NotOwner(FrameKind::Forget));
             }
             return;
+        }
+        if !self.authorizer.vouches_forget(node, incarnation, signature) {
+            return self.peer_fault(from, PeerFault::NotOwner(FrameKind::Forget));
         }
         let reason = ForgetReason::Announced { by: from.clone() };
         // Unknown here already: nothing to do.

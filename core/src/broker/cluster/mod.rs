@@ -169,6 +169,9 @@ pub struct PeerSummary {
     pub connected: bool,
     /// Its region, once it said hello.
     pub region: Option<String>,
+    /// The incarnation of it known here (of its route set; 0: none yet): what a forget of it
+    /// names.
+    pub incarnation: u64,
     /// Filters the peer has subscribers for, as replicated here.
     pub routes: usize,
     /// Route-set version replicated here, and the latest the peer announced.
@@ -517,6 +520,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     node: node.clone(),
                     connected: p.connected,
                     region: p.region.clone(),
+                    incarnation: replica.map_or(0, |r| r.incarnation),
                     routes: replica.map_or(0, |r| r.len()) + c.scoped_remote.of(node).count(),
                     route_version: replica.map_or(0, |r| r.version),
                     announced_version: p.announced_version,
