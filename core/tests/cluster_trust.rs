@@ -166,6 +166,7 @@ fn retained_writes_digests_and_hellos_speak_only_for_their_sender() {
             incarnation: 1,
             protocol: meridian_core::link::LINK_PROTOCOL_VERSION,
             region: "elsewhere".into(),
+            certificate: None,
         },
     );
     let c = mesh.node("c");
@@ -447,6 +448,67 @@ impl meridian_core::broker::Authorizer for SignedForgets {
     }
 }
 
+/// Takes a mesh node's region only with the operator's certificate (here, `cert:REGION`), as
+/// the daemon does with operator keys.
+struct CertifiedRegions;
+
+impl meridian_core::broker::Authorizer for CertifiedRegions {
+    fn may_publish(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
+        true
+    }
+    fn may_subscribe(
+        &self,
+        _: &meridian_core::broker::ClientRef<'_>,
+        _: &meridian_core::topic::TopicFilter,
+    ) -> meridian_core::broker::FilterAccess {
+        meridian_core::broker::FilterAccess::Allowed
+    }
+    fn may_receive(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
+        true
+    }
+    fn vouches_region(&self, _: &NodeId, region: &str, certificate: Option<&[u8]>) -> bool {
+        certificate == Some(format!("cert:{region}").as_bytes())
+    }
+}
+
+/// With operator keys, a node's region is the operator's word, not the node's: a hello
+/// naming a region without the operator's certificate of it records no region (so no
+/// residency rule lets a restricted message go to that node) and is counted; a certified one
+/// is taken.
+#[test]
+fn with_operator_keys_a_region_counts_only_certified() {
+    let (mut mesh, _) = three();
+    {
+        let c = mesh.node("c");
+        let now = Timestamp(c.now);
+        c.broker
+            .set_hooks(now, Box::new(AllowAll), Box::new(CertifiedRegions));
+    }
+    let region_of_b = |mesh: &mut Mesh| {
+        let b = mesh
+            .node("c")
+            .broker
+            .peers()
+            .into_iter()
+            .find(|p| p.node == id("b"));
+        b.and_then(|b| b.region)
+    };
+    let hello = |region: &str, certificate: Option<&str>| Frame::Hello {
+        node: id("b"),
+        incarnation: 1,
+        protocol: meridian_core::link::LINK_PROTOCOL_VERSION,
+        region: region.into(),
+        certificate: certificate.map(|c| Bytes::from(c.to_owned())),
+    };
+    mesh.inject("b", "c", hello("region-a", None));
+    mesh.inject("b", "c", hello("region-a", Some("cert:region-b")));
+    assert_eq!(region_of_b(&mut mesh), None);
+    assert_eq!(mesh.node("c").broker.stats().peer_frames_not_owner, 2);
+    mesh.inject("b", "c", hello("region-b", Some("cert:region-b")));
+    assert_eq!(region_of_b(&mut mesh).as_deref(), Some("region-b"));
+    assert_eq!(mesh.node("c").broker.stats().peer_frames_not_owner, 2);
+}
+
 /// With operator keys, a member's word (at the incarnation every node knows) makes no node
 /// drop what waits for a node that is merely cut off: only a forget the operator signed is
 /// honoured, and it goes round with the announcement.
@@ -639,6 +701,7 @@ mod forged {
                 incarnation,
                 protocol: 2,
                 region: "forged".into(),
+                certificate: None,
             }),
             // Relayed writes in a's name (c reaches a: it takes a's writes from a only), and
             // one in c's own name.

@@ -83,7 +83,8 @@ fn frame() -> impl Strategy<Value = Frame> {
                 node,
                 incarnation,
                 protocol,
-                region
+                certificate: (protocol % 2 == 1).then(|| Bytes::from(region.clone().into_bytes())),
+                region,
             }
         ),
         (

@@ -729,6 +729,7 @@ pub fn link_frames() -> Vec<(&'static str, Frame)> {
                 incarnation: 3,
                 protocol: link::LINK_PROTOCOL_VERSION,
                 region: "eu-central-1".into(),
+                certificate: None,
             },
         ),
         (

@@ -124,6 +124,19 @@ impl meridian_core::broker::Authorizer for PolicyAuthorizer {
             (self.claims.operator).verify_forget(node.as_str(), incarnation, signature)
         })
     }
+
+    /// With operator keys, a node's region counts only with the operator's certificate of
+    /// it (`meridian certify`, the node's `cluster.certificate`).
+    fn vouches_region(
+        &self,
+        node: &meridian_core::routes::NodeId,
+        region: &str,
+        certificate: Option<&[u8]>,
+    ) -> bool {
+        certificate.is_some_and(|certificate| {
+            (self.claims.operator).verify_region(node.as_str(), region, certificate)
+        })
+    }
 }
 
 impl AuthSetup {

@@ -51,6 +51,7 @@ pub mod cli {
     };
     pub use crate::mesh::keys::{keygen_command, peer_id_command};
     pub use crate::passwd::passwd_command;
+    pub use crate::policy::operator::certify_command;
     pub use crate::policy::operator::keygen_command as operator_keygen_command;
 }
 

@@ -108,6 +108,16 @@ pub trait Authorizer {
         let _ = (node, incarnation, signature);
         true
     }
+
+    /// Whether mesh node `node` runs in the `region` its hello names: with operator keys, the
+    /// operator certified it (`certificate`, as the node's [`crate::broker::ClusterConfig::certificate`]).
+    /// A region not vouched for is not recorded (residency rules then keep every restricted
+    /// message from the node, and home regions do not count it) and the hello is counted as
+    /// `not_owner`. Every region counts by default.
+    fn vouches_region(&self, node: &NodeId, region: &str, certificate: Option<&[u8]>) -> bool {
+        let _ = (node, region, certificate);
+        true
+    }
 }
 
 impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
@@ -129,6 +139,10 @@ impl<T: Authorizer + ?Sized> Authorizer for Box<T> {
 
     fn vouches_forget(&self, node: &NodeId, incarnation: u64, signature: Option<&[u8]>) -> bool {
         (**self).vouches_forget(node, incarnation, signature)
+    }
+
+    fn vouches_region(&self, node: &NodeId, region: &str, certificate: Option<&[u8]>) -> bool {
+        (**self).vouches_region(node, region, certificate)
     }
 }
 

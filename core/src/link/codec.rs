@@ -75,6 +75,11 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             incarnation: r.u64()?,
             protocol: r.u16()?,
             region: r.string()?,
+            certificate: match r.u8()? {
+                0 => None,
+                1 => Some(r.bytes()?),
+                _ => return Err(r.bad("bad certificate flag")),
+            },
         },
         FrameKind::RouteDelta => Frame::RouteDelta(r.delta()?),
         FrameKind::RouteAck => Frame::RouteAck {
@@ -297,11 +302,20 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
             incarnation,
             protocol,
             region,
+            certificate,
         } => {
             put_str(body, node.as_str())?;
             body.put_u64(*incarnation);
             body.put_u16(*protocol);
             put_str(body, region)?;
+            match certificate {
+                None => body.put_u8(0),
+                Some(certificate) => {
+                    body.put_u8(1);
+                    put_count(body, certificate.len())?;
+                    body.put_slice(certificate);
+                }
+            }
         }
         Frame::RouteDelta(d) => {
             put_owner(body, &d.owner)?;

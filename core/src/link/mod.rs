@@ -147,6 +147,10 @@ pub enum Frame {
         protocol: u16,
         /// The sender's region.
         region: String,
+        /// The operator's certificate of the sender's node id and region, where the
+        /// deployment has operator keys (what it is and who checks it is the shell's:
+        /// [`crate::broker::Authorizer::vouches_region`]).
+        certificate: Option<Bytes>,
     },
     /// New changes of an owner's route set, applied in version order.
     RouteDelta(RouteDelta),

@@ -37,6 +37,19 @@ enum Command {
         #[arg(long, value_name = "FILE", group = "key")]
         operator: Option<PathBuf>,
     },
+    /// Print the operator's certificate of a node's region (hex), for that node's
+    /// cluster.certificate file: with operator keys, peers take a node's region only with one.
+    Certify {
+        /// The operator key (`meridian keygen --operator`).
+        #[arg(long, value_name = "FILE")]
+        operator_key: PathBuf,
+        /// The node's peer id (`meridian peer-id`).
+        #[arg(long, value_name = "ID")]
+        peer_id: libp2p::PeerId,
+        /// The region it runs in (its cluster.region).
+        #[arg(long, value_name = "NAME")]
+        region: String,
+    },
     /// Print the node's peer id (its id in the region mesh), creating its identity if needed.
     PeerId {
         /// Data directory of the node.
@@ -147,6 +160,16 @@ fn main() -> ExitCode {
             }
             (None, None) => unreachable!("clap requires one of them"),
         },
+        Command::Certify {
+            operator_key,
+            peer_id,
+            region,
+        } => meridian_daemon::cli::certify_command(
+            &operator_key,
+            &peer_id,
+            &region,
+            &mut std::io::stdout().lock(),
+        ),
         Command::PeerId { data_dir } => {
             meridian_daemon::cli::peer_id_command(&data_dir, &mut std::io::stdout().lock())
         }

@@ -137,6 +137,7 @@ async fn a_wrong_token_or_a_stolen_name_is_refused() {
         incarnation: 1,
         protocol: link::LINK_PROTOCOL_VERSION,
         region: "edge".into(),
+        certificate: None,
     };
     let mut bytes = BytesMut::new();
     link::encode(&hello, &mut bytes).unwrap();
@@ -208,6 +209,7 @@ async fn hello(
         incarnation: 1,
         protocol: link::LINK_PROTOCOL_VERSION,
         region: "edge".into(),
+        certificate: None,
     };
     let mut bytes = BytesMut::new();
     link::encode(&frame, &mut bytes).unwrap();

@@ -790,6 +790,114 @@ async fn with_an_operator_key_only_the_operator_forgets_a_node_for_the_deploymen
     );
 }
 
+/// `meridian ARGS...` (no stdin): its stdout, trimmed, asserting success.
+fn meridian(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(args)
+        .output()
+        .expect("run meridian");
+    assert!(
+        out.status.success(),
+        "meridian {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// With an operator key, a node's region is the operator's word: a certified node's region is
+/// taken by its peers; a node holding the cluster key that names a region without a
+/// certificate has none at the others (so no residency rule lets a restricted message go to
+/// it), and its hello is counted; a node given another region's certificate does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_operator_key_a_node_s_region_is_the_operator_s_word() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let op_key = dir.path().join("operator.key");
+    let public = operator_keygen(&op_key);
+    let op = op_key.to_str().unwrap();
+    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    // The operator certifies b's peer id (made before b first starts) in use1.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let b_id = meridian(&["peer-id", "--data-dir", data.to_str().unwrap()]);
+    let cert = meridian(&[
+        "certify",
+        "--operator-key",
+        op,
+        "--peer-id",
+        &b_id,
+        "--region",
+        "use1",
+    ]);
+    let cert_file = dir.path().join("b.cert");
+    std::fs::write(&cert_file, format!("{cert}\n")).unwrap();
+    let certified = format!("certificate = \"{}\"\n{signed}", cert_file.display());
+
+    // Given to a node in another region, the certificate stops its start, naming the key.
+    let config = dir.path().join("wrong.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[storage]\ndata_dir = \"{}\"\n[cluster]\nenabled = true\nregion = \"euc1\"\n\
+             key_file = \"{}\"\nlisten = [\"/ip4/127.0.0.1/tcp/{}\"]\n{certified}",
+            data.display(),
+            key.display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .output()
+        .expect("run meridian");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("cluster.certificate") && err.contains("euc1"),
+        "{err}"
+    );
+
+    let (pb, pc, pr) = (free_port(), free_port(), free_port());
+    let c = Node::start_with("afs1", pc, &[], &key, &signed).await;
+    let b = Node::launch_in(
+        tmp,
+        "use1",
+        pb,
+        &[pc],
+        &key,
+        &format!("discover = false\n{certified}"),
+    )
+    .await;
+    assert_eq!(b.peer_id, b_id);
+    // The rogue names the region of its choice, with no certificate.
+    let rogue = Node::start_with("use1", pr, &[pc], &key, "").await;
+    wait_for("the mesh to connect", &[&b, &c, &rogue], || async {
+        c.connected_to(&b).await && c.connected_to(&rogue).await
+    })
+    .await;
+    let region_at_c = |peer: &str| {
+        let peer = peer.to_owned();
+        let c = &c;
+        async move {
+            c.peers()
+                .await
+                .into_iter()
+                .find(|p| p["peer_id"] == peer.as_str())
+                .map(|p| p["region"].clone())
+        }
+    };
+    wait_for("c to take b's region", &[&c], || async {
+        region_at_c(&b.peer_id).await == Some(serde_json::json!("use1"))
+    })
+    .await;
+    assert_eq!(
+        region_at_c(&rogue.peer_id).await,
+        Some(serde_json::Value::Null)
+    );
+    let not_owner = "meridian_peer_frames_refused_total{reason=\"not_owner\"}";
+    assert!(metric(&c.metrics().await, not_owner) >= 1.0);
+}
+
 /// Whether `node` knows the node `peer_id` (linked or not).
 async fn knows(node: &Node, peer_id: &str) -> bool {
     node.peers().await.iter().any(|p| p["peer_id"] == peer_id)

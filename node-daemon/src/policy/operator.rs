@@ -25,8 +25,12 @@ pub const DOMAIN: &[u8] = b"meridian policy change v1\0";
 /// What precedes a forget's node and incarnation in what an operator key signs
 /// ([`OperatorKey::sign_forget`]).
 pub const FORGET_DOMAIN: &[u8] = b"meridian forget v1\0";
-/// A signed forget as the announcement carries it: the key's public half, then the signature.
-const FORGET_SIGNATURE_LEN: usize = 32 + 64;
+/// What precedes a node's id and region in what an operator key signs
+/// ([`OperatorKey::certify`]).
+pub const NODE_DOMAIN: &[u8] = b"meridian node v1\0";
+/// A signed statement (a forget, a node's certificate) as a frame carries it: the key's
+/// public half, then the signature.
+const STATEMENT_SIGNATURE_LEN: usize = 32 + 64;
 /// What separates a signed change's note from its signature in the change's message.
 pub const SIGNATURE_MARK: char = '\u{1e}';
 
@@ -74,14 +78,26 @@ impl OperatorKeys {
     /// Whether `signature` ([`OperatorKey::sign_forget`]) is one of these keys' over the
     /// forget of `node`'s `incarnation`.
     pub fn verify_forget(&self, node: &str, incarnation: u64, signature: &[u8]) -> bool {
-        if signature.len() != FORGET_SIGNATURE_LEN {
+        let statement = statement(FORGET_DOMAIN, node, &incarnation.to_be_bytes());
+        self.verify_statement(&statement, signature)
+    }
+
+    /// Whether `certificate` ([`OperatorKey::certify`]) is one of these keys' over `node`
+    /// running in `region`.
+    pub fn verify_region(&self, node: &str, region: &str, certificate: &[u8]) -> bool {
+        let statement = statement(NODE_DOMAIN, node, region.as_bytes());
+        self.verify_statement(&statement, certificate)
+    }
+
+    fn verify_statement(&self, statement: &[u8], signed: &[u8]) -> bool {
+        if signed.len() != STATEMENT_SIGNATURE_LEN {
             return false;
         }
-        let (key, sig) = signature.split_at(32);
+        let (key, sig) = signed.split_at(32);
         let Ok(key) = ed25519::PublicKey::try_from_bytes(key) else {
             return false;
         };
-        self.0.contains(&key) && key.verify(&forget_statement(node, incarnation), sig)
+        self.0.contains(&key) && key.verify(statement, sig)
     }
 }
 
@@ -143,8 +159,18 @@ impl OperatorKey {
     /// Sign the forget of `node`'s `incarnation` (the one the nodes know: `GET /api/peers`),
     /// as a forget announcement carries it: the key's public half, then the signature.
     pub fn sign_forget(&self, node: &str, incarnation: u64) -> Vec<u8> {
+        self.sign_statement(&statement(FORGET_DOMAIN, node, &incarnation.to_be_bytes()))
+    }
+
+    /// The certificate of `node` (its peer id) running in `region`, which the node presents
+    /// in its hellos (`cluster.certificate`): the key's public half, then the signature.
+    pub fn certify(&self, node: &str, region: &str) -> Vec<u8> {
+        self.sign_statement(&statement(NODE_DOMAIN, node, region.as_bytes()))
+    }
+
+    fn sign_statement(&self, statement: &[u8]) -> Vec<u8> {
         let mut signed = self.0.public().to_bytes().to_vec();
-        signed.extend_from_slice(&self.0.sign(&forget_statement(node, incarnation)));
+        signed.extend_from_slice(&self.0.sign(statement));
         signed
     }
 
@@ -158,11 +184,12 @@ fn public_key(hex_key: &str) -> anyhow::Result<ed25519::PublicKey> {
     ed25519::PublicKey::try_from_bytes(&bytes).map_err(|e| anyhow::anyhow!("not a key: {e}"))
 }
 
-fn forget_statement(node: &str, incarnation: u64) -> Vec<u8> {
-    let mut m = FORGET_DOMAIN.to_vec();
+/// What a statement about `node` signs: its domain, the node, a zero byte, then `what`.
+fn statement(domain: &[u8], node: &str, what: &[u8]) -> Vec<u8> {
+    let mut m = domain.to_vec();
     m.extend_from_slice(node.as_bytes());
     m.push(0);
-    m.extend_from_slice(&incarnation.to_be_bytes());
+    m.extend_from_slice(what);
     m
 }
 
@@ -170,6 +197,26 @@ fn signed_bytes(digest: &[u8]) -> Vec<u8> {
     let mut m = DOMAIN.to_vec();
     m.extend_from_slice(digest);
     m
+}
+
+/// `meridian certify --operator-key FILE --peer-id ID --region NAME`: print the operator's
+/// certificate of that node in that region (hex), for the node's `cluster.certificate` file.
+pub fn certify_command(
+    key: &Path,
+    peer_id: &libp2p::PeerId,
+    region: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    if region.is_empty() {
+        bail!("--region: a region name is needed");
+    }
+    let key = OperatorKey::load(key)?;
+    writeln!(
+        out,
+        "{}",
+        hex::encode(key.certify(&peer_id.to_string(), region))
+    )?;
+    Ok(())
 }
 
 /// `meridian keygen --operator FILE`: write a new operator key (mode 0600) and print its
@@ -226,6 +273,28 @@ mod tests {
             !OperatorKeys::default().verify_forget("12D3KooWa", 7, &signed),
             "no key listed"
         );
+    }
+
+    #[test]
+    fn a_certificate_counts_for_its_node_and_region_and_the_listed_keys_only() {
+        let operator = OperatorKey::generate();
+        let rogue = OperatorKey::generate();
+        let keys = OperatorKeys::parse(&[operator.public_hex()]).unwrap();
+        let cert = operator.certify("12D3KooWa", "euc1");
+        assert!(keys.verify_region("12D3KooWa", "euc1", &cert));
+        assert!(
+            !keys.verify_region("12D3KooWa", "use1", &cert),
+            "another region"
+        );
+        assert!(
+            !keys.verify_region("12D3KooWb", "euc1", &cert),
+            "another node"
+        );
+        assert!(!keys.verify_region("12D3KooWa", "euc1", &rogue.certify("12D3KooWa", "euc1")));
+        // A forget's signature is no certificate, and the other way round.
+        let forget = operator.sign_forget("12D3KooWa", 7);
+        assert!(!keys.verify_region("12D3KooWa", "euc1", &forget));
+        assert!(!keys.verify_forget("12D3KooWa", 7, &cert));
     }
 
     #[test]

@@ -68,10 +68,9 @@ pub(super) async fn start(
     // policy. The application's own hooks are taken to decide who gets in.
     let anonymous = hooks.anonymous();
     let cluster = secrets.as_ref().map(|s| {
-        (
-            core_cluster_config(&config.cluster, s.node.clone()),
-            s.commands.clone(),
-        )
+        let mut cluster = core_cluster_config(&config.cluster, s.node.clone());
+        cluster.certificate = s.certificate.clone();
+        (cluster, s.commands.clone())
     });
     // In force before anything is restored or advertised.
     let started_with = policy.as_ref().map(PolicyHandle::current);
@@ -133,12 +132,49 @@ pub(super) async fn start(
     Ok(starting.into_server(config, has_custom_auth, verify_limits, policy, reloads))
 }
 
+/// `cluster.certificate`: the operator's certificate of this node's region, checked against
+/// the operator keys here too, so that a wrong one (another node's, another region's, another
+/// key's) stops the start rather than leave the node without a region everywhere. Without
+/// one while there are operator keys, the start goes on and says what that means.
+fn load_certificate(config: &DaemonConfig, node: &NodeId) -> anyhow::Result<Option<bytes::Bytes>> {
+    let path = &config.cluster.certificate;
+    let keys = crate::policy::operator::OperatorKeys::parse(&config.policy.operator_keys)?;
+    if path.as_os_str().is_empty() {
+        if !keys.is_empty() {
+            warn!(
+                "no cluster.certificate: with operator keys, peers take no region from this \
+                 node (no residency rule lets a restricted message go to it); \
+                 `meridian certify` makes one"
+            );
+        }
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let certificate = hex::decode(text.trim()).ok().with_context(|| {
+        format!(
+            "{}: not a certificate (hex; `meridian certify` prints one)",
+            path.display()
+        )
+    })?;
+    let region = &config.cluster.region;
+    if !keys.is_empty() && !keys.verify_region(node.as_str(), region, &certificate) {
+        anyhow::bail!(
+            "{}: not an operator's certificate of this node ({node}) in region {region:?}",
+            path.display()
+        );
+    }
+    Ok(Some(bytes::Bytes::from(certificate)))
+}
+
 /// What cluster mode needs before the broker starts: the secrets, and the channel by which
 /// the broker task orders the mesh task about.
 struct ClusterSecrets {
     key: libp2p::pnet::PreSharedKey,
     identity: libp2p::identity::Keypair,
     node: NodeId,
+    /// The operator's certificate of this node's region (`cluster.certificate`).
+    certificate: Option<bytes::Bytes>,
     /// The broker task's end.
     commands: mpsc::Sender<MeshCmd>,
     /// The mesh task's end.
@@ -157,11 +193,13 @@ impl ClusterSecrets {
         let identity = mesh::keys::load_or_create_identity(&config.storage.data_dir)?;
         let node = NodeId::new(&identity.public().to_peer_id().to_string())
             .context("peer id as node id")?;
+        let certificate = load_certificate(config, &node).context("cluster.certificate")?;
         let (commands, orders) = mpsc::channel::<MeshCmd>(MESH_QUEUE);
         Ok(Some(Self {
             key,
             identity,
             node,
+            certificate,
             commands,
             orders,
         }))

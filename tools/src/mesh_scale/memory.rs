@@ -162,6 +162,7 @@ pub fn measure_memory(
             incarnation: 1,
             protocol: LINK_PROTOCOL_VERSION,
             region: REGIONS[*region].0.to_owned(),
+            certificate: None,
         };
         link::encode(&hello, &mut wire).context("encoding hello")?;
         feed(&mut broker, &peer, &mut wire)?;

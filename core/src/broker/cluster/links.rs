@@ -3,7 +3,7 @@
 use super::trust::{PeerFault, foreign_origin};
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker};
-use crate::link::{DigestEntry, Frame, LINK_PROTOCOL_VERSION};
+use crate::link::{DigestEntry, Frame, FrameKind, LINK_PROTOCOL_VERSION};
 use crate::retained::RetainedDigest;
 use crate::routes::{DeltaOutcome, NodeId, RoutePosition, SnapshotOutcome};
 
@@ -33,6 +33,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             incarnation: c.owner.incarnation,
             protocol: LINK_PROTOCOL_VERSION,
             region: c.config.region.clone(),
+            certificate: c.config.certificate.clone(),
         };
         let digest = c.digest_for(&peer);
         // Retained messages replicate between mesh nodes only.
@@ -125,12 +126,24 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         c.peer(&peer).last_heard = Some(now);
         match frame {
             Frame::Hello {
-                region, protocol, ..
+                region,
+                protocol,
+                certificate,
+                ..
             } => {
                 if protocol != LINK_PROTOCOL_VERSION {
                     self.stats.protocol_errors += 1;
                 }
-                c.peer(&peer).region = Some(region);
+                // A mesh node's region counts only as the authorizer vouches for it (with
+                // operator keys, certified); a leaf's is its hub's anyway.
+                let vouched = c.leaves.is_leaf(&peer)
+                    || self
+                        .authorizer
+                        .vouches_region(&peer, &region, certificate.as_deref());
+                c.peer(&peer).region = vouched.then_some(region);
+                if !vouched {
+                    self.peer_fault(&peer, PeerFault::NotOwner(FrameKind::Hello));
+                }
                 self.send_scoped_to(&peer, true);
                 self.purge_withheld_forwards();
             }

@@ -46,6 +46,9 @@ pub struct ClusterConfig {
     pub incarnation: u64,
     /// The region the node runs in, told to peers in [`Frame::Hello`].
     pub region: String,
+    /// The operator's certificate of this node's id and region, sent in every hello, where
+    /// the deployment has operator keys ([`Authorizer::vouches_region`](crate::broker::Authorizer::vouches_region)).
+    pub certificate: Option<bytes::Bytes>,
     /// Route changes are collected for this long, then sent as one delta.
     pub route_batch_ms: u64,
     /// How often this node announces its route-set version (anti-entropy).
@@ -131,6 +134,7 @@ impl ClusterConfig {
             node,
             incarnation,
             region: region.into(),
+            certificate: None,
             route_batch_ms: 20,
             digest_interval_ms: 5_000,
             tombstone_budget: 100_000,

@@ -67,6 +67,20 @@ impl Node {
     }
 
     pub async fn launch(region: &str, p2p: u16, peers: &[u16], key: &Path, extra: &str) -> Self {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        Self::launch_in(tmp, region, p2p, peers, key, extra).await
+    }
+
+    /// [`Node::launch`] in `tmp` (its data directory is `tmp/data`, which may exist already:
+    /// `meridian peer-id --data-dir` made the node's identity there, say).
+    pub async fn launch_in(
+        tmp: tempfile::TempDir,
+        region: &str,
+        p2p: u16,
+        peers: &[u16],
+        key: &Path,
+        extra: &str,
+    ) -> Self {
         let peers: Vec<String> = peers
             .iter()
             .map(|p| format!("\"/ip4/127.0.0.1/tcp/{p}\""))
@@ -77,7 +91,7 @@ impl Node {
             peers.join(", "),
             key.display()
         );
-        let daemon = Daemon::start_with(Some(&config), Vec::new());
+        let daemon = Daemon::start_in(tmp, Some(&config), Vec::new());
         let peer_id = node_info(daemon.admin).await["peer_id"]
             .as_str()
             .expect("peer id in /api/node")
