@@ -515,6 +515,7 @@ fn a_shipped_message_waits_for_older_ones_of_its_node_that_come_another_way() {
 mod trust {
     use super::*;
     use bytes::Bytes;
+    use common::operator::with_operator_keys;
     use meridian_core::link::{Claim, ClaimUpdate, Frame, SessionRelay, SessionTransfer};
     use meridian_core::retained::{Hlc, Stamp};
 
@@ -591,56 +592,12 @@ mod trust {
         assert_eq!(ack.reason, ReasonCode::SUCCESS);
     }
 
-    /// Hooks of a deployment whose nodes prove their clients' logins: the authenticator gives
-    /// alice's claims a proof, the authorizer takes alice's claims only with it.
-    struct Proving(bool);
-
-    impl meridian_core::broker::Authenticator for Proving {
-        fn authenticate(
-            &mut self,
-            _: &meridian_core::broker::AuthRequest<'_>,
-        ) -> meridian_core::broker::AuthOutcome {
-            meridian_core::broker::AuthOutcome::Allow { username: None }
-        }
-
-        fn claim_proof(&mut self, _: meridian_core::ConnId, _: &str) -> Option<Bytes> {
-            self.0.then(|| Bytes::from_static(b"alice logged in"))
-        }
-    }
-
-    struct Vouching;
-
-    impl meridian_core::broker::Authorizer for Vouching {
-        fn may_publish(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
-            true
-        }
-        fn may_subscribe(
-            &self,
-            _: &meridian_core::broker::ClientRef<'_>,
-            _: &meridian_core::topic::TopicFilter,
-        ) -> meridian_core::broker::FilterAccess {
-            meridian_core::broker::FilterAccess::Allowed
-        }
-        fn may_receive(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
-            true
-        }
-        fn vouches(&self, _: &str, _: &meridian_core::routes::NodeId, claim: &Claim) -> bool {
-            claim.user.as_deref() != Some("alice")
-                || claim.proof.as_deref() == Some(b"alice logged in".as_slice())
-        }
-    }
-
     /// A claim the authorizer does not vouch for (no proof that the client logged in as the
     /// user it names) moves no session and keeps no one out; one with the proof does.
     #[test]
     fn a_claim_without_proof_moves_no_session() {
         let mut mesh = three();
-        for (node, proves) in [("a", true), ("b", true), ("c", false)] {
-            let w = mesh.node(node);
-            let now = meridian_core::Timestamp(w.now);
-            w.broker
-                .set_hooks(now, Box::new(Proving(proves)), Box::new(Vouching));
-        }
+        with_operator_keys(&mut mesh, &[("a", true), ("b", true), ("c", false)]);
         let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
         mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
         mesh.settle();
@@ -668,12 +625,7 @@ mod trust {
     #[test]
     fn only_a_node_that_held_the_session_by_a_proven_claim_ships_it() {
         let mut mesh = three();
-        for (node, proves) in [("a", true), ("b", true), ("c", false)] {
-            let w = mesh.node(node);
-            let now = meridian_core::Timestamp(w.now);
-            w.broker
-                .set_hooks(now, Box::new(Proving(proves)), Box::new(Vouching));
-        }
+        with_operator_keys(&mut mesh, &[("a", true), ("b", true), ("c", false)]);
         let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
         mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
         mesh.advance(50);

@@ -9,13 +9,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::mesh::{Mesh, id};
+use common::operator::{FORGET_SIGNATURE, region_certificate, with_operator_keys};
 use common::*;
 use meridian_core::acl::{Acl, Action, Permission, Rule};
 use meridian_core::broker::{AllowAll, ForgetError, ForgetReason, PeerFault, PeerLimit};
 use meridian_core::codec::{Packet, Publish, QoS, ReasonCode};
 use meridian_core::link::{DigestEntry, Forward, Frame, FrameKind, OutboxLimits, RetainedUpdate};
 use meridian_core::retained::{Hlc, Stamp};
-use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
+use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use meridian_core::{Config, Event, Timestamp};
 
 fn owner(name: &str, incarnation: u64) -> Owner {
@@ -425,52 +426,6 @@ fn an_announced_forget_of_an_incarnation_nobody_met_is_refused() {
     assert!(c.broker.nodes_for("a/x").is_empty());
 }
 
-/// Takes every client and rule, and an announced forget only with the operator's signature
-/// (here, the bytes `operator`), as the daemon does with operator keys.
-struct SignedForgets;
-
-impl meridian_core::broker::Authorizer for SignedForgets {
-    fn may_publish(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
-        true
-    }
-    fn may_subscribe(
-        &self,
-        _: &meridian_core::broker::ClientRef<'_>,
-        _: &meridian_core::topic::TopicFilter,
-    ) -> meridian_core::broker::FilterAccess {
-        meridian_core::broker::FilterAccess::Allowed
-    }
-    fn may_receive(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
-        true
-    }
-    fn vouches_forget(&self, _: &NodeId, _: u64, signature: Option<&[u8]>) -> bool {
-        signature == Some(b"operator".as_slice())
-    }
-}
-
-/// Takes a mesh node's region only with the operator's certificate (here, `cert:REGION`), as
-/// the daemon does with operator keys.
-struct CertifiedRegions;
-
-impl meridian_core::broker::Authorizer for CertifiedRegions {
-    fn may_publish(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
-        true
-    }
-    fn may_subscribe(
-        &self,
-        _: &meridian_core::broker::ClientRef<'_>,
-        _: &meridian_core::topic::TopicFilter,
-    ) -> meridian_core::broker::FilterAccess {
-        meridian_core::broker::FilterAccess::Allowed
-    }
-    fn may_receive(&self, _: &meridian_core::broker::ClientRef<'_>, _: &str) -> bool {
-        true
-    }
-    fn vouches_region(&self, _: &NodeId, region: &str, certificate: Option<&[u8]>) -> bool {
-        certificate == Some(format!("cert:{region}").as_bytes())
-    }
-}
-
 /// With operator keys, a node's region is the operator's word, not the node's: a hello
 /// naming a region without the operator's certificate of it records no region (so no
 /// residency rule lets a restricted message go to that node) and is counted; a certified one
@@ -478,12 +433,7 @@ impl meridian_core::broker::Authorizer for CertifiedRegions {
 #[test]
 fn with_operator_keys_a_region_counts_only_certified() {
     let (mut mesh, _) = three();
-    {
-        let c = mesh.node("c");
-        let now = Timestamp(c.now);
-        c.broker
-            .set_hooks(now, Box::new(AllowAll), Box::new(CertifiedRegions));
-    }
+    with_operator_keys(&mut mesh, &[("c", true)]);
     let region_of_b = |mesh: &mut Mesh| {
         let b = mesh
             .node("c")
@@ -498,13 +448,13 @@ fn with_operator_keys_a_region_counts_only_certified() {
         incarnation: 1,
         protocol: meridian_core::link::LINK_PROTOCOL_VERSION,
         region: region.into(),
-        certificate: certificate.map(|c| Bytes::from(c.to_owned())),
+        certificate: certificate.map(region_certificate),
     };
     mesh.inject("b", "c", hello("region-a", None));
-    mesh.inject("b", "c", hello("region-a", Some("cert:region-b")));
+    mesh.inject("b", "c", hello("region-a", Some("region-b")));
     assert_eq!(region_of_b(&mut mesh), None);
     assert_eq!(mesh.node("c").broker.stats().peer_frames_not_owner, 2);
-    mesh.inject("b", "c", hello("region-b", Some("cert:region-b")));
+    mesh.inject("b", "c", hello("region-b", Some("region-b")));
     assert_eq!(region_of_b(&mut mesh).as_deref(), Some("region-b"));
     assert_eq!(mesh.node("c").broker.stats().peer_frames_not_owner, 2);
 }
@@ -515,12 +465,7 @@ fn with_operator_keys_a_region_counts_only_certified() {
 #[test]
 fn with_operator_keys_only_a_signed_forget_is_honoured() {
     let (mut mesh, _) = three();
-    for node in ["b", "c"] {
-        let w = mesh.node(node);
-        let now = Timestamp(w.now);
-        w.broker
-            .set_hooks(now, Box::new(AllowAll), Box::new(SignedForgets));
-    }
+    with_operator_keys(&mut mesh, &[("b", true), ("c", true)]);
     mesh.link_down(&id("a"), &id("c"));
     mesh.link_down(&id("a"), &id("b"));
     let known = mesh
@@ -550,7 +495,7 @@ fn with_operator_keys_only_a_signed_forget_is_honoured() {
     let b = mesh.node("b");
     let now = Timestamp(b.now);
     b.broker
-        .forget_peer_signed(now, &id("a"), Some(Bytes::from_static(b"operator")))
+        .forget_peer_signed(now, &id("a"), Some(Bytes::from_static(FORGET_SIGNATURE)))
         .unwrap();
     b.drain();
     mesh.settle();

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod mesh;
+pub mod operator;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

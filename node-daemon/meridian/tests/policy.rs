@@ -560,19 +560,48 @@ async fn the_document_is_compacted_once_every_node_holds_it() {
     assert!(logs_in(coordinator.mqtt(), "u1").await);
 }
 
-/// `meridian keygen --operator FILE`: the public key it prints.
-fn operator_keygen(path: &std::path::Path) -> String {
+/// `meridian ARGS...` (no stdin): its stdout, trimmed, asserting success.
+fn meridian(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
-        .args(["keygen", "--operator"])
-        .arg(path)
+        .args(args)
         .output()
-        .expect("run meridian keygen");
+        .expect("run meridian");
     assert!(
         out.status.success(),
-        "{}",
+        "meridian {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A deployment's files with an operator key: the directory, the cluster key, the operator
+/// key, its public half and the `[policy]` section that lists it (for a node's config).
+struct Operated {
+    dir: tempfile::TempDir,
+    key: std::path::PathBuf,
+    op_key: std::path::PathBuf,
+    public: String,
+    signed: String,
+}
+
+fn operated() -> Operated {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let op_key = dir.path().join("operator.key");
+    let public = operator_keygen(&op_key);
+    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    Operated {
+        dir,
+        key,
+        op_key,
+        public,
+        signed,
+    }
+}
+
+/// `meridian keygen --operator FILE`: the public key it prints.
+fn operator_keygen(path: &std::path::Path) -> String {
+    meridian(&["keygen", "--operator", path.to_str().unwrap()])
 }
 
 /// A deployment with an operator key: only what the operator signs makes policy. A rogue node
@@ -581,12 +610,14 @@ fn operator_keygen(path: &std::path::Path) -> String {
 /// other node takes either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_operator_key_a_node_holding_the_cluster_key_makes_no_policy() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let op_key = dir.path().join("operator.key");
-    let public = operator_keygen(&op_key);
+    let Operated {
+        dir,
+        key,
+        op_key,
+        public,
+        signed,
+    } = operated();
     let op = op_key.to_str().unwrap();
-    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
     let (pa, pc, pr) = (free_port(), free_port(), free_port());
     let ac = Proxy::start(pa).await.unwrap();
     let ra = Proxy::start(pa).await.unwrap();
@@ -714,12 +745,14 @@ async fn with_an_operator_key_a_node_holding_the_cluster_key_makes_no_policy() {
 /// every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_operator_key_only_the_operator_forgets_a_node_for_the_deployment() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let op_key = dir.path().join("operator.key");
-    let public = operator_keygen(&op_key);
+    let Operated {
+        dir,
+        key,
+        op_key,
+        public: _,
+        signed,
+    } = operated();
     let op = op_key.to_str().unwrap();
-    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
     let (pa, pb, pc, pr) = (free_port(), free_port(), free_port(), free_port());
     let mut a = Node::start_with("euc1", pa, &[], &key, &signed).await;
     let b = Node::start_with("use1", pb, &[pa], &key, &signed).await;
@@ -790,32 +823,20 @@ async fn with_an_operator_key_only_the_operator_forgets_a_node_for_the_deploymen
     );
 }
 
-/// `meridian ARGS...` (no stdin): its stdout, trimmed, asserting success.
-fn meridian(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
-        .args(args)
-        .output()
-        .expect("run meridian");
-    assert!(
-        out.status.success(),
-        "meridian {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
 /// With an operator key, a node's region is the operator's word: a certified node's region is
 /// taken by its peers; a node holding the cluster key that names a region without a
 /// certificate has none at the others (so no residency rule lets a restricted message go to
 /// it), and its hello is counted; a node given another region's certificate does not start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_operator_key_a_node_s_region_is_the_operator_s_word() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let op_key = dir.path().join("operator.key");
-    let public = operator_keygen(&op_key);
+    let Operated {
+        dir,
+        key,
+        op_key,
+        public: _,
+        signed,
+    } = operated();
     let op = op_key.to_str().unwrap();
-    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
     // The operator certifies b's peer id (made before b first starts) in use1.
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
