@@ -58,6 +58,23 @@ def log(*args):
     print(f"[{now_ms():>7}]", *args, file=sys.stderr, flush=True)
 
 
+def owe_pubrel(client):
+    """Put back, before a connection attempt, the QoS 2 messages paho owes a PUBREL for.
+
+    paho-mqtt (2.2.0) resets its outgoing messages on every connection attempt
+    (`_messages_reconnect_reset_out`): a message waiting for PUBCOMP is marked to resend its
+    PUBREL, but one already so marked (an earlier attempt was refused, as while its node is
+    down) is marked to resend its PUBLISH, with DUP 0. The broker had that packet id released
+    (it got the PUBREL), so it takes the PUBLISH for a new message, as MQTT requires, and the
+    message is delivered twice. Marked back as waiting for PUBCOMP, the reset gives it its
+    PUBREL again.
+    """
+    with client._out_message_mutex:
+        for m in client._out_messages.values():
+            if m.state == mqtt.mqtt_ms_resend_pubrel:
+                m.state = mqtt.mqtt_ms_wait_for_pubcomp
+
+
 def connect_props():
     p = Properties(PacketTypes.CONNECT)
     p.SessionExpiryInterval = 3600
@@ -116,6 +133,7 @@ class Peer:
         if t - self.last_try < RETRY:
             return
         self.last_try = t
+        owe_pubrel(self.client)
         try:
             self.client.connect(
                 HOST,
