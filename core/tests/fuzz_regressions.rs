@@ -301,6 +301,48 @@ fn route_owner(incarnation: u64) -> Owner {
     }
 }
 
+/// Found by route_merge: a replica of an owner's incarnation 1 buffered a delta of its
+/// incarnation 2 (a new incarnation that began before that delta: kept until the snapshot it
+/// asks for comes), then took a delta of incarnation 1 that continued it. `next_early`
+/// (core/src/routes/table.rs) went on with whatever buffered delta followed, whatever its
+/// incarnation, so incarnation 2's changes were applied on incarnation 1's set: the replica
+/// stood at version 3 of incarnation 1, a version that incarnation never flushed, holding a
+/// mix of both sets. Fixed: only deltas of the replica's own incarnation continue it.
+#[test]
+fn a_later_incarnations_buffered_delta_does_not_continue_an_earlier_one() {
+    let replica_node = NodeId::new("r1").unwrap();
+    let mut first = RouteLog::new(route_owner(1), 16);
+    first.add_peer(replica_node.clone());
+    first.add("a");
+    let d1 = first.flush().unwrap();
+    first.add("b");
+    let d2 = first.flush().unwrap();
+
+    let mut restarted = RouteLog::new(route_owner(2), 16);
+    restarted.add_peer(replica_node);
+    restarted.add("x");
+    restarted.flush().unwrap();
+    restarted.add("y");
+    restarted.add("z");
+    let e2 = restarted.flush().unwrap();
+    assert_eq!((e2.after, e2.to()), (1, 3));
+
+    let mut table = RouteTable::new(1);
+    assert_eq!(table.apply_delta(&d1), DeltaOutcome::Applied { version: 1 });
+    // Incarnation 2's second delta comes first: kept, and its snapshot asked for.
+    assert_eq!(table.apply_delta(&e2), DeltaOutcome::NeedSnapshot);
+    // Incarnation 1's second delta continues incarnation 1, and only that.
+    assert_eq!(table.apply_delta(&d2), DeltaOutcome::Applied { version: 2 });
+    let replica = table.replica(&route_owner(1).node).unwrap();
+    let filters: BTreeSet<&str> = replica.filters().collect();
+    assert_eq!(
+        (replica.incarnation, replica.version, filters),
+        (1, 2, BTreeSet::from(["a", "b"])),
+        "the replica mixes two incarnations' sets"
+    );
+    assert_eq!(replica.hash, first.hash());
+}
+
 /// Found by route_merge: a replica buffered an early delta of an owner's incarnation 1 (it
 /// arrived before the delta it follows: `Gap`), then the owner restarted and the replica
 /// installed a snapshot of incarnation 2. `apply_snapshot_chunk` (core/src/routes/table.rs)

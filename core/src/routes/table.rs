@@ -372,10 +372,17 @@ impl RouteTable {
     }
 
     /// A buffered delta that now continues the replica (those entirely behind it are dropped).
+    /// Only one of the replica's own incarnation: a later incarnation's, buffered while it
+    /// waits for that incarnation's snapshot, numbers its changes afresh and would mix the
+    /// two sets.
     fn next_early(&mut self, node: &NodeId) -> Option<RouteDelta> {
         let replica = self.replicas.get_mut(node)?;
+        let incarnation = replica.incarnation;
         loop {
-            let (&after, _) = replica.early.range(..=replica.version).next_back()?;
+            let (&after, _) = replica
+                .early
+                .range(..=replica.version)
+                .rfind(|(_, d)| d.owner.incarnation == incarnation)?;
             let delta = replica.early.remove(&after)?;
             replica.early_bytes -= weight(delta.changes.iter().map(|c| &c.filter));
             if delta.to() > replica.version {
