@@ -749,8 +749,8 @@ async fn with_an_operator_key_only_the_operator_forgets_a_node_for_the_deploymen
         dir,
         key,
         op_key,
-        public: _,
         signed,
+        ..
     } = operated();
     let op = op_key.to_str().unwrap();
     let (pa, pb, pc, pr) = (free_port(), free_port(), free_port(), free_port());
@@ -833,8 +833,8 @@ async fn with_an_operator_key_a_node_s_region_is_the_operator_s_word() {
         dir,
         key,
         op_key,
-        public: _,
         signed,
+        ..
     } = operated();
     let op = op_key.to_str().unwrap();
     // The operator certifies b's peer id (made before b first starts) in use1.

@@ -316,11 +316,7 @@ async fn forget_signature(
         return Ok(None);
     }
     let (mut incarnation, mut signature) = (None, None);
-    for (key, value) in query
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-    {
+    for (key, value) in query_pairs(query) {
         match key {
             "incarnation" => incarnation = value.parse::<u64>().ok(),
             "signature" => signature = hex::decode(value).ok(),
@@ -363,6 +359,14 @@ async fn forget_signature(
     Ok(Some(Bytes::from(signature)))
 }
 
+/// The `key=value` pairs of a query string (raw: values are not decoded).
+fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+}
+
 /// `?offset=N&limit=N&q=TEXT` of a listing: a page of it, of the entries that hold TEXT.
 fn page_of(query: Option<&str>) -> Page {
     let mut page = Page {
@@ -370,11 +374,7 @@ fn page_of(query: Option<&str>) -> Page {
         limit: usize::MAX,
         filter: None,
     };
-    for (key, value) in query
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-    {
+    for (key, value) in query_pairs(query) {
         match key {
             "offset" => page.offset = value.parse().unwrap_or(0),
             "limit" => page.limit = value.parse().unwrap_or(usize::MAX),

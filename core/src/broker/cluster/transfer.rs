@@ -606,6 +606,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for (filter, entry) in subscriptions {
             self.add_transferred_subscription(sid, &filter, entry);
         }
+        // The relay the shipped messages came by.
+        let source = (from.clone(), claim_stamp.clone());
         for (_, record) in messages {
             let topic = record.delivery.message.topic.clone();
             if !self.may_receive(sid, &topic) {
@@ -622,7 +624,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 // its origin may still come.
                 None => match record.id {
                     Some(id) => {
-                        let source = (from.clone(), claim_stamp.clone());
                         self.deliver_shipped(sid, id, record.delivery, &source, record.held)
                     }
                     None => self.deliver(sid, record.delivery, &mut None),
