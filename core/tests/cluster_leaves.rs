@@ -209,6 +209,44 @@ fn a_topic_nobody_wants_elsewhere_stays_on_its_leaf() {
 }
 
 #[test]
+fn a_leaf_that_links_learns_what_was_wanted_before_it_came_before_its_publishers_are_judged() {
+    // What the hub and the mesh wanted long before the leaf linked is in the leaf's view from
+    // the start: the view's first digest says so, and the leaf does not take the empty view
+    // it has for current (it would keep its publishers' messages to itself until the next
+    // route batch).
+    let mut mesh = Mesh::new(&["far", "hub"], Config::default(), |_| {});
+    let hub = mesh.node("hub").connect(V5, "hub-sub");
+    mesh.node("hub").subscribe(hub, "up/#", QoS::AtLeastOnce);
+    let far = mesh.node("far").connect(V5, "far-sub");
+    mesh.node("far").subscribe(far, "far/#", QoS::AtMostOnce);
+    routes_settle(&mut mesh);
+    mesh.join_leaf("edge-as", "hub", Config::default(), |_| {});
+    mesh.settle();
+    let mut known = mesh.node("edge-as").broker.replicated_routes(&id("hub"));
+    known.sort();
+    assert_eq!(
+        known,
+        ["far/#", "up/#"],
+        "the leaf's copy of its view, no batch later"
+    );
+
+    // Its publishers' messages go up: QoS 0 and 1, to the hub's subscriber and the far one.
+    let publisher = mesh.node("edge-as").connect(V5, "as-pub");
+    mesh.node("edge-as")
+        .publish(publisher, "up/0", b"qos 0", QoS::AtMostOnce, false, 0);
+    mesh.node("edge-as")
+        .publish(publisher, "up/1", b"qos 1", QoS::AtLeastOnce, false, 1);
+    mesh.node("edge-as")
+        .publish(publisher, "far/0", b"far", QoS::AtMostOnce, false, 0);
+    mesh.settle();
+    assert_eq!(
+        payloads(mesh.node("hub"), hub),
+        [b"qos 0".to_vec(), b"qos 1".to_vec()]
+    );
+    assert_eq!(payloads(mesh.node("far"), far), [b"far".to_vec()]);
+}
+
+#[test]
 fn a_cut_between_the_hub_and_the_mesh_delays_what_a_leaf_sent_and_never_duplicates_it() {
     let mut mesh = deployment();
     let far = mesh.node("far").connect(V5, "far-sub");

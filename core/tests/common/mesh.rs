@@ -74,22 +74,33 @@ impl Mesh {
     ) -> Self {
         let mut mesh = Self::new(names, config.clone(), &tweak);
         for (leaf, hub) in leaves {
-            let mut cluster = ClusterConfig::new(id(leaf), 1, *leaf);
-            tweak(&mut cluster);
-            mesh.nodes
-                .insert(id(leaf), World::node(config.clone(), cluster));
-            let hub_node = mesh.node(hub);
-            let now = Timestamp(hub_node.now);
-            hub_node
-                .broker
-                .add_leaf(now, &id(leaf))
-                .expect("a new name may be a leaf");
-            mesh.node(hub).drain();
-            mesh.leaf_of.insert(id(leaf), id(hub));
-            mesh.link_up(&id(leaf), &id(hub));
+            mesh.join_leaf(leaf, hub, config.clone(), &tweak);
         }
         mesh.settle();
         mesh
+    }
+
+    /// A new leaf `leaf` (its own broker, `config`) made a leaf of `hub` and linked to it, as
+    /// a shell does when an edge object links; nothing is delivered yet.
+    pub fn join_leaf(
+        &mut self,
+        leaf: &str,
+        hub: &str,
+        config: Config,
+        tweak: impl Fn(&mut ClusterConfig),
+    ) {
+        let mut cluster = ClusterConfig::new(id(leaf), 1, leaf);
+        tweak(&mut cluster);
+        self.nodes.insert(id(leaf), World::node(config, cluster));
+        let hub_node = self.node(hub);
+        let now = Timestamp(hub_node.now);
+        hub_node
+            .broker
+            .add_leaf(now, &id(leaf))
+            .expect("a new name may be a leaf");
+        self.node(hub).drain();
+        self.leaf_of.insert(id(leaf), id(hub));
+        self.link_up(&id(leaf), &id(hub));
     }
 
     pub fn node(&mut self, name: &str) -> &mut World {

@@ -5,7 +5,7 @@ use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::link::{DigestEntry, Frame, FrameKind, LINK_PROTOCOL_VERSION};
 use crate::retained::RetainedDigest;
-use crate::routes::{DeltaOutcome, NodeId, RoutePosition, SnapshotOutcome};
+use crate::routes::{DeltaOutcome, NodeId, RouteLog, RoutePosition, SnapshotOutcome};
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(in crate::broker) fn on_peer_up(&mut self, peer: NodeId) {
@@ -35,10 +35,22 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             region: c.config.region.clone(),
             certificate: c.config.certificate.clone(),
         };
+        // A leaf's view may hold changes not batched yet (all of it, for a leaf made just
+        // now): batched here and sent, so that the digest after them says where the view
+        // stands. Otherwise the leaf would take the view it has for current and keep its
+        // publishers' messages to itself until the next batch.
+        let view_delta = c.leaves.view_mut(&peer).and_then(RouteLog::flush);
+        let per_frame = c.config.snapshot_chunk_filters;
         let digest = c.digest_for(&peer);
         // Retained messages replicate between mesh nodes only.
         let retained = (!c.leaves.is_leaf(&peer)).then(|| c.retained.digest());
         self.send_to_peer(peer.clone(), hello);
+        for frame in view_delta
+            .into_iter()
+            .flat_map(|d| super::routes::delta_frames(d, per_frame))
+        {
+            self.send_to_peer(peer.clone(), frame);
+        }
         self.send_to_peer(peer.clone(), digest);
         if let Some(RetainedDigest { hash, entries }) = retained {
             self.send_to_peer(peer.clone(), Frame::RetainedDigest { hash, entries });
