@@ -27,7 +27,7 @@ use std::collections::BTreeSet;
 use crate::acl::{ClientRef, Pattern, Relation, RuleError};
 
 /// Rules have no placeholders: they are evaluated without a client.
-const NO_CLIENT: ClientRef<'static> = ClientRef {
+pub(crate) const NO_CLIENT: ClientRef<'static> = ClientRef {
     client_id: "",
     username: None,
 };

@@ -10,7 +10,8 @@ mod common;
 
 use common::mesh::{Mesh, id};
 use common::*;
-use meridian_core::codec::QoS;
+use meridian_core::broker::LeafScope;
+use meridian_core::codec::{Ack, Packet, QoS};
 use meridian_core::link::Frame;
 use meridian_core::routes::{Owner, RouteChange, RouteDelta, RouteOp};
 use meridian_core::{Config, Timestamp};
@@ -244,6 +245,88 @@ fn a_leaf_that_links_learns_what_was_wanted_before_it_came_before_its_publishers
         [b"qos 0".to_vec(), b"qos 1".to_vec()]
     );
     assert_eq!(payloads(mesh.node("far"), far), [b"far".to_vec()]);
+}
+
+#[test]
+fn a_leaf_held_to_a_scope_touches_nothing_outside_it() {
+    // edge-as linked with a credential for sensors/as/#: a hostile leaf (the crate's own
+    // broker) subscribes to everything and publishes outside its scope.
+    let mut mesh = deployment();
+    let now = Timestamp(mesh.node("hub").now);
+    let scope = LeafScope::new(["sensors/as/#"], 10).unwrap();
+    mesh.node("hub")
+        .broker
+        .scope_leaf(now, &id("edge-as"), Some(scope));
+    let far = mesh.node("far").connect(V5, "far-sub");
+    mesh.node("far").subscribe(far, "#", QoS::AtLeastOnce);
+    let leaf_sub = mesh.node("edge-as").connect(V5, "as-sub");
+    mesh.node("edge-as")
+        .subscribe(leaf_sub, "#", QoS::AtLeastOnce);
+    mesh.node("edge-as")
+        .subscribe(leaf_sub, "sensors/as/+/t", QoS::AtLeastOnce);
+    routes_settle(&mut mesh);
+    let before = mesh.node("hub").broker.stats().peer_frames_not_owner;
+    assert!(before >= 1, "the leaf's # counted");
+    // Its # draws nothing to the mesh: the hub wants only what is inside the scope for it.
+    let mut wanted = mesh.node("far").broker.replicated_routes(&id("hub"));
+    wanted.sort();
+    assert_eq!(wanted, ["sensors/as/+/t"]);
+
+    // Towards the leaf: only what is inside its scope, whatever its # says.
+    let far_pub = mesh.node("far").connect(V5, "far-pub");
+    for (i, topic) in ["secret/x", "sensors/as/1/t", "sensors/eu/1/t"]
+        .iter()
+        .enumerate()
+    {
+        mesh.node("far").publish(
+            far_pub,
+            topic,
+            topic.as_bytes(),
+            QoS::AtLeastOnce,
+            false,
+            i as u16 + 1,
+        );
+    }
+    let hub_pub = mesh.node("hub").connect(V5, "hub-pub");
+    mesh.node("hub")
+        .publish(hub_pub, "secret/y", b"secret/y", QoS::AtMostOnce, false, 0);
+    mesh.settle();
+    assert_eq!(
+        payloads(mesh.node("edge-as"), leaf_sub),
+        [b"sensors/as/1/t".to_vec()]
+    );
+
+    // From the leaf: only what is inside its scope reaches anyone; the rest is taken and
+    // counted, so that nothing waits in the leaf's outbox.
+    payloads(mesh.node("far"), far);
+    let leaf_pub = mesh.node("edge-as").connect(V5, "as-pub");
+    let sent = [
+        ("control/far", QoS::AtLeastOnce),
+        ("sensors/as/2/t", QoS::AtLeastOnce),
+        ("control/far", QoS::ExactlyOnce),
+        ("control/far", QoS::AtMostOnce),
+        ("sensors/as/3/t", QoS::AtMostOnce),
+    ];
+    for (i, (topic, qos)) in sent.iter().enumerate() {
+        mesh.node("edge-as")
+            .publish(leaf_pub, topic, topic.as_bytes(), *qos, false, i as u16 + 1);
+        if *qos == QoS::ExactlyOnce {
+            mesh.node("edge-as")
+                .send(leaf_pub, Packet::PubRel(Ack::new(i as u16 + 1)));
+        }
+    }
+    mesh.settle();
+    assert_eq!(
+        payloads(mesh.node("far"), far),
+        [b"sensors/as/2/t".to_vec(), b"sensors/as/3/t".to_vec()]
+    );
+    assert_eq!(
+        mesh.node("hub").broker.stats().peer_frames_not_owner - before,
+        3,
+        "each message outside the scope counted"
+    );
+    let to_hub = mesh.node("edge-as").broker.peers();
+    assert_eq!(to_hub[0].outbox_messages, 0, "every forward acknowledged");
 }
 
 #[test]

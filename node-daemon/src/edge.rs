@@ -6,7 +6,11 @@
 //!
 //! Who may link: a client that presents one of the edge-link tokens (the policy document's,
 //! or with `policy.source = "files"` those of `cluster.edge.token_file`) as
-//! `Authorization: Bearer TOKEN` in its upgrade request. A wrong or missing token is refused
+//! `Authorization: Bearer TOKEN` in its upgrade request; with operator keys
+//! (`policy.operator_keys`), a leaf credential one of them signed (`meridian certify-leaf`)
+//! instead, and tokens link nothing. A credential names the leaf (or a prefix of names): a
+//! `Hello` naming another is refused (`reason="credential"`); and it holds the leaf to its
+//! topic scope and filter bound ([`meridian_core::Broker::scope_leaf`]). A wrong or missing token is refused
 //! with 401 before the upgrade, so before any frame is read
 //! (`meridian_edge_links_refused_total{reason="token"}`). An accepted upgrade names this node
 //! in its `meridian-node` header. The first frame names the leaf
@@ -28,6 +32,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use meridian_core::broker::LeafScope;
 use meridian_core::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -41,7 +46,33 @@ use tracing::{debug, info, warn};
 
 use crate::mailbox::{DaemonCounters, LinkEvent, LinkLimits, PeerWriter, ToEngine};
 use crate::per_address::{AddressSlot, PerAddress};
+use crate::policy::operator::{LeafCredential, OperatorKeys};
 use crate::policy::tokens::Tokens;
+
+/// What an upgrade request presented: an edge-link token (by its name), or a leaf
+/// credential.
+enum Presented {
+    Token(String),
+    Leaf(LeafCredential),
+}
+
+impl Presented {
+    /// What it admits `leaf` as: the name live leaves are held to, and the scope. An error
+    /// says why not.
+    fn admit(self, leaf: &str) -> Result<(String, Option<LeafScope>), String> {
+        match self {
+            Presented::Token(name) => Ok((name, None)),
+            Presented::Leaf(credential) => {
+                if !credential.admits(leaf) {
+                    return Err(format!("the credential links {}", credential.name));
+                }
+                let max = usize::try_from(credential.max_filters).unwrap_or(usize::MAX);
+                let scope = LeafScope::new(&credential.scope, max).map_err(|e| e.to_string())?;
+                Ok((format!("credential {}", credential.id), Some(scope)))
+            }
+        }
+    }
+}
 
 /// The path edge links upgrade on.
 pub const LINK_PATH: &str = "/link";
@@ -67,6 +98,8 @@ pub struct EdgeSettings {
     /// This node's id, told to each leaf ([`NODE_HEADER`]).
     pub node: String,
     pub tokens: Tokens,
+    /// With keys, links need a leaf credential they signed, and tokens link nothing.
+    pub operator: OperatorKeys,
     /// TLS (wss), required off loopback.
     pub tls: Option<TlsAcceptor>,
     /// Links open at once, handshakes included.
@@ -209,7 +242,12 @@ async fn link<S>(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map_or("", str::trim);
-        let Some(name) = settings.tokens.admits(token) else {
+        let presented = if settings.operator.is_empty() {
+            settings.tokens.admits(token).map(Presented::Token)
+        } else {
+            settings.operator.verify_leaf(token).map(Presented::Leaf)
+        };
+        let Some(presented) = presented else {
             counters
                 .edge_links_refused_token
                 .fetch_add(1, Ordering::Relaxed);
@@ -218,7 +256,7 @@ async fn link<S>(
                 "an edge link token is required (Authorization: Bearer TOKEN)\n",
             ));
         };
-        credential = Some(name);
+        credential = Some(presented);
         if let Ok(node) = settings.node.parse() {
             resp.headers_mut().insert(NODE_HEADER, node);
         }
@@ -261,25 +299,37 @@ async fn link<S>(
     };
     let leaf = node.clone();
     let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-    let credential = credential.unwrap_or_default();
-    if let Err(why) = credentials.take(
-        leaf.as_str(),
-        session,
-        &credential,
-        settings.max_leaves_per_token,
-    ) {
-        counters
-            .edge_links_refused_credential
-            .fetch_add(1, Ordering::Relaxed);
-        warn!(%leaf, token = %credential, %why, "edge link refused");
-        let _ = sink.close().await;
-        return;
-    }
+    let Some(presented) = credential else { return };
+    let admitted = presented
+        .admit(leaf.as_str())
+        .and_then(|(credential, scope)| {
+            credentials
+                .take(
+                    leaf.as_str(),
+                    session,
+                    &credential,
+                    settings.max_leaves_per_token,
+                )
+                .map(|()| scope)
+                .map_err(|why| format!("{why} ({credential})"))
+        });
+    let scope = match admitted {
+        Ok(scope) => scope,
+        Err(why) => {
+            counters
+                .edge_links_refused_credential
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(%leaf, %why, "edge link refused");
+            let _ = sink.close().await;
+            return;
+        }
+    };
     let (writer, mut rx, queued_bytes) = PeerWriter::channel(settings.limits);
     let kill = writer.kill.clone();
     let (accepted_tx, accepted_rx) = tokio::sync::oneshot::channel();
     let up = ToEngine::Link(LinkEvent::LeafUp {
         leaf: leaf.clone(),
+        scope,
         session,
         writer,
         accepted: accepted_tx,

@@ -51,8 +51,8 @@ pub mod cli {
     };
     pub use crate::mesh::keys::{keygen_command, peer_id_command};
     pub use crate::passwd::passwd_command;
-    pub use crate::policy::operator::certify_command;
     pub use crate::policy::operator::keygen_command as operator_keygen_command;
+    pub use crate::policy::operator::{certify_command, certify_leaf_command};
 }
 
 /// The region mesh's own parts, for tests that play a peer node (one holding the cluster key

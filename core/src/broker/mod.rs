@@ -34,7 +34,7 @@ pub use auth::{
 pub use client_id::{ClientId, ClientIdError};
 pub use cluster::{
     ClusterConfig, ForgetError, ForgetReason, Forgotten, HomeRegion, LEAF_PREFIX, LeafError,
-    PeerFault, PeerLimit, PeerLimits, PeerSummary,
+    LeafScope, PeerFault, PeerLimit, PeerLimits, PeerSummary,
 };
 pub use config::Config;
 pub use io::{ConnId, ConnInfo, DisconnectCause, Durability, Event, Input, Output, Timestamp};

@@ -50,6 +50,23 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         region: String,
     },
+    /// Print an edge-link credential signed by an operator key (with policy.operator_keys,
+    /// an edge object links with one: its MERIDIAN_LINK_TOKEN).
+    CertifyLeaf {
+        /// The operator key (`meridian keygen --operator`).
+        #[arg(long, value_name = "FILE")]
+        operator_key: PathBuf,
+        /// The leaf's name (edge-eu), or a prefix of names ending with * (edge-*).
+        #[arg(long, value_name = "NAME")]
+        name: String,
+        /// A topic filter the leaf's messages and subscriptions must lie within (repeat it;
+        /// '#' for every topic).
+        #[arg(long, value_name = "FILTER", required = true)]
+        scope: Vec<String>,
+        /// The most distinct filters the leaf may bring.
+        #[arg(long, value_name = "N", default_value_t = 100_000)]
+        max_filters: u32,
+    },
     /// Print the node's peer id (its id in the region mesh), creating its identity if needed.
     PeerId {
         /// Data directory of the node.
@@ -168,6 +185,18 @@ fn main() -> ExitCode {
             &operator_key,
             &peer_id,
             &region,
+            &mut std::io::stdout().lock(),
+        ),
+        Command::CertifyLeaf {
+            operator_key,
+            name,
+            scope,
+            max_filters,
+        } => meridian_daemon::cli::certify_leaf_command(
+            &operator_key,
+            &name,
+            &scope,
+            max_filters,
             &mut std::io::stdout().lock(),
         ),
         Command::PeerId { data_dir } => {

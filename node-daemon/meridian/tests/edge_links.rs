@@ -286,3 +286,149 @@ async fn a_token_links_its_own_leaves_and_a_bounded_number_of_them() {
     .await;
     assert_eq!(refused().await, 2.0);
 }
+
+/// `meridian ARGS...`: its stdout, trimmed, asserting success.
+fn meridian(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(args)
+        .output()
+        .expect("run meridian");
+    assert!(
+        out.status.success(),
+        "meridian {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// With operator keys, an edge link is a leaf credential the operator signed (`meridian
+/// certify-leaf`): tokens and credentials of another key link nothing, a credential links the
+/// leaf it names and no other, a live leaf is not taken by another credential, and the leaf
+/// (a hostile one, built from the crate's own core: it subscribes to everything and publishes
+/// outside its scope) touches nothing outside its scope, either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_operator_keys_a_leaf_links_with_its_credential_and_stays_in_its_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let op_key = dir.path().join("operator.key");
+    let public = meridian(&["keygen", "--operator", op_key.to_str().unwrap()]);
+    let rogue_key = dir.path().join("rogue.key");
+    meridian(&["keygen", "--operator", rogue_key.to_str().unwrap()]);
+    let certify = |key: &std::path::Path, name: &str, scope: &str| {
+        meridian(&[
+            "certify-leaf",
+            "--operator-key",
+            key.to_str().unwrap(),
+            "--name",
+            name,
+            "--scope",
+            scope,
+            "--max-filters",
+            "10",
+        ])
+    };
+    let eu = certify(&op_key, "edge-eu", "sensors/eu/#");
+    let any = certify(&op_key, "edge-*", "#");
+    let forged = certify(&rogue_key, "edge-eu", "#");
+    let tokens = dir.path().join("edge-tokens");
+    std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
+    let edge = common::free_port();
+    let extra = format!(
+        "[cluster.edge]\nlisten = \"127.0.0.1:{edge}\"\ntoken_file = \"{}\"\n\
+         [policy]\noperator_keys = [\"{public}\"]\n",
+        tokens.display()
+    );
+    let hub = Node::start_with("euc1", common::free_port(), &[], &key, &extra).await;
+    assert_eq!(
+        open(edge, TOKEN).await.err(),
+        Some(401),
+        "a token links nothing"
+    );
+    assert_eq!(
+        open(edge, &forged).await.err(),
+        Some(401),
+        "another key's credential"
+    );
+    let refused = || async {
+        metric(
+            &hub.metrics().await,
+            "meridian_edge_links_refused_total{reason=\"credential\"}",
+        )
+    };
+    let (kept, _) = hello(edge, &eu, "edge-as", 10_000).await;
+    assert!(!kept, "a credential links the leaf it names only");
+    assert_eq!(refused().await, 1.0);
+
+    let mut leaf = Leaf::link_with(edge, &eu, "edge-eu", &hub.peer_id).await;
+    leaf.client_sends(Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: ["#", "sensors/eu/+"]
+            .into_iter()
+            .map(|f| SubscribeFilter {
+                filter: f.into(),
+                options: SubscriptionOptions {
+                    qos: CoreQoS::AtLeastOnce,
+                    ..Default::default()
+                },
+            })
+            .collect(),
+        properties: SubscribeProperties::default(),
+    }));
+    let deadline = tokio::time::Instant::now() + MESH_DEADLINE;
+    loop {
+        leaf.run_for(20).await;
+        let (_, own) = common::http(hub.daemon.admin, "GET", "/api/routes").await;
+        if own.contains("sensors/eu/+") {
+            assert!(
+                !own.contains("\"#\""),
+                "the leaf's # is no interest of the hub: {own}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leaf's routes never reached the hub: {own}\n{}",
+            hub.log()
+        );
+    }
+    let mut subscriber = v3::connect(v3::options("hub-sub", hub.mqtt())).await;
+    subscriber.subscribe("#", QoS::AtLeastOnce).await;
+    while leaf.broker.replicated_routes(&leaf.hub).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hub's interest never reached the leaf"
+        );
+        leaf.run_for(20).await;
+    }
+    // Towards the leaf: what its scope holds, whatever its # asks for.
+    let publisher = v3::connect(v3::options("hub-pub", hub.mqtt())).await;
+    for topic in ["secret/1", "sensors/eu/1"] {
+        publisher
+            .client
+            .publish(topic, QoS::AtLeastOnce, false, topic)
+            .await
+            .unwrap();
+    }
+    assert_eq!(leaf.next_publish().await.topic, "sensors/eu/1");
+    for _ in 0..2 {
+        subscriber.publish_msg().await;
+    }
+    // From the leaf: what is outside its scope reaches no one, and is counted.
+    let not_owner = "meridian_peer_frames_refused_total{reason=\"not_owner\"}";
+    let before = metric(&hub.metrics().await, not_owner);
+    for topic in ["control/valve", "sensors/eu/2"] {
+        leaf.broker.publish(now(), message(topic, b"x")).unwrap();
+    }
+    leaf.run_for(50).await;
+    assert_eq!(subscriber.publish_msg().await.topic, "sensors/eu/2");
+    assert!(metric(&hub.metrics().await, not_owner) > before);
+
+    // Another credential cannot take the live leaf's name; the leaf keeps its link.
+    let (kept, _) = hello(edge, &any, "edge-eu", 10_000).await;
+    assert!(!kept, "a live leaf's name with another credential");
+    assert_eq!(refused().await, 2.0);
+    let (kept, _other) = hello(edge, &any, "edge-as", 300).await;
+    assert!(kept, "a prefix credential links a name it covers");
+    publisher.disconnect().await;
+    subscriber.disconnect().await;
+}

@@ -423,6 +423,7 @@ impl Engine {
             }
             LinkEvent::LeafUp {
                 leaf,
+                scope,
                 session,
                 writer,
                 accepted,
@@ -430,6 +431,9 @@ impl Engine {
                 // The core refuses a name that is not a leaf's (`edge-…`; mesh members are
                 // named by their peer ids, which never are), this node's and a member's.
                 let added = self.broker.add_leaf(now, &leaf);
+                if added.is_ok() {
+                    self.broker.scope_leaf(now, &leaf, scope);
+                }
                 self.drain();
                 let _ = accepted.send(added.is_ok());
                 if let Err(why) = added {

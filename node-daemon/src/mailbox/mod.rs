@@ -105,6 +105,8 @@ pub enum LinkEvent {
     /// session (it replaces any earlier one).
     LeafUp {
         leaf: NodeId,
+        /// The scope its credential holds it to, if any.
+        scope: Option<meridian_core::broker::LeafScope>,
         session: u64,
         writer: PeerWriter,
         accepted: oneshot::Sender<bool>,

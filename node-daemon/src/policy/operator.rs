@@ -28,6 +28,13 @@ pub const FORGET_DOMAIN: &[u8] = b"meridian forget v1\0";
 /// What precedes a node's id and region in what an operator key signs
 /// ([`OperatorKey::certify`]).
 pub const NODE_DOMAIN: &[u8] = b"meridian node v1\0";
+/// What precedes a leaf credential's body in what an operator key signs
+/// ([`OperatorKey::certify_leaf`]).
+pub const LEAF_DOMAIN: &[u8] = b"meridian leaf v1\0";
+/// How a leaf credential's text starts.
+pub const LEAF_CREDENTIAL_PREFIX: &str = "meridian-leaf-";
+/// The most scope filters a leaf credential names.
+pub const MAX_LEAF_SCOPE: usize = 64;
 /// A signed statement (a forget, a node's certificate) as a frame carries it: the key's
 /// public half, then the signature.
 const STATEMENT_SIGNATURE_LEN: usize = 32 + 64;
@@ -87,6 +94,19 @@ impl OperatorKeys {
     pub fn verify_region(&self, node: &str, region: &str, certificate: &[u8]) -> bool {
         let statement = statement(NODE_DOMAIN, node, region.as_bytes());
         self.verify_statement(&statement, certificate)
+    }
+
+    /// The leaf credential `text` is ([`OperatorKey::certify_leaf`]), if one of these keys
+    /// signed it.
+    pub fn verify_leaf(&self, text: &str) -> Option<LeafCredential> {
+        let bytes = hex::decode(text.trim().strip_prefix(LEAF_CREDENTIAL_PREFIX)?).ok()?;
+        let split = bytes.len().checked_sub(STATEMENT_SIGNATURE_LEN)?;
+        let (body, signed) = bytes.split_at(split);
+        let credential = LeafCredential::decode(body, signed)?;
+        let mut statement = LEAF_DOMAIN.to_vec();
+        statement.extend_from_slice(body);
+        self.verify_statement(&statement, signed)
+            .then_some(credential)
     }
 
     fn verify_statement(&self, statement: &[u8], signed: &[u8]) -> bool {
@@ -168,6 +188,20 @@ impl OperatorKey {
         self.sign_statement(&statement(NODE_DOMAIN, node, region.as_bytes()))
     }
 
+    /// A leaf credential (text, for `MERIDIAN_LINK_TOKEN`): the leaf `name` (a prefix when it
+    /// ends with `*`) may link, held to `scope` and `max_filters` filters.
+    pub fn certify_leaf(&self, name: &str, scope: &[String], max_filters: u32) -> String {
+        let body = LeafCredential::encode(name, scope, max_filters);
+        let mut statement = LEAF_DOMAIN.to_vec();
+        statement.extend_from_slice(&body);
+        let signed = self.sign_statement(&statement);
+        format!(
+            "{LEAF_CREDENTIAL_PREFIX}{}{}",
+            hex::encode(&body),
+            hex::encode(signed)
+        )
+    }
+
     fn sign_statement(&self, statement: &[u8]) -> Vec<u8> {
         let mut signed = self.0.public().to_bytes().to_vec();
         signed.extend_from_slice(&self.0.sign(statement));
@@ -176,6 +210,71 @@ impl OperatorKey {
 
     fn secret_hex(&self) -> String {
         hex::encode(self.0.secret().as_ref())
+    }
+}
+
+/// An edge-link credential the operator signed: which leaf names link with it, the topics
+/// such a leaf may touch and how many filters it may bring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafCredential {
+    /// The leaf's name, or a prefix of names when it ends with `*`.
+    pub name: String,
+    /// Topic filters its messages and subscriptions must lie within.
+    pub scope: Vec<String>,
+    pub max_filters: u32,
+    /// Who it is among credentials (its signature, short): one leaf name is linked by one
+    /// credential at a time.
+    pub id: String,
+}
+
+impl LeafCredential {
+    /// Whether `leaf` may link with this credential.
+    pub fn admits(&self, leaf: &str) -> bool {
+        match self.name.strip_suffix('*') {
+            Some(prefix) => leaf.starts_with(prefix),
+            None => leaf == self.name,
+        }
+    }
+
+    /// The body: the name, the filter bound, the scope's filters; each string with its
+    /// length (u16) before it.
+    fn encode(name: &str, scope: &[String], max_filters: u32) -> Vec<u8> {
+        let mut body = Vec::new();
+        let mut put = |s: &str| {
+            body.extend_from_slice(&u16::try_from(s.len()).unwrap_or(u16::MAX).to_be_bytes());
+            body.extend_from_slice(s.as_bytes());
+        };
+        put(name);
+        for filter in scope {
+            put(filter);
+        }
+        let mut out = max_filters.to_be_bytes().to_vec();
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn decode(body: &[u8], signed: &[u8]) -> Option<Self> {
+        let (max, mut rest) = body.split_first_chunk::<4>()?;
+        let mut strings = Vec::new();
+        while !rest.is_empty() {
+            let (len, tail) = rest.split_first_chunk::<2>()?;
+            let len = usize::from(u16::from_be_bytes(*len));
+            let s = std::str::from_utf8(tail.get(..len)?).ok()?;
+            strings.push(s.to_owned());
+            rest = &tail[len..];
+        }
+        let mut strings = strings.into_iter();
+        let name = strings.next()?;
+        let scope: Vec<String> = strings.collect();
+        if scope.is_empty() || scope.len() > MAX_LEAF_SCOPE {
+            return None;
+        }
+        Some(Self {
+            name,
+            scope,
+            max_filters: u32::from_be_bytes(*max),
+            id: hex::encode(signed.get(32..40)?),
+        })
     }
 }
 
@@ -219,6 +318,34 @@ pub fn certify_command(
     Ok(())
 }
 
+/// `meridian certify-leaf --operator-key FILE --name NAME --scope FILTER... --max-filters N`:
+/// print an edge-link credential for the leaf `name` (a prefix of names when it ends with `*`),
+/// held to `scope`.
+pub fn certify_leaf_command(
+    key: &Path,
+    name: &str,
+    scope: &[String],
+    max_filters: u32,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let prefix = name.strip_suffix('*').unwrap_or(name);
+    if !prefix.starts_with(meridian_core::broker::LEAF_PREFIX) || prefix.contains('*') {
+        bail!(
+            "--name {name:?}: a leaf's name starts with {} (a prefix of names ends with *)",
+            meridian_core::broker::LEAF_PREFIX
+        );
+    }
+    if scope.is_empty() || scope.len() > MAX_LEAF_SCOPE {
+        bail!("--scope: from 1 to {MAX_LEAF_SCOPE} topic filters (--scope '#' for every topic)");
+    }
+    if let Err(e) = meridian_core::broker::LeafScope::new(scope, 0) {
+        bail!("--scope: {e}");
+    }
+    let key = OperatorKey::load(key)?;
+    writeln!(out, "{}", key.certify_leaf(name, scope, max_filters))?;
+    Ok(())
+}
+
 /// `meridian keygen --operator FILE`: write a new operator key (mode 0600) and print its
 /// public half; refuses to overwrite.
 pub fn keygen_command(path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
@@ -243,6 +370,47 @@ pub fn keygen_command(path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leaf_credential_counts_as_signed_for_its_names_and_scope_only() {
+        let operator = OperatorKey::generate();
+        let rogue = OperatorKey::generate();
+        let keys = OperatorKeys::parse(&[operator.public_hex()]).unwrap();
+        let scope = vec!["sensors/eu/#".to_owned(), "cmd/eu/+".to_owned()];
+        let text = operator.certify_leaf("edge-eu", &scope, 500);
+        let credential = keys.verify_leaf(&text).expect("signed by a listed key");
+        assert_eq!(credential.name, "edge-eu");
+        assert_eq!(credential.scope, scope);
+        assert_eq!(credential.max_filters, 500);
+        assert!(credential.admits("edge-eu"));
+        assert!(!credential.admits("edge-eu2"), "a name is no prefix");
+        let prefix = keys
+            .verify_leaf(&operator.certify_leaf("edge-eu-*", &scope, 1))
+            .unwrap();
+        assert!(prefix.admits("edge-eu-fra") && !prefix.admits("edge-as"));
+        assert_ne!(prefix.id, credential.id);
+        // Another key's, a changed byte anywhere, a cut one: none counts.
+        assert!(
+            keys.verify_leaf(&rogue.certify_leaf("edge-eu", &scope, 500))
+                .is_none()
+        );
+        let hex_body = text.strip_prefix(LEAF_CREDENTIAL_PREFIX).unwrap();
+        for at in [0, 9, 20, hex_body.len() - 1] {
+            let mut changed = hex_body.as_bytes().to_vec();
+            changed[at] = if changed[at] == b'0' { b'1' } else { b'0' };
+            let changed = format!(
+                "{LEAF_CREDENTIAL_PREFIX}{}",
+                String::from_utf8(changed).unwrap()
+            );
+            assert!(keys.verify_leaf(&changed).is_none(), "byte {at} changed");
+        }
+        assert!(keys.verify_leaf(&text[..text.len() - 2]).is_none());
+        assert!(keys.verify_leaf(hex_body).is_none(), "without its prefix");
+        assert!(
+            OperatorKeys::default().verify_leaf(&text).is_none(),
+            "no key listed"
+        );
+    }
 
     #[test]
     fn a_signed_forget_counts_for_its_node_and_incarnation_and_the_listed_keys_only() {

@@ -449,7 +449,13 @@ impl Starting {
             "cluster.edge.token_file",
             crate::policy::EDGE_FILE_TOKEN,
         )?;
-        if tokens.is_empty() {
+        let operator = crate::policy::operator::OperatorKeys::parse(&config.policy.operator_keys)?;
+        if !operator.is_empty() {
+            info!(
+                "edge links: with operator keys, an edge object links with a leaf credential \
+                 (meridian certify-leaf); edge-link tokens link nothing"
+            );
+        } else if tokens.is_empty() {
             warn!(
                 "edge links: no edge-link token, no edge object can link until one is added \
                  (meridian ctl token add edge NAME)"
@@ -472,6 +478,7 @@ impl Starting {
         let settings = crate::edge::EdgeSettings {
             node,
             tokens,
+            operator,
             tls,
             max_links: edge.max_links,
             max_leaves_per_token: edge.max_leaves_per_token,

@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
+use super::trust::PeerFault;
 use crate::broker::io::Timestamp;
 use crate::broker::message::Message;
 use crate::broker::persist::{InboxMark, Key};
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::{Publish, PublishProperties, QoS};
-use crate::link::{Arrival, Forward, Frame};
+use crate::link::{Arrival, Forward, Frame, FrameKind};
 use crate::routes::NodeId;
 
 /// A message as it travels on the link: every property, the expiry interval set to what
@@ -98,6 +99,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             } else {
                 nodes.retain(|n| c.leaves.is_leaf(n));
             }
+        }
+        if c.leaves.any_scoped() {
+            nodes.retain(|n| c.leaves.allows(n, &message.topic));
         }
         if nodes.is_empty() {
             c.scratch = nodes;
@@ -220,25 +224,36 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let relays = !c.leaves.is_empty();
         let origin = forward.origin;
         let seq = forward.seq;
+        // A leaf's message outside its scope is taken (a QoS 1/2 one marked had and
+        // acknowledged, so that the leaf does not send it again) and delivered nowhere.
+        let in_scope = c.leaves.allows(&peer, &message.topic);
+        if !in_scope {
+            self.peer_fault(&peer, PeerFault::NotOwner(FrameKind::Forward));
+        }
         if qos == QoS::AtMostOnce {
-            if relays {
-                self.forward_from(&Arc::new(message.clone()), Some(&peer));
+            if in_scope {
+                if relays {
+                    self.forward_from(&Arc::new(message.clone()), Some(&peer));
+                }
+                self.begin_peer_routing((origin, seq));
+                self.deliver_local(message);
+                self.end_routing();
             }
-            self.begin_peer_routing((origin, seq));
-            self.deliver_local(message);
-            self.end_routing();
             return;
         }
+        let Some(c) = &mut self.cluster else { return };
         let arrival = c.inbox.arrive(&origin, seq);
         self.delete_forgotten_marks();
         if arrival == Arrival::Deliver {
-            if relays {
-                // In the same batch as the duplicate mark: stored together, or not at all.
-                self.forward_from(&Arc::new(message.clone()), Some(&peer));
+            if in_scope {
+                if relays {
+                    // In the same batch as the duplicate mark: stored together, or not at all.
+                    self.forward_from(&Arc::new(message.clone()), Some(&peer));
+                }
+                self.begin_peer_routing((origin.clone(), seq));
+                self.deliver_local(message);
+                self.end_routing();
             }
-            self.begin_peer_routing((origin.clone(), seq));
-            self.deliver_local(message);
-            self.end_routing();
             let key = Key::InboxMark {
                 origin: origin.node.clone(),
                 incarnation: origin.incarnation,

@@ -18,6 +18,13 @@
 //!   refused and counted. Retained messages replicate between mesh nodes only: a leaf's are
 //!   ignored here, and none are sent to it.
 //!
+//! - A leaf may be held to a scope ([`LeafScope`], from the credential it linked with): its
+//!   messages must carry topics inside it and its filters lie wholly inside it. A forward
+//!   outside is dropped (acknowledged, marked had, delivered nowhere) and a filter outside is
+//!   kept in its replica but wanted by no one here: neither counts as interest nor draws a
+//!   message to the leaf. Both are counted as `not_owner`. Nothing outside the scope goes to
+//!   the leaf either, whatever its filters say.
+//!
 //! Who wants each filter is counted only while there are leaves; a node without leaves pays
 //! nothing.
 
@@ -25,10 +32,67 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::Cluster;
+use super::trust::PeerFault;
+use crate::acl::{Pattern, Relation, RuleError};
 use crate::broker::persist::Key;
 use crate::broker::{Authenticator, Authorizer, Broker, Timestamp};
-use crate::link::Frame;
+use crate::link::{Frame, FrameKind};
+use crate::residency::NO_CLIENT;
 use crate::routes::{NodeId, RouteLog};
+
+/// What a leaf may touch: the topics its messages may carry and its filters may match (each
+/// scope filter a topic filter without `%u` or `%c`), and how many filters it may bring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafScope {
+    filters: Vec<String>,
+    patterns: Vec<Pattern>,
+    max_filters: usize,
+}
+
+impl LeafScope {
+    /// A scope of `filters` and at most `max_filters` filters; an error names a filter that
+    /// is not one.
+    pub fn new<S: AsRef<str>>(
+        filters: impl IntoIterator<Item = S>,
+        max_filters: usize,
+    ) -> Result<Self, RuleError> {
+        let mut scope = Self {
+            filters: Vec::new(),
+            patterns: Vec::new(),
+            max_filters,
+        };
+        for filter in filters {
+            let filter = filter.as_ref();
+            let pattern = Pattern::parse(filter)?;
+            if pattern.uses_user || pattern.uses_client_id {
+                return Err(RuleError::Topic {
+                    topic: filter.to_owned(),
+                    reason: "a leaf's scope names topics, without %u or %c",
+                });
+            }
+            scope.filters.push(filter.to_owned());
+            scope.patterns.push(pattern);
+        }
+        Ok(scope)
+    }
+
+    /// Whether `subject`, a topic or a topic filter, lies wholly inside the scope.
+    pub fn covers(&self, subject: &str) -> bool {
+        self.patterns
+            .iter()
+            .any(|p| p.relation(subject, &NO_CLIENT) == Relation::Covers)
+    }
+
+    /// The scope's filters.
+    pub fn filters(&self) -> &[String] {
+        &self.filters
+    }
+
+    /// How many filters the leaf may bring.
+    pub fn max_filters(&self) -> usize {
+        self.max_filters
+    }
+}
 
 /// The leaves of this node and who wants each filter.
 #[derive(Debug, Default)]
@@ -37,6 +101,8 @@ pub(super) struct Leaves {
     views: BTreeMap<NodeId, RouteLog>,
     /// Who wants each filter, while there are leaves.
     interest: BTreeMap<Arc<str>, Interest>,
+    /// The leaves held to a scope.
+    scopes: BTreeMap<NodeId, LeafScope>,
 }
 
 /// Who wants one filter.
@@ -86,6 +152,17 @@ impl Leaves {
     pub(super) fn has_pending(&self) -> bool {
         self.views.values().any(RouteLog::has_pending)
     }
+
+    /// Whether `subject` (a topic, or a filter) lies within `node`'s scope: always for a node
+    /// that has none (a mesh node, or a leaf held to none).
+    pub(super) fn allows(&self, node: &NodeId, subject: &str) -> bool {
+        self.scopes.get(node).is_none_or(|s| s.covers(subject))
+    }
+
+    /// Whether some leaf is held to a scope.
+    pub(super) fn any_scoped(&self) -> bool {
+        !self.scopes.is_empty()
+    }
 }
 
 impl Cluster {
@@ -126,11 +203,19 @@ impl Cluster {
         self.refresh(&filter);
     }
 
-    /// `node`'s route set (a mesh node's or a leaf's) gained or lost `filter`.
-    pub(super) fn replica_interest(&mut self, node: &NodeId, filter: &Arc<str>, present: bool) {
+    /// `node`'s route set (a mesh node's or a leaf's) gained or lost `filter`. A leaf's filter
+    /// outside its scope counts as absent; true for such a filter gained.
+    pub(super) fn replica_interest(
+        &mut self,
+        node: &NodeId,
+        filter: &Arc<str>,
+        present: bool,
+    ) -> bool {
         if self.leaves.is_empty() {
-            return;
+            return false;
         }
+        let outside = present && !self.leaves.allows(node, filter);
+        let present = present && !outside;
         let leaf = self.leaves.is_leaf(node);
         let interest = self.leaves.interest.entry(filter.clone()).or_default();
         match (leaf, present) {
@@ -141,6 +226,7 @@ impl Cluster {
             (true, true) => {}
         }
         self.refresh(filter);
+        outside
     }
 
     /// Makes `node` a leaf. The first leaf starts the count of who wants what, from this
@@ -177,13 +263,21 @@ impl Cluster {
         }
         let view = RouteLog::new(self.owner.clone(), self.config.tombstone_budget);
         self.leaves.views.insert(node.clone(), view);
-        let mut limits = self.config.peer_limits.replica();
-        limits.max_filters = limits.max_filters.min(self.config.leaf_max_filters);
-        self.table.set_owner_limits(node, Some(limits));
+        self.set_leaf_limits(node);
         let filters: Vec<Arc<str>> = self.leaves.interest.keys().cloned().collect();
         for filter in &filters {
             self.refresh(filter);
         }
+    }
+
+    /// The bound of a leaf's replica: a mesh peer's, within the leaf bound and its scope's.
+    fn set_leaf_limits(&mut self, node: &NodeId) {
+        let mut limits = self.config.peer_limits.replica();
+        limits.max_filters = limits.max_filters.min(self.config.leaf_max_filters);
+        if let Some(scope) = self.leaves.scopes.get(node) {
+            limits.max_filters = limits.max_filters.min(scope.max_filters);
+        }
+        self.table.set_owner_limits(node, Some(limits));
     }
 
     /// `node` is no longer a leaf (it was forgotten; its replica is already withdrawn).
@@ -191,6 +285,7 @@ impl Cluster {
         if self.leaves.views.remove(node).is_none() {
             return;
         }
+        self.leaves.scopes.remove(node);
         self.table.set_owner_limits(node, None);
         if self.leaves.is_empty() {
             // Back to this node's own set being its local filters alone.
@@ -257,6 +352,36 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         );
         self.arm_route_flush();
         Ok(())
+    }
+
+    /// Holds the leaf `node` to `scope` (the credential its link presented), or to none: call
+    /// after [`Broker::add_leaf`], before its link comes up, on each link. Its filters are
+    /// judged again at once: those outside stop drawing messages and are counted, one
+    /// `not_owner` fault each.
+    pub fn scope_leaf(&mut self, now: Timestamp, node: &NodeId, scope: Option<LeafScope>) {
+        self.advance(now);
+        let Some(c) = &mut self.cluster else { return };
+        if !c.leaves.is_leaf(node) || c.leaves.scopes.get(node) == scope.as_ref() {
+            return;
+        }
+        match scope {
+            Some(scope) => c.leaves.scopes.insert(node.clone(), scope),
+            None => c.leaves.scopes.remove(node),
+        };
+        c.set_leaf_limits(node);
+        let filters: Vec<Arc<str>> = c
+            .table
+            .replica(node)
+            .map(|r| r.filters().map(Arc::from).collect())
+            .unwrap_or_default();
+        let mut outside = 0;
+        for filter in &filters {
+            outside += usize::from(c.replica_interest(node, filter, true));
+        }
+        for _ in 0..outside {
+            self.peer_fault(node, PeerFault::NotOwner(FrameKind::RouteDelta));
+        }
+        self.arm_route_flush();
     }
 
     /// Whether `node` is a leaf of this node.

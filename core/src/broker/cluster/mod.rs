@@ -26,7 +26,7 @@ mod routes;
 mod trust;
 
 pub use home::HomeRegion;
-pub use leaves::{LEAF_PREFIX, LeafError};
+pub use leaves::{LEAF_PREFIX, LeafError, LeafScope};
 pub use membership::{ForgetError, ForgetReason, Forgotten};
 pub(in crate::broker) use relay::Moving;
 pub use trust::{PeerFault, PeerLimit, PeerLimits};

@@ -3,9 +3,10 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::trust::PeerFault;
 use crate::broker::persist::{InboxMark, Key};
 use crate::broker::{Authenticator, Authorizer, Broker};
-use crate::link::{self, DEFAULT_MAX_FRAME_LEN, Frame};
+use crate::link::{self, DEFAULT_MAX_FRAME_LEN, Frame, FrameKind};
 use crate::routes::{NodeId, Owner, RoutePosition};
 
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
@@ -20,8 +21,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         let position = c.table.replica(node).map(|r| r.position());
         // Leaves see what the mesh and the other leaves want.
+        let mut outside = Vec::new();
         for change in &changes {
-            c.replica_interest(&change.owner, &change.filter, change.present);
+            if c.replica_interest(&change.owner, &change.filter, change.present) {
+                outside.push(change.owner.clone());
+            }
+        }
+        for owner in &outside {
+            self.peer_fault(owner, PeerFault::NotOwner(FrameKind::RouteDelta));
         }
         for change in changes {
             let key = Key::ReplicaFilter {

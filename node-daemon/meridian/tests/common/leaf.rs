@@ -99,7 +99,12 @@ pub struct Leaf {
 
 impl Leaf {
     pub async fn link(port: u16, name: &str, hub: &str) -> Self {
-        let (ws, named) = open(port, TOKEN).await.expect("the edge link opens");
+        Self::link_with(port, TOKEN, name, hub).await
+    }
+
+    /// A leaf named `name` that links with `token` (a token, or a leaf credential).
+    pub async fn link_with(port: u16, token: &str, name: &str, hub: &str) -> Self {
+        let (ws, named) = open(port, token).await.expect("the edge link opens");
         assert_eq!(named, hub, "the upgrade names the hub");
         let mut broker = Broker::new(Config::default(), now());
         broker.enable_cluster(
