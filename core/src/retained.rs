@@ -127,10 +127,16 @@ impl<V> LwwMap<V> {
         Self::default()
     }
 
-    /// Merge one write: it wins if its stamp is greater than the topic's current one. Returns
-    /// whether it won (and the state changed).
+    /// Merge one write: it wins if its stamp is greater than the topic's current one, or, for a
+    /// tombstone, equal to a live write's (the release of that very write). Returns whether it
+    /// won (and the state changed).
     pub fn apply(&mut self, topic: &str, stamp: Stamp, value: Option<V>) -> bool {
-        if self.entries.get(topic).is_some_and(|e| e.stamp >= stamp) {
+        let releases = |e: &LwwEntry<V>| e.value.is_some() && value.is_none();
+        if self
+            .entries
+            .get(topic)
+            .is_some_and(|e| e.stamp > stamp || (e.stamp == stamp && !releases(e)))
+        {
             return false;
         }
         let topic: Arc<str> = match self.entries.remove_entry(topic) {

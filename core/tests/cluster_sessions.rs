@@ -555,6 +555,112 @@ mod trust {
         assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("a")));
     }
 
+    /// A claim naming another user (what a node that knows that user's password can make, or
+    /// two users' clients meeting during a cut) takes the client id while it stands, never the
+    /// session: alice's connection is closed (0x8E), her session and what is queued in it stay
+    /// at a, and once the claim is released alice resumes it with everything.
+    #[test]
+    fn a_claim_of_another_user_takes_the_client_id_not_the_session() {
+        let mut mesh = three();
+        let alice = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+        mesh.node("a").subscribe(alice, "t/#", QoS::AtLeastOnce);
+        mesh.advance(50);
+        mesh.node("a").close(alice);
+        mesh.settle();
+        publish_numbers(&mut mesh, "c", 0..3, QoS::AtLeastOnce);
+        let wall_ms = mesh.node("a").now + 1_000;
+        let mallory = ClaimUpdate {
+            client_id: "dev".into(),
+            stamp: stamp("b", wall_ms),
+            claim: Some(Claim {
+                user: Some("mallory".into()),
+                resume: true,
+                persistent: true,
+                proof: None,
+            }),
+        };
+        for to in ["a", "c"] {
+            mesh.inject("b", to, Frame::Claim(mallory.clone()));
+        }
+        mesh.settle();
+        assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("b")));
+        assert_eq!(
+            mesh.node("a").broker.stats().sessions,
+            1,
+            "alice's session stays"
+        );
+        assert_eq!(
+            mesh.node("a").broker.sessions_in_transit(),
+            0,
+            "and goes nowhere"
+        );
+        let (_, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(
+            ack.reason,
+            ReasonCode::NOT_AUTHORIZED,
+            "while the claim stands"
+        );
+        publish_numbers(&mut mesh, "c", 3..5, QoS::AtLeastOnce);
+
+        // Released (at the claim's own stamp): alice is back with all of it.
+        for to in ["a", "c"] {
+            let release = ClaimUpdate {
+                claim: None,
+                ..mallory.clone()
+            };
+            mesh.inject("b", to, Frame::Claim(release));
+        }
+        mesh.settle();
+        assert_eq!(mesh.node("a").broker.claim_owner("dev"), None);
+        let (back, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+        assert!(ack.session_present);
+        mesh.settle();
+        assert_eq!(
+            mesh.node("a").read_numbers(back),
+            (0..5).collect::<Vec<_>>()
+        );
+    }
+
+    /// A node that ends its session releases its own claim and no newer one: a client that
+    /// reconnected at b while a was cut off keeps its claim when a's release arrives.
+    #[test]
+    fn a_release_ends_its_own_claim_not_a_newer_one_it_never_saw() {
+        let mut mesh = three();
+        let old = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+        mesh.settle();
+        mesh.link_down(&id("a"), &id("b"));
+        mesh.link_down(&id("a"), &id("c"));
+        let (on_b, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+        mesh.advance(10);
+        // a never learns of b's claim before its own session ends (expiry 0).
+        mesh.node("a").send(
+            old,
+            Packet::Disconnect(meridian_core::codec::Disconnect {
+                reason: ReasonCode::SUCCESS,
+                properties: meridian_core::codec::DisconnectProperties {
+                    session_expiry_interval: Some(0),
+                    ..Default::default()
+                },
+            }),
+        );
+        mesh.settle();
+        mesh.link_up(&id("a"), &id("b"));
+        mesh.link_up(&id("a"), &id("c"));
+        mesh.settle();
+        for n in ["a", "b", "c"] {
+            assert_eq!(mesh.node(n).broker.claim_owner("dev"), Some(id("b")), "{n}");
+        }
+        assert!(!mesh.node("b").is_closed(on_b));
+        let (_, ack) = mesh.node("c").connect_with(V5, "dev", as_user("mallory"));
+        assert_eq!(
+            ack.reason,
+            ReasonCode::NOT_AUTHORIZED,
+            "b's claim keeps others out"
+        );
+    }
+
     /// A node's claim naming another user keeps that user out of the client id everywhere
     /// (0x87) for as long as the claim stands; once the node is forgotten, its claims go with
     /// it and the client id is free again.

@@ -269,23 +269,22 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// A session ended here: let go of its client id, if this node's claim is the one that
-    /// stands.
+    /// stands. The release bears that claim's own stamp: it ends that claim and no other, so
+    /// that a newer claim of another node it has not seen yet (the client reconnected there
+    /// during a cut) stands wherever the two meet, as it would have over the claim.
     pub(in crate::broker) fn release_claim(&mut self, client_id: &str) {
-        let now = self.now;
         let Some(c) = &mut self.cluster else { return };
-        let ours = c
+        let Some(stamp) = c
             .claims
             .live(client_id)
-            .is_some_and(|(stamp, _)| stamp.node == c.owner.node);
-        if !ours {
+            .map(|(stamp, _)| stamp.clone())
+            .filter(|stamp| stamp.node == c.owner.node)
+        else {
             return;
-        }
+        };
         let update = ClaimUpdate {
             client_id: client_id.to_owned(),
-            stamp: Stamp {
-                hlc: c.hlc.tick(now.as_millis()),
-                node: c.owner.node.clone(),
-            },
+            stamp,
             claim: None,
         };
         self.publish_claim(update);
@@ -340,8 +339,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.peer_fault(peer, PeerFault::ClockAhead);
             return;
         }
+        // Older than what is known, or the same (a release ends the live claim of its stamp).
         if let Some(e) = c.claims.map.get(&update.client_id)
-            && e.stamp >= update.stamp
+            && (e.stamp > update.stamp
+                || (e.stamp == update.stamp && !(e.value.is_some() && update.claim.is_none())))
         {
             let own = e.stamp.node == c.owner.node && e.stamp > update.stamp;
             if let (true, Some(mine)) = (own, e.value.clone()) {
@@ -440,7 +441,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Another node claimed the client id of a session held here: close its connection
     /// (0x8E; its will follows the usual rules) and ship the session to the claimer, or end
-    /// it here if the claim does not resume it or is another user's.
+    /// it here if the claim does not resume it. A claim of another user takes the client id
+    /// while it stands, never the session: that stays here, unconnected, until its expiry or
+    /// until its user claims the id again (a node that knows one user's password cannot end
+    /// another's session with it).
     fn hand_over(&mut self, sid: SessionId, stamp: &Stamp, claim: &Claim) {
         let Some(session) = self.session(sid) else {
             return;
@@ -456,7 +460,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if self.session(sid).is_none() {
             return;
         }
-        if !(claim.resume && same_user) {
+        if !same_user {
+            return;
+        }
+        if !claim.resume {
             return self.end_session(sid);
         }
         self.move_session(sid, stamp);
