@@ -957,6 +957,19 @@ mod trust {
     /// for it is refused: b has shipped nothing yet.
     #[test]
     fn a_node_that_resumed_a_session_while_cut_off_waits_for_the_part_taken_meanwhile() {
+        resumed_while_cut_off(1);
+    }
+
+    /// The same when the client reconnected at c more than once during the cut: c's later
+    /// claim replaced only c's own, so b's claim, older than both, is still news when it comes
+    /// (sim seeds 90947 and 90816 found c forgetting that, and letting a's messages out before
+    /// b's part).
+    #[test]
+    fn a_session_resumed_twice_while_cut_off_still_waits_for_the_part_taken_meanwhile() {
+        resumed_while_cut_off(2);
+    }
+
+    fn resumed_while_cut_off(resumes_at_c: u32) {
         let mut mesh = three();
         subscriber(&mut mesh, "c", QoS::ExactlyOnce);
         let from_a = mesh.node("a").connect(V5, "pub-a");
@@ -978,8 +991,14 @@ mod trust {
         }
         // The part at b waits for the rest of the session (its state is on its way from c).
         assert!(mesh.node("b").read_numbers(at_b).is_empty());
-        let back = mesh.node("c").connect_with(V5, "dev", persistent).0;
+        let mut back = mesh.node("c").connect_with(V5, "dev", persistent).0;
         mesh.advance(50);
+        for _ in 1..resumes_at_c {
+            mesh.node("c").close(back);
+            mesh.settle();
+            back = mesh.node("c").connect_with(V5, "dev", persistent).0;
+            mesh.advance(50);
+        }
         assert_eq!(mesh.node("c").broker.stats().session_shipments_expected, 0);
         // The links heal; only b's first words reach c yet (its claims among them).
         mesh.link_up(&id("b"), &id("c"));

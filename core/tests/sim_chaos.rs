@@ -488,6 +488,8 @@ fn seeds_that_found_faults_stay_fixed() {
         (90005, plan(true, 5_000)),
         (90338, plan(true, 5_000)),
         (90011, plan(false, 5_000)),
+        (90947, plan(false, 5_000)),
+        (90816, plan(true, 5_000)),
     ]
     .into_iter()
     .filter_map(|(seed, plan)| check(seed, &plan, &mut totals))

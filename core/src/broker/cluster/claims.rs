@@ -292,8 +292,12 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     fn publish_claim(&mut self, update: ClaimUpdate) {
         let Some(c) = &mut self.cluster else { return };
+        // What this claim knew it replaced: another node's claim. One that replaces this
+        // node's own claim knew what that one knew (an older claim of another node it has not
+        // met yet still holds the session's order back when it comes).
         let replaced = c.claims.map.get(&update.client_id).map(|e| e.stamp.clone());
         match replaced.filter(|_| update.claim.is_some()) {
+            Some(stamp) if stamp.node == c.owner.node => None,
             Some(stamp) => c
                 .claims
                 .known_before
