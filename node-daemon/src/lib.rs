@@ -32,6 +32,7 @@ mod edge;
 mod engine;
 mod mailbox;
 mod mesh;
+mod open_files;
 pub mod passwd;
 mod per_address;
 mod policy;

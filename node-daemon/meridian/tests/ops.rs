@@ -35,26 +35,7 @@ async fn json_logs_are_one_object_per_line() {
 #[tokio::test]
 async fn listener_max_connections_closes_the_excess() {
     let d = Daemon::start_with_config(Some("[listeners.tcp]\nmax_connections = 2\n"));
-    // The start-up check's probes of the MQTT and WebSocket ports hold a slot each until the
-    // daemon has seen them closed.
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let (_, page) = http(d.admin, "GET", "/metrics").await;
-        let value = |name: &str| {
-            page.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
-        };
-        if value("meridian_connections_accepted_total") >= Some(2)
-            && value("meridian_connections") == Some(0)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the probes never closed:\n{page}"
-        );
-        tokio::task::yield_now().await;
-    }
+    probes_closed(&d).await;
     let _a = common::raw::Raw::connect(d.mqtt, V311, "a").await;
     let _b = common::raw::Raw::connect(d.mqtt, V311, "b").await;
     let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", d.mqtt))
@@ -79,6 +60,77 @@ async fn listener_max_connections_closes_the_excess() {
         Some(2.0),
         "{metrics:?}"
     );
+}
+
+/// Started with 200 open files allowed (300 at most), the daemon raises its own limit to 300,
+/// keeps 256 for its own files and shares the other 44 between its two listeners (TCP and
+/// WebSocket, 10,000 each as configured): 22 MQTT connections are served, the 23rd is closed
+/// at accept and counted, and the node goes on serving.
+#[tokio::test]
+async fn the_listeners_share_what_the_open_file_limit_allows() {
+    let d = Daemon::start_under(&["prlimit", "--nofile=200:300"], None);
+    probes_closed(&d).await;
+    let mut clients = Vec::new();
+    for i in 0..22 {
+        clients.push(common::raw::Raw::connect(d.mqtt, V311, &format!("c{i}")).await);
+    }
+    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", d.mqtt))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 8];
+    let n = tokio::time::timeout(DEADLINE, extra.read(&mut buf))
+        .await
+        .expect("closed in time");
+    assert!(matches!(n, Ok(0) | Err(_)), "the 23rd closed: {n:?}");
+    let metrics = common::Metrics::of(d.admin).await;
+    assert_eq!(
+        metrics.get("meridian_connections_rejected_total"),
+        Some(1.0),
+        "{metrics:?}"
+    );
+    assert_eq!(
+        metrics.get("meridian_connections"),
+        Some(22.0),
+        "{metrics:?}"
+    );
+    // One leaves, another takes its place.
+    drop(clients.pop());
+    let deadline = Instant::now() + DEADLINE;
+    while common::Metrics::of(d.admin)
+        .await
+        .get("meridian_connections")
+        != Some(21.0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the client's leaving was never seen"
+        );
+        tokio::task::yield_now().await;
+    }
+    let _again = common::raw::Raw::connect(d.mqtt, V311, "again").await;
+}
+
+/// Wait until the start-up check's probes of the MQTT and WebSocket ports, which hold a
+/// connection slot each until the daemon has seen them closed, are gone.
+async fn probes_closed(d: &Daemon) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (_, page) = http(d.admin, "GET", "/metrics").await;
+        let value = |name: &str| {
+            page.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+        };
+        if value("meridian_connections_accepted_total") >= Some(2)
+            && value("meridian_connections") == Some(0)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probes never closed:\n{page}"
+        );
+        tokio::task::yield_now().await;
+    }
 }
 
 /// The listen backlog the kernel reports for a listening port (`ss`, from iproute2: the

@@ -47,6 +47,8 @@ pub(super) async fn start(
     custom_auth: Option<AuthFactory>,
 ) -> anyhow::Result<Server> {
     let has_custom_auth = custom_auth.is_some();
+    // Before any file is opened: every connection is one.
+    let open_files = crate::open_files::raise().context("cannot read the open-file limit")?;
     let counters = Arc::new(DaemonCounters::default());
     let verify_limits = VerifyLimits::new(counters.clone());
     // Cluster mode: the secrets first, so that a missing key stops the start early.
@@ -84,6 +86,7 @@ pub(super) async fn start(
         residency,
         counters,
         verify_limits.clone(),
+        open_files,
     )
     .await?;
     let in_force = Arc::new(PolicyInForce::default());
@@ -130,6 +133,20 @@ pub(super) async fn start(
         tokio::spawn(follower.run(p.watch(), started));
     }
     Ok(starting.into_server(config, has_custom_auth, verify_limits, policy, reloads))
+}
+
+/// Files the node needs besides its clients' connections: its own
+/// ([`crate::open_files::OWN_FILES`]), and in cluster mode its mesh connections and edge links.
+fn reserved_files(config: &DaemonConfig) -> u64 {
+    let cluster = &config.cluster;
+    let mut reserved = crate::open_files::OWN_FILES;
+    if cluster.enabled {
+        reserved += cluster.max_peer_connections as u64;
+        if cluster.edge.listen_addr().is_some() {
+            reserved += cluster.edge.max_links as u64;
+        }
+    }
+    reserved
 }
 
 /// `cluster.certificate`: the operator's certificate of this node's region, checked against
@@ -304,6 +321,7 @@ async fn start_broker(
     residency: Option<(Residency, BTreeMap<NodeId, String>)>,
     counters: Arc<DaemonCounters>,
     verify_limits: VerifyLimits,
+    open_files: crate::open_files::Limit,
 ) -> anyhow::Result<Starting> {
     let (tx, rx) = mpsc::channel(ENGINE_QUEUE);
     let handle = EngineHandle {
@@ -376,6 +394,7 @@ async fn start_broker(
         engine_done,
         addrs: Vec::new(),
         permits: Vec::new(),
+        open_files,
         mesh: None,
         broker_thread,
     })
@@ -390,6 +409,8 @@ struct Starting {
     addrs: Vec<(ListenerKind, SocketAddr)>,
     /// Each MQTT listener's connection permits, and how many.
     permits: Vec<(Arc<Semaphore>, usize)>,
+    /// The open-file limit, raised at start.
+    open_files: crate::open_files::Limit,
     mesh: Option<Mesh>,
     broker_thread: BrokerThread,
 }
@@ -560,10 +581,35 @@ impl Starting {
     fn serve_mqtt(&mut self, config: &DaemonConfig, anonymous: bool) -> anyhow::Result<()> {
         let mut order = config.listeners();
         order.reverse();
-        for (kind, l) in order {
-            if l.enabled {
-                self.serve_mqtt_listener(config, kind, l, anonymous)?;
-            }
+        let enabled: Vec<_> = order.into_iter().filter(|(_, l)| l.enabled).collect();
+        // Within the open-file limit, after the node's own files.
+        let limit = self.open_files;
+        let available = crate::open_files::for_connections(limit.soft, reserved_files(config));
+        let mut maxes: Vec<(String, usize)> = enabled
+            .iter()
+            .map(|(kind, l)| {
+                (
+                    format!("listeners.{kind}.max_connections"),
+                    l.max_connections,
+                )
+            })
+            .collect();
+        for (key, configured, now) in crate::open_files::fit(available, &mut maxes) {
+            warn!(
+                "{key} = {configured} does not fit the open-file limit: {now} taken \
+                 (the listeners share {available} connections)"
+            );
+        }
+        info!(
+            open_files = limit.soft,
+            raised_from = limit.before,
+            connections = available,
+            "open-file limit: {} files, {available} of them for client connections after the \
+             node's own",
+            limit.soft
+        );
+        for ((kind, l), (_, max)) in enabled.into_iter().zip(maxes) {
+            self.serve_mqtt_listener(config, kind, l, max, anonymous)?;
         }
         Ok(())
     }
@@ -573,6 +619,7 @@ impl Starting {
         config: &DaemonConfig,
         kind: ListenerKind,
         l: &ListenerConfig,
+        max_connections: usize,
         anonymous: bool,
     ) -> anyhow::Result<()> {
         let listener = listen::bind(l.bind, l.backlog)
@@ -615,9 +662,9 @@ impl Starting {
             tls,
             max_packet_size: (l.max_packet_size > 0).then_some(l.max_packet_size),
         };
-        let permits = Arc::new(Semaphore::new(l.max_connections));
-        self.permits.push((permits.clone(), l.max_connections));
-        info!(listener = kind.name(), addr = %local, "listening");
+        let permits = Arc::new(Semaphore::new(max_connections));
+        self.permits.push((permits.clone(), max_connections));
+        info!(listener = kind.name(), addr = %local, max_connections, "listening");
         self.addrs.push((kind, local));
         tokio::spawn(listen::accept_loop(
             listener,

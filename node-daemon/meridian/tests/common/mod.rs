@@ -71,6 +71,8 @@ pub struct Daemon {
     pub log: PathBuf,
     /// More arguments for `meridian run`.
     pub args: Vec<String>,
+    /// A program (and its arguments) the binary runs under, as `prlimit --nofile=N:M`.
+    pub wrapper: Vec<String>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -90,8 +92,27 @@ impl Daemon {
         Self::start_in(tempfile::tempdir().expect("temp dir"), config, args)
     }
 
+    /// Start under `wrapper` (a program that runs the binary, as `prlimit --nofile=N:M`).
+    pub fn start_under(wrapper: &[&str], config: Option<&str>) -> Self {
+        Self::start_in_under(
+            tempfile::tempdir().expect("temp dir"),
+            config,
+            Vec::new(),
+            wrapper.iter().map(|s| (*s).to_owned()).collect(),
+        )
+    }
+
     /// Start in `tmp` (the data directory is `tmp/data`, which may exist already).
     pub fn start_in(tmp: tempfile::TempDir, config: Option<&str>, args: Vec<String>) -> Self {
+        Self::start_in_under(tmp, config, args, Vec::new())
+    }
+
+    fn start_in_under(
+        tmp: tempfile::TempDir,
+        config: Option<&str>,
+        args: Vec<String>,
+        wrapper: Vec<String>,
+    ) -> Self {
         let config = config.map(|body| {
             let p = tmp.path().join("meridian.toml");
             std::fs::write(&p, body).expect("write config");
@@ -106,6 +127,7 @@ impl Daemon {
             config,
             log: tmp.path().join("daemon.log"),
             args,
+            wrapper,
             _tmp: Some(tmp),
         };
         d.spawn_and_wait();
@@ -145,7 +167,15 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_meridian"));
+        let bin = env!("CARGO_BIN_EXE_meridian");
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("run");
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
