@@ -331,6 +331,8 @@ pub struct ListenerConfig {
     /// one otherwise. Clients that send no `Origin` (not browsers) are never refused for it.
     #[serde(default)]
     pub allowed_origins: Option<Vec<String>>,
+    /// Connections at once; 0: a share of what the open-file limit allows
+    /// ([`crate::open_files::fit`]).
     pub max_connections: usize,
     pub max_packet_size: u32,
     /// Connections the kernel holds until the broker accepts them (the listen backlog).
@@ -608,11 +610,6 @@ impl DaemonConfig {
             {
                 return Err(invalid(format!(
                     "listeners.{name}.client_ca: required with require_client_cert = true"
-                )));
-            }
-            if l.max_connections == 0 {
-                return Err(invalid(format!(
-                    "listeners.{name}.max_connections: must be at least 1"
                 )));
             }
             if l.backlog == 0 {

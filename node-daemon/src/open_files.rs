@@ -52,24 +52,41 @@ pub fn for_connections(soft: u64, reserved: u64) -> u64 {
     soft.saturating_sub(reserved).max(1)
 }
 
-/// Fit the enabled listeners' `max_connections` (`(name, max)`) within `available`: as they
-/// are if their sum fits, else each scaled down in proportion (at least 1). Returns what it
-/// clamped, for the log: `(name, configured, now)`.
-pub fn fit(available: u64, listeners: &mut [(String, usize)]) -> Vec<(String, usize, usize)> {
-    let sum: u64 = listeners.iter().map(|(_, n)| *n as u64).sum();
-    if sum <= available {
-        return Vec::new();
-    }
+/// What each enabled listener may take of `available` connections, from its configured
+/// `max_connections` (`(name, max)`, 0 for a share of the limit): those configured are taken
+/// as they are while their sum fits, else scaled down in proportion; those at 0 share what is
+/// left equally. At least 1 each. Returns the listeners' maxima, and what was scaled down for
+/// the log: `(name, configured, now)`.
+pub fn fit(
+    available: u64,
+    listeners: &[(String, usize)],
+) -> (Vec<usize>, Vec<(String, usize, usize)>) {
+    let set: u64 = listeners.iter().map(|(_, n)| *n as u64).sum();
+    let shared = listeners.iter().filter(|(_, n)| *n == 0).count() as u64;
     let mut clamped = Vec::new();
-    for (name, max) in listeners.iter_mut() {
-        let share = (*max as u64).saturating_mul(available) / sum.max(1);
-        let now = usize::try_from(share.max(1)).unwrap_or(usize::MAX);
-        if now < *max {
+    let mut taken: u64 = 0;
+    let mut maxes: Vec<usize> = listeners
+        .iter()
+        .map(|(name, max)| {
+            if *max == 0 || set <= available {
+                return *max;
+            }
+            let share = (*max as u64).saturating_mul(available) / set;
+            let now = usize::try_from(share.max(1)).unwrap_or(usize::MAX);
             clamped.push((name.clone(), *max, now));
-            *max = now;
+            now
+        })
+        .collect();
+    for max in &maxes {
+        taken += *max as u64;
+    }
+    if let Some(each) = available.saturating_sub(taken).checked_div(shared) {
+        let each = usize::try_from(each.max(1)).unwrap_or(usize::MAX);
+        for max in maxes.iter_mut().filter(|m| **m == 0) {
+            *max = each;
         }
     }
-    clamped
+    (maxes, clamped)
 }
 
 #[cfg(test)]
@@ -86,24 +103,31 @@ mod tests {
 
     #[test]
     fn listeners_that_fit_are_left_as_configured() {
-        let mut l = listeners(&[10_000, 5_000]);
-        assert!(fit(15_000, &mut l).is_empty());
-        assert_eq!(l, listeners(&[10_000, 5_000]));
+        let (maxes, clamped) = fit(15_000, &listeners(&[10_000, 5_000]));
+        assert_eq!(maxes, [10_000, 5_000]);
+        assert!(clamped.is_empty());
+    }
+
+    #[test]
+    fn listeners_at_0_share_what_the_others_leave() {
+        assert_eq!(fit(20_000, &listeners(&[0, 0])).0, [10_000, 10_000]);
+        assert_eq!(
+            fit(20_000, &listeners(&[5_000, 0, 0])).0,
+            [5_000, 7_500, 7_500]
+        );
+        let (maxes, clamped) = fit(44, &listeners(&[0, 0]));
+        assert_eq!(maxes, [22, 22]);
+        assert!(clamped.is_empty(), "a share is no clamp");
     }
 
     #[test]
     fn listeners_past_the_limit_share_it_in_proportion_and_say_so() {
-        let mut l = listeners(&[10_000, 10_000, 5_000]);
-        let clamped = fit(17_500, &mut l);
-        assert_eq!(l, listeners(&[7_000, 7_000, 3_500]));
+        let (maxes, clamped) = fit(17_500, &listeners(&[10_000, 10_000, 5_000]));
+        assert_eq!(maxes, [7_000, 7_000, 3_500]);
         assert_eq!(clamped.len(), 3);
         assert_eq!(clamped[0], ("l0".to_owned(), 10_000, 7_000));
-        let sum: usize = l.iter().map(|(_, n)| n).sum();
-        assert!(sum <= 17_500);
         // A limit smaller than the listeners still leaves each one connection.
-        let mut l = listeners(&[10, 10]);
-        fit(1, &mut l);
-        assert_eq!(l, listeners(&[1, 1]));
+        assert_eq!(fit(1, &listeners(&[10, 10, 0])).0, [1, 1, 1]);
     }
 
     #[test]
@@ -116,7 +140,10 @@ mod tests {
     fn the_soft_limit_is_raised_to_the_hard_one() {
         let limit = raise().expect("getrlimit");
         // An unlimited hard limit is no number a soft one can be set to.
-        assert!(limit.soft == limit.hard || limit.hard == u64::MAX, "{limit:?}");
+        assert!(
+            limit.soft == limit.hard || limit.hard == u64::MAX,
+            "{limit:?}"
+        );
         assert!(limit.before <= limit.soft);
     }
 }

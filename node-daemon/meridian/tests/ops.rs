@@ -64,7 +64,7 @@ async fn listener_max_connections_closes_the_excess() {
 
 /// Started with 200 open files allowed (300 at most), the daemon raises its own limit to 300,
 /// keeps 256 for its own files and shares the other 44 between its two listeners (TCP and
-/// WebSocket, 10,000 each as configured): 22 MQTT connections are served, the 23rd is closed
+/// WebSocket, max_connections left at 0): 22 MQTT connections are served, the 23rd is closed
 /// at accept and counted, and the node goes on serving.
 #[tokio::test]
 async fn the_listeners_share_what_the_open_file_limit_allows() {

@@ -585,7 +585,7 @@ impl Starting {
         // Within the open-file limit, after the node's own files.
         let limit = self.open_files;
         let available = crate::open_files::for_connections(limit.soft, reserved_files(config));
-        let mut maxes: Vec<(String, usize)> = enabled
+        let configured: Vec<(String, usize)> = enabled
             .iter()
             .map(|(kind, l)| {
                 (
@@ -594,7 +594,8 @@ impl Starting {
                 )
             })
             .collect();
-        for (key, configured, now) in crate::open_files::fit(available, &mut maxes) {
+        let (maxes, clamped) = crate::open_files::fit(available, &configured);
+        for (key, configured, now) in clamped {
             warn!(
                 "{key} = {configured} does not fit the open-file limit: {now} taken \
                  (the listeners share {available} connections)"
@@ -608,7 +609,7 @@ impl Starting {
              node's own",
             limit.soft
         );
-        for ((kind, l), (_, max)) in enabled.into_iter().zip(maxes) {
+        for ((kind, l), max) in enabled.into_iter().zip(maxes) {
             self.serve_mqtt_listener(config, kind, l, max, anonymous)?;
         }
         Ok(())
