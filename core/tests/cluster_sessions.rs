@@ -42,6 +42,17 @@ fn publish_numbers(mesh: &mut Mesh, node: &str, range: std::ops::Range<u32>, qos
     }
 }
 
+/// A DISCONNECT with session expiry 0: it ends the session.
+fn ending_session() -> Packet {
+    Packet::Disconnect(meridian_core::codec::Disconnect {
+        reason: ReasonCode::SUCCESS,
+        properties: meridian_core::codec::DisconnectProperties {
+            session_expiry_interval: Some(0),
+            ..Default::default()
+        },
+    })
+}
+
 fn disconnect_reason(packets: &[Packet]) -> Option<ReasonCode> {
     packets.iter().find_map(|p| match p {
         Packet::Disconnect(d) => Some(d.reason),
@@ -335,16 +346,7 @@ fn a_session_that_ends_lets_go_of_its_client_id() {
     assert_eq!(mesh.node("b").broker.claim_owner("dev"), Some(id("a")));
     assert_eq!(mesh.node("b").broker.stats().claims, 1);
     // DISCONNECT with expiry 0 ends the session.
-    mesh.node("a").send(
-        conn,
-        Packet::Disconnect(meridian_core::codec::Disconnect {
-            reason: ReasonCode::SUCCESS,
-            properties: meridian_core::codec::DisconnectProperties {
-                session_expiry_interval: Some(0),
-                ..Default::default()
-            },
-        }),
-    );
+    mesh.node("a").send(conn, ending_session());
     mesh.settle();
     assert_eq!(mesh.node("b").broker.claim_owner("dev"), None);
     assert_eq!(mesh.node("b").broker.stats().claims, 0);
@@ -635,16 +637,7 @@ mod trust {
         assert_eq!(ack.reason, ReasonCode::SUCCESS);
         mesh.advance(10);
         // a never learns of b's claim before its own session ends (expiry 0).
-        mesh.node("a").send(
-            old,
-            Packet::Disconnect(meridian_core::codec::Disconnect {
-                reason: ReasonCode::SUCCESS,
-                properties: meridian_core::codec::DisconnectProperties {
-                    session_expiry_interval: Some(0),
-                    ..Default::default()
-                },
-            }),
-        );
+        mesh.node("a").send(old, ending_session());
         mesh.settle();
         mesh.link_up(&id("a"), &id("b"));
         mesh.link_up(&id("a"), &id("c"));

@@ -9,7 +9,7 @@ mod common;
 use bytes::BytesMut;
 use common::leaf::*;
 use common::mesh::*;
-use common::v3;
+use common::{meridian, v3};
 use futures_util::{SinkExt, StreamExt};
 use meridian_core::codec::{
     Packet, QoS as CoreQoS, Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
@@ -285,20 +285,6 @@ async fn a_token_links_its_own_leaves_and_a_bounded_number_of_them() {
     })
     .await;
     assert_eq!(refused().await, 2.0);
-}
-
-/// `meridian ARGS...`: its stdout, trimmed, asserting success.
-fn meridian(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
-        .args(args)
-        .output()
-        .expect("run meridian");
-    assert!(
-        out.status.success(),
-        "meridian {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// With operator keys, an edge link is a leaf credential the operator signed (`meridian

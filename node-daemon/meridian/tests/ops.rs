@@ -38,28 +38,7 @@ async fn listener_max_connections_closes_the_excess() {
     probes_closed(&d).await;
     let _a = common::raw::Raw::connect(d.mqtt, V311, "a").await;
     let _b = common::raw::Raw::connect(d.mqtt, V311, "b").await;
-    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", d.mqtt))
-        .await
-        .unwrap();
-    let mut buf = [0u8; 8];
-    let n = tokio::time::timeout(DEADLINE, extra.read(&mut buf))
-        .await
-        .expect("closed in time");
-    assert!(
-        matches!(n, Ok(0) | Err(_)),
-        "third connection closed: {n:?}"
-    );
-    let metrics = common::Metrics::of(d.admin).await;
-    assert_eq!(
-        metrics.get("meridian_connections_rejected_total"),
-        Some(1.0),
-        "{metrics:?}"
-    );
-    assert_eq!(
-        metrics.get("meridian_connections"),
-        Some(2.0),
-        "{metrics:?}"
-    );
+    closed_at_accept(&d, 2).await;
 }
 
 /// Started with 200 open files allowed (300 at most), the daemon raises its own limit to 300,
@@ -74,25 +53,7 @@ async fn the_listeners_share_what_the_open_file_limit_allows() {
     for i in 0..22 {
         clients.push(common::raw::Raw::connect(d.mqtt, V311, &format!("c{i}")).await);
     }
-    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", d.mqtt))
-        .await
-        .unwrap();
-    let mut buf = [0u8; 8];
-    let n = tokio::time::timeout(DEADLINE, extra.read(&mut buf))
-        .await
-        .expect("closed in time");
-    assert!(matches!(n, Ok(0) | Err(_)), "the 23rd closed: {n:?}");
-    let metrics = common::Metrics::of(d.admin).await;
-    assert_eq!(
-        metrics.get("meridian_connections_rejected_total"),
-        Some(1.0),
-        "{metrics:?}"
-    );
-    assert_eq!(
-        metrics.get("meridian_connections"),
-        Some(22.0),
-        "{metrics:?}"
-    );
+    closed_at_accept(&d, 22).await;
     // One leaves, another takes its place.
     drop(clients.pop());
     let deadline = Instant::now() + DEADLINE;
@@ -108,6 +69,33 @@ async fn the_listeners_share_what_the_open_file_limit_allows() {
         tokio::task::yield_now().await;
     }
     let _again = common::raw::Raw::connect(d.mqtt, V311, "again").await;
+}
+
+/// One more MQTT connection while `served` are: closed at accept, and counted.
+async fn closed_at_accept(d: &Daemon, served: u32) {
+    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", d.mqtt))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 8];
+    let n = tokio::time::timeout(DEADLINE, extra.read(&mut buf))
+        .await
+        .expect("closed in time");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "connection {} closed: {n:?}",
+        served + 1
+    );
+    let metrics = common::Metrics::of(d.admin).await;
+    assert_eq!(
+        metrics.get("meridian_connections_rejected_total"),
+        Some(1.0),
+        "{metrics:?}"
+    );
+    assert_eq!(
+        metrics.get("meridian_connections"),
+        Some(f64::from(served)),
+        "{metrics:?}"
+    );
 }
 
 /// Wait until the start-up check's probes of the MQTT and WebSocket ports, which hold a

@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use common::mesh::{Node, cluster_key, metric, next_publish, node_info, wait_for};
-use common::{Daemon, cheap_hash, free_port, http, v3, v5};
+use common::{Daemon, cheap_hash, free_port, http, meridian, v3, v5};
 use meridian_tools::link_proxy::LinkProxy as Proxy;
 use rumqttc::QoS;
 
@@ -558,20 +558,6 @@ async fn the_document_is_compacted_once_every_node_holds_it() {
     })
     .await;
     assert!(logs_in(coordinator.mqtt(), "u1").await);
-}
-
-/// `meridian ARGS...` (no stdin): its stdout, trimmed, asserting success.
-fn meridian(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
-        .args(args)
-        .output()
-        .expect("run meridian");
-    assert!(
-        out.status.success(),
-        "meridian {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// A deployment's files with an operator key: the directory, the cluster key, the operator

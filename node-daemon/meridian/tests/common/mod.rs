@@ -613,6 +613,20 @@ pub mod raw {
     }
 }
 
+/// `meridian ARGS...` (no stdin): its stdout, trimmed, asserting success.
+pub fn meridian(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(args)
+        .output()
+        .expect("run meridian");
+    assert!(
+        out.status.success(),
+        "meridian {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
 /// A minimal HTTP/1.1 client for the admin API: (status, body).
 /// A metrics page, read line by line: each series (its name and labels, as the page writes
 /// them) and its value. A series is found by its whole name, never by searching the page:
