@@ -459,6 +459,75 @@ fn with_operator_keys_a_region_counts_only_certified() {
     assert_eq!(mesh.node("c").broker.stats().peer_frames_not_owner, 2);
 }
 
+/// Where members must be certified, a node holding the cluster key but no certificate of the
+/// operator's (a rogue, built from the crate's own broker) is no member: its hello is refused
+/// and its sessions cut, nothing it says is taken (its routes, its forwards), and nothing of
+/// the deployment's state or messages is sent to it. Certified nodes mesh as before.
+#[test]
+fn with_members_certified_a_node_without_the_operators_certificate_is_no_member() {
+    let certified = |c: &mut meridian_core::broker::ClusterConfig| {
+        c.members_certified = true;
+        c.certificate = Some(region_certificate(&c.region));
+    };
+    let mut mesh = Mesh::new(&["a", "b"], Config::default(), certified);
+    with_operator_keys(&mut mesh, &[("a", true), ("b", true)]);
+    // The link comes up again under the operator's rules: a and b vouch for each other.
+    mesh.link_down(&id("a"), &id("b"));
+    mesh.link_up(&id("a"), &id("b"));
+    mesh.settle();
+    let on_b = mesh.node("b").connect(V5, "b-sub");
+    mesh.node("b").subscribe(on_b, "t/#", QoS::AtLeastOnce);
+    mesh.advance(100);
+    assert_eq!(mesh.node("a").broker.nodes_for("t/x"), vec![id("b")]);
+
+    mesh.join("r", Config::default(), |c| c.members_certified = true);
+    // Each member sends the newcomer its hello and nothing else until it is vouched for.
+    for n in ["a", "b"] {
+        let kinds: Vec<FrameKind> = mesh.peek(n, "r").iter().map(Frame::kind).collect();
+        assert_eq!(kinds, [FrameKind::Hello], "{n} told the rogue nothing more");
+    }
+    for n in ["a", "b"] {
+        mesh.deliver_one_way("r", n);
+        let w = mesh.node(n);
+        assert!(
+            w.cut_peers.contains(&id("r")),
+            "{n} cut the rogue's session"
+        );
+        assert_eq!(w.broker.stats().peer_frames_not_owner, 1, "{n}");
+    }
+    // (Its daemon would dial again and be cut again: the links stay down here.)
+    mesh.link_down(&id("a"), &id("r"));
+    mesh.link_down(&id("b"), &id("r"));
+    let publisher = mesh.node("a").connect(V5, "a-pub");
+    mesh.node("a")
+        .publish(publisher, "t/x", b"for members", QoS::AtLeastOnce, false, 1);
+    mesh.settle();
+    assert_eq!(mesh.node("b").received_publishes(on_b).len(), 1);
+    let to_r = mesh.node("a").broker.peers();
+    assert!(
+        to_r.iter()
+            .filter(|p| p.node == id("r"))
+            .all(|p| p.outbox_messages == 0 && p.routes == 0),
+        "{to_r:?}"
+    );
+    // What it sends straight is dropped.
+    let on_a = mesh.node("a").connect(V5, "a-sub");
+    mesh.node("a").subscribe(on_a, "r/#", QoS::AtLeastOnce);
+    mesh.inject(
+        "r",
+        "a",
+        Frame::Forward(Forward {
+            origin: owner("r", 1),
+            seq: 1,
+            message: message("r/x", b"from the rogue", QoS::AtLeastOnce),
+        }),
+    );
+    mesh.inject("r", "a", Frame::RouteDelta(delta("r", 1, &["t/#"])));
+    mesh.settle();
+    assert!(mesh.node("a").received_publishes(on_a).is_empty());
+    assert_eq!(mesh.node("a").broker.nodes_for("t/x"), vec![id("b")]);
+}
+
 /// With operator keys, a member's word (at the incarnation every node knows) makes no node
 /// drop what waits for a node that is merely cut off: only a forget the operator signed is
 /// honoured, and it goes round with the announcement.

@@ -86,6 +86,8 @@ pub struct ClusterSection {
     pub peers: Vec<P2pAddr>,
     pub key_file: PathBuf,
     pub certificate: PathBuf,
+    /// Only peers with the operator's certificate are members ([`meridian_core::broker::ClusterConfig::members_certified`]).
+    pub members_certified: bool,
     pub allow_peers: Vec<P2pPeerId>,
     pub discover: bool,
     pub advertise: Vec<P2pAddr>,
@@ -331,8 +333,8 @@ pub struct ListenerConfig {
     /// one otherwise. Clients that send no `Origin` (not browsers) are never refused for it.
     #[serde(default)]
     pub allowed_origins: Option<Vec<String>>,
-    /// Connections at once; 0: a share of what the open-file limit allows
-    /// ([`crate::open_files::fit`]).
+    /// Connections at once; 0: a share of what the open-file limit allows (docs/operations.md,
+    /// "Open files and connections").
     pub max_connections: usize,
     pub max_packet_size: u32,
     /// Connections the kernel holds until the broker accepts them (the listen backlog).
@@ -555,6 +557,22 @@ impl DaemonConfig {
             source_name: source_name.to_owned(),
             message,
         };
+        if self.cluster.enabled && self.cluster.members_certified {
+            if self.policy.operator_keys.is_empty() {
+                return Err(invalid(
+                    "cluster.members_certified: needs policy.operator_keys (the keys whose \
+                     certificates make members)"
+                        .to_owned(),
+                ));
+            }
+            if self.cluster.certificate.as_os_str().is_empty() {
+                return Err(invalid(
+                    "cluster.members_certified: needs cluster.certificate (this node's own: \
+                     without it no peer takes it as a member)"
+                        .to_owned(),
+                ));
+            }
+        }
         if self.mqtt.maximum_qos > 2 {
             return Err(invalid(format!(
                 "mqtt.maximum_qos: must be 0, 1 or 2, not {}",
@@ -977,6 +995,7 @@ partial!(PCluster {
     peers: Vec<P2pAddr>,
     key_file: PathBuf,
     certificate: PathBuf,
+    members_certified: bool,
     allow_peers: Vec<P2pPeerId>,
     discover: bool,
     advertise: Vec<P2pAddr>,

@@ -80,6 +80,23 @@ impl Mesh {
         mesh
     }
 
+    /// A new mesh node `name` (its own broker, `config`), linked to every mesh node; nothing
+    /// is delivered yet.
+    pub fn join(&mut self, name: &str, config: Config, tweak: impl Fn(&mut ClusterConfig)) {
+        let mut cluster = ClusterConfig::new(id(name), 1, format!("region-{name}"));
+        tweak(&mut cluster);
+        let members: Vec<NodeId> = self
+            .nodes
+            .keys()
+            .filter(|n| !self.leaf_of.contains_key(*n))
+            .cloned()
+            .collect();
+        self.nodes.insert(id(name), World::node(config, cluster));
+        for member in members {
+            self.link_up(&id(name), &member);
+        }
+    }
+
     /// A new leaf `leaf` (its own broker, `config`) made a leaf of `hub` and linked to it, as
     /// a shell does when an edge object links; nothing is delivered yet.
     pub fn join_leaf(
@@ -298,7 +315,7 @@ impl Mesh {
                 }
             }
         }
-        panic!("mesh did not settle");
+        panic!("mesh did not settle: {:?}", self.carried);
     }
 
     /// Advance every node's clock by `ms` (firing timers), then settle.

@@ -905,6 +905,109 @@ async fn with_an_operator_key_a_node_s_region_is_the_operator_s_word() {
     assert!(metric(&c.metrics().await, not_owner) >= 1.0);
 }
 
+/// A node in `region` with the operator's certificate of its peer id (made before its first
+/// start), taking only certified peers as members.
+async fn certified_member(
+    op_key: &std::path::Path,
+    key: &std::path::Path,
+    signed: &str,
+    region: &str,
+    p2p: u16,
+    peers: &[u16],
+) -> Node {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let id = meridian(&["peer-id", "--data-dir", data.to_str().unwrap()]);
+    let op = op_key.to_str().unwrap();
+    let cert = meridian(&[
+        "certify",
+        "--operator-key",
+        op,
+        "--peer-id",
+        &id,
+        "--region",
+        region,
+    ]);
+    let cert_file = tmp.path().join("node.cert");
+    std::fs::write(&cert_file, format!("{cert}\n")).unwrap();
+    let extra = format!(
+        "certificate = \"{}\"\nmembers_certified = true\n{signed}",
+        cert_file.display()
+    );
+    Node::launch_in(tmp, region, p2p, peers, key, &extra).await
+}
+
+/// With `cluster.members_certified`, a node that holds the cluster key but no certificate of
+/// the operator's (the released binary, started by someone who stole the key) is no member:
+/// the certified nodes mesh and exchange messages, the rogue's hellos are refused and counted,
+/// and nothing is forwarded to it or taken from it, whatever it subscribes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_members_certified_a_node_without_a_certificate_is_no_member() {
+    let Operated {
+        dir: _dir,
+        key,
+        op_key,
+        signed,
+        ..
+    } = operated();
+    let (pa, pb, pr) = (free_port(), free_port(), free_port());
+    let a = certified_member(&op_key, &key, &signed, "euc1", pa, &[]).await;
+    let b = certified_member(&op_key, &key, &signed, "use1", pb, &[pa]).await;
+    let rogue = Node::start_with("afs1", pr, &[pa, pb], &key, "").await;
+    wait_for("the certified nodes to mesh", &[&a, &b], || async {
+        a.connected_to(&b).await && b.connected_to(&a).await
+    })
+    .await;
+    let not_owner = "meridian_peer_frames_refused_total{reason=\"not_owner\"}";
+    wait_for(
+        "both to refuse the rogue's hello",
+        &[&a, &b, &rogue],
+        || async {
+            metric(&a.metrics().await, not_owner) >= 1.0
+                && metric(&b.metrics().await, not_owner) >= 1.0
+        },
+    )
+    .await;
+    // The rogue subscribes first: were it a member, its route would reach a before b's.
+    let mut at_rogue = v3::connect(v3::options("rogue-sub", rogue.mqtt())).await;
+    at_rogue.subscribe("#", QoS::AtLeastOnce).await;
+    let mut at_b = v3::connect(v3::options("b-sub", b.mqtt())).await;
+    at_b.subscribe("t/#", QoS::AtLeastOnce).await;
+    let publisher = v3::connect(v3::options("a-pub", a.mqtt())).await;
+    wait_for("b's route at a", &[&a, &b], || async {
+        a.peers()
+            .await
+            .iter()
+            .any(|p| p["peer_id"] == b.peer_id.as_str() && p["routes"].as_u64() >= Some(1))
+    })
+    .await;
+    for i in 0..5 {
+        publisher
+            .client
+            .publish("t/y", QoS::AtLeastOnce, false, format!("{i}"))
+            .await
+            .unwrap();
+        assert_eq!(at_b.publish_msg().await.topic, "t/y");
+    }
+    // Nothing went to the rogue, nothing of it counts.
+    let peers = a.peers().await;
+    let to_rogue = peers
+        .iter()
+        .find(|p| p["peer_id"] == rogue.peer_id.as_str());
+    assert!(
+        to_rogue.is_none_or(|p| p["forwarded_to"] == 0 && p["routes"] == 0),
+        "{peers:?}"
+    );
+    let (_, routes) = common::http(a.daemon.admin, "GET", "/api/routes").await;
+    assert!(
+        !routes.contains("\"#\""),
+        "the rogue's # is nobody's interest: {routes}"
+    );
+    publisher.disconnect().await;
+    at_b.disconnect().await;
+    at_rogue.disconnect().await;
+}
+
 /// Whether `node` knows the node `peer_id` (linked or not).
 async fn knows(node: &Node, peer_id: &str) -> bool {
     node.peers().await.iter().any(|p| p["peer_id"] == peer_id)

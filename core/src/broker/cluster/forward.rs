@@ -81,6 +81,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 if p.connected
                     && !p.routes_current
                     && !c.leaves.is_leaf(node)
+                    && c.is_member(node)
                     && !nodes.contains(node)
                 {
                     nodes.push(node.clone());
@@ -188,6 +189,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// Send what the window allows from a peer's outbox, if the link is up.
     pub(super) fn pump_outbox(&mut self, node: &NodeId) {
         let Some(c) = &mut self.cluster else { return };
+        if !c.is_member(node) {
+            return;
+        }
         let Some(peer) = c.peers.get_mut(node) else {
             return;
         };

@@ -35,6 +35,19 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             region: c.config.region.clone(),
             certificate: c.config.certificate.clone(),
         };
+        let member = c.is_member(&peer);
+        self.send_to_peer(peer.clone(), hello);
+        // A peer not vouched for yet gets the rest once its hello is.
+        if member {
+            self.session_state_to(&peer);
+        }
+    }
+
+    /// What a link session starts with after the hello: the route digest (a leaf's view
+    /// batched first), retained digest, claims, shipped sessions, relays and the outbox.
+    fn session_state_to(&mut self, peer: &NodeId) {
+        let Some(c) = &mut self.cluster else { return };
+        let peer = peer.clone();
         // A leaf's view may hold changes not batched yet (all of it, for a leaf made just
         // now): batched here and sent, so that the digest after them says where the view
         // stands. Otherwise the leaf would take the view it has for current and keep its
@@ -44,7 +57,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let digest = c.digest_for(&peer);
         // Retained messages replicate between mesh nodes only.
         let retained = (!c.leaves.is_leaf(&peer)).then(|| c.retained.digest());
-        self.send_to_peer(peer.clone(), hello);
         for frame in view_delta
             .into_iter()
             .flat_map(|d| super::routes::delta_frames(d, per_frame))
@@ -104,6 +116,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.peer_fault(&peer, PeerFault::NotOwner(kind));
             return;
         }
+        // Before its hello is vouched for, a peer that must be certified says nothing (its
+        // gossip may come before its hello: what it says is asked for again once it is in).
+        if !c.is_member(&peer) && !matches!(frame, Frame::Hello { .. }) {
+            return;
+        }
         if c.leaves.is_leaf(&peer) {
             match frame {
                 // A leaf speaks for its own routes and messages only.
@@ -153,8 +170,20 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         .authorizer
                         .vouches_region(&peer, &region, certificate.as_deref());
                 c.peer(&peer).region = vouched.then_some(region);
+                // Where members must be certified, one whose hello is not has its session cut;
+                // one vouched for the first time gets what its session starts with now.
+                let strict = c.config.members_certified && !c.leaves.is_leaf(&peer);
+                let newly = strict && vouched && c.certified.insert(peer.clone());
+                let connected = c.peers.get(&peer).is_some_and(|p| p.connected);
                 if !vouched {
                     self.peer_fault(&peer, PeerFault::NotOwner(FrameKind::Hello));
+                    if strict {
+                        self.cut_peer(peer);
+                        return;
+                    }
+                }
+                if newly && connected {
+                    self.session_state_to(&peer);
                 }
                 self.send_scoped_to(&peer, true);
                 self.purge_withheld_forwards();

@@ -142,6 +142,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let (routes, incarnation) = replica.unwrap_or((0, 0));
         c.table.remove_node(node);
         c.routes.remove_peer(node);
+        c.certified.remove(node);
         self.forget_scoped(node);
         self.moves_forget_node(node);
         self.forget_claims_of(node);

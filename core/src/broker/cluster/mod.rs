@@ -49,6 +49,11 @@ pub struct ClusterConfig {
     /// The operator's certificate of this node's id and region, sent in every hello, where
     /// the deployment has operator keys ([`Authorizer::vouches_region`](crate::broker::Authorizer::vouches_region)).
     pub certificate: Option<bytes::Bytes>,
+    /// Only peers the authorizer vouches for by their hello's certificate are members: until
+    /// a peer's hello is vouched for, nothing but that hello is taken from it, and nothing but
+    /// this node's hello is sent to it; a hello that is not is refused and its session cut.
+    /// (Leaves are held to their credentials instead.)
+    pub members_certified: bool,
     /// Route changes are collected for this long, then sent as one delta.
     pub route_batch_ms: u64,
     /// How often this node announces its route-set version (anti-entropy).
@@ -135,6 +140,7 @@ impl ClusterConfig {
             incarnation,
             region: region.into(),
             certificate: None,
+            members_certified: false,
             route_batch_ms: 20,
             digest_interval_ms: 5_000,
             tombstone_budget: 100_000,
@@ -284,6 +290,9 @@ pub(super) struct Cluster {
     forget_count: u64,
     /// Nodes refused for the node count and reported (at most [`trust::REFUSED_NODES_KEPT`]).
     refused_nodes: std::collections::BTreeSet<NodeId>,
+    /// Peers whose hello was vouched for since this node started
+    /// ([`ClusterConfig::members_certified`]).
+    certified: std::collections::BTreeSet<NodeId>,
     /// Nodes that hang off this one outside the mesh.
     leaves: leaves::Leaves,
     /// Who serves each client id.
@@ -343,6 +352,7 @@ impl Cluster {
             forgotten: VecDeque::new(),
             forget_count: 0,
             refused_nodes: std::collections::BTreeSet::new(),
+            certified: std::collections::BTreeSet::new(),
             leaves: leaves::Leaves::default(),
             claims: claims::Claims::default(),
             transfers: transfer::Transfers::default(),
@@ -360,10 +370,11 @@ impl Cluster {
     }
 
     /// The peers whose link is up, in node order.
+    /// Peers with a link session now, members only.
     fn connected_peers(&self) -> Vec<NodeId> {
         self.peers
             .iter()
-            .filter(|(_, p)| p.connected)
+            .filter(|(n, p)| p.connected && self.is_member(n))
             .map(|(n, _)| n.clone())
             .collect()
     }
@@ -399,6 +410,12 @@ impl Cluster {
 
     /// Whether this node keeps state for `node`: one it knows, or a new one while there is
     /// room ([`ClusterConfig::max_nodes`]).
+    /// Whether `node` is a member this node exchanges state with: always, unless members
+    /// must be certified and its hello was not vouched for yet (leaves: always).
+    fn is_member(&self, node: &NodeId) -> bool {
+        !self.config.members_certified || self.certified.contains(node) || self.leaves.is_leaf(node)
+    }
+
     fn admits(&self, node: &NodeId) -> bool {
         self.peers.contains_key(node)
             || self.table.replica(node).is_some()
