@@ -27,7 +27,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         p.last_heard = Some(now);
         p.acked_at = now;
         p.up_since = Some(now);
-        c.log_for_mut(&peer).add_peer(peer.clone());
         let hello = Frame::Hello {
             node: c.owner.node.clone(),
             incarnation: c.owner.incarnation,
@@ -48,6 +47,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     fn session_state_to(&mut self, peer: &NodeId) {
         let Some(c) = &mut self.cluster else { return };
         let peer = peer.clone();
+        // Its acknowledgements hold this node's route changes for it from now on.
+        c.log_for_mut(&peer).add_peer(peer.clone());
         // A leaf's view may hold changes not batched yet (all of it, for a leaf made just
         // now): batched here and sent, so that the digest after them says where the view
         // stands. Otherwise the leaf would take the view it has for current and keep its
