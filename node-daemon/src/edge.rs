@@ -10,8 +10,8 @@
 //! (`policy.operator_keys`), a leaf credential one of them signed (`meridian certify-leaf`)
 //! instead, and tokens link nothing. A credential names the leaf (or a prefix of names): a
 //! `Hello` naming another is refused (`reason="credential"`); and it holds the leaf to its
-//! topic scope and filter bound ([`meridian_core::Broker::scope_leaf`]). A wrong or missing token is refused
-//! with 401 before the upgrade, so before any frame is read
+//! topic scope and filter bound ([`meridian_core::Broker::scope_leaf`]). A wrong or missing
+//! token is refused with 401 before the upgrade, so before any frame is read
 //! (`meridian_edge_links_refused_total{reason="token"}`). An accepted upgrade names this node
 //! in its `meridian-node` header. The first frame names the leaf
 //! (`Hello`); a name that does not start with `edge-`, or is a mesh member's, is refused
@@ -66,9 +66,10 @@ impl Presented {
                 if !credential.admits(leaf) {
                     return Err(format!("the credential links {}", credential.name));
                 }
-                let max = usize::try_from(credential.max_filters).unwrap_or(usize::MAX);
-                let scope = LeafScope::new(&credential.scope, max).map_err(|e| e.to_string())?;
-                Ok((format!("credential {}", credential.id), Some(scope)))
+                Ok((
+                    format!("credential {}", credential.id),
+                    Some(credential.scope),
+                ))
             }
         }
     }

@@ -9,8 +9,6 @@
 //! with the clamp, the connection one past its listener's share is closed at accept and
 //! counted, as `max_connections` always does.
 
-use std::io;
-
 /// Files the node keeps for itself besides its mesh and edge links: storage, the policy
 /// document, logs, the runtime's own descriptors, admin requests.
 pub const OWN_FILES: u64 = 256;
@@ -25,7 +23,7 @@ pub struct Limit {
 
 /// Raise the soft open-file limit to the hard one (an unlimited hard limit counts as
 /// `u64::MAX`; the kernel then keeps the soft one where it was).
-pub fn raise() -> io::Result<Limit> {
+pub fn raise() -> Limit {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let now = getrlimit(Resource::Nofile);
     let soft = now.current.unwrap_or(u64::MAX);
@@ -44,7 +42,7 @@ pub fn raise() -> io::Result<Limit> {
             limit.soft = hard;
         }
     }
-    Ok(limit)
+    limit
 }
 
 /// What connections `soft` open files leave after `reserved` for the node's own.
@@ -138,7 +136,7 @@ mod tests {
 
     #[test]
     fn the_soft_limit_is_raised_to_the_hard_one() {
-        let limit = raise().expect("getrlimit");
+        let limit = raise();
         // An unlimited hard limit is no number a soft one can be set to.
         assert!(
             limit.soft == limit.hard || limit.hard == u64::MAX,

@@ -18,6 +18,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use libp2p::identity::ed25519;
+use meridian_core::broker::LeafScope;
 use serde::{Deserialize, Serialize};
 
 /// What precedes a change's digest in what an operator key signs.
@@ -102,11 +103,13 @@ impl OperatorKeys {
         let bytes = hex::decode(text.trim().strip_prefix(LEAF_CREDENTIAL_PREFIX)?).ok()?;
         let split = bytes.len().checked_sub(STATEMENT_SIGNATURE_LEN)?;
         let (body, signed) = bytes.split_at(split);
-        let credential = LeafCredential::decode(body, signed)?;
         let mut statement = LEAF_DOMAIN.to_vec();
         statement.extend_from_slice(body);
-        self.verify_statement(&statement, signed)
-            .then_some(credential)
+        // Read only once signed: a stranger's bytes cost one signature check.
+        if !self.verify_statement(&statement, signed) {
+            return None;
+        }
+        LeafCredential::decode(body, signed)
     }
 
     fn verify_statement(&self, statement: &[u8], signed: &[u8]) -> bool {
@@ -219,9 +222,9 @@ impl OperatorKey {
 pub struct LeafCredential {
     /// The leaf's name, or a prefix of names when it ends with `*`.
     pub name: String,
-    /// Topic filters its messages and subscriptions must lie within.
-    pub scope: Vec<String>,
-    pub max_filters: u32,
+    /// The topic filters its messages and subscriptions must lie within, and its filter
+    /// bound: checked as the credential is read.
+    pub scope: LeafScope,
     /// Who it is among credentials (its signature, short): one leaf name is linked by one
     /// credential at a time.
     pub id: String,
@@ -265,14 +268,14 @@ impl LeafCredential {
         }
         let mut strings = strings.into_iter();
         let name = strings.next()?;
-        let scope: Vec<String> = strings.collect();
-        if scope.is_empty() || scope.len() > MAX_LEAF_SCOPE {
+        let filters: Vec<String> = strings.collect();
+        if filters.is_empty() || filters.len() > MAX_LEAF_SCOPE {
             return None;
         }
+        let max_filters = usize::try_from(u32::from_be_bytes(*max)).unwrap_or(usize::MAX);
         Some(Self {
             name,
-            scope,
-            max_filters: u32::from_be_bytes(*max),
+            scope: LeafScope::new(filters, max_filters).ok()?,
             id: hex::encode(signed.get(32..40)?),
         })
     }
@@ -338,7 +341,7 @@ pub fn certify_leaf_command(
     if scope.is_empty() || scope.len() > MAX_LEAF_SCOPE {
         bail!("--scope: from 1 to {MAX_LEAF_SCOPE} topic filters (--scope '#' for every topic)");
     }
-    if let Err(e) = meridian_core::broker::LeafScope::new(scope, 0) {
+    if let Err(e) = LeafScope::new(scope, 0) {
         bail!("--scope: {e}");
     }
     let key = OperatorKey::load(key)?;
@@ -380,8 +383,8 @@ mod tests {
         let text = operator.certify_leaf("edge-eu", &scope, 500);
         let credential = keys.verify_leaf(&text).expect("signed by a listed key");
         assert_eq!(credential.name, "edge-eu");
-        assert_eq!(credential.scope, scope);
-        assert_eq!(credential.max_filters, 500);
+        assert_eq!(credential.scope.filters(), scope);
+        assert_eq!(credential.scope.max_filters(), 500);
         assert!(credential.admits("edge-eu"));
         assert!(!credential.admits("edge-eu2"), "a name is no prefix");
         let prefix = keys

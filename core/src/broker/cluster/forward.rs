@@ -9,7 +9,7 @@ use crate::broker::message::Message;
 use crate::broker::persist::{InboxMark, Key};
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::codec::{Publish, PublishProperties, QoS};
-use crate::link::{Arrival, Forward, Frame, FrameKind};
+use crate::link::{Arrival, Forward, Frame, FrameKind, MessageId};
 use crate::routes::NodeId;
 
 /// A message as it travels on the link: every property, the expiry interval set to what
@@ -236,12 +236,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
         if qos == QoS::AtMostOnce {
             if in_scope {
-                if relays {
-                    self.forward_from(&Arc::new(message.clone()), Some(&peer));
-                }
-                self.begin_peer_routing((origin, seq));
-                self.deliver_local(message);
-                self.end_routing();
+                self.take_forwarded(message, &peer, (origin, seq), relays);
             }
             return;
         }
@@ -250,13 +245,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.delete_forgotten_marks();
         if arrival == Arrival::Deliver {
             if in_scope {
-                if relays {
-                    // In the same batch as the duplicate mark: stored together, or not at all.
-                    self.forward_from(&Arc::new(message.clone()), Some(&peer));
-                }
-                self.begin_peer_routing((origin.clone(), seq));
-                self.deliver_local(message);
-                self.end_routing();
+                // Relayed in the same batch as the duplicate mark: stored together, or not at all.
+                self.take_forwarded(message, &peer, (origin.clone(), seq), relays);
             }
             let key = Key::InboxMark {
                 origin: origin.node.clone(),
@@ -265,6 +255,17 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.persist(key.encode(), Some(InboxMark { seq, qos }.encode()));
         }
         self.send_to_peer(peer, Frame::ForwardAck { origin, seq });
+    }
+
+    /// A forwarded message `id` from `peer`: passed on between the mesh and this node's
+    /// leaves (while there are leaves, `relays`), and delivered to local subscribers.
+    fn take_forwarded(&mut self, message: Message, peer: &NodeId, id: MessageId, relays: bool) {
+        if relays {
+            self.forward_from(&Arc::new(message.clone()), Some(peer));
+        }
+        self.begin_peer_routing(id);
+        self.deliver_local(message);
+        self.end_routing();
     }
 
     /// Delete the records of duplicate marks the inbox let go of.
