@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and tests the JS/wasm bindings (meridian-wasm) and the Node WebSocket broker example,
+# Builds and tests the JS/wasm bindings (meridian-mqtt-wasm) and the Node WebSocket broker example,
 # installing what they need first. Idempotent: tools already present at the right version are
 # not reinstalled, npm packages are installed only when their lockfile changed.
 #
@@ -73,10 +73,10 @@ npm_install() {
 npm_install "$JS_TESTS"
 
 step "clippy for wasm32 (the wasm-bindgen tests compile only there)"
-(cd "$ROOT" && run 20 cargo clippy -p meridian-wasm --target wasm32-unknown-unknown --all-targets --locked -- -D warnings)
+(cd "$ROOT" && run 20 cargo clippy -p meridian-mqtt-wasm --target wasm32-unknown-unknown --all-targets --locked -- -D warnings)
 
 step "wasm-bindgen tests under Node"
-(cd "$ROOT" && run 20 cargo test -p meridian-wasm --target wasm32-unknown-unknown --locked)
+(cd "$ROOT" && run 20 cargo test -p meridian-mqtt-wasm --target wasm32-unknown-unknown --locked)
 
 step "wasm-pack build --target nodejs | web | bundler"
 for target in nodejs web bundler; do

@@ -51,33 +51,33 @@ fi
 wasm-bindgen --version
 worker-build --version
 node --version
-# The tests' packages, and wrangler (pinned in edge-worker/package.json: `npx wrangler dev`).
-for dir in "$TESTS" "$EDGE"; do
-    if [ ! -f "$dir/node_modules/.package-lock.json" ] \
-        || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
-        (cd "$dir" && run 10 npm ci)
-    fi
-done
+# The tests' packages (wrangler, pinned in template/package.json, is installed where the
+# `npx wrangler dev` test copies the template).
+if [ ! -f "$TESTS/node_modules/.package-lock.json" ] \
+    || [ "$TESTS/package-lock.json" -nt "$TESTS/node_modules/.package-lock.json" ]; then
+    (cd "$TESTS" && run 10 npm ci)
+fi
 
 step "clippy for wasm32 (the crate is empty on other targets)"
-(cd "$ROOT" && run 20 cargo clippy -p meridian-edge --target wasm32-unknown-unknown --locked -- -D warnings)
+(cd "$ROOT" && run 20 cargo clippy -p meridian-mqtt-edge -p meridian-edge-worker --target wasm32-unknown-unknown --locked -- -D warnings)
 
 step "worker-build --release"
 # worker-build looks for its tools here, not on PATH; without them it downloads them.
 export WASM_BINDGEN_BIN="$(command -v wasm-bindgen)"
 export ESBUILD_BIN="$TESTS/node_modules/.bin/esbuild"
 export WASM_OPT_BIN="$TESTS/node_modules/.bin/wasm-opt"
-run 30 worker-build --release
-wasm="$EDGE/build/index_bg.wasm"
+# The worker a user builds: the template, linking this checkout's meridian-mqtt-edge.
+(cd "$EDGE/template" && run 30 worker-build --release)
+wasm="$EDGE/template/build/index_bg.wasm"
 echo "wasm size: $(wc -c <"$wasm") bytes, $(gzip -9 -c "$wasm" | wc -c) bytes gzipped"
 
 step "the meridian daemon (the region the edge link tests link to)"
 # Built where the workspace's own tests build it (scripts/test-all has, so this is quick there).
 MERIDIAN_TARGET="${MERIDIAN_TARGET_DIR:-$HOME/.cache/meridian/target}"
-(cd "$ROOT" && CARGO_TARGET_DIR="$MERIDIAN_TARGET" run 30 cargo build -p meridian --bin meridian --locked)
+(cd "$ROOT" && CARGO_TARGET_DIR="$MERIDIAN_TARGET" run 30 cargo build -p meridian-mqtt --bin meridian --locked)
 export MERIDIAN_BIN="$MERIDIAN_TARGET/debug/meridian"
 
-step "the worker in Miniflare, and under npx wrangler dev, driven by MQTT.js"
+step "the worker in Miniflare, and a copy of the template under npx wrangler dev, driven by MQTT.js"
 # wrangler dev runs wrangler.toml's build command (worker-build) with the tools above.
 export WRANGLER_SEND_METRICS=false
 (cd "$TESTS" && run 10 npm test)

@@ -1,7 +1,7 @@
 //! Embed Meridian in an application: start the broker inside the app's tokio runtime, talk to
 //! it through an in-process client (no socket), and let network clients in on a TCP port.
 //!
-//! Run with: `cargo run -p meridian-daemon --example embedded`
+//! Run with: `cargo run -p meridian-mqtt-daemon --example embedded`
 
 use meridian_daemon::BrokerBuilder;
 use meridian_daemon::client::QoS;

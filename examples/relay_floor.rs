@@ -11,7 +11,7 @@
 //! `fan-in`, `fan-out` and `mesh`:
 //!
 //! ```text
-//! cargo run --release -p meridian-daemon --example relay-floor -- 28834
+//! cargo run --release -p meridian-mqtt-daemon --example relay-floor -- 28834
 //! meridian bench pairs -c 1 -q 0 --rate 2000 -n 20000 -d 10 --port 28834 --broker-pid PID
 //! ```
 //!

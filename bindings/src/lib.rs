@@ -51,12 +51,12 @@ extern "C" {
 fn start() {
     std::panic::set_hook(Box::new(|info| {
         console_error(&format!(
-            "meridian-wasm: internal error (please report): {info}"
+            "meridian-mqtt-wasm: internal error (please report): {info}"
         ));
     }));
 }
 
-/// The version of this package (and of the `meridian-core` inside it).
+/// The version of this package (and of the `meridian-mqtt-core` inside it).
 #[wasm_bindgen]
 pub fn version() -> String {
     env!("CARGO_PKG_VERSION").to_owned()

@@ -1,6 +1,6 @@
 //! Broker throughput without IO: PUBLISH bytes in, PUBLISH bytes out, through the whole state
 //! machine (decode, match, per-subscriber encode, flow control). Run with
-//! `cargo bench -p meridian-core --bench broker`.
+//! `cargo bench -p meridian-mqtt-core --bench broker`.
 
 use bytes::{Bytes, BytesMut};
 use divan::{Bencher, black_box};

@@ -1,4 +1,4 @@
-//! Codec benchmarks: `cargo bench -p meridian-core --bench codec`.
+//! Codec benchmarks: `cargo bench -p meridian-mqtt-core --bench codec`.
 //!
 //! Decode and encode of three MQTT 5.0 packets: a QoS 1 PUBLISH with a 256-byte payload, a
 //! CONNECT with a will and credentials, and a SUBSCRIBE with 10 filters. `encode` appends to a

@@ -1,6 +1,6 @@
 //! The route index: applying a batch of 1,000 remote route changes to a table that already
 //! holds 1M filters of that owner, and building that table from a snapshot. Run with
-//! `cargo bench -p meridian-core --bench routes`.
+//! `cargo bench -p meridian-mqtt-core --bench routes`.
 
 use divan::{Bencher, black_box};
 use meridian_core::routes::{NodeId, Owner, RouteLog, RouteTable};

@@ -1,4 +1,4 @@
-//! Topic matching benchmarks: `cargo bench -p meridian-core --bench topic`.
+//! Topic matching benchmarks: `cargo bench -p meridian-mqtt-core --bench topic`.
 //!
 //! The subscription trie holds 1M filters `bench/{i}/#` plus 10k filters `+/x{i}` (values are
 //! `u32` subscription ids); the retained tree holds 100k topics `dev/{i}/temp`. Memory per

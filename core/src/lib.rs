@@ -1,6 +1,6 @@
 //! Meridian's sans-IO MQTT broker core.
 //!
-//! `meridian-core` is a complete MQTT 3.1.1 and 5.0 broker as a state machine: the
+//! `meridian-mqtt-core` is a complete MQTT 3.1.1 and 5.0 broker as a state machine: the
 //! [`codec`] for every packet, [`topic`] names, filters and the tries that match them, and the
 //! [`Broker`] with sessions, QoS 0/1/2, retained messages, shared subscriptions, wills, topic
 //! aliases and authentication hooks. It does no IO: no sockets, files, threads, clocks or OS

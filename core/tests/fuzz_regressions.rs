@@ -2,7 +2,7 @@
 //!
 //! Every input that made a fuzz target fail becomes a plain test here: the bytes inline, run
 //! through the public API, asserting the invariant the target checks. Tests for bugs not fixed
-//! yet are `#[ignore = "bug: ..."]` (none at the moment); `cargo test -p meridian-core --test
+//! yet are `#[ignore = "bug: ..."]` (none at the moment); `cargo test -p meridian-mqtt-core --test
 //! fuzz_regressions -- --ignored` runs them. The committed codec and link seed corpora
 //! (`fuzz/seeds/codec_*`, `fuzz/seeds/link_frame`) go through the same round-trip checks as
 //! their targets, so the seeds stay valid and the checks stay exercised on stable.

@@ -14,7 +14,7 @@ use crate::placement::Placement;
 use crate::shell::{Edge, Hooks};
 use crate::users::Users;
 
-/// The Durable Object binding in `wrangler.toml`.
+/// The Durable Object binding in the worker's `wrangler.toml` (`edge-worker/template`).
 const BINDING: &str = "MQTT_BROKER";
 /// The secret that lists the users (see [`crate::users`]).
 const USERS_SECRET: &str = "MQTT_USERS";

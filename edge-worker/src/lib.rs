@@ -19,9 +19,10 @@
 //!   leaf of a daemon's region: its subscribers' interest joins the region's. Without a
 //!   daemon, `EDGE_HUB` names the location whose object the others link to.
 //!
-//! Everything MQTT (3.1.1 and 5.0) is `meridian-core`'s; this crate translates IO. The Worker
-//! builds for `wasm32-unknown-unknown` (`worker-build --release`); on other targets only
-//! [`users`], [`rules`] and [`link`] are built, for their tests.
+//! Everything MQTT (3.1.1 and 5.0) is `meridian-mqtt-core`'s; this crate translates IO. A worker
+//! crate links it (`edge-worker/template`, the project a user copies) and builds for
+//! `wasm32-unknown-unknown` (`worker-build --release`); on other targets only [`users`],
+//! [`rules`] and [`link`] are built, for their tests.
 
 #[cfg(target_arch = "wasm32")]
 mod entry;

@@ -6,7 +6,7 @@ import { after, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { appendFileSync, copyFileSync, cpSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -1048,12 +1048,33 @@ test("edge-only: objects restarted with messages on their way through the hub de
   }
 });
 
-test("`npx wrangler dev` in edge-worker/ serves the broker on loopback, with no account", async () => {
+test("a copy of the template, under `npx wrangler dev`, serves the broker on loopback, with no account", async (t) => {
   const port = await freePort();
-  const edgeDir = fileURLToPath(new URL("..", import.meta.url));
+  // The template copied as a user copies it, with its npm packages installed as they install
+  // them. Only the Meridian crates differ: they come from this checkout, not from crates.io,
+  // with this checkout's lockfile.
+  const template = fileURLToPath(new URL("../template", import.meta.url));
+  const root = fileURLToPath(new URL("../..", import.meta.url));
+  const copy = mkdtempSync(path.join(tmpdir(), "meridian-edge-template-"));
+  t.after(() => rmSync(copy, { recursive: true, force: true }));
+  const skip = new Set(["build", "node_modules", ".wrangler"]);
+  cpSync(template, copy, { recursive: true, filter: (src) => !skip.has(path.basename(src)) });
+  appendFileSync(
+    path.join(copy, ".cargo", "config.toml"),
+    `\n[patch.crates-io]\n` +
+      `meridian-mqtt-core = { path = ${JSON.stringify(path.join(root, "core"))} }\n` +
+      `meridian-mqtt-edge = { path = ${JSON.stringify(path.join(root, "edge-worker"))} }\n`,
+  );
+  copyFileSync(path.join(root, "Cargo.lock"), path.join(copy, "Cargo.lock"));
+  const install = spawnSync("npm", ["ci", "--prefer-offline", "--no-audit", "--no-fund"], {
+    cwd: copy,
+    encoding: "utf8",
+    timeout: 300000,
+  });
+  assert.equal(install.status, 0, `npm ci in the copy failed:\n${install.stdout}${install.stderr}`);
   // The same command a user types; test.sh has put the build's tools in the environment.
   const dev = spawn("npx", ["wrangler", "dev", "--ip", "127.0.0.1", "--port", String(port)], {
-    cwd: edgeDir,
+    cwd: copy,
     env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "true" },
     stdio: ["ignore", "pipe", "pipe"],
     detached: true,

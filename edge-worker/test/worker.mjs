@@ -3,9 +3,9 @@ import { readFileSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
-const BUILD = fileURLToPath(new URL("../build", import.meta.url));
-/** The compatibility date of `wrangler.toml`, so that the worker runs as deployed. */
-const COMPATIBILITY_DATE = readFileSync(new URL("../wrangler.toml", import.meta.url), "utf8").match(
+const BUILD = fileURLToPath(new URL("../template/build", import.meta.url));
+/** The compatibility date of the template's `wrangler.toml`, so that the worker runs as deployed. */
+const COMPATIBILITY_DATE = readFileSync(new URL("../template/wrangler.toml", import.meta.url), "utf8").match(
   /^compatibility_date = "([0-9-]+)"/m,
 )[1];
 

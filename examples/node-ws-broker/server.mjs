@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// An MQTT-over-WebSocket broker for Node: `ws` carries the bytes, meridian-wasm (the sans-IO
+// An MQTT-over-WebSocket broker for Node: `ws` carries the bytes, meridian-mqtt-wasm (the sans-IO
 // Meridian core compiled to WebAssembly) does all of MQTT 3.1.1 and 5.0. This file only
 // translates IO: it feeds each input to the broker, carries out every output in order, and
 // arms one timer for the broker's next deadline.
@@ -7,7 +7,7 @@
 //   node server.mjs [--port 9001] [--host 127.0.0.1] [--path /mqtt] [--quiet]
 import { parseArgs } from "node:util";
 import { WebSocketServer } from "ws";
-import { Broker } from "meridian-wasm";
+import { Broker } from "meridian-mqtt-wasm";
 
 const { values: opts } = parseArgs({
   options: {

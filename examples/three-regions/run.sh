@@ -19,8 +19,8 @@ done
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
-cargo build --release -p meridian --bin meridian
-cargo build --release -p meridian-tools --example link-proxy
+cargo build --release -p meridian-mqtt --bin meridian
+cargo build --release -p meridian-mqtt-tools --example link-proxy
 target_dir="$(cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 bin="$target_dir/release/meridian"
 proxy="$target_dir/release/examples/link-proxy"

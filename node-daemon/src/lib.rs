@@ -1,6 +1,6 @@
 //! The Meridian MQTT broker daemon.
 //!
-//! `meridian-daemon` runs the sans-IO [`meridian_core::Broker`] on real sockets: TCP, TLS,
+//! `meridian-mqtt-daemon` runs the sans-IO [`meridian_core::Broker`] on real sockets: TCP, TLS,
 //! WebSocket and WSS listeners, persistence in redb, a TOML configuration, admin HTTP with
 //! Prometheus metrics. The binary `meridian` is a thin CLI over [`BrokerBuilder`]; apps embed
 //! the same broker in their own tokio runtime through it.

@@ -10,7 +10,7 @@
 //!   region mesh scales.
 //! - [`link_proxy`]: a TCP proxy with latency and cuts, for meshes of regions on one machine.
 //!
-//! None of it is part of the broker: the daemon (`meridian-daemon`) does not depend on it; the
+//! None of it is part of the broker: the daemon (`meridian-mqtt-daemon`) does not depend on it; the
 //! `meridian` binary does.
 
 pub mod bench;

@@ -7,7 +7,7 @@ import { once } from "node:events";
 import { fileURLToPath } from "node:url";
 import mqtt from "mqtt";
 import WebSocket from "ws";
-import { PacketDecoder, encodePacket } from "meridian-wasm";
+import { PacketDecoder, encodePacket } from "meridian-mqtt-wasm";
 
 const SERVER = fileURLToPath(new URL("../server.mjs", import.meta.url));
 // The runtime that runs the server: this Node by default; e.g. a path to `bun`, or

@@ -40,7 +40,7 @@
 //!   in the simulator's scenario; the daemon's own default is 10000).
 //!
 //! ```sh
-//! CHAOS_SEED=7 CHAOS_SECONDS=300 CHAOS_KILLS=1 cargo test --release -p meridian \
+//! CHAOS_SEED=7 CHAOS_SECONDS=300 CHAOS_KILLS=1 cargo test --release -p meridian-mqtt \
 //!     --test chaos -- --ignored --nocapture
 //! ```
 
@@ -709,7 +709,7 @@ async fn chaos(default_seed: u64, kills: bool) {
             .collect();
         panic!(
             "seed {seed} failed (kills: {kills}); replay with CHAOS_SEED={seed} \
-             CHAOS_SECONDS={seconds} CHAOS_KILLS={} cargo test -p meridian --test chaos -- \
+             CHAOS_SECONDS={seconds} CHAOS_KILLS={} cargo test -p meridian-mqtt --test chaos -- \
              --ignored --nocapture\n{}\nfaults as done:\n{}\nclient events:\n{}\nnode counters:\n{}\
              clients' log:\n{}",
             u8::from(kills),

@@ -36,7 +36,7 @@ if [ ! -d "$HERE/interop/node_modules/mqtt" ]; then
 fi
 
 # ----- daemon -----
-cargo build -q -p meridian --bin meridian || exit 1
+cargo build -q -p meridian-mqtt --bin meridian || exit 1
 TARGET_DIR="${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')}"
 BIN="$TARGET_DIR/debug/meridian"
 
