@@ -122,6 +122,21 @@ async fn the_status_page_draws_the_mesh_as_the_api_says() {
         );
         assert!(dom.contains(&card), "no {card}:\n{dom}");
     }
+    // Each card's line over the last minutes: the history holds the sample taken at start and
+    // one of the moment at least, oldest first; every gauge's card draws a line through them.
+    let (_, history) = http(t.a.daemon.admin, "GET", "/api/history").await;
+    let history: serde_json::Value = serde_json::from_str(&history).unwrap();
+    assert_eq!(history["interval_ms"], 10_000);
+    let samples = history["samples"].as_array().expect("samples");
+    assert!(samples.len() >= 2, "{history}");
+    assert!(
+        samples
+            .windows(2)
+            .all(|w| w[0]["at_ms"].as_u64() <= w[1]["at_ms"].as_u64())
+    );
+    assert_eq!(samples.last().unwrap()["figures"]["subscriptions"], 3);
+    assert_eq!(dom.matches("<svg class=\"spark\"").count(), 8, "{dom}");
+    assert!(dom.matches("<polyline").count() >= 6, "{dom}");
     for i in 0..3 {
         assert!(dom.contains(&format!("data-client=\"sub-{i}\"")));
     }

@@ -16,6 +16,7 @@
 //! | `GET /` | the status page (HTML; it reads the API below) |
 //! | `GET /metrics` | OpenMetrics text (Prometheus scrapes it) |
 //! | `GET /api/stats` | every figure of the broker's `Stats`, by name |
+//! | `GET /api/history` | the last ten minutes of those figures ([`history`]): `interval_ms`, and `samples`, oldest first, each `at_ms` (Unix time) and `figures`; the last is of the moment |
 //! | `GET /api/clients` | JSON array of every session, connected or not, with subscriptions; `?offset=&limit=&q=` pages it (header `x-total-count`) |
 //! | `GET /api/clients/{id}` | one session, or 404 |
 //! | `GET /api/subscriptions` | JSON array of every subscription: `client_id`, `filter`, `qos`; `?offset=&limit=&q=` pages it |
@@ -29,8 +30,10 @@
 //! | `GET /api/routes` | this node's own route set (filters with a local subscriber) |
 //! | `GET`, `POST /api/policy`, `GET /api/policy/history` | the cluster policy document ([`policy`]) |
 //!
-//! The routes are in [`routes`], the metrics page in [`metrics`].
+//! The routes are in [`routes`], the metrics page in [`metrics`], the figures' history in
+//! [`history`].
 
+pub mod history;
 mod metrics;
 mod policy;
 mod routes;
@@ -251,6 +254,8 @@ pub struct AdminState {
     pub broker_thread: RuntimeMetrics,
     /// `policy.operator_keys`: with some, a forget needs one's signature.
     pub operator_keys: crate::policy::operator::OperatorKeys,
+    /// The figures of the last ten minutes, for the status page's charts.
+    pub history: Arc<history::History>,
 }
 
 /// Serve admin HTTP (HTTPS with `tls`) until `stop` changes.

@@ -12,6 +12,7 @@ use meridian_core::codec::ProtocolVersion;
 use meridian_core::routes::NodeId;
 use tracing::debug;
 
+use super::history;
 use super::metrics::{render_metrics, rtt_map};
 use super::{AdminState, Body, Requester, STATUS_PAGE, json, plain};
 use crate::mailbox::Page;
@@ -66,6 +67,24 @@ pub(super) async fn route(
         (Method::GET, "/api/node") => json(StatusCode::OK, node_json(state)),
         (Method::GET, "/api/stats") => match engine.stats().await {
             Some(stats) => json(StatusCode::OK, stats_json(&stats)),
+            None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+        },
+        (Method::GET, "/api/history") => match engine.stats().await {
+            Some(now) => {
+                let mut samples = state.history.samples();
+                samples.push((history::now_ms(), now));
+                let samples: Vec<_> = samples
+                    .iter()
+                    .map(|(at_ms, stats)| {
+                        serde_json::json!({"at_ms": at_ms, "figures": stats_json(stats)})
+                    })
+                    .collect();
+                let interval_ms = u64::try_from(history::EVERY.as_millis()).unwrap_or(u64::MAX);
+                json(
+                    StatusCode::OK,
+                    serde_json::json!({"interval_ms": interval_ms, "samples": samples}),
+                )
+            }
             None => plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         },
         (Method::GET, "/api/peers") => match engine.peers().await {

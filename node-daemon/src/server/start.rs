@@ -559,7 +559,13 @@ impl Starting {
             operator_keys: crate::policy::operator::OperatorKeys::parse(
                 &config.policy.operator_keys,
             )?,
+            history: Arc::default(),
         };
+        tokio::spawn(crate::admin::history::sample(
+            self.handle.clone(),
+            state.history.clone(),
+            self.stop.subscribe(),
+        ));
         let tls = if config.admin.tls() {
             Some(
                 crate::transport::tls::server_acceptor(&config.admin.cert, &config.admin.key)
