@@ -86,7 +86,9 @@ pub struct ClusterSection {
     pub peers: Vec<P2pAddr>,
     pub key_file: PathBuf,
     pub certificate: PathBuf,
-    /// Only peers with the operator's certificate are members ([`meridian_core::broker::ClusterConfig::members_certified`]).
+    /// Where this node has operator keys and its own certificate, only peers with the
+    /// operator's certificate are members ([`meridian_core::broker::ClusterConfig::members_certified`]);
+    /// `false` turns that off (while a deployment's nodes are being certified).
     pub members_certified: bool,
     pub allow_peers: Vec<P2pPeerId>,
     pub discover: bool,
@@ -557,22 +559,6 @@ impl DaemonConfig {
             source_name: source_name.to_owned(),
             message,
         };
-        if self.cluster.enabled && self.cluster.members_certified {
-            if self.policy.operator_keys.is_empty() {
-                return Err(invalid(
-                    "cluster.members_certified: needs policy.operator_keys (the keys whose \
-                     certificates make members)"
-                        .to_owned(),
-                ));
-            }
-            if self.cluster.certificate.as_os_str().is_empty() {
-                return Err(invalid(
-                    "cluster.members_certified: needs cluster.certificate (this node's own: \
-                     without it no peer takes it as a member)"
-                        .to_owned(),
-                ));
-            }
-        }
         if self.mqtt.maximum_qos > 2 {
             return Err(invalid(format!(
                 "mqtt.maximum_qos: must be 0, 1 or 2, not {}",

@@ -52,7 +52,6 @@ pub(super) fn core_cluster_config(
     node: NodeId,
 ) -> ClusterConfig {
     let mut config = ClusterConfig::new(node, 0, c.region.clone());
-    config.members_certified = c.members_certified;
     config.route_batch_ms = c.route_batch_ms;
     config.digest_interval_ms = c.digest_interval_ms;
     config.tombstone_budget = c.tombstone_budget;

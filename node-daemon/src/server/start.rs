@@ -72,6 +72,11 @@ pub(super) async fn start(
     let cluster = secrets.as_ref().map(|s| {
         let mut cluster = core_cluster_config(&config.cluster, s.node.clone());
         cluster.certificate = s.certificate.clone();
+        // Where the operator certifies (keys, and this node's own certificate), only certified
+        // peers are members, unless the configuration turns it off while nodes are certified.
+        cluster.members_certified = config.cluster.members_certified
+            && s.certificate.is_some()
+            && !config.policy.operator_keys.is_empty();
         (cluster, s.commands.clone())
     });
     // In force before anything is restored or advertised.
@@ -160,7 +165,8 @@ fn load_certificate(config: &DaemonConfig, node: &NodeId) -> anyhow::Result<Opti
         if !keys.is_empty() {
             warn!(
                 "no cluster.certificate: with operator keys, peers take no region from this \
-                 node (no residency rule lets a restricted message go to it); \
+                 node (no residency rule lets a restricted message go to it), and peers that \
+                 have theirs take it for no member (cluster.members_certified); \
                  `meridian certify` makes one"
             );
         }
