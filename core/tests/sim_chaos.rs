@@ -11,7 +11,8 @@
 //!
 //! `SIM_SEEDS=n` sweeps more seeds, `SIM_CHAOS_SECONDS=s` lengthens the run (70 is the
 //! real-process scenario's length); a failure names its seed, and
-//! `SIM_SEED_BASE=SEED SIM_SEEDS=1` replays it (`CHAOS_DEBUG=1` prints its schedule). Each
+//! `SIM_SEED_BASE=SEED SIM_SEEDS=1` replays it (`CHAOS_DEBUG=1` prints its schedule,
+//! `CHAOS_TRACE=sub-2/c` when each of `pub-c`'s messages reached `sub-2`). Each
 //! sweep prints what it went through (messages, moves, relays, holds) and the delivery delays;
 //! `SIM_CHAOS_ORDER_WAIT_MS=0` runs it with no hold for order, to compare.
 
@@ -245,6 +246,21 @@ fn faults(sim: &Sim) -> BTreeMap<(String, u8), Faults> {
                 .filter(|(p, _)| usize::from(*p) == i)
                 .map(|(_, n)| n)
                 .collect();
+            if std::env::var("CHAOS_TRACE").is_ok_and(|t| t == format!("{}/{}", sub.name, NODES[i]))
+            {
+                for r in &sub.received {
+                    let (p, n) = decode(&r.payload);
+                    if usize::from(p) == i {
+                        eprintln!(
+                            "{} at {} ms: pub-{} {n}{}",
+                            sub.name,
+                            r.at_ms,
+                            NODES[i],
+                            if r.dup { " (DUP)" } else { "" }
+                        );
+                    }
+                }
+            }
             let mut f = Faults::default();
             let mut seen = BTreeSet::new();
             let mut last = None;
@@ -490,6 +506,9 @@ fn seeds_that_found_faults_stay_fixed() {
         (90011, plan(false, 5_000)),
         (90947, plan(false, 5_000)),
         (90816, plan(true, 5_000)),
+        (50955, plan(false, 5_000)),
+        (50955, plan(true, 5_000)),
+        (91929, plan(false, 5_000)),
     ]
     .into_iter()
     .filter_map(|(seed, plan)| check(seed, &plan, &mut totals))

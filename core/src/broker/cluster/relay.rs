@@ -825,6 +825,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             if cid != client_id || relay.fence.is_none() {
                 continue;
             }
+            let up = c.peers.get(&relay.to).is_some_and(|p| p.connected);
+            // What holds only while the session is here is said now or not at all: kept to be
+            // said once the link is back, it would reach a copy of the session there after
+            // the session left (a stale copy resumed behind a cut would take it). The link
+            // coming back asks again ([`Broker::relays_peer_up`]).
+            if here && !up {
+                continue;
+            }
             let own_sent = c
                 .peers
                 .get(&relay.to)
@@ -844,7 +852,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 })
                 .cloned()
                 .collect();
-            let up = c.peers.get(&relay.to).is_some_and(|p| p.connected);
             for node in due {
                 relay.caught_up.insert(node.clone());
                 if up {
@@ -1043,6 +1050,18 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .collect();
         for (client_id, claim) in answers {
             self.session_arrived(peer, &client_id, &claim);
+        }
+        // What relays to `peer` could not say while it was away, asked again as things are now.
+        let Some(c) = &self.cluster else { return };
+        let relayed: BTreeSet<String> = c
+            .moves
+            .relays
+            .iter()
+            .filter(|(_, r)| r.to == *peer)
+            .map(|((client_id, _), _)| client_id.clone())
+            .collect();
+        for client_id in relayed {
+            self.relay_markers(&client_id);
         }
         self.settle_moves();
     }
