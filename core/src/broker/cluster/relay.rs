@@ -1758,10 +1758,38 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         })
     }
 
+    /// After a restart: what sessions took here that are no longer here (shipped on, ended)
+    /// goes, records included, as it went when they left ([`Broker::moved_session_left`]; a
+    /// window that passes relays on stays). A record of a message a session took left behind when the
+    /// session went on (one its intake had folded, or let go of, since) would otherwise count
+    /// that message as had here: held here once and shipped on, it would be dropped as a
+    /// duplicate when the session, back here later, brings it.
+    fn forget_intakes_of_sessions_gone(&mut self) {
+        let Some(c) = &self.cluster else { return };
+        let gone: Vec<String> = c
+            .moves
+            .intakes
+            .keys()
+            .filter(|client_id| {
+                !self.by_client_id.contains_key(client_id.as_str())
+                    && !c.transfers.on_its_way(client_id.as_str())
+            })
+            .map(ToString::to_string)
+            .collect();
+        for client_id in gone {
+            self.forget_took(&client_id);
+            if let Some(c) = &mut self.cluster {
+                c.moves.intakes.remove(client_id.as_str());
+            }
+            self.persist_intake(&client_id);
+        }
+    }
+
     /// After a restart: the sessions that moved here and may still get older messages by
     /// relays hold back what they held for a bound of their own again (what nothing holds
     /// any more goes).
     pub(in crate::broker) fn restart_holds(&mut self) {
+        self.forget_intakes_of_sessions_gone();
         let now = self.now;
         let Some(c) = &mut self.cluster else { return };
         let until = now.plus_ms(c.config.session_order_wait_ms);
