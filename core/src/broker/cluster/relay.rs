@@ -1760,10 +1760,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// After a restart: what sessions took here that are no longer here (shipped on, ended)
     /// goes, records included, as it went when they left ([`Broker::moved_session_left`]; a
-    /// window that passes relays on stays). A record of a message a session took left behind when the
-    /// session went on (one its intake had folded, or let go of, since) would otherwise count
-    /// that message as had here: held here once and shipped on, it would be dropped as a
-    /// duplicate when the session, back here later, brings it.
+    /// window that passes relays on stays). A record of a message a session took, left behind
+    /// when the session went on (one its intake had folded, or let go of, since), would
+    /// otherwise count that message as had here: held here once and shipped on, it would be
+    /// dropped as a duplicate when the session, back here later, brings it.
     fn forget_intakes_of_sessions_gone(&mut self) {
         let Some(c) = &self.cluster else { return };
         let gone: Vec<String> = c
