@@ -510,6 +510,7 @@ fn seeds_that_found_faults_stay_fixed() {
         (50955, plan(true, 5_000)),
         (91929, plan(false, 5_000)),
         (50145, plan(true, 5_000)),
+        (92973, plan(true, 5_000)),
     ]
     .into_iter()
     .filter_map(|(seed, plan)| check(seed, &plan, &mut totals))

@@ -54,7 +54,7 @@ use super::trust::PeerFault;
 use crate::broker::io::Timestamp;
 use crate::broker::message::Delivery;
 use crate::broker::persist::{self, Key, RecordError};
-use crate::broker::session::SessionId;
+use crate::broker::session::{SessionId, SubscriptionEntry};
 use crate::broker::{Authenticator, Authorizer, Broker};
 use crate::broker::{ClientId, Timer};
 use crate::codec::QoS;
@@ -62,6 +62,7 @@ use crate::link::{Frame, FrameKind, MessageId, SessionRelay};
 use crate::read::Fields;
 use crate::retained::Stamp;
 use crate::routes::{NodeId, Owner};
+use crate::topic::TopicFilter;
 
 /// A session shipped from here whose subscriptions still catch its messages.
 #[derive(Debug)]
@@ -741,6 +742,46 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             claim: claim.clone(),
         };
         self.persist(key.encode(), Some(v.freeze()));
+    }
+
+    /// A session passed on (shipped here for an earlier claim of this node, claimed elsewhere
+    /// since) brings `subscriptions` the part of it this node held may have lacked (a part
+    /// that waited here for the rest, shipped on before the rest came). The relay to where
+    /// the session went takes them too, so that what is published or routed here before the
+    /// session's new routes are everywhere still reaches it.
+    pub(super) fn relay_takes_subscriptions(
+        &mut self,
+        client_id: &str,
+        subscriptions: Vec<(TopicFilter, SubscriptionEntry)>,
+    ) {
+        let Some(c) = &self.cluster else { return };
+        let Some(((_, claim), relay)) = c
+            .moves
+            .relays
+            .iter()
+            .filter(|((cid, _), _)| cid == client_id)
+            .max_by(|a, b| a.0.1.cmp(&b.0.1))
+        else {
+            return;
+        };
+        let (Some(sid), to, claim) = (relay.sid, relay.to.clone(), claim.clone()) else {
+            return;
+        };
+        let mut added = false;
+        for (filter, entry) in subscriptions {
+            if self
+                .session(sid)
+                .is_none_or(|s| s.subscriptions.contains_key(filter.as_str()))
+            {
+                continue;
+            }
+            let filtered = self.access_filtered(sid, &filter);
+            self.hold_subscription(sid, &filter, entry, filtered);
+            added = true;
+        }
+        if added {
+            self.persist_relay_slot(sid, client_id, &to, &claim);
+        }
     }
 
     /// A relay's subscriptions read back from storage: a slot of their own again (under no

@@ -457,8 +457,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             // Claimed since by another node: the session goes on there, and what the sender
             // still relays for it goes on there too.
             Some((stamp, Some(_))) if stamp.node != me => {
+                let subscriptions = self.shipped_subscriptions(&records);
                 self.ship(client_id, shipment, &stamp, records);
                 self.pass_on_relay(peer, client_id, claim, &stamp);
+                self.relay_takes_subscriptions(client_id, subscriptions);
             }
             // This node's claim stands: the session joins the one here, and what the sender
             // relays until the routes moved joins it too.
@@ -644,6 +646,23 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         });
         self.pump(sid);
         true
+    }
+
+    /// The subscriptions among a shipped session's records.
+    fn shipped_subscriptions(
+        &self,
+        records: &[(Bytes, Bytes)],
+    ) -> Vec<(TopicFilter, SubscriptionEntry)> {
+        records
+            .iter()
+            .filter_map(|(key, value)| match Key::decode(key) {
+                Ok(Key::Subscription { filter, .. }) => Some((
+                    TopicFilter::with_limits(filter.as_str(), &self.topic_limits).ok()?,
+                    persist::decode_subscription(value).ok()?,
+                )),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A subscription that came with a shipped session, as the access rules here allow.
