@@ -140,7 +140,13 @@ async fn calls_without_the_token_are_refused_when_one_is_configured() {
     let (d, _dir) = with_token();
     let bearer = format!("Bearer {TOKEN}");
     let host = ("host", "127.0.0.1");
-    for path in ["/api/clients", "/metrics", "/api/subscriptions"] {
+    for path in [
+        "/api/clients",
+        "/metrics",
+        "/api/subscriptions",
+        "/api/stats",
+        "/api/history",
+    ] {
         let (status, _) = http_with(d.admin, "GET", path, &[host]).await;
         assert_eq!(status, 401, "{path} without a token");
         let wrong = format!("Bearer {}", TOKEN.replace('0', "1"));

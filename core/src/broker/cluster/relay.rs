@@ -243,6 +243,15 @@ impl Moves {
                     .any(|((c, _), r)| c == client_id && !r.echoed.contains(node)))
     }
 
+    /// The relay for `client_id`'s latest claim: to where its session went last.
+    fn latest_relay(&self, client_id: &str) -> Option<(String, Stamp)> {
+        self.relays
+            .keys()
+            .filter(|(cid, _)| cid == client_id)
+            .max_by(|a, b| a.1.cmp(&b.1))
+            .cloned()
+    }
+
     /// Whether relays may still come to `client_id`'s session here.
     pub fn has_window(&self, client_id: &str) -> bool {
         self.windows.contains_key(client_id)
@@ -755,16 +764,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         subscriptions: Vec<(TopicFilter, SubscriptionEntry)>,
     ) {
         let Some(c) = &self.cluster else { return };
-        let Some(((_, claim), relay)) = c
+        let Some((key, relay)) = c
             .moves
-            .relays
-            .iter()
-            .filter(|((cid, _), _)| cid == client_id)
-            .max_by(|a, b| a.0.1.cmp(&b.0.1))
+            .latest_relay(client_id)
+            .and_then(|key| c.moves.relays.get(&key).map(|r| (key, r)))
         else {
             return;
         };
-        let (Some(sid), to, claim) = (relay.sid, relay.to.clone(), claim.clone()) else {
+        let (Some(sid), to, claim) = (relay.sid, relay.to.clone(), key.1) else {
             return;
         };
         let mut added = false;
@@ -1257,12 +1264,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .expected = false;
         // The relay from here where the session went carries what `from` relays now: what it
         // said caught up before, it says again once that is in too.
-        if let Some((_, relay)) = c
+        if let Some(relay) = c
             .moves
-            .relays
-            .iter_mut()
-            .filter(|((cid, _), _)| cid == client_id)
-            .max_by(|a, b| a.0.1.cmp(&b.0.1))
+            .latest_relay(client_id)
+            .and_then(|key| c.moves.relays.get_mut(&key))
         {
             relay.caught_up.clear();
         }
@@ -1555,15 +1560,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let here = self.by_client_id.get(r.client_id.as_str()).copied();
         // The session moved on: what comes for it goes where it went last (the relay for the
         // latest claim), as it is (the node before matched it to the session).
-        let onward = here.is_none().then(|| {
-            let c = self.cluster.as_ref()?;
-            c.moves
-                .relays
-                .keys()
-                .filter(|(cid, _)| *cid == r.client_id)
-                .max_by(|a, b| a.1.cmp(&b.1))
-                .cloned()
-        });
+        let onward = here
+            .is_none()
+            .then(|| self.cluster.as_ref()?.moves.latest_relay(&r.client_id));
         let p = r.message;
         let (qos, retain) = (p.qos, p.retain);
         let message = Arc::new(link_message(p, now));

@@ -521,7 +521,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
         };
         let mut session_record = None;
-        let mut subscriptions = Vec::new();
+        let subscriptions = self.shipped_subscriptions(&records);
         let mut messages = BTreeMap::new();
         let mut incoming = Vec::new();
         let mut had = super::intake::Intake::default();
@@ -537,14 +537,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                     }
                 }
                 Key::Session { .. } => session_record = SessionRecord::decode(value).ok(),
-                Key::Subscription { filter, .. } => {
-                    if let (Ok(entry), Ok(filter)) = (
-                        persist::decode_subscription(value),
-                        TopicFilter::with_limits(filter.as_str(), &self.topic_limits),
-                    ) {
-                        subscriptions.push((filter, entry));
-                    }
-                }
                 Key::Queued { seq, .. } => {
                     if let Ok(record) = persist::decode_queued(value) {
                         messages.insert(seq, record);
