@@ -511,6 +511,8 @@ fn seeds_that_found_faults_stay_fixed() {
         (91929, plan(false, 5_000)),
         (50145, plan(true, 5_000)),
         (92973, plan(true, 5_000)),
+        (93234, plan(true, 5_000)),
+        (452, plan(false, 0)),
     ]
     .into_iter()
     .filter_map(|(seed, plan)| check(seed, &plan, &mut totals))

@@ -230,6 +230,10 @@ stats! {
     Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";
     /// Messages a node relayed to the node a session moved to, for that session.
     Counter messages_relayed: u64 => "messages_relayed";
+    /// Messages a relay from here still held for a session's next node when the session came
+    /// back here: delivered here, before newer ones (they still go, and come back no second
+    /// time).
+    Counter messages_taken_back: u64 => "messages_taken_back";
     /// Messages a session that just moved held back, while older ones from their node could
     /// still come by its old node (they go once those are in, in their node's order).
     Counter messages_held_for_order: u64 => "messages_held_for_order";

@@ -957,11 +957,30 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if c.moves.is_idle() {
             return;
         }
+        // A shipment is answered once the routes of everything shipped for the same claim
+        // are everywhere: a part whose sender waited for the rest itself (it passes that on
+        // when it comes, and its relay holds the rest's subscriptions meanwhile) is answered
+        // with the rest, or once the wait for it is over.
         let answers = std::mem::take(&mut c.moves.answers);
+        let everywhere = |a: &RoutedAnswer| a.target.is_some_and(|t| c.routes_everywhere(t));
+        let ready: Vec<bool> = answers
+            .iter()
+            .map(|a| {
+                !c.transfers.awaits(&a.client_id)
+                    && answers
+                        .iter()
+                        .filter(|b| {
+                            b.to == a.to && b.client_id == a.client_id && b.claim == a.claim
+                        })
+                        .all(everywhere)
+            })
+            .collect();
         let (ready, waiting): (Vec<_>, Vec<_>) = answers
             .into_iter()
-            .partition(|a| a.target.is_some_and(|t| c.routes_everywhere(t)));
-        c.moves.answers = waiting;
+            .zip(ready)
+            .partition(|(_, ready)| *ready);
+        c.moves.answers = waiting.into_iter().map(|(a, _)| a).collect();
+        let ready = ready.into_iter().map(|(a, _)| a);
         // A relay ends once nothing is left to send and nothing more can come: its
         // subscriptions went, and no relay to this node for the same client may still bring
         // it messages to pass on.
@@ -1431,6 +1450,38 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.stats.messages_held_for_order += 1;
         }
         self.hand_to_session(sid, delivery, &mut None, Some(id), held);
+    }
+
+    /// A session back on a node whose relay from an earlier stay still holds messages for the
+    /// node it went then (behind a cut, or not acknowledged yet): they are the session's, older
+    /// than what comes here from now on, so they are delivered here, before what the shipment
+    /// brings, unless the session had them (`had`). The relay still sends them; what comes
+    /// back of them by the relays the session went since is taken no second time.
+    pub(super) fn take_back_relayed(&mut self, sid: SessionId, client_id: &str, had: &Intake) {
+        let Some(c) = &self.cluster else { return };
+        let pending: Vec<(MessageId, Delivery)> = c
+            .moves
+            .relays
+            .iter()
+            .filter(|((cid, _), _)| cid == client_id)
+            .flat_map(|(_, r)| r.pending.values())
+            .filter_map(|(id, delivery)| Some((id.clone()?, delivery.clone())))
+            .filter(|(id, _)| !had.has(id))
+            .collect();
+        for (id, delivery) in pending {
+            let topic = delivery.message.topic.clone();
+            let subscribed = self.session(sid).is_some_and(|s| {
+                s.subscriptions
+                    .keys()
+                    .any(|f| crate::topic::matches(pattern(f), &topic))
+            });
+            if subscribed && self.may_receive(sid, &topic) {
+                self.stats.messages_taken_back += 1;
+                self.begin_peer_routing(id);
+                self.deliver(sid, delivery, &mut None);
+                self.end_routing();
+            }
+        }
     }
 
     /// Let the held messages of `client_id`'s session go whose node no relay may bring older

@@ -600,6 +600,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for (filter, entry) in subscriptions {
             self.add_transferred_subscription(sid, &filter, entry);
         }
+        self.take_back_relayed(sid, client_id, &had);
         // The relay the shipped messages came by.
         let source = (from.clone(), claim_stamp.clone());
         for (_, record) in messages {
@@ -874,6 +875,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             self.stats.sessions_transfer_waits_over += 1;
             self.release_held(&client_id);
             self.pump(sid);
+            // What arrived of the session is answered without the rest.
+            self.settle_moves();
         }
     }
 
