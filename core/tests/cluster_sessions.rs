@@ -557,12 +557,12 @@ mod trust {
         assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("a")));
     }
 
-    /// A claim naming another user (what a node that knows that user's password can make, or
-    /// two users' clients meeting during a cut) takes the client id while it stands, never the
-    /// session: alice's connection is closed (0x8E), her session and what is queued in it stay
-    /// at a, and once the claim is released alice resumes it with everything.
+    /// A claim naming another user than the one whose claim on the client id stands (what a
+    /// node that knows another user's password can make) is not taken: alice's session, what
+    /// is queued in it and her client id stay hers. Nor can the claimer clear her claim first
+    /// with a release of its own: a release ends its sender's claim and no other.
     #[test]
-    fn a_claim_of_another_user_takes_the_client_id_not_the_session() {
+    fn a_claim_of_another_user_takes_neither_the_client_id_nor_the_session() {
         let mut mesh = three();
         let alice = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
         mesh.node("a").subscribe(alice, "t/#", QoS::AtLeastOnce);
@@ -581,39 +581,23 @@ mod trust {
                 proof: None,
             }),
         };
-        for to in ["a", "c"] {
-            mesh.inject("b", to, Frame::Claim(mallory.clone()));
+        let release = ClaimUpdate {
+            claim: None,
+            ..mallory.clone()
+        };
+        for update in [release, mallory] {
+            for to in ["a", "c"] {
+                mesh.inject("b", to, Frame::Claim(update.clone()));
+            }
+            mesh.settle();
         }
-        mesh.settle();
-        assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("b")));
-        assert_eq!(
-            mesh.node("a").broker.stats().sessions,
-            1,
-            "alice's session stays"
-        );
-        assert_eq!(
-            mesh.node("a").broker.sessions_in_transit(),
-            0,
-            "and goes nowhere"
-        );
-        let (_, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
-        assert_eq!(
-            ack.reason,
-            ReasonCode::NOT_AUTHORIZED,
-            "while the claim stands"
-        );
+        for n in ["a", "c"] {
+            let node = mesh.node(n);
+            assert_eq!(node.broker.claim_owner("dev"), Some(id("a")), "{n}");
+            assert_eq!(node.broker.stats().claims_of_another_user, 1, "{n}");
+        }
+        assert_eq!(mesh.node("a").broker.sessions_in_transit(), 0);
         publish_numbers(&mut mesh, "c", 3..5, QoS::AtLeastOnce);
-
-        // Released (at the claim's own stamp): alice is back with all of it.
-        for to in ["a", "c"] {
-            let release = ClaimUpdate {
-                claim: None,
-                ..mallory.clone()
-            };
-            mesh.inject("b", to, Frame::Claim(release));
-        }
-        mesh.settle();
-        assert_eq!(mesh.node("a").broker.claim_owner("dev"), None);
         let (back, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
         assert_eq!(ack.reason, ReasonCode::SUCCESS);
         assert!(ack.session_present);
@@ -622,6 +606,13 @@ mod trust {
             mesh.node("a").read_numbers(back),
             (0..5).collect::<Vec<_>>()
         );
+        // At c too, her session follows her there with what came since.
+        mesh.node("a").close(back);
+        publish_numbers(&mut mesh, "b", 5..7, QoS::AtLeastOnce);
+        let (on_c, ack) = mesh.node("c").connect_with(V5, "dev", as_user("alice"));
+        assert_eq!(ack.reason, ReasonCode::SUCCESS);
+        mesh.settle();
+        assert_eq!(mesh.node("c").read_numbers(on_c), vec![5, 6]);
     }
 
     /// A node that ends its session releases its own claim and no newer one: a client that
@@ -689,6 +680,42 @@ mod trust {
         assert_eq!(mesh.node("a").broker.claim_owner("dev"), None);
         let (_, ack) = mesh.node("a").connect_with(V5, "dev", as_user("alice"));
         assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    }
+
+    /// bob's claim on alice's client id, with bob's own valid proof (what a node bob logs in
+    /// at can make for any client id, and what two users' clients meeting during a cut make),
+    /// is not taken where alice's claim stands: she keeps her connection, her session and the
+    /// client id; bob is served where he connected.
+    #[test]
+    fn a_proven_claim_of_another_user_takes_nothing_of_hers() {
+        let mut mesh = three();
+        with_operator_keys(&mut mesh, &[("a", true), ("b", true), ("c", true)]);
+        mesh.link_down(&id("a"), &id("b"));
+        let alice = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+        mesh.node("a").subscribe(alice, "t/#", QoS::AtLeastOnce);
+        mesh.advance(50);
+        let (bob, ack) = mesh.node("b").connect_with(V5, "dev", as_user("bob"));
+        assert_eq!(
+            ack.reason,
+            ReasonCode::SUCCESS,
+            "b has not met alice's claim"
+        );
+        mesh.link_up(&id("a"), &id("b"));
+        mesh.settle();
+        for n in ["a", "c"] {
+            let node = mesh.node(n);
+            assert_eq!(node.broker.claim_owner("dev"), Some(id("a")), "{n}");
+            assert_eq!(node.broker.stats().claims_of_another_user, 1, "{n}");
+            assert_eq!(
+                node.broker.stats().claims_unproven,
+                0,
+                "{n}: bob's proof holds"
+            );
+        }
+        assert!(!mesh.node("a").is_closed(alice));
+        assert!(!mesh.node("b").is_closed(bob));
+        publish_numbers(&mut mesh, "c", 0..3, QoS::AtLeastOnce);
+        assert_eq!(mesh.node("a").read_numbers(alice), vec![0, 1, 2]);
     }
 
     /// A claim the authorizer does not vouch for (no proof that the client logged in as the

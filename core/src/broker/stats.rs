@@ -225,6 +225,9 @@ stats! {
     /// Claims from peers dropped because the authorizer does not vouch for them (no proof
     /// that the client logged in as the user the claim names).
     Counter claims_unproven: u64 => "claims_unproven";
+    /// Claims from peers not taken because another user's claim on the client id stands here
+    /// (its session is that user's; the claimer should have refused its client with 0x87).
+    Counter claims_of_another_user: u64 => "claims_of_another_user";
     /// Resumed sessions whose wait for the session from another node ran out
     /// (`ClusterConfig::session_transfer_wait_ms`).
     Counter sessions_transfer_waits_over: u64 => "session_transfer_waits_over";

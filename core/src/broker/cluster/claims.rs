@@ -355,6 +355,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             }
             return;
         }
+        // A release ends its sender's own claim and no other: stamped after another node's
+        // claim that stands here, it ends a claim this node did not take.
+        if update.claim.is_none()
+            && c.claims
+                .live(&update.client_id)
+                .is_some_and(|(stamp, _)| stamp.node != *peer)
+        {
+            return;
+        }
         // A claim counts only if the authorizer takes its word for the user it names (with
         // operator keys, a proof that the client logged in as that user at the claimer).
         if let Some(claim) = &update.claim
@@ -362,6 +371,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             self.stats.claims_unproven += 1;
             return self.peer_fault(peer, PeerFault::NotOwner(FrameKind::Claim));
+        }
+        // Nor over another user's claim that stands here: the claimer should have refused its
+        // client (0x87), as this node would. The client id and its session stay that user's,
+        // whatever passwords the claimer knows.
+        if let Some(claim) = &update.claim
+            && self.claim_refuses_for(peer, &update.client_id, claim.user.as_deref())
+        {
+            self.stats.claims_of_another_user += 1;
+            return;
         }
         let Some(c) = &mut self.cluster else { return };
         let replaces_own_live = c
