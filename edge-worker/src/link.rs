@@ -72,6 +72,12 @@ impl LinkConfig {
                 "MERIDIAN_UPSTREAM: the daemon's edge-link listener, ending in /link, not {upstream:?}"
             ));
         }
+        if scheme == "http" && !on_loopback(rest) {
+            return Err(format!(
+                "MERIDIAN_UPSTREAM: ws:// would send the link token and every message in clear; \
+                 use wss:// (ws:// is for a daemon on this machine's loopback), not {upstream:?}"
+            ));
+        }
         let token = token.map(str::trim).unwrap_or_default();
         if token.is_empty() {
             return Err(
@@ -84,6 +90,20 @@ impl LinkConfig {
             token: token.to_owned(),
         })
     }
+}
+
+/// Whether the host of `rest` (what follows `scheme://`) is a loopback address: `localhost`,
+/// 127.0.0.0/8 or `[::1]`.
+fn on_loopback(rest: &str) -> bool {
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -119,11 +139,20 @@ mod tests {
         assert_eq!(c.token, "t0k3n-0123456789ab");
         let c = LinkConfig::parse("ws://127.0.0.1:7100/link", Some("x")).unwrap();
         assert_eq!(c.url, "http://127.0.0.1:7100/link");
+        for loopback in [
+            "ws://localhost:7100/link",
+            "ws://[::1]:7100/link",
+            "ws://127.8.0.1/link",
+        ] {
+            assert!(LinkConfig::parse(loopback, Some("x")).is_ok(), "{loopback}");
+        }
         for (url, token, says) in [
             ("https://euc1.example.net/link", Some("x"), "ws://"),
             ("ws://127.0.0.1:7100/mqtt", Some("x"), "/link"),
             ("ws:///link", Some("x"), "/link"),
             ("ws://127.0.0.1:7100/link", None, "MERIDIAN_LINK_TOKEN"),
+            ("ws://euc1.example.net/link", Some("x"), "wss://"),
+            ("ws://10.0.0.7:7100/link", Some("x"), "in clear"),
             (
                 "ws://127.0.0.1:7100/link",
                 Some("  "),
