@@ -562,3 +562,92 @@ async fn a_node_that_does_not_know_a_users_password_cannot_take_her_session() {
     let p = next_publish(&mut device, |_| true).await;
     assert_eq!(&p.payload[..], b"cmd 5");
 }
+
+/// With operator keys, bob's claim on alice's client id, made with his own valid proof (he
+/// logged in with his password at a node cut off from hers, which had not met her claim), is
+/// not taken where hers stands: once the link is back, alice resumes her session at her node
+/// with every command queued in it, and bob keeps his connection at his.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proven_claim_of_another_user_takes_nothing_of_hers() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let op_key = dir.path().join("operator.key");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(["keygen", "--operator"])
+        .arg(&op_key)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let public = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    let (pa, pb) = (free_port(), free_port());
+    let ba = Proxy::start(pa).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
+    let b = Node::start_with("ape1", pb, &[ba.port], &key, &signed).await;
+    wait_for("the mesh to connect", &[&a, &b], || async {
+        a.connected_to(&b).await && b.connected_to(&a).await
+    })
+    .await;
+    let op = op_key.to_str().unwrap();
+    for user in ["alice", "bob"] {
+        ctl(
+            a.daemon.admin,
+            &["--operator-key", op, "user", "add", user],
+            "pw\n",
+        );
+    }
+    wait_for("both users at b", &[&a, &b], || async {
+        let (_, p) = common::http(b.daemon.admin, "GET", "/api/policy").await;
+        p.contains("alice") && p.contains("bob")
+    })
+    .await;
+
+    ba.cut();
+    wait_for("the link to go", &[&a, &b], || async {
+        !a.connected_to(&b).await && !b.connected_to(&a).await
+    })
+    .await;
+    // Alice's device subscribes at a and goes away; commands are queued for it there.
+    let mut device = v3::connect(v3_login("dev", a.mqtt(), "alice")).await;
+    device.subscribe("cmd/dev/#", QoS::AtLeastOnce).await;
+    device.abort();
+    let mut ops = v3::connect(v3_login("ops", a.mqtt(), "alice")).await;
+    for i in 0..3 {
+        ops.client
+            .publish("cmd/dev/x", QoS::AtLeastOnce, false, format!("cmd {i}"))
+            .await
+            .unwrap();
+        ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+    // bob, at b, with the same client id and his own password: b has not met alice's claim.
+    let mut bob = v3::connect(v3_login("dev", b.mqtt(), "bob")).await;
+    bob.subscribe("bob/#", QoS::AtLeastOnce).await;
+
+    ba.restore();
+    wait_for("the link to come back", &[&a, &b], || async {
+        a.connected_to(&b).await && b.connected_to(&a).await
+    })
+    .await;
+    metric_reaches(&a, "meridian_claims_of_another_user_total", 1.0).await;
+    assert_eq!(
+        common::mesh::metric(&a.metrics().await, "meridian_claims_unproven_total"),
+        0.0,
+        "bob's proof holds: his claim is refused for being over hers"
+    );
+
+    // Alice, back at a: her session, every command, once, in order.
+    let mut device = v3::connect(v3_login("dev", a.mqtt(), "alice")).await;
+    assert!(device.session_present);
+    for i in 0..3 {
+        let p = next_publish(&mut device, |_| true).await;
+        assert_eq!(p.payload, format!("cmd {i}").as_bytes());
+    }
+    // bob was never taken over: his own messages still reach him at b.
+    bob.client
+        .publish("bob/x", QoS::AtLeastOnce, false, "still here")
+        .await
+        .unwrap();
+    let p = next_publish(&mut bob, |_| true).await;
+    assert_eq!(&p.payload[..], b"still here");
+}
