@@ -27,6 +27,10 @@ const CONTINENTS: &[(&str, Option<&str>)] = &[
     ("sa", Some("sam")),
 ];
 
+/// Leaves a hub object takes (one per edge location, and the object of requests without
+/// location metadata), which bounds the locations of an edge-only deployment.
+pub const HUB_MAX_LEAVES: usize = 16;
+
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -182,11 +186,22 @@ impl Placement {
     /// The hub object of an edge-only deployment (`EDGE_HUB`): the object of that location,
     /// which clients there meet too.
     pub fn hub(&self, location: &str) -> Result<Target, String> {
-        if self.locations.is_none() {
+        let Some(map) = &self.locations else {
             return Err(
                 "EDGE_HUB is set but PLACEMENT is \"single\": one object has nothing to link"
                     .to_owned(),
             );
+        };
+        // Every other location's object links to the hub, and so does the object of requests
+        // without location metadata.
+        let leaves = map.known.len();
+        if leaves > HUB_MAX_LEAVES {
+            return Err(format!(
+                "EDGE_HUB: {leaves} objects would link to the hub (the {} other locations, the \
+                 seven continents' and EDGE_LOCATIONS', and the object of requests without \
+                 location metadata), which takes at most {HUB_MAX_LEAVES}: name fewer locations",
+                leaves - 1
+            ));
         }
         self.target(Some(location.trim()), None, None)
             .map_err(|e| format!("EDGE_HUB: {e}"))
@@ -271,6 +286,19 @@ mod tests {
         assert!(e.starts_with("EDGE_HUB: unknown location"), "{e}");
         let single = Placement::parse(Some("single"), None, "meridian", true).unwrap();
         assert!(single.hub("eu").unwrap_err().contains("PLACEMENT"));
+        // The seven continents and nine locations more: 15 others and the object of requests
+        // without metadata are 16 leaves, as many as a hub takes; one location more is too many.
+        let named = |n: usize| {
+            (0..n)
+                .map(|i| format!("Q{}=loc-{i}", char::from(b'A' + i as u8)))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let p = Placement::parse(None, Some(&named(9)), "meridian", true).unwrap();
+        assert!(p.hub("eu").is_ok());
+        let p = Placement::parse(None, Some(&named(10)), "meridian", true).unwrap();
+        let e = p.hub("eu").unwrap_err();
+        assert!(e.contains("17 objects") && e.contains("at most 16"), "{e}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ use worker::{
 
 use crate::link::Uplink;
 use crate::links::{self, NODE_HEADER, PeerSocket};
+use crate::placement::HUB_MAX_LEAVES;
 use crate::store::RecordStore;
 use crate::users::Users;
 
@@ -60,11 +61,9 @@ const DIAL_BACKOFF_MAX_MS: u64 = 30_000;
 /// How long a leaf's link to a hub object may take to send its `Hello`.
 const HELLO_TIMEOUT_MS: u64 = 10_000;
 
-/// Leaves a hub object takes (one per edge location, and the object of requests without
-/// location metadata), and the distinct filters each may bring, and so each object of an
-/// edge-only deployment may want: the hub holds every leaf's filters and, for each leaf, a view
-/// of everyone else's, within an object of 128 MB.
-const HUB_MAX_LEAVES: usize = 16;
+/// The distinct filters each leaf of a hub object may bring, and so each object of an
+/// edge-only deployment may want: the hub holds every leaf's filters (at most
+/// [`HUB_MAX_LEAVES`]) and, for each leaf, a view of everyone else's, within an object of 128 MB.
 const HUB_LEAF_MAX_FILTERS: usize = 2_500;
 /// The distinct filters an object linked to a daemon may want: the daemon's bound for one
 /// leaf (`cluster.edge.max_filters`, 100,000, by default).
