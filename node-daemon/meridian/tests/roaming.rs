@@ -463,6 +463,23 @@ fn ctl(admin: u16, args: &[&str], stdin: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A new operator key pair in `dir`: the secret key's file, and the configuration that makes
+/// a node take the key's signatures.
+fn operator_key(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let op_key = dir.join("operator.key");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
+        .args(["keygen", "--operator"])
+        .arg(&op_key)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let public = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    (
+        op_key,
+        format!("\n[policy]\noperator_keys = [\"{public}\"]\n"),
+    )
+}
+
 /// With operator keys, a claim on a client id counts only with a proof that its client
 /// logged in as the claim's user, which only a node that checked the user's password can make.
 /// A rogue node (the released binary, the cluster key, a password file of its own that gives
@@ -473,15 +490,7 @@ fn ctl(admin: u16, args: &[&str], stdin: &str) -> String {
 async fn a_node_that_does_not_know_a_users_password_cannot_take_her_session() {
     let dir = tempfile::tempdir().unwrap();
     let key = cluster_key(dir.path(), "cluster.key");
-    let op_key = dir.path().join("operator.key");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
-        .args(["keygen", "--operator"])
-        .arg(&op_key)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let public = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    let (op_key, signed) = operator_key(dir.path());
     let stolen = dir.path().join("rogue-passwords");
     std::fs::write(&stolen, format!("alice:{}\n", cheap_hash("stolen"))).unwrap();
     // Its users from its own file only: it takes nothing of the deployment's policy.
@@ -571,15 +580,7 @@ async fn a_node_that_does_not_know_a_users_password_cannot_take_her_session() {
 async fn a_proven_claim_of_another_user_takes_nothing_of_hers() {
     let dir = tempfile::tempdir().unwrap();
     let key = cluster_key(dir.path(), "cluster.key");
-    let op_key = dir.path().join("operator.key");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meridian"))
-        .args(["keygen", "--operator"])
-        .arg(&op_key)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let public = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    let signed = format!("\n[policy]\noperator_keys = [\"{public}\"]\n");
+    let (op_key, signed) = operator_key(dir.path());
     let (pa, pb) = (free_port(), free_port());
     let ba = Proxy::start(pa).await.unwrap();
     let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
