@@ -206,10 +206,14 @@ export interface BrokerStats {
   sessionsTransfersRefused: number;
   /** Peers' claims dropped: the authorizer did not vouch for them (no proof of the login). */
   claimsUnproven: number;
+  /** Peers' claims not taken: another user's claim on the client id stands here. */
+  claimsOfAnotherUser: number;
   /** Resumed sessions whose wait for a shipped session ran out. */
   sessionsTransferWaitsOver: number;
   /** Messages relayed to the node a session moved to. */
   messagesRelayed: number;
+  /** Messages a relay from here still held for a session that came back: delivered here first. */
+  messagesTakenBack: number;
   /** Messages a session that moved held back while older ones of their node could still come. */
   messagesHeldForOrder: number;
   /** Holds for order that ran out before the old node passed on everything older. */
