@@ -718,6 +718,59 @@ mod trust {
         assert_eq!(mesh.node("a").read_numbers(alice), vec![0, 1, 2]);
     }
 
+    /// The value of a shipped session's window (its `Seen` record, as the link carries it)
+    /// saying the session had `node`'s messages (incarnation 1) up to `upto`.
+    fn window_saying_had(node: &str, upto: u64) -> Bytes {
+        let mut v = Vec::new();
+        v.extend_from_slice(&[1, 0]); // format, no state awaited
+        v.extend_from_slice(&0u32.to_be_bytes()); // no relays awaited
+        v.extend_from_slice(&1u32.to_be_bytes()); // one origin:
+        v.extend_from_slice(&(node.len() as u16).to_be_bytes());
+        v.extend_from_slice(node.as_bytes());
+        v.extend_from_slice(&1u64.to_be_bytes());
+        v.extend_from_slice(&upto.to_be_bytes());
+        v.extend_from_slice(&0u32.to_be_bytes()); // nothing above it
+        v.extend_from_slice(&0u32.to_be_bytes()); // no earlier incarnations
+        Bytes::from(v)
+    }
+
+    /// A node that held alice's session by a proven claim ships it on with a window saying she
+    /// had c's messages far past what c has published (what a rogue there could say to have
+    /// c's next messages to her dropped as had). b takes that word for c's messages only until
+    /// c echoes the fence b sends it once the session is there: what c publishes after reaches
+    /// her, each message once.
+    #[test]
+    fn a_window_s_word_on_a_third_node_s_messages_lasts_until_that_node_s_echo() {
+        let mut mesh = three();
+        with_operator_keys(&mut mesh, &[("a", true), ("b", true), ("c", true)]);
+        let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+        mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
+        mesh.advance(50);
+        mesh.node("a").close(on_a);
+        publish_numbers(&mut mesh, "c", 0..2, QoS::AtLeastOnce);
+        let (on_b, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
+        assert!(ack.session_present);
+        mesh.deliver_one_way("b", "a");
+        let shipped = mesh.take("a", "b", |f| matches!(f, Frame::SessionTransfer(_)));
+        assert_eq!(shipped.len(), 1, "a ships the session in one part");
+        let Some(Frame::SessionTransfer(mut forged)) = shipped.into_iter().next() else {
+            unreachable!()
+        };
+        let window = forged
+            .records
+            .iter_mut()
+            .find(|(key, _)| key.first() == Some(&b'V'))
+            .expect("the shipment carries its window");
+        window.1 = window_saying_had("c", 1_000_000);
+        mesh.inject("a", "b", Frame::SessionTransfer(forged));
+        mesh.advance(50);
+        assert_eq!(mesh.node("b").broker.stats().sessions_moved_in, 1);
+        assert_eq!(mesh.node("b").read_numbers(on_b), vec![0, 1]);
+        publish_numbers(&mut mesh, "c", 2..5, QoS::AtLeastOnce);
+        assert_eq!(mesh.node("b").read_numbers(on_b), vec![2, 3, 4]);
+        assert_eq!(mesh.node("b").broker.stats().dropped_moved_twice, 0);
+    }
+
     /// A claim the authorizer does not vouch for (no proof that the client logged in as the
     /// user it names) moves no session and keeps no one out; one with the proof does.
     #[test]

@@ -236,7 +236,13 @@ fn frame() -> impl Strategy<Value = Frame> {
         ("[a-z0-9]{0,12}", stamp())
             .prop_map(|(client_id, claim)| Frame::SessionRouted { client_id, claim }),
         any::<u64>().prop_map(|token| Frame::Fence { token }),
-        any::<u64>().prop_map(|token| Frame::FenceEcho { token }),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(token, incarnation, next)| {
+            Frame::FenceEcho {
+                token,
+                incarnation,
+                next,
+            }
+        }),
         (
             "[a-z0-9]{0,12}",
             prop::option::of("[a-z]{0,6}"),

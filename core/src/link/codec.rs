@@ -252,7 +252,11 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             client_id: r.string()?,
             token: r.u64()?,
         },
-        FrameKind::FenceEcho => Frame::FenceEcho { token: r.u64()? },
+        FrameKind::FenceEcho => Frame::FenceEcho {
+            token: r.u64()?,
+            incarnation: r.u64()?,
+            next: r.u64()?,
+        },
         FrameKind::ScopedRoutes => {
             let n = r.count(2)?;
             let mut filters = Vec::with_capacity(n);
@@ -440,7 +444,16 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
             put_str(body, client_id)?;
             put_stamp(body, claim)?;
         }
-        Frame::Fence { token } | Frame::FenceEcho { token } => body.put_u64(*token),
+        Frame::Fence { token } => body.put_u64(*token),
+        Frame::FenceEcho {
+            token,
+            incarnation,
+            next,
+        } => {
+            body.put_u64(*token);
+            body.put_u64(*incarnation);
+            body.put_u64(*next);
+        }
         Frame::ClaimRequest {
             client_id,
             user,

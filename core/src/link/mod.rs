@@ -29,7 +29,7 @@ pub use outbox::{Outbox, OutboxFull, OutboxLimits, Queued};
 pub use wire::{EncodedFrame, FrameReader, StreamRead, decode_message};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
-pub const LINK_PROTOCOL_VERSION: u16 = 6;
+pub const LINK_PROTOCOL_VERSION: u16 = 7;
 
 /// Largest frame accepted by default (a snapshot chunk or a forwarded message).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -258,6 +258,11 @@ pub enum Frame {
     FenceEcho {
         /// The fence's token.
         token: u64,
+        /// The sender's incarnation.
+        incarnation: u64,
+        /// The number the sender's next message was to get when the fence came: every message
+        /// it published before the fence is numbered below it.
+        next: u64,
     },
     /// A client whose id is pinned to the receiver's region connected to the sender: may the
     /// sender serve it? (The receiver is the region's node that decides for it.)

@@ -267,6 +267,18 @@ impl Mesh {
             .unwrap_or_default()
     }
 
+    /// Take the frames waiting on the link from `from` to `to` that `pick` picks off it (what
+    /// a node that sends them itself could send otherwise, [`Mesh::inject`]).
+    pub fn take(&mut self, from: &str, to: &str, pick: impl Fn(&Frame) -> bool) -> Vec<Frame> {
+        self.collect();
+        let Some(q) = self.wire.get_mut(&(id(from), id(to))) else {
+            return Vec::new();
+        };
+        let (taken, left): (Vec<Frame>, Vec<Frame>) = q.drain(..).partition(|f| pick(f));
+        q.extend(left);
+        taken
+    }
+
     /// Deliver everything queued from `from` to `to`, and nothing else (answers stay queued).
     pub fn deliver_one_way(&mut self, from: &str, to: &str) {
         self.collect();

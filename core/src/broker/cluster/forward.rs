@@ -199,6 +199,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         let forwards = peer.outbox.take_sendable();
+        let incarnation = c.owner.incarnation;
         let sent_all = !peer.outbox.has_unsent();
         let echoes = if sent_all {
             std::mem::take(&mut peer.echoes)
@@ -208,8 +209,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         for forward in forwards {
             self.send_encoded(node.clone(), forward);
         }
-        for token in echoes {
-            self.send_to_peer(node.clone(), Frame::FenceEcho { token });
+        for (token, next) in echoes {
+            let echo = Frame::FenceEcho {
+                token,
+                incarnation,
+                next,
+            };
+            self.send_to_peer(node.clone(), echo);
         }
         if sent_all {
             self.relays_outbox_sent(node);
@@ -248,6 +254,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 // Relayed in the same batch as the duplicate mark: stored together, or not at all.
                 self.take_forwarded(message, &peer, (origin.clone(), seq), relays);
             }
+            self.vouched_passed(&origin, seq);
             let key = Key::InboxMark {
                 origin: origin.node.clone(),
                 incarnation: origin.incarnation,

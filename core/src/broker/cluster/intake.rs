@@ -177,6 +177,41 @@ impl Intake {
         said_more
     }
 
+    /// Take out what this says of the nodes `apart` picks, as an intake of its own.
+    pub fn split_off(&mut self, apart: impl Fn(&NodeId) -> bool) -> Intake {
+        let (origins, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.origins)
+            .into_iter()
+            .partition(|(origin, _)| apart(&origin.node));
+        self.origins = kept;
+        let (below, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.below)
+            .into_iter()
+            .partition(|(node, _)| apart(node));
+        self.below = kept;
+        self.exact = self.origins.values().map(|t| t.above.len()).sum();
+        let exact = origins.values().map(|t| t.above.len()).sum();
+        Intake {
+            origins,
+            below,
+            exact,
+        }
+    }
+
+    /// Forget what this says of `node`'s messages.
+    pub fn forget_node(&mut self, node: &NodeId) {
+        self.origins.retain(|origin, _| origin.node != *node);
+        self.below.remove(node);
+        self.exact = self.origins.values().map(|t| t.above.len()).sum();
+    }
+
+    /// The nodes whose messages this speaks of.
+    pub fn nodes(&self) -> BTreeSet<NodeId> {
+        self.origins
+            .keys()
+            .map(|origin| origin.node.clone())
+            .chain(self.below.keys().cloned())
+            .collect()
+    }
+
     /// The numbers kept one by one.
     pub fn exact_ids(&self) -> impl Iterator<Item = MessageId> + '_ {
         self.origins

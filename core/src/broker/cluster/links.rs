@@ -328,7 +328,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             } => self.on_claim_answer(&peer, token, reason, hlc),
             Frame::Revoke { client_id, token } => self.on_revoke(&peer, client_id, token),
             Frame::Revoked { token, .. } => self.on_revoked(&peer, token),
-            Frame::FenceEcho { token } => self.on_fence_echo(&peer, token),
+            Frame::FenceEcho {
+                token,
+                incarnation,
+                next,
+            } => self.on_fence_echo(&peer, token, (incarnation, next)),
         }
     }
 

@@ -221,8 +221,9 @@ struct Peer {
     up_since: Option<Timestamp>,
     /// Kinds of [`PeerFault`] already reported.
     faults_reported: u8,
-    /// Fences the peer asked for, echoed once its outbox has sent what it holds.
-    echoes: Vec<u64>,
+    /// Fences the peer asked for, echoed once its outbox has sent what it holds: their tokens,
+    /// with this node's next message number when each came.
+    echoes: Vec<(u64, u64)>,
     /// Since its link came up, this node's copy of the peer's routes caught up with what the
     /// peer announced (its digest). Until then QoS 1/2 messages go to it whatever its routes
     /// say: a subscription it took while the link was down (or since its restart) must not

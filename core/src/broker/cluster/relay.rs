@@ -199,6 +199,57 @@ pub(super) struct RoutedOnward {
     next: Stamp,
 }
 
+/// What the nodes that shipped a session here said the session had of other nodes' messages:
+/// their word, which nothing here can check. A message of such a node that the session had
+/// there was published before the session came here, so before that node took a fence this
+/// node sends it then; the node's echo says the number its next message was to get at the
+/// fence. Such a message can still come two ways: straight from that node (routed here as it
+/// published it, sent again after a cut included: its link brings them in order), or relayed
+/// (a copy a subscription the session left behind caught). So once a node echoed, the word
+/// counts only for its messages numbered below the echo's number, and for those coming
+/// straight only until one numbered past it came straight. A sender that says the session had
+/// more than it did thus cannot have a message published after the session came dropped as
+/// one had.
+#[derive(Debug, Default)]
+struct Vouched {
+    said: Intake,
+    /// The fence whose echo is awaited, by node.
+    fences: BTreeMap<NodeId, u64>,
+    /// What each node's echo said: its incarnation and its next number at the fence.
+    echoed: BTreeMap<NodeId, (u64, u64)>,
+    /// Nodes a message of which came straight numbered past what their echo said: none below
+    /// can come straight any more.
+    passed: BTreeSet<NodeId>,
+}
+
+impl Vouched {
+    /// Whether the word counts for `id` (`relayed`: a copy a relay brought): until its
+    /// origin's echo, for any; then only for one numbered below what the echo said (published
+    /// before the session came here), and coming straight, only until one past it came.
+    fn counts_for(&self, (origin, seq): &MessageId, relayed: bool) -> bool {
+        if self.fences.contains_key(&origin.node) {
+            return true;
+        }
+        if !relayed && self.passed.contains(&origin.node) {
+            return false;
+        }
+        self.echoed
+            .get(&origin.node)
+            .is_some_and(|&(incarnation, next)| {
+                origin.incarnation < incarnation
+                    || (origin.incarnation == incarnation && *seq < next)
+            })
+    }
+
+    /// Forget what was said of `node`'s messages.
+    fn forget(&mut self, node: &NodeId) {
+        self.said.forget_node(node);
+        self.fences.remove(node);
+        self.echoed.remove(node);
+        self.passed.remove(node);
+    }
+}
+
 /// Relays, windows and answers, kept by the cluster.
 #[derive(Debug, Default)]
 pub(super) struct Moves {
@@ -210,6 +261,8 @@ pub(super) struct Moves {
     windows: BTreeMap<ClientId, Window>,
     /// What sessions that moved here took, until this node's own streams catch up.
     intakes: BTreeMap<ClientId, Intake>,
+    /// What their senders said they had of other nodes' messages, while it counts ([`Vouched`]).
+    vouched: BTreeMap<ClientId, Vouched>,
     /// Relays ended while their taker was away: told when it is back.
     dones: BTreeMap<NodeId, Vec<(String, Stamp, u64)>>,
     answers: Vec<RoutedAnswer>,
@@ -262,6 +315,56 @@ impl Moves {
             && self.windows.is_empty()
             && self.answers.is_empty()
             && self.intakes.is_empty()
+            && self.vouched.is_empty()
+    }
+
+    /// Whether a sender of `client_id`'s session said the session had `id`, and the word still
+    /// counts for `id` coming straight from its origin (`relayed`: by a relay).
+    fn vouched_has(&self, client_id: &str, id: &MessageId, relayed: bool) -> bool {
+        self.vouched
+            .get(client_id)
+            .is_some_and(|v| v.said.has(id) && v.counts_for(id, relayed))
+    }
+
+    /// Let go of what senders said of `client_id`'s session once it counts for nothing more:
+    /// no relay to the session may come, and every node's messages it spoke of came past
+    /// what the node's echo said (or the node is gone).
+    fn settle_vouched(&mut self, client_id: &str) {
+        if self.windows.contains_key(client_id) {
+            return;
+        }
+        let Some(v) = self.vouched.get_mut(client_id) else {
+            return;
+        };
+        let pending: BTreeSet<NodeId> = v
+            .fences
+            .keys()
+            .chain(v.echoed.keys().filter(|n| !v.passed.contains(*n)))
+            .cloned()
+            .collect();
+        for node in v.said.nodes() {
+            if !pending.contains(&node) {
+                v.forget(&node);
+            }
+        }
+        if v.said.is_empty() {
+            self.vouched.remove(client_id);
+        }
+    }
+
+    /// What `client_id`'s session took here, with what its sender's word still says it had.
+    fn had_with_vouched(&self, client_id: &str) -> Option<Intake> {
+        let vouched = self.vouched.get(client_id).map(|v| &v.said);
+        match (self.intakes.get(client_id), vouched) {
+            (None, None) => None,
+            (intake, vouched) => {
+                let mut had = intake.cloned().unwrap_or_default();
+                if let Some(vouched) = vouched {
+                    had.merge(vouched);
+                }
+                Some(had)
+            }
+        }
     }
 }
 
@@ -429,6 +532,10 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let Some(c) = &mut self.cluster else {
             return Moving::Deliver;
         };
+        if c.moves.vouched_has(&client_id, &id, false) {
+            self.stats.dropped_moved_twice += 1;
+            return Moving::Handled;
+        }
         // A QoS 2 message waits for the session's state anyway, wait over or not.
         let awaiting = c.transfers.awaits(&client_id)
             || (delivery.qos == QoS::ExactlyOnce && c.transfers.on_its_way(&client_id));
@@ -619,19 +726,26 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// A peer asks for a fence: echoed once what waits for it in its outbox is sent.
     pub(super) fn on_fence(&mut self, peer: &NodeId, token: u64) {
         let Some(c) = &mut self.cluster else { return };
+        let (incarnation, next) = (c.owner.incarnation, c.next_message);
         let p = c.peer(peer);
         if p.outbox.has_unsent() {
             // Bounded by the peer's outbox: a fence per queued forward at most matters.
             if p.echoes.len() < 1_024 {
-                p.echoes.push(token);
+                p.echoes.push((token, next));
             }
         } else {
-            self.send_to_peer(peer.clone(), Frame::FenceEcho { token });
+            let echo = Frame::FenceEcho {
+                token,
+                incarnation,
+                next,
+            };
+            self.send_to_peer(peer.clone(), echo);
         }
     }
 
     /// A peer echoed a fence: everything it had routed here before is in.
-    pub(super) fn on_fence_echo(&mut self, peer: &NodeId, token: u64) {
+    pub(super) fn on_fence_echo(&mut self, peer: &NodeId, token: u64, at: (u64, u64)) {
+        self.vouched_echo(peer, Some((token, at)));
         let Some(c) = &mut self.cluster else { return };
         let keys: Vec<(String, Stamp)> = c
             .moves
@@ -1085,6 +1199,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 frames.push(Frame::Fence { token: *token });
             }
         }
+        for v in c.moves.vouched.values() {
+            if let Some(token) = v.fences.get(peer) {
+                frames.push(Frame::Fence { token: *token });
+            }
+        }
         let dones = self
             .cluster
             .as_mut()
@@ -1305,8 +1424,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let mut had = Intake::default();
         let mut awaiting = None;
         if let Some(c) = &self.cluster {
-            if let Some(intake) = c.moves.intakes.get(client_id) {
-                had = intake.clone();
+            if let Some(intake) = c.moves.had_with_vouched(client_id) {
+                had = intake;
             }
             awaiting = c.transfers.holder(client_id).cloned();
             if !c.moves.windows.contains_key(client_id) && awaiting.is_none() {
@@ -1328,7 +1447,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// record once there is neither).
     pub(super) fn persist_intake(&mut self, client_id: &str) {
         let Some(c) = &self.cluster else { return };
-        let intake = c.moves.intakes.get(client_id);
+        // With the sender's word: after a restart it counts until the session leaves.
+        let intake = c.moves.had_with_vouched(client_id);
         let sources: Vec<(NodeId, Stamp)> = c
             .moves
             .windows
@@ -1349,7 +1469,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let value = (intake.is_some() || !sources.is_empty() || awaiting.is_some()).then(|| {
             let seen = Seen {
                 sources,
-                intake: intake.cloned().unwrap_or_default(),
+                intake: intake.unwrap_or_default(),
                 awaiting,
             };
             seen.encode()
@@ -1362,7 +1482,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(in crate::broker) fn moved_session_left(&mut self, client_id: &str) {
         self.forget_took(client_id);
         let Some(c) = &mut self.cluster else { return };
-        let had = c.moves.intakes.remove(client_id).is_some();
+        let vouched = c.moves.vouched.remove(client_id).is_some();
+        let had = c.moves.intakes.remove(client_id).is_some() || vouched;
         let window = c.moves.windows.get_mut(client_id);
         let windowed = window.is_some();
         if let Some(w) = window {
@@ -1423,10 +1544,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         };
         if held_there {
             let twice = self.cluster.as_mut().is_some_and(|c| {
-                c.moves
-                    .intakes
-                    .get_mut(&client_id)
-                    .is_some_and(|intake| intake.take(&id, true) == Take::Twice)
+                c.moves.vouched_has(&client_id, &id, true)
+                    || c.moves
+                        .intakes
+                        .get_mut(&client_id)
+                        .is_some_and(|intake| intake.take(&id, true) == Take::Twice)
             });
             if twice {
                 self.stats.dropped_moved_twice += 1;
@@ -1452,6 +1574,94 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         self.hand_to_session(sid, delivery, &mut None, Some(id), held);
     }
 
+    /// Take the word of the node that shipped `client_id`'s session here for what the session
+    /// had of other nodes' messages (`said`), until each of those nodes echoes a fence sent
+    /// now ([`Vouched`]).
+    pub(super) fn vouch(&mut self, client_id: &str, said: Intake) {
+        let Ok(key) = ClientId::new(client_id) else {
+            return;
+        };
+        if said.is_empty() {
+            return;
+        }
+        let Some(c) = &mut self.cluster else { return };
+        let token = c.moves.next_token;
+        c.moves.next_token += 1;
+        let nodes = said.nodes();
+        let up: Vec<NodeId> = nodes
+            .iter()
+            .filter(|n| c.peers.get(*n).is_some_and(|p| p.connected))
+            .cloned()
+            .collect();
+        let v = c.moves.vouched.entry(key).or_default();
+        v.said.merge(&said);
+        for node in nodes {
+            v.fences.insert(node, token);
+        }
+        for node in up {
+            self.send_to_peer(node, Frame::Fence { token });
+        }
+        self.persist_intake(client_id);
+    }
+
+    /// A message of `origin` numbered `seq` came straight from it: its link brings them in
+    /// order, so what senders said of its messages numbered below what its echo said is of
+    /// none that may still come.
+    pub(super) fn vouched_passed(&mut self, origin: &Owner, seq: u64) {
+        let Some(c) = &mut self.cluster else { return };
+        if c.moves.vouched.is_empty() {
+            return;
+        }
+        let mut passed = Vec::new();
+        for (client_id, v) in c.moves.vouched.iter_mut() {
+            let past = v
+                .echoed
+                .get(&origin.node)
+                .is_some_and(|&(incarnation, next)| {
+                    origin.incarnation > incarnation
+                        || (origin.incarnation == incarnation && seq >= next)
+                });
+            if past && v.passed.insert(origin.node.clone()) {
+                passed.push(client_id.clone());
+            }
+        }
+        for client_id in passed {
+            let Some(c) = &mut self.cluster else { return };
+            c.moves.settle_vouched(&client_id);
+            self.persist_intake(&client_id);
+        }
+    }
+
+    /// `node` echoed fence `token`, saying its incarnation and next number then (or, `None`,
+    /// is gone): what senders said of its messages counts, where that fence was the one
+    /// awaited, only for messages numbered below (or for none).
+    fn vouched_echo(&mut self, node: &NodeId, echo: Option<(u64, (u64, u64))>) {
+        let Some(c) = &mut self.cluster else { return };
+        if c.moves.vouched.is_empty() {
+            return;
+        }
+        let mut changed = Vec::new();
+        for (client_id, v) in c.moves.vouched.iter_mut() {
+            match echo {
+                Some((token, at)) if v.fences.get(node) == Some(&token) => {
+                    v.fences.remove(node);
+                    v.echoed.insert(node.clone(), at);
+                }
+                // Gone: nothing of it comes any more, by any way.
+                None if v.fences.contains_key(node) || v.echoed.contains_key(node) => {
+                    v.forget(node);
+                }
+                _ => continue,
+            }
+            changed.push(client_id.clone());
+        }
+        for client_id in changed {
+            let Some(c) = &mut self.cluster else { return };
+            c.moves.settle_vouched(&client_id);
+            self.persist_intake(&client_id);
+        }
+    }
+
     /// A session back on a node whose relay from an earlier stay still holds messages for the
     /// node it went then (behind a cut, or not acknowledged yet): they are the session's, older
     /// than what comes here from now on, so they are delivered here, before what the shipment
@@ -1466,7 +1676,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .filter(|((cid, _), _)| cid == client_id)
             .flat_map(|(_, r)| r.pending.values())
             .filter_map(|(id, delivery)| Some((id.clone()?, delivery.clone())))
-            .filter(|(id, _)| !had.has(id))
+            .filter(|(id, _)| !had.has(id) && !c.moves.vouched_has(client_id, id, true))
             .collect();
         for (id, delivery) in pending {
             let topic = delivery.message.topic.clone();
@@ -1636,7 +1846,15 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                             .keys()
                             .any(|f| crate::topic::matches(pattern(f), &topic))
                     });
-                if subscribed && self.may_receive(sid, &topic) {
+                // A copy of one its sender said the session had: taken no second time.
+                let vouched = self.routing_id().is_some_and(|id| {
+                    self.cluster
+                        .as_ref()
+                        .is_some_and(|c| c.moves.vouched_has(&r.client_id, &id, true))
+                });
+                if vouched {
+                    self.stats.dropped_moved_twice += 1;
+                } else if subscribed && self.may_receive(sid, &topic) {
                     self.deliver(sid, delivery, &mut None);
                 }
             }
@@ -1725,6 +1943,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     fn close_window(&mut self, client_id: &str) {
         let Some(c) = &mut self.cluster else { return };
         c.moves.windows.remove(client_id);
+        // No relay comes any more: what senders said counts for what comes straight only.
+        c.moves.settle_vouched(client_id);
         self.forget_took(client_id);
         let Some(c) = &mut self.cluster else { return };
         // Unless the session here is a part, another node holding the rest (what was routed
@@ -1742,6 +1962,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// A node left the deployment: nothing more comes from it, and nothing goes to it.
     pub(super) fn moves_forget_node(&mut self, node: &NodeId) {
         self.transfers_forget_node(node);
+        // A node gone sends nothing more: what was said of its messages matters no more.
+        self.vouched_echo(node, None);
         let Some(c) = &mut self.cluster else { return };
         let closed: Vec<ClientId> = c
             .moves
