@@ -718,6 +718,20 @@ mod trust {
         assert_eq!(mesh.node("a").read_numbers(alice), vec![0, 1, 2]);
     }
 
+    /// alice's session at a, with c's messages 0 and 1 queued in it; alice resumes it at b,
+    /// and a learns b's claim (a's shipment waits on the link to b). Her connection at b.
+    fn alice_queued_at_a_resumes_at_b(mesh: &mut Mesh) -> meridian_core::ConnId {
+        let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
+        mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
+        mesh.advance(50);
+        mesh.node("a").close(on_a);
+        publish_numbers(mesh, "c", 0..2, QoS::AtLeastOnce);
+        let (on_b, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
+        assert!(ack.session_present);
+        mesh.deliver_one_way("b", "a");
+        on_b
+    }
+
     /// The value of a shipped session's window (its `Seen` record, as the link carries it)
     /// saying the session had `node`'s messages (incarnation 1) up to `upto`.
     fn window_saying_had(node: &str, upto: u64) -> Bytes {
@@ -743,14 +757,7 @@ mod trust {
     fn a_window_s_word_on_a_third_node_s_messages_lasts_until_that_node_s_echo() {
         let mut mesh = three();
         with_operator_keys(&mut mesh, &[("a", true), ("b", true), ("c", true)]);
-        let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
-        mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
-        mesh.advance(50);
-        mesh.node("a").close(on_a);
-        publish_numbers(&mut mesh, "c", 0..2, QoS::AtLeastOnce);
-        let (on_b, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
-        assert!(ack.session_present);
-        mesh.deliver_one_way("b", "a");
+        let on_b = alice_queued_at_a_resumes_at_b(&mut mesh);
         let shipped = mesh.take("a", "b", |f| matches!(f, Frame::SessionTransfer(_)));
         assert_eq!(shipped.len(), 1, "a ships the session in one part");
         let Some(Frame::SessionTransfer(mut forged)) = shipped.into_iter().next() else {
@@ -805,15 +812,8 @@ mod trust {
     fn only_a_node_that_held_the_session_by_a_proven_claim_ships_it() {
         let mut mesh = three();
         with_operator_keys(&mut mesh, &[("a", true), ("b", true), ("c", false)]);
-        let on_a = mesh.node("a").connect_with(V5, "dev", as_user("alice")).0;
-        mesh.node("a").subscribe(on_a, "t/#", QoS::AtLeastOnce);
-        mesh.advance(50);
-        mesh.node("a").close(on_a);
-        publish_numbers(&mut mesh, "c", 0..2, QoS::AtLeastOnce);
         // alice at b: a ships her session there, by its proven claim.
-        let (on_b, ack) = mesh.node("b").connect_with(V5, "dev", as_user("alice"));
-        assert!(ack.session_present);
-        mesh.deliver_one_way("b", "a");
+        let on_b = alice_queued_at_a_resumes_at_b(&mut mesh);
         let shipped = mesh
             .peek("a", "b")
             .into_iter()
