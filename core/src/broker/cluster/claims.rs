@@ -463,10 +463,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
 
     /// Another node claimed the client id of a session held here: close its connection
     /// (0x8E; its will follows the usual rules) and ship the session to the claimer, or end
-    /// it here if the claim does not resume it. A claim of another user takes the client id
-    /// while it stands, never the session: that stays here, unconnected, until its expiry or
-    /// until its user claims the id again (a node that knows one user's password cannot end
-    /// another's session with it).
+    /// it here if the claim does not resume it. A claim of another user (taken only where no
+    /// claim of the session's user stood, [`Broker::on_claim`]) takes the client id while it
+    /// stands, never the session: that stays here, unconnected, until its expiry or until its
+    /// user claims the id again (a node that knows one user's password cannot end another's
+    /// session with it).
     fn hand_over(&mut self, sid: SessionId, stamp: &Stamp, claim: &Claim) {
         let Some(session) = self.session(sid) else {
             return;

@@ -1575,8 +1575,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     }
 
     /// Take the word of the node that shipped `client_id`'s session here for what the session
-    /// had of other nodes' messages (`said`), until each of those nodes echoes a fence sent
-    /// now ([`Vouched`]).
+    /// had of other nodes' messages (`said`), as far as it counts: each of those nodes is sent
+    /// a fence now, whose echo bounds it to what the node published before ([`Vouched`]).
     pub(super) fn vouch(&mut self, client_id: &str, said: Intake) {
         let Ok(key) = ClientId::new(client_id) else {
             return;

@@ -557,7 +557,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         {
             self.peer_fault(from, PeerFault::NotOwner(FrameKind::SessionTransfer));
         }
-
         let Some(record) = session_record else {
             self.stats.sessions_transfers_refused += 1;
             return false;
@@ -626,8 +625,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                 },
             }
         }
-        // What it says of other nodes' messages is its word only: taken until those nodes
-        // echo a fence ([`Broker::vouch`]).
+        // What it says of other nodes' messages is its word only: it counts for what they
+        // published before the session came ([`Broker::vouch`]).
         let me = self.node_id().cloned();
         let vouched = had.split_off(|node| Some(node) != me.as_ref() && node != from);
         self.merge_had(client_id, &had);
