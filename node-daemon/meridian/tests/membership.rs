@@ -7,18 +7,15 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::BytesMut;
+use common::forger::{Forger, encode, owner};
 use common::mesh::*;
 use common::{free_port, v3, v5};
 use meridian_core::codec::Publish;
 use meridian_core::link::{self, Forward, Frame, RetainedUpdate};
 use meridian_core::retained::{Hlc, Stamp};
-use meridian_core::routes::{NodeId, Owner, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
-use meridian_daemon::testing::{
-    LinkEvent, LinkLimits, MeshCmd, MeshSettings, MeshStats, ToEngine, load_cluster_key, start_mesh,
-};
+use meridian_core::routes::{NodeId, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
+use meridian_daemon::testing::MeshCmd;
 use rumqttc::QoS;
-use tokio::sync::mpsc;
 
 /// `meridian ctl --admin 127.0.0.1:PORT ARGS...`: (success, stdout, stderr).
 fn ctl(admin: u16, args: &[&str]) -> (bool, String, String) {
@@ -199,19 +196,6 @@ async fn a_node_absent_past_the_expiry_is_forgotten_by_itself_and_a_live_one_is_
     assert!(reasons.iter().all(|r| *r == 0), "{reasons:?}");
 }
 
-fn owner(node: &str, incarnation: u64) -> Owner {
-    Owner {
-        node: NodeId::new(node).unwrap(),
-        incarnation,
-    }
-}
-
-fn encode(frame: &Frame) -> bytes::Bytes {
-    let mut out = BytesMut::new();
-    link::encode(frame, &mut out).expect("frame encodes");
-    out.freeze()
-}
-
 fn publish(topic: &str, qos: rumqttc::QoS) -> Publish {
     let qos = match qos {
         rumqttc::QoS::AtMostOnce => meridian_core::codec::QoS::AtMostOnce,
@@ -229,74 +213,6 @@ fn publish(topic: &str, qos: rumqttc::QoS) -> Publish {
     }
 }
 
-/// A node of its own, built from the daemon's mesh, holding the cluster key and connected to
-/// the nodes given: it sends whatever it likes.
-struct Forger {
-    mesh: meridian_daemon::testing::Mesh,
-    /// Its link sessions, by peer id, as the broker task would get them.
-    writers: std::collections::HashMap<String, meridian_daemon::testing::PeerWriter>,
-    /// Gossip.
-    cmds: mpsc::Sender<MeshCmd>,
-}
-
-impl Forger {
-    async fn start(dir: &std::path::Path, nodes: &[&Node]) -> Self {
-        let node_port = |n: &Node| {
-            format!("/ip4/127.0.0.1/tcp/{}", n.p2p)
-                .parse::<libp2p::Multiaddr>()
-                .expect("multiaddr")
-        };
-        let settings = MeshSettings {
-            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-            bootstrap: nodes.iter().map(|n| node_port(n)).collect(),
-            cluster_key: load_cluster_key(&dir.join("cluster.key")).unwrap(),
-            allow: Vec::new(),
-            ping_interval: Duration::from_secs(1),
-            redial_min: Duration::from_millis(50),
-            redial_max: Duration::from_secs(1),
-            discover: false,
-            advertise: Vec::new(),
-            announce_every: Duration::from_secs(10),
-            link_limits: LinkLimits::default(),
-            max_connections: 1024,
-            max_connections_per_address: 64,
-            policy: None,
-        };
-        let (engine_tx, mut engine_rx) = mpsc::channel(1024);
-        let (cmds, cmd_rx) = mpsc::channel(64);
-        let keypair = libp2p::identity::Keypair::generate_ed25519();
-        let mesh = start_mesh(
-            settings,
-            keypair,
-            engine_tx,
-            cmd_rx,
-            std::sync::Arc::new(MeshStats::default()),
-            "forger",
-        )
-        .await
-        .expect("the forger's mesh starts");
-        let mut writers = std::collections::HashMap::new();
-        tokio::time::timeout(MESH_DEADLINE, async {
-            while writers.len() < nodes.len() {
-                if let Some(ToEngine::Link(LinkEvent::PeerUp { peer, writer, .. })) =
-                    engine_rx.recv().await
-                {
-                    writers.insert(peer.to_string(), writer);
-                }
-            }
-        })
-        .await
-        .expect("the forger's sessions open");
-        // Keep reading what the nodes send it (hellos, digests), as a peer does.
-        tokio::spawn(async move { while engine_rx.recv().await.is_some() {} });
-        Self {
-            mesh,
-            writers,
-            cmds,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_with_the_key_that_forges_other_nodes_state_changes_nothing() {
     let (a, c, _link, dir) = two_regions().await;
@@ -311,6 +227,7 @@ async fn a_peer_with_the_key_that_forges_other_nodes_state_changes_nothing() {
         mesh,
         writers,
         cmds: cmd_tx,
+        ..
     } = Forger::start(dir.path(), &[&a, &c]).await;
 
     let stolen = Frame::RouteDelta(RouteDelta {

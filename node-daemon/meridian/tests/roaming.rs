@@ -652,3 +652,159 @@ async fn a_proven_claim_of_another_user_takes_nothing_of_hers() {
     let p = next_publish(&mut bob, |_| true).await;
     assert_eq!(&p.payload[..], b"still here");
 }
+
+/// The value of a shipped session's window (its `Seen` record, as the link carries it) saying
+/// the session had `node`'s messages (of incarnation `incarnation`) up to `upto`.
+fn window_saying_had(node: &str, incarnation: u64, upto: u64) -> bytes::Bytes {
+    let mut v = Vec::new();
+    v.extend_from_slice(&[1, 0]); // format, no state awaited
+    v.extend_from_slice(&0u32.to_be_bytes()); // no relays awaited
+    v.extend_from_slice(&1u32.to_be_bytes()); // one origin:
+    v.extend_from_slice(&(node.len() as u16).to_be_bytes());
+    v.extend_from_slice(node.as_bytes());
+    v.extend_from_slice(&incarnation.to_be_bytes());
+    v.extend_from_slice(&upto.to_be_bytes());
+    v.extend_from_slice(&0u32.to_be_bytes()); // nothing above it
+    v.extend_from_slice(&0u32.to_be_bytes()); // no earlier incarnations
+    bytes::Bytes::from(v)
+}
+
+/// The key of a session's window record.
+fn window_key(client_id: &str) -> bytes::Bytes {
+    let mut k = vec![b'V'];
+    k.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
+    k.extend_from_slice(client_id.as_bytes());
+    bytes::Bytes::from(k)
+}
+
+/// A member that never held alice's session (a node of its own with the cluster key, built
+/// from the daemon's mesh code) ships "her session" to the node she has just claimed it at,
+/// while that node is cut off from the one that holds it: by no claim of its own, by the
+/// claim the holder held it by (copied from its broadcast), and by a claim of its own carrying
+/// the holder's proof. Each shipment says she had the next million messages of the holder's
+/// node, which taken would have them dropped as had. None is taken: once the link is back she
+/// gets the commands queued for her, then those published after, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_shipped_by_a_member_that_did_not_hold_it_is_not_taken() {
+    use common::forger::Forger;
+    use meridian_core::link::{ClaimUpdate, Frame, SessionTransfer};
+    use meridian_core::retained::Stamp;
+    use meridian_core::routes::NodeId;
+
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (op_key, signed) = operator_key(dir.path());
+    let (pa, pc) = (free_port(), free_port());
+    let ca = Proxy::start(pa).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
+    let c = Node::start_with("afs1", pc, &[ca.port], &key, &signed).await;
+    wait_for("the mesh to connect", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    let op = op_key.to_str().unwrap();
+    ctl(
+        a.daemon.admin,
+        &["--operator-key", op, "user", "add", "alice"],
+        "pw\n",
+    );
+    wait_for("alice at c", &[&a, &c], || async {
+        let (_, p) = common::http(c.daemon.admin, "GET", "/api/policy").await;
+        p.contains("alice")
+    })
+    .await;
+    let mut forger = Forger::start(dir.path(), &[&a, &c]).await;
+    let a_incarnation = forger
+        .hear(&a, |f| match f {
+            Frame::Hello { incarnation, .. } => Some(*incarnation),
+            _ => None,
+        })
+        .await;
+    let claim_on_dev = |f: &Frame| match f {
+        Frame::Claim(u) if u.client_id == "dev" && u.claim.is_some() => Some(u.clone()),
+        _ => None,
+    };
+
+    // Alice's device subscribes at a and goes away; commands are queued for it there.
+    let mut device = v3::connect(v3_login("dev", a.mqtt(), "alice")).await;
+    device.subscribe("cmd/dev/#", QoS::AtLeastOnce).await;
+    device.abort();
+    let a_claim = forger.hear(&a, claim_on_dev).await;
+    let mut ops = v3::connect(v3_login("ops", a.mqtt(), "alice")).await;
+    let send = |ops: &mut v3::Client, i: u32| {
+        let client = ops.client.clone();
+        async move {
+            client
+                .publish("cmd/dev/x", QoS::AtLeastOnce, false, format!("cmd {i}"))
+                .await
+                .unwrap();
+        }
+    };
+    for i in 0..3 {
+        send(&mut ops, i).await;
+        ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+
+    // Alice at c, cut off from a: c claims her session, which a cannot ship yet.
+    ca.cut();
+    wait_for("the link to go", &[&a, &c], || async {
+        !a.connected_to(&c).await && !c.connected_to(&a).await
+    })
+    .await;
+    let mut device = v3::connect(v3_login("dev", c.mqtt(), "alice")).await;
+    let c_claim = forger.hear(&c, claim_on_dev).await;
+
+    let me = NodeId::new(&forger.mesh.peer_id.to_string()).unwrap();
+    let own_stamp = Stamp {
+        hlc: a_claim.stamp.hlc.clone(),
+        node: me,
+    };
+    let shipment = |by: Option<ClaimUpdate>| {
+        Frame::SessionTransfer(SessionTransfer {
+            client_id: "dev".into(),
+            claim: c_claim.stamp.clone(),
+            shipment: own_stamp.clone(),
+            index: 0,
+            count: 1,
+            by,
+            records: vec![(
+                window_key("dev"),
+                window_saying_had(&a.peer_id, a_incarnation, 1_000_000),
+            )],
+        })
+    };
+    let with_a_s_proof = ClaimUpdate {
+        stamp: own_stamp.clone(),
+        ..a_claim.clone()
+    };
+    let not_owner = "meridian_peer_frames_refused_total{reason=\"not_owner\"}";
+    let refused_before = common::mesh::metric(&c.metrics().await, not_owner);
+    for by in [None, Some(a_claim.clone()), Some(with_a_s_proof)] {
+        forger.send(&c, &shipment(by));
+    }
+    // Refused: the first and the last for a claim c's authorizer does not vouch for (no proof
+    // that alice logged in at the forger), the second for naming a claim not the forger's.
+    metric_reaches(&c, "meridian_session_transfers_refused_total", 2.0).await;
+    metric_reaches(&c, not_owner, refused_before + 3.0).await;
+
+    // Back together: a ships her session to c, with every command once, in order; what a's
+    // publishers send her after reaches her too.
+    ca.restore();
+    for i in 0..3 {
+        let p = next_publish(&mut device, |_| true).await;
+        assert_eq!(p.payload, format!("cmd {i}").as_bytes());
+    }
+    metric_reaches(&c, "meridian_sessions_moved_total{direction=\"in\"}", 1.0).await;
+    for i in 3..6 {
+        send(&mut ops, i).await;
+        let p = next_publish(&mut device, |_| true).await;
+        assert_eq!(p.payload, format!("cmd {i}").as_bytes());
+    }
+    let stray = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+        next_publish(&mut device, |_| true).await
+    })
+    .await;
+    assert!(stray.is_err(), "a command came twice: {stray:?}");
+    forger.mesh.shutdown().await;
+}

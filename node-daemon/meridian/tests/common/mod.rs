@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod forger;
 pub mod leaf;
 pub mod mesh;
 
