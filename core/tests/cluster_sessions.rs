@@ -557,6 +557,66 @@ mod trust {
         assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("a")));
     }
 
+    /// A member's releases of client ids it never claimed end nothing and are not kept (no
+    /// tombstone, nothing stored), and a claim on an id longer than any client of the
+    /// deployment can have is refused: a member cannot fill a node's claims with either.
+    #[test]
+    fn releases_of_ids_never_claimed_and_over_long_ids_take_no_room() {
+        let mut mesh = three();
+        let stored_claims = |mesh: &mut Mesh| {
+            let store = &mesh.node("a").store;
+            store.keys().filter(|k| k.first() == Some(&b'H')).count()
+        };
+        let before = stored_claims(&mut mesh);
+        let wall_ms = mesh.node("a").now;
+        for i in 0..1_000 {
+            let ghost = ClaimUpdate {
+                client_id: format!("ghost-{i}"),
+                stamp: stamp("b", wall_ms + i),
+                claim: None,
+            };
+            mesh.inject("b", "a", Frame::Claim(ghost));
+        }
+        let long = ClaimUpdate {
+            client_id: "x".repeat(257),
+            stamp: stamp("b", wall_ms + 1_000),
+            claim: Some(Claim {
+                user: None,
+                resume: false,
+                persistent: false,
+                proof: None,
+            }),
+        };
+        mesh.inject("b", "a", Frame::Claim(long.clone()));
+        mesh.settle();
+        assert_eq!(stored_claims(&mut mesh), before, "nothing kept");
+        let a = mesh.node("a");
+        assert_eq!(a.broker.claim_owner(&long.client_id), None);
+        assert_eq!(a.broker.stats().peer_frames_not_owner, 1);
+        // A release of b's own claim still ends it.
+        let mine = ClaimUpdate {
+            client_id: "dev".into(),
+            stamp: stamp("b", wall_ms + 2_000),
+            claim: Some(Claim {
+                user: None,
+                resume: true,
+                persistent: true,
+                proof: None,
+            }),
+        };
+        mesh.inject("b", "a", Frame::Claim(mine.clone()));
+        mesh.settle();
+        assert_eq!(mesh.node("a").broker.claim_owner("dev"), Some(id("b")));
+        let release = ClaimUpdate {
+            claim: None,
+            stamp: stamp("b", wall_ms + 2_001),
+            ..mine
+        };
+        mesh.inject("b", "a", Frame::Claim(release));
+        mesh.settle();
+        assert_eq!(mesh.node("a").broker.claim_owner("dev"), None);
+    }
+
     /// A claim naming another user than the one whose claim on the client id stands (what a
     /// node that knows another user's password can make) is not taken: alice's session, what
     /// is queued in it and her client id stay hers. Nor can the claimer clear her claim first
@@ -1371,6 +1431,7 @@ mod home {
             Frame::ClaimRequest {
                 client_id: "plant-1".into(),
                 user: None,
+                proof: None,
                 token: 9,
             },
         );
@@ -1387,6 +1448,71 @@ mod home {
             Some(ReasonCode::SUCCESS)
         );
         assert!(mesh.node("c").is_closed(on_c));
+    }
+
+    /// With operator keys, the home decides only for a request that carries the proof that
+    /// its client logged in at the requester as the user it names: a member without it (one
+    /// that let "alice" in on its own word, or forges the request) has no one's connection
+    /// closed and is refused (0x87); the proven request of an honest node is granted.
+    #[test]
+    fn with_operator_keys_a_request_without_the_users_proof_closes_no_one() {
+        use common::operator::{region_certificate, with_operator_keys};
+        use meridian_core::link::Frame;
+        let mut mesh = Mesh::new(&["a", "b", "c"], Config::default(), |c| {
+            c.home_regions = vec![HomeRegion {
+                client_ids: "plant-*".into(),
+                region: "region-a".into(),
+            }];
+            c.certificate = Some(region_certificate(&c.region));
+        });
+        with_operator_keys(&mut mesh, &[("a", true), ("b", true), ("c", false)]);
+        for (x, y) in [("a", "b"), ("a", "c"), ("b", "c")] {
+            mesh.link_down(&id(x), &id(y));
+            mesh.link_up(&id(x), &id(y));
+        }
+        mesh.settle();
+        let alice = |c: &mut meridian_core::codec::Connect| {
+            persistent(c);
+            c.username = Some("alice".into());
+        };
+        let on_b = mesh.node("b").accept();
+        let mut packet = connect_packet(V5, "plant-1");
+        alice(&mut packet);
+        mesh.node("b").send(on_b, Packet::Connect(packet.clone()));
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "b", on_b).map(|a| a.reason),
+            Some(ReasonCode::SUCCESS)
+        );
+        // c forges a request for plant-1 as alice, then lets "alice" in on its own word.
+        mesh.inject(
+            "c",
+            "a",
+            Frame::ClaimRequest {
+                client_id: "plant-1".into(),
+                user: Some("alice".into()),
+                proof: None,
+                token: 99,
+            },
+        );
+        let on_c = mesh.node("c").accept();
+        mesh.node("c").send(on_c, Packet::Connect(packet.clone()));
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "c", on_c).map(|a| a.reason),
+            Some(ReasonCode::NOT_AUTHORIZED)
+        );
+        assert!(!mesh.node("b").is_closed(on_b), "b still serves plant-1");
+        assert_eq!(mesh.node("a").broker.stats().claims_unproven, 2);
+        // alice at a, proven: a closes b's connection and serves her.
+        let on_a = mesh.node("a").accept();
+        mesh.node("a").send(on_a, Packet::Connect(packet));
+        mesh.settle();
+        assert_eq!(
+            connack(&mut mesh, "a", on_a).map(|a| a.reason),
+            Some(ReasonCode::SUCCESS)
+        );
+        assert!(mesh.node("b").is_closed(on_b));
     }
 
     /// A grant's clock reading moves the waiting node's clock: one far ahead is refused, and

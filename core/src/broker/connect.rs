@@ -15,6 +15,12 @@ use crate::codec::{
 };
 use crate::topic::TopicName;
 
+/// A pinned client's CONNECT that its home region granted ([`Broker::complete_connect`]).
+pub(super) struct HomeGranted {
+    /// The claim proof its request carried ([`crate::link::Claim::proof`]).
+    pub proof: Option<bytes::Bytes>,
+}
+
 impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     pub(super) fn on_connect(&mut self, conn_id: ConnId, mut connect: Connect) {
         let Some(conn) = self.conns.get_mut(&conn_id) else {
@@ -82,7 +88,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     ) {
         match outcome {
             AuthOutcome::Allow { username } => {
-                self.complete_connect(conn_id, *connect, assigned, username, false)
+                self.complete_connect(conn_id, *connect, assigned, username, None)
             }
             AuthOutcome::Deny(reason) => {
                 self.refuse(conn_id, Some(connect.client_id.clone()), reason)
@@ -249,15 +255,16 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         }
     }
 
-    /// A CONNECT the authenticator accepted. `home_granted`: its home region granted it
-    /// already (a client id pinned to one waits for that first).
+    /// A CONNECT the authenticator accepted. `home`: its home region granted it already (a
+    /// client id pinned to one waits for that first), with the claim proof its request
+    /// carried.
     pub(super) fn complete_connect(
         &mut self,
         conn_id: ConnId,
         connect: Connect,
         assigned: bool,
         username: Option<String>,
-        home_granted: bool,
+        home: Option<HomeGranted>,
     ) {
         let username = username.or_else(|| connect.username.clone());
         let v5 = connect.protocol == ProtocolVersion::V5;
@@ -284,7 +291,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return self.refuse(conn_id, Some(connect.client_id), ReasonCode::NOT_AUTHORIZED);
         }
         // A client id pinned to a home region: its grant first (CONNACK comes with it).
-        if !home_granted && let Some(region) = self.home_region_of(&connect.client_id) {
+        if home.is_none()
+            && let Some(region) = self.home_region_of(&connect.client_id)
+        {
             return self.wait_for_home(conn_id, connect, assigned, username, &region);
         }
         // Takeover: the old connection goes (its will follows the usual rules).
@@ -362,8 +371,13 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if had_records && expiry == 0 {
             self.unpersist_session(sid);
         }
+        // Asked once: a pinned client's request took it already.
+        let proof = match home {
+            Some(granted) => granted.proof,
+            None => self.authenticator.claim_proof(conn_id, &connect.client_id),
+        };
         self.claim_client(
-            conn_id,
+            proof,
             &connect.client_id,
             username.as_deref(),
             !connect.clean_start,

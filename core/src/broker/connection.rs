@@ -39,6 +39,9 @@ pub(crate) struct HomeWait {
     pub token: u64,
     /// The node asked (`None`: this one decides): only its answer counts.
     pub authority: Option<crate::routes::NodeId>,
+    /// The claim proof the authenticator gave for the client, sent with the request (the
+    /// home checks it before it closes anyone's connection) and kept for the claim.
+    pub proof: Option<bytes::Bytes>,
 }
 
 /// What the shell told about a connection ([`ConnInfo`]), kept for as long as it lives: its

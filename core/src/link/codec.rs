@@ -226,15 +226,21 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             last: r.u64()?,
         },
         FrameKind::Fence => Frame::Fence { token: r.u64()? },
-        FrameKind::ClaimRequest => Frame::ClaimRequest {
-            client_id: r.string()?,
-            user: match r.u8()? {
-                0 => None,
-                1 => Some(r.string()?),
-                _ => return Err(r.bad("unknown user flag")),
-            },
-            token: r.u64()?,
-        },
+        FrameKind::ClaimRequest => {
+            let client_id = r.string()?;
+            let flags = r.u8()?;
+            if flags & !0b11 != 0 {
+                return Err(r.bad("unknown claim request flags"));
+            }
+            let user = if flags & 1 != 0 { Some(r.string()?) } else { None };
+            let proof = if flags & 2 != 0 { Some(r.bytes()?) } else { None };
+            Frame::ClaimRequest {
+                client_id,
+                user,
+                proof,
+                token: r.u64()?,
+            }
+        }
         FrameKind::ClaimAnswer => Frame::ClaimAnswer {
             client_id: r.string()?,
             token: r.u64()?,
@@ -457,15 +463,18 @@ fn encode_body(frame: &Frame, body: &mut BytesMut) -> Result<(), LinkError> {
         Frame::ClaimRequest {
             client_id,
             user,
+            proof,
             token,
         } => {
+            // Flags: bit 0 a user follows, bit 1 a proof follows (u32 length and bytes).
             put_str(body, client_id)?;
-            match user {
-                None => body.put_u8(0),
-                Some(u) => {
-                    body.put_u8(1);
-                    put_str(body, u)?;
-                }
+            body.put_u8(u8::from(user.is_some()) | u8::from(proof.is_some()) << 1);
+            if let Some(u) = user {
+                put_str(body, u)?;
+            }
+            if let Some(proof) = proof {
+                put_count(body, proof.len())?;
+                body.put_slice(proof);
             }
             body.put_u64(*token);
         }

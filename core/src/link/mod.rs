@@ -29,7 +29,7 @@ pub use outbox::{Outbox, OutboxFull, OutboxLimits, Queued};
 pub use wire::{EncodedFrame, FrameReader, StreamRead, decode_message};
 
 /// The link protocol version spoken by this build; sent in [`Frame::Hello`].
-pub const LINK_PROTOCOL_VERSION: u16 = 7;
+pub const LINK_PROTOCOL_VERSION: u16 = 8;
 
 /// Largest frame accepted by default (a snapshot chunk or a forwarded message).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
@@ -271,6 +271,9 @@ pub enum Frame {
         client_id: String,
         /// The user the client logged in as.
         user: Option<String>,
+        /// What shows that the client logged in at the sender as `user` ([`Claim::proof`]):
+        /// the receiver decides only for a request its authorizer vouches for.
+        proof: Option<Bytes>,
         /// Told back in the answer.
         token: u64,
     },

@@ -808,3 +808,122 @@ async fn a_session_shipped_by_a_member_that_did_not_hold_it_is_not_taken() {
     assert!(stray.is_err(), "a command came twice: {stray:?}");
     forger.mesh.shutdown().await;
 }
+
+/// With operator keys, a member's word about other nodes' clients counts for nothing without
+/// the operator's or the user's signature: to the home of a pinned client id (a node that
+/// serves alice's `plant-1` itself) a hostile member sends requests to serve it as alice
+/// (without a proof, and with the proof of a's own claim), a revocation, a claim on an id
+/// longer than any client's, releases of ids it never claimed and a forget of a node's
+/// incarnation nobody met. Each is refused and counted; alice's connection stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_s_requests_revocations_releases_and_forgets_close_no_one() {
+    use common::forger::Forger;
+    use meridian_core::link::{Claim, ClaimUpdate, Frame};
+    use meridian_core::retained::{Hlc, Stamp};
+    use meridian_core::routes::NodeId;
+
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (op_key, signed) = operator_key(dir.path());
+    let home = format!("[[cluster.home]]\nclient_ids = \"plant-*\"\nregion = \"euc1\"\n{signed}");
+    let a = Node::start_with("euc1", free_port(), &[], &key, &home).await;
+    let op = op_key.to_str().unwrap();
+    for user in ["alice", "ops"] {
+        ctl(
+            a.daemon.admin,
+            &["--operator-key", op, "user", "add", user],
+            "pw\n",
+        );
+    }
+    wait_for("the users at a", &[&a], || async {
+        let (_, p) = common::http(a.daemon.admin, "GET", "/api/policy").await;
+        p.contains("alice") && p.contains("ops")
+    })
+    .await;
+    let mut forger = Forger::start(dir.path(), &[&a]).await;
+    let mut plant = v3::connect(v3_login("plant-1", a.mqtt(), "alice")).await;
+    plant.subscribe("plant/1/#", QoS::AtLeastOnce).await;
+    let a_claim = forger
+        .hear(&a, |f| match f {
+            Frame::Claim(u) if u.client_id == "plant-1" => Some(u.clone()),
+            _ => None,
+        })
+        .await;
+    let a_proof = a_claim.claim.as_ref().and_then(|c| c.proof.clone());
+    assert!(a_proof.is_some(), "a proves alice's claim");
+
+    let page = a.metrics().await;
+    let not_owner = "meridian_peer_frames_refused_total{reason=\"not_owner\"}";
+    let refused_before = common::mesh::metric(&page, not_owner);
+    let request = |proof| Frame::ClaimRequest {
+        client_id: "plant-1".into(),
+        user: Some("alice".into()),
+        proof,
+        token: 7,
+    };
+    let me = NodeId::new(&forger.mesh.peer_id.to_string()).unwrap();
+    let stamp = |wall_ms| Stamp {
+        hlc: Hlc {
+            wall_ms,
+            logical: 0,
+        },
+        node: me.clone(),
+    };
+    let now_ms = a_claim.stamp.hlc.wall_ms;
+    let mut frames = vec![
+        request(None),
+        request(a_proof),
+        Frame::Revoke {
+            client_id: "plant-1".into(),
+            token: 8,
+        },
+        Frame::Claim(ClaimUpdate {
+            client_id: "x".repeat(300),
+            stamp: stamp(now_ms),
+            claim: Some(Claim {
+                user: None,
+                resume: false,
+                persistent: false,
+                proof: None,
+            }),
+        }),
+        Frame::Forget {
+            node: NodeId::new("12D3KooWnobodymetthisnodeatall").unwrap(),
+            incarnation: u64::MAX,
+            signature: None,
+        },
+    ];
+    frames.extend((0..100).map(|i| {
+        Frame::Claim(ClaimUpdate {
+            client_id: format!("plant-{i}"),
+            stamp: stamp(now_ms + i),
+            claim: None,
+        })
+    }));
+    for frame in &frames {
+        forger.send(&a, frame);
+    }
+    // Two requests (each also counted as unproven), the revocation (the forger is of no
+    // home region), the over-long claim and the forget.
+    metric_reaches(&a, "meridian_claims_unproven_total", 2.0).await;
+    metric_reaches(&a, not_owner, refused_before + 5.0).await;
+    let refusals = forger
+        .hear(&a, |f| match f {
+            Frame::ClaimAnswer { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .await;
+    assert_eq!(refusals, 0x87, "the request is refused: not authorized");
+
+    // alice's plant is still served at a, her claim standing there.
+    let ops = v3::connect(v3_login("ops", a.mqtt(), "ops")).await;
+    ops.client
+        .publish("plant/1/cmd", QoS::AtLeastOnce, false, "still here")
+        .await
+        .unwrap();
+    let p = next_publish(&mut plant, |_| true).await;
+    assert_eq!(&p.payload[..], b"still here");
+    let (_, clients) = common::http(a.daemon.admin, "GET", "/api/clients").await;
+    assert!(clients.contains("plant-1"), "{clients}");
+    forger.mesh.shutdown().await;
+}

@@ -16,7 +16,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::Cluster;
 use super::trust::{PeerFault, PeerLimit};
-use crate::broker::io::ConnId;
 use crate::broker::io::DisconnectCause;
 use crate::broker::persist::{self, Key, RecordError};
 use crate::broker::session::SessionId;
@@ -237,10 +236,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             .map(|(stamp, _)| stamp.node.clone())
     }
 
-    /// A client connected here: claim its client id, and tell the mesh.
+    /// A client connected here: claim its client id, with the proof the authenticator gave
+    /// for it, and tell the mesh.
     pub(in crate::broker) fn claim_client(
         &mut self,
-        conn: ConnId,
+        proof: Option<Bytes>,
         client_id: &str,
         user: Option<&str>,
         resume: bool,
@@ -250,7 +250,6 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if self.cluster.is_none() {
             return;
         }
-        let proof = self.authenticator.claim_proof(conn, client_id);
         let Some(c) = &mut self.cluster else { return };
         let update = ClaimUpdate {
             client_id: client_id.to_owned(),
@@ -337,6 +336,11 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// holds; a session held here for that client id is then handed over.
     pub(super) fn on_claim(&mut self, peer: &NodeId, update: ClaimUpdate) {
         let now = self.now;
+        // No client of this deployment can have that id (its nodes share the bound): such a
+        // claim, or a release of one, would only take room.
+        if update.client_id.len() > self.config.max_client_id_len {
+            return self.peer_fault(peer, PeerFault::NotOwner(FrameKind::Claim));
+        }
         let Some(c) = &mut self.cluster else { return };
         let ahead_ms = update.stamp.hlc.wall_ms.saturating_sub(now.as_millis());
         if ahead_ms > c.config.max_clock_drift_ms {
@@ -356,11 +360,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             return;
         }
         // A release ends its sender's own claim and no other: stamped after another node's
-        // claim that stands here, it ends a claim this node did not take.
+        // claim that stands here, it ends a claim this node did not take; with no claim of
+        // the sender's standing here, it ends nothing and is not kept (a member cannot fill
+        // the tombstones with client ids it never claimed).
         if update.claim.is_none()
-            && c.claims
+            && !c
+                .claims
                 .live(&update.client_id)
-                .is_some_and(|(stamp, _)| stamp.node != *peer)
+                .is_some_and(|(stamp, _)| stamp.node == *peer)
         {
             return;
         }

@@ -16,11 +16,14 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
+
+use crate::broker::connect::HomeGranted;
 use crate::broker::connection::{ConnState, HomeWait};
 use crate::broker::io::{ConnId, DisconnectCause, Timestamp};
 use crate::broker::{Authenticator, Authorizer, Broker, Timer};
 use crate::codec::{Connect, ReasonCode};
-use crate::link::{Frame, FrameKind};
+use crate::link::{Claim, Frame, FrameKind};
 use crate::retained::Hlc;
 
 use super::trust::PeerFault;
@@ -125,6 +128,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         let deadline = now.plus_ms(c.config.home_wait_ms);
         let client_id = connect.client_id.clone();
         let user = username.clone();
+        let proof = self.authenticator.claim_proof(conn, &client_id);
         let authority = self.home_authority(region);
         let me = self.node_id().cloned();
         let Some(conn_state) = self.conns.get_mut(&conn) else {
@@ -136,6 +140,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             username,
             token,
             authority: authority.clone().filter(|a| Some(a) != me.as_ref()),
+            proof: proof.clone(),
         }));
         self.timers.insert((deadline, Timer::HomeAnswer(conn)));
         match authority {
@@ -149,6 +154,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
                         Frame::ClaimRequest {
                             client_id,
                             user,
+                            proof,
                             token,
                         },
                     );
@@ -181,7 +187,8 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if let (Some(c), Some(hlc)) = (&mut self.cluster, hlc) {
             c.hlc.observe(hlc, now.as_millis());
         }
-        self.complete_connect(conn, w.connect, w.assigned, w.username, true);
+        let granted = HomeGranted { proof: w.proof };
+        self.complete_connect(conn, w.connect, w.assigned, w.username, Some(granted));
         // Packets the client pipelined after CONNECT were held back: handle them now, or
         // they would wait for the client's next bytes (a PUBLISH for its acknowledgement).
         self.on_bytes(conn, &[]);
@@ -202,6 +209,7 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         peer: &NodeId,
         client_id: String,
         user: Option<String>,
+        proof: Option<Bytes>,
         token: u64,
     ) {
         // Only a pinned client id's home region decides it: a request for another client id,
@@ -214,7 +222,21 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         if !ours {
             return self.peer_fault(peer, PeerFault::NotOwner(FrameKind::ClaimRequest));
         }
-        self.decide_home(peer.clone(), client_id, user, token);
+        // As a claim: only with the authorizer's word that the client logged in there as the
+        // user it names (with operator keys, a proof), or any member could have any pinned
+        // client's connection closed.
+        let claim = Claim {
+            user,
+            resume: true,
+            persistent: true,
+            proof,
+        };
+        if !self.authorizer.vouches(&client_id, peer, &claim) {
+            self.stats.claims_unproven += 1;
+            self.peer_fault(peer, PeerFault::NotOwner(FrameKind::ClaimRequest));
+            return self.answer_home(peer, client_id, token, ReasonCode::NOT_AUTHORIZED.0);
+        }
+        self.decide_home(peer.clone(), client_id, claim.user, token);
     }
 
     /// Decide whether `requester` may serve `client_id` now: another user's client id is

@@ -321,8 +321,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
             Frame::ClaimRequest {
                 client_id,
                 user,
+                proof,
                 token,
-            } => self.on_claim_request(&peer, client_id, user, token),
+            } => self.on_claim_request(&peer, client_id, user, proof, token),
             Frame::ClaimAnswer {
                 token, reason, hlc, ..
             } => self.on_claim_answer(&peer, token, reason, hlc),
