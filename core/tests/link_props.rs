@@ -246,11 +246,13 @@ fn frame() -> impl Strategy<Value = Frame> {
         (
             "[a-z0-9]{0,12}",
             prop::option::of("[a-z]{0,6}"),
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..8)),
             any::<u64>()
         )
-            .prop_map(|(client_id, user, token)| Frame::ClaimRequest {
+            .prop_map(|(client_id, user, proof, token)| Frame::ClaimRequest {
                 client_id,
                 user,
+                proof: proof.map(Bytes::from),
                 token
             }),
         (

@@ -232,8 +232,16 @@ pub fn decode(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, LinkErr
             if flags & !0b11 != 0 {
                 return Err(r.bad("unknown claim request flags"));
             }
-            let user = if flags & 1 != 0 { Some(r.string()?) } else { None };
-            let proof = if flags & 2 != 0 { Some(r.bytes()?) } else { None };
+            let user = if flags & 1 != 0 {
+                Some(r.string()?)
+            } else {
+                None
+            };
+            let proof = if flags & 2 != 0 {
+                Some(r.bytes()?)
+            } else {
+                None
+            };
             Frame::ClaimRequest {
                 client_id,
                 user,

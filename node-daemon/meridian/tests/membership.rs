@@ -11,7 +11,7 @@ use common::forger::{Forger, encode, owner};
 use common::mesh::*;
 use common::{free_port, v3, v5};
 use meridian_core::codec::Publish;
-use meridian_core::link::{self, Forward, Frame, RetainedUpdate};
+use meridian_core::link::{Forward, Frame, RetainedUpdate};
 use meridian_core::retained::{Hlc, Stamp};
 use meridian_core::routes::{NodeId, RouteChange, RouteDelta, RouteOp, SnapshotChunk};
 use meridian_daemon::testing::MeshCmd;

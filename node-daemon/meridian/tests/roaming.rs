@@ -757,7 +757,7 @@ async fn a_session_shipped_by_a_member_that_did_not_hold_it_is_not_taken() {
 
     let me = NodeId::new(&forger.mesh.peer_id.to_string()).unwrap();
     let own_stamp = Stamp {
-        hlc: a_claim.stamp.hlc.clone(),
+        hlc: a_claim.stamp.hlc,
         node: me,
     };
     let shipment = |by: Option<ClaimUpdate>| {

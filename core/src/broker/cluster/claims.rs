@@ -364,10 +364,9 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
         // the sender's standing here, it ends nothing and is not kept (a member cannot fill
         // the tombstones with client ids it never claimed).
         if update.claim.is_none()
-            && !c
-                .claims
+            && c.claims
                 .live(&update.client_id)
-                .is_some_and(|(stamp, _)| stamp.node == *peer)
+                .is_none_or(|(stamp, _)| stamp.node != *peer)
         {
             return;
         }

@@ -117,10 +117,10 @@ impl Forger {
         tokio::time::timeout(MESH_DEADLINE, async {
             loop {
                 let (peer, frame) = self.heard.recv().await.expect("the forger hears");
-                if peer == from {
-                    if let Some(t) = pick(&frame) {
-                        return t;
-                    }
+                if peer == from
+                    && let Some(t) = pick(&frame)
+                {
+                    return t;
                 }
             }
         })
