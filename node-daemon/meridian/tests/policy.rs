@@ -940,7 +940,8 @@ async fn certified_member(
 /// With operator keys and certificates (and `cluster.members_certified` at its default), a node
 /// that holds the cluster key but no certificate of the operator's (the released binary, started by someone who stole the key) is no member:
 /// the certified nodes mesh and exchange messages, the rogue's hellos are refused and counted,
-/// and nothing is forwarded to it or taken from it, whatever it subscribes.
+/// and nothing is forwarded to it or taken from it, whatever it subscribes; nor does the policy
+/// document reach it (its users, their hashes and keys).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_certified_members_a_node_without_a_certificate_is_no_member() {
     let Operated {
@@ -967,6 +968,24 @@ async fn with_certified_members_a_node_without_a_certificate_is_no_member() {
                 && metric(&b.metrics().await, not_owner) >= 1.0
         },
     )
+    .await;
+    // A user added now reaches b; the policy streams a and b keep opening to the rogue are
+    // refused before anything is synced (once more after the user came, at least).
+    let refused = "meridian_p2p_policy_streams_refused_total";
+    let refused_before = metric(&a.metrics().await, refused) + metric(&b.metrics().await, refused);
+    let op = op_key.to_str().unwrap();
+    ctl_ok(&a, &["--operator-key", op, "user", "add", "alice"], "pw\n");
+    wait_for("alice's entry at b", &[&a, &b], || async {
+        common::http(b.daemon.admin, "GET", "/api/policy")
+            .await
+            .1
+            .contains("alice")
+    })
+    .await;
+    wait_for("a policy stream to the rogue refused", &[&a, &b], || async {
+        metric(&a.metrics().await, refused) + metric(&b.metrics().await, refused)
+            > refused_before
+    })
     .await;
     // The rogue subscribes first: were it a member, its route would reach a before b's.
     let mut at_rogue = v3::connect(v3::options("rogue-sub", rogue.mqtt())).await;
@@ -1002,6 +1021,11 @@ async fn with_certified_members_a_node_without_a_certificate_is_no_member() {
     assert!(
         !routes.contains("\"#\""),
         "the rogue's # is nobody's interest: {routes}"
+    );
+    let (_, at_rogue_policy) = common::http(rogue.daemon.admin, "GET", "/api/policy").await;
+    assert!(
+        !at_rogue_policy.contains("alice"),
+        "the policy document reached the rogue: {at_rogue_policy}"
     );
     publisher.disconnect().await;
     at_b.disconnect().await;

@@ -236,6 +236,14 @@ fn render_mesh_metrics(r: &mut Registry, peers: &[PeerSummary], m: &MeshStats) {
         refused,
     );
     let c = Counter::<u64>::default();
+    c.inc_by(m.policy_refused.load(Ordering::Relaxed));
+    r.register(
+        "p2p_policy_streams_refused",
+        "Policy sync streams refused because the peer is no member (where members must be \
+         certified: its hello carried no certificate of the operator's)",
+        c,
+    );
+    let c = Counter::<u64>::default();
     c.inc_by(m.dial_failures.load(Ordering::Relaxed));
     r.register(
         "p2p_dial_failures",

@@ -39,6 +39,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use meridian_core::broker::Durability;
 use meridian_core::codec::ReasonCode;
+use meridian_core::link::Frame;
 use meridian_core::routes::NodeId;
 use meridian_core::{Broker, ConnId, ConnInfo, Event, Input, Output, Timestamp};
 use tokio::sync::mpsc;
@@ -47,8 +48,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::clock::Clock;
 use crate::mailbox::{
-    AdminRequest, ConnEvent, DaemonCounters, LinkEvent, MeshCmd, PeerWriter, PolicyChange,
-    SendAuthenticator, SendAuthorizer, ToEngine,
+    AdminRequest, ConnEvent, DaemonCounters, LinkEvent, MemberGate, MeshCmd, PeerWriter,
+    PolicyChange, SendAuthenticator, SendAuthorizer, ToEngine,
 };
 use crate::storage::{StorageError, Store};
 use crate::transport::tcp::{Poller, Read, TcpConns};
@@ -92,6 +93,9 @@ pub struct Engine {
     outputs: Vec<Output>,
     /// The batch's records, for one commit.
     records: Vec<(Bytes, Option<Bytes>)>,
+    /// Where members must be certified: the peers the broker takes as members, for the
+    /// mesh's policy streams.
+    members: Option<MemberGate>,
     stopping: bool,
 }
 
@@ -124,6 +128,7 @@ impl Engine {
             counters,
             outputs: Vec::new(),
             records: Vec::new(),
+            members: None,
             stopping: false,
         };
         let records = engine.store.load_all()?;
@@ -158,6 +163,12 @@ impl Engine {
     /// Send broadcasts to the region mesh (cluster mode; the broker must have cluster enabled).
     pub fn with_mesh(mut self, mesh: mpsc::Sender<MeshCmd>) -> Self {
         self.links.set_mesh(mesh);
+        self
+    }
+
+    /// Tell `members` which peers the broker takes as members, as it hears their hellos.
+    pub fn with_members(mut self, members: MemberGate) -> Self {
+        self.members = Some(members);
         self
     }
 
@@ -443,12 +454,20 @@ impl Engine {
                 self.session_up(now, leaf, session, writer, true);
             }
             LinkEvent::Frames { peer, frames } => {
+                let hello = frames.iter().any(|f| matches!(f, Frame::Hello { .. }));
+                let heard = hello.then(|| peer.clone());
                 self.broker
                     .handle_input(now, Input::PeerFrames { peer, frames });
                 self.drain();
+                if let (Some(members), Some(peer)) = (&self.members, heard) {
+                    members.set(&peer, self.broker.is_member(&peer));
+                }
             }
             LinkEvent::Down { peer, session } => {
                 if self.links.down(&peer, session) {
+                    if let Some(members) = &self.members {
+                        members.forget(&peer);
+                    }
                     info!(peer = %peer, session, "link session down");
                     self.broker.handle_input(now, Input::PeerDown { peer });
                     self.drain();

@@ -7,6 +7,7 @@
 
 mod counters;
 pub mod link_queue;
+mod members;
 pub mod outbox;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 pub use counters::DaemonCounters;
 pub use link_queue::{LinkLimits, PeerWriter};
+pub use members::MemberGate;
 pub use outbox::Outbox;
 
 /// Capacity of the channel into the broker task (each message at most one 16 KiB read).

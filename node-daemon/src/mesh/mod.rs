@@ -86,6 +86,9 @@ pub struct MeshSettings {
     /// The policy document to keep in sync with every peer (`policy.source = "document"`),
     /// and the largest one accepted.
     pub policy: Option<crate::policy::PolicyHandle>,
+    /// Where members must be certified, the peers the broker takes as members: only they
+    /// get the policy document (`None`: every holder of the cluster key).
+    pub members: Option<crate::mailbox::MemberGate>,
 }
 
 /// Counters and gauges of the mesh, read by the metrics page.
@@ -101,6 +104,8 @@ pub struct MeshStats {
     pub refused_not_allowed: AtomicU64,
     /// Connections in refused past `cluster.max_peer_connections` or its per-address share.
     pub refused_limit: AtomicU64,
+    /// Policy sync streams refused: the peer is no member (where members must be certified).
+    pub policy_refused: AtomicU64,
     /// Dials of bootstrap or discovered peers that failed.
     pub dial_failures: AtomicU64,
     /// Peers known through discovery, with their addresses (`GET /api/discovery`, and their
@@ -308,6 +313,13 @@ pub async fn start(
 
     // Incoming policy sync streams, opened by the peer with the smaller id too.
     if let Some(policy) = settings.policy.clone() {
+        let members = settings
+            .members
+            .clone()
+            .map(|gate| policy_sync::MemberCheck {
+                gate,
+                stats: stats.clone(),
+            });
         let mut incoming = swarm
             .behaviour()
             .stream
@@ -327,6 +339,7 @@ pub async fn start(
                     peer,
                     stream,
                     policy.clone(),
+                    members.clone(),
                     Some(stopped),
                 ));
             }
@@ -378,6 +391,13 @@ pub async fn start(
         announce_pending: false,
         link_limits: settings.link_limits,
         policy: settings.policy.clone(),
+        members: settings
+            .members
+            .clone()
+            .map(|gate| policy_sync::MemberCheck {
+                gate,
+                stats: stats.clone(),
+            }),
         engine,
         stats: stats.clone(),
         bootstrap: settings
@@ -460,6 +480,7 @@ struct Driver {
     /// The tasks that keep a stream open to a peer, by peer and protocol.
     openers: HashMap<(PeerId, StreamProtocol), JoinHandle<()>>,
     policy: Option<crate::policy::PolicyHandle>,
+    members: Option<policy_sync::MemberCheck>,
     peer_id: PeerId,
     /// Authors of refused gossip, warned about once each (at most [`MAX_WARNED`]).
     gossip_warned: HashSet<PeerId>,
@@ -851,8 +872,9 @@ impl Driver {
             // A policy stream the peer refuses at once (a document past its bound) is not
             // opened again and again: the pause grows, and the next connection tries anew.
             let healthy = Some(Duration::from_secs(1));
+            let members = self.members.clone();
             self.keep_open(peer, policy_sync::POLICY_PROTOCOL, healthy, move |stream| {
-                policy_sync::run(peer, stream, policy.clone(), None)
+                policy_sync::run(peer, stream, policy.clone(), members.clone(), None)
             });
         }
     }

@@ -9,13 +9,17 @@
 //! the stream; the opener tries again later (backing off while streams end at once), and the
 //! document stays as it was. One stream per peer stands at a time: a newer one from the same
 //! peer replaces the older. Every stream ends when the policy task starts again after a
-//! failure (its sync states are gone); the opener then opens a new one.
+//! failure (its sync states are gone); the opener then opens a new one. Where members must be
+//! certified, nothing is synced with a peer until the broker took it as a member (its hello
+//! carried the operator's certificate of it, [`MemberGate`]): a holder of the cluster key
+//! without one reads nothing of the document.
 
 use futures_util::io::{AsyncReadExt, AsyncWriteExt};
 use libp2p::{PeerId, Stream, StreamProtocol};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::mailbox::MemberGate;
 use crate::policy::PolicyHandle;
 
 /// The stream protocol of policy sync.
@@ -24,14 +28,40 @@ pub const POLICY_PROTOCOL: StreamProtocol = StreamProtocol::new("/meridian/polic
 /// Room for a sync message's heads, need list and bloom filter beyond the changes.
 const FRAME_OVERHEAD: usize = 1024 * 1024;
 
+/// How long a stream waits for the broker's word on its peer (its hello comes on the link
+/// session, which may open after this stream).
+const MEMBER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Where members must be certified: the broker's word on each peer, and where refusals are
+/// counted.
+#[derive(Clone, Debug)]
+pub struct MemberCheck {
+    pub gate: MemberGate,
+    pub stats: std::sync::Arc<super::MeshStats>,
+}
+
 /// Sync the policy document with `peer` over `stream` until either side ends it, or `stop`
-/// fires (a newer stream from the same peer replaces this one).
+/// fires (a newer stream from the same peer replaces this one). With `members`, only once the
+/// broker took `peer` as a member.
 pub async fn run(
     peer: PeerId,
     stream: Stream,
     policy: PolicyHandle,
+    members: Option<MemberCheck>,
     stop: Option<tokio::sync::oneshot::Receiver<()>>,
 ) {
+    if let Some(members) = members {
+        let node = meridian_core::routes::NodeId::new(&peer.to_string());
+        let admitted = match &node {
+            Ok(node) => members.gate.admits(node, MEMBER_WAIT).await,
+            Err(_) => false,
+        };
+        if !admitted {
+            (members.stats.policy_refused).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            warn!(%peer, "policy sync refused: the peer is no certified member");
+            return;
+        }
+    }
     static NEXT_SESSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let session = NEXT_SESSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let max_frame = policy.max_document_bytes().saturating_add(FRAME_OVERHEAD);

@@ -27,7 +27,8 @@ use crate::clock::Clock;
 use crate::config::{DaemonConfig, ListenerConfig, ListenerKind, PolicySource};
 use crate::engine::{Engine, WriteLimits};
 use crate::mailbox::{
-    DaemonCounters, ENGINE_QUEUE, EngineHandle, MeshCmd, PolicyInForce, ReloadStatus, ToEngine,
+    DaemonCounters, ENGINE_QUEUE, EngineHandle, MemberGate, MeshCmd, PolicyInForce, ReloadStatus,
+    ToEngine,
 };
 use crate::mesh::{self, Mesh, MeshSettings, MeshStats};
 use crate::policy::PolicyHandle;
@@ -79,6 +80,11 @@ pub(super) async fn start(
             && !config.policy.operator_keys.is_empty();
         (cluster, s.commands.clone())
     });
+    // Where members must be certified, the mesh's policy streams wait for the broker's word.
+    let members = cluster
+        .as_ref()
+        .filter(|(c, _)| c.members_certified)
+        .map(|_| MemberGate::default());
     // In force before anything is restored or advertised.
     let started_with = policy.as_ref().map(PolicyHandle::current);
     let residency = started_with
@@ -88,6 +94,7 @@ pub(super) async fn start(
         &config,
         hooks,
         cluster,
+        members.clone(),
         residency,
         counters,
         verify_limits.clone(),
@@ -100,7 +107,7 @@ pub(super) async fn start(
     let bound = async {
         if let Some(secrets) = secrets {
             starting
-                .start_mesh(&config, secrets, policy.clone())
+                .start_mesh(&config, secrets, policy.clone(), members)
                 .await?;
         }
         starting
@@ -324,6 +331,7 @@ async fn start_broker(
     config: &DaemonConfig,
     hooks: Hooks,
     cluster: Option<(ClusterConfig, mpsc::Sender<MeshCmd>)>,
+    members: Option<MemberGate>,
     residency: Option<(Residency, BTreeMap<NodeId, String>)>,
     counters: Arc<DaemonCounters>,
     verify_limits: VerifyLimits,
@@ -381,6 +389,9 @@ async fn start_broker(
         if let Some(tx) = mesh_tx {
             engine = engine.with_mesh(tx);
         }
+        if let Some(members) = members {
+            engine = engine.with_members(members);
+        }
         Ok::<_, anyhow::Error>(engine)
     })
     .await
@@ -429,6 +440,7 @@ impl Starting {
         config: &DaemonConfig,
         secrets: ClusterSecrets,
         policy: Option<PolicyHandle>,
+        members: Option<MemberGate>,
     ) -> anyhow::Result<()> {
         let cluster = &config.cluster;
         let settings = MeshSettings {
@@ -446,6 +458,7 @@ impl Starting {
             max_connections: cluster.max_peer_connections,
             max_connections_per_address: cluster.max_peer_connections_per_address,
             policy,
+            members,
         };
         let engine_tx = self.handle.tx.clone();
         let region = cluster.region.clone();

@@ -409,14 +409,14 @@ impl Cluster {
         })
     }
 
-    /// Whether this node keeps state for `node`: one it knows, or a new one while there is
-    /// room ([`ClusterConfig::max_nodes`]).
     /// Whether `node` is a member this node exchanges state with: always, unless members
     /// must be certified and its hello was not vouched for yet (leaves: always).
     fn is_member(&self, node: &NodeId) -> bool {
         !self.config.members_certified || self.certified.contains(node) || self.leaves.is_leaf(node)
     }
 
+    /// Whether this node keeps state for `node`: one it knows, or a new one while there is
+    /// room ([`ClusterConfig::max_nodes`]).
     fn admits(&self, node: &NodeId) -> bool {
         self.peers.contains_key(node)
             || self.table.replica(node).is_some()
@@ -527,6 +527,14 @@ impl<A: Authenticator, Z: Authorizer> Broker<A, Z> {
     /// This node's id in its deployment (cluster mode).
     pub fn node_id(&self) -> Option<&NodeId> {
         self.cluster.as_ref().map(|c| &c.owner.node)
+    }
+
+    /// Whether mesh node `node` is a member this node shares the deployment's state with
+    /// (cluster mode): any peer, unless [`ClusterConfig::members_certified`], then one whose
+    /// hello carried the operator's certificate of it. The daemon holds its other streams
+    /// with a peer (policy sync) to this.
+    pub fn is_member(&self, node: &NodeId) -> bool {
+        self.cluster.as_ref().is_some_and(|c| c.is_member(node))
     }
 
     /// Peers this node knows, for admin listings and metrics.

@@ -53,6 +53,7 @@ impl Forger {
             max_connections: 1024,
             max_connections_per_address: 64,
             policy: None,
+            members: None,
         };
         let (engine_tx, mut engine_rx) = mpsc::channel(1024);
         let (cmds, cmd_rx) = mpsc::channel(64);
