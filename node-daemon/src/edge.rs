@@ -18,8 +18,10 @@
 //! (`reason="node"`), and
 //! one session per leaf stands at a time (a new one replaces the old). A token is a
 //! credential: a live leaf is replaced only by a link with the token it linked with, and one
-//! token links at most `cluster.edge.max_leaves_per_token` leaves at once; past either, the
-//! link is closed after its `Hello` (`reason="credential"`). A link that sends no
+//! token links at most `cluster.edge.max_leaves_per_token` leaves, those whose link ended
+//! counted until the hub forgets them (`cluster.edge.leaf_expiry_ms`), as they hold a place
+//! among its nodes till then; past either, the link is closed after its `Hello`
+//! (`reason="credential"`). A link that sends no
 //! `Hello` within [`HELLO_TIMEOUT`], or a frame that does not decode, is closed. One address
 //! may have [`MAX_HANDSHAKES_PER_ADDRESS`] connections at once between their accept and a
 //! completed upgrade; more get 503 (`reason="busy_address"`), so that one host holding
@@ -28,7 +30,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -107,47 +109,84 @@ pub struct EdgeSettings {
     pub max_links: usize,
     /// Leaves one token links at once (`cluster.edge.max_leaves_per_token`).
     pub max_leaves_per_token: usize,
+    /// How long a leaf whose link ended is kept (`cluster.edge.leaf_expiry_ms`): it counts
+    /// towards its token's leaves till then.
+    pub leaf_expiry: Duration,
     pub limits: LinkLimits,
 }
 
-/// The live leaves, each with its session and the name of the token it linked with.
+/// A leaf a token linked: its session, the token, and when its link ended (`None`: live).
+#[derive(Debug)]
+struct Linked {
+    session: u64,
+    token: String,
+    ended: Option<Instant>,
+}
+
+/// The leaves linked, live or kept by the hub after their link ended, by name.
 #[derive(Debug, Default)]
-struct Credentials(std::sync::Mutex<std::collections::HashMap<String, (u64, String)>>);
+struct Credentials(std::sync::Mutex<std::collections::HashMap<String, Linked>>);
 
 impl Credentials {
-    /// Take `leaf` for `session` with `token`, unless it is live with another token, or the
-    /// token has `max` other live leaves.
-    fn take(&self, leaf: &str, session: u64, token: &str, max: usize) -> Result<(), String> {
-        let mut live = self
-            .0
+    fn leaves(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Linked>> {
+        self.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, other)) = live.get(leaf)
-            && other != token
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Take `leaf` for `session` with `token`, unless it is live with another token, or the
+    /// token has `max` other leaves, live or ended less than `kept` ago (the hub still holds
+    /// those: a token cycling names would fill its nodes otherwise).
+    fn take(
+        &self,
+        leaf: &str,
+        session: u64,
+        token: &str,
+        max: usize,
+        kept: Duration,
+    ) -> Result<(), String> {
+        let mut leaves = self.leaves();
+        leaves.retain(|_, l| l.ended.is_none_or(|at| at.elapsed() < kept));
+        if let Some(l) = leaves.get(leaf)
+            && l.ended.is_none()
+            && l.token != token
         {
             return Err(format!("{leaf} is live, linked with another token"));
         }
-        let others = live
+        let others = leaves
             .iter()
-            .filter(|(l, (_, t))| t == token && l.as_str() != leaf)
+            .filter(|(name, l)| l.token == token && name.as_str() != leaf)
             .count();
         if others >= max {
             return Err(format!(
-                "the token links {others} leaves already (cluster.edge.max_leaves_per_token)"
+                "the token links {others} leaves already, live or kept after their link ended \
+                 (cluster.edge.max_leaves_per_token, cluster.edge.leaf_expiry_ms)"
             ));
         }
-        live.insert(leaf.to_owned(), (session, token.to_owned()));
+        let linked = Linked {
+            session,
+            token: token.to_owned(),
+            ended: None,
+        };
+        leaves.insert(leaf.to_owned(), linked);
         Ok(())
     }
 
-    /// `session` of `leaf` ended (a later session of it keeps its place).
+    /// `session` of `leaf` ended (a later session of it keeps its place): the hub keeps the
+    /// leaf, and its token's count, until it forgets it.
     fn end(&self, leaf: &str, session: u64) {
-        let mut live = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if live.get(leaf).is_some_and(|(s, _)| *s == session) {
-            live.remove(leaf);
+        if let Some(l) = self.leaves().get_mut(leaf)
+            && l.session == session
+        {
+            l.ended = Some(Instant::now());
+        }
+    }
+
+    /// `session` of `leaf` was not taken as a leaf: it counts for nothing.
+    fn drop_refused(&self, leaf: &str, session: u64) {
+        let mut leaves = self.leaves();
+        if leaves.get(leaf).is_some_and(|l| l.session == session) {
+            leaves.remove(leaf);
         }
     }
 }
@@ -310,6 +349,7 @@ async fn link<S>(
                     session,
                     &credential,
                     settings.max_leaves_per_token,
+                    settings.leaf_expiry,
                 )
                 .map(|()| scope)
                 .map_err(|why| format!("{why} ({credential})"))
@@ -336,7 +376,7 @@ async fn link<S>(
         accepted: accepted_tx,
     });
     if engine.send(up).await.is_err() || !accepted_rx.await.unwrap_or(false) {
-        credentials.end(leaf.as_str(), session);
+        credentials.drop_refused(leaf.as_str(), session);
         counters
             .edge_links_refused_node
             .fetch_add(1, Ordering::Relaxed);

@@ -231,8 +231,9 @@ async fn hello(
 }
 
 /// An edge-link token is a credential: a live leaf cannot be taken over with another token,
-/// and one token links a bounded number of leaves (so that it cannot fill `max_nodes` with
-/// names of its own).
+/// and one token links a bounded number of leaves, those whose link ended counted while the
+/// hub keeps them (so that it cannot fill `max_nodes` with names of its own, nor by cycling
+/// them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_links_its_own_leaves_and_a_bounded_number_of_them() {
     const OTHER: &str = "edge-token-other-0123456789";
@@ -269,7 +270,7 @@ async fn a_token_links_its_own_leaves_and_a_bounded_number_of_them() {
     };
     assert!(listed("edge-a").await, "{}", tail(&hub.log(), 20));
     // TOKEN links a second leaf, and no third.
-    let (kept, _b) = hello(edge, TOKEN, "edge-b", 300).await;
+    let (kept, b_link) = hello(edge, TOKEN, "edge-b", 300).await;
     assert!(kept);
     let (kept, _) = hello(edge, TOKEN, "edge-c", 10_000).await;
     assert!(!kept, "a third leaf for a token of two");
@@ -285,6 +286,21 @@ async fn a_token_links_its_own_leaves_and_a_bounded_number_of_them() {
     })
     .await;
     assert_eq!(refused().await, 2.0);
+    // edge-b's link ends: the hub keeps it (until leaf_expiry_ms), and it still counts, so the
+    // token links no new name in its place; edge-b itself links again.
+    drop(b_link);
+    wait_for("edge-b's link to end", &[&hub], || async {
+        hub.peers()
+            .await
+            .iter()
+            .any(|p| p["peer_id"] == "edge-b" && p["connected_since_ms"].is_null())
+    })
+    .await;
+    let (kept, _) = hello(edge, TOKEN, "edge-d", 10_000).await;
+    assert!(!kept, "a new name in place of a leaf the hub keeps");
+    assert_eq!(refused().await, 3.0);
+    let (kept, _b2) = hello(edge, TOKEN, "edge-b", 300).await;
+    assert!(kept, "edge-b links again");
 }
 
 /// With operator keys, an edge link is a leaf credential the operator signed (`meridian

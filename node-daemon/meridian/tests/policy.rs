@@ -982,10 +982,14 @@ async fn with_certified_members_a_node_without_a_certificate_is_no_member() {
             .contains("alice")
     })
     .await;
-    wait_for("a policy stream to the rogue refused", &[&a, &b], || async {
-        metric(&a.metrics().await, refused) + metric(&b.metrics().await, refused)
-            > refused_before
-    })
+    wait_for(
+        "a policy stream to the rogue refused",
+        &[&a, &b],
+        || async {
+            metric(&a.metrics().await, refused) + metric(&b.metrics().await, refused)
+                > refused_before
+        },
+    )
     .await;
     // The rogue subscribes first: were it a member, its route would reach a before b's.
     let mut at_rogue = v3::connect(v3::options("rogue-sub", rogue.mqtt())).await;

@@ -78,13 +78,15 @@ pub(super) async fn start(
         cluster.members_certified = config.cluster.members_certified
             && s.certificate.is_some()
             && !config.policy.operator_keys.is_empty();
-        (cluster, s.commands.clone())
+        // Then the mesh's policy streams wait for the broker's word on each peer.
+        let members = cluster.members_certified.then(MemberGate::default);
+        ClusterStart {
+            config: cluster,
+            commands: s.commands.clone(),
+            members,
+        }
     });
-    // Where members must be certified, the mesh's policy streams wait for the broker's word.
-    let members = cluster
-        .as_ref()
-        .filter(|(c, _)| c.members_certified)
-        .map(|_| MemberGate::default());
+    let members = cluster.as_ref().and_then(|c| c.members.clone());
     // In force before anything is restored or advertised.
     let started_with = policy.as_ref().map(PolicyHandle::current);
     let residency = started_with
@@ -94,7 +96,6 @@ pub(super) async fn start(
         &config,
         hooks,
         cluster,
-        members.clone(),
         residency,
         counters,
         verify_limits.clone(),
@@ -327,11 +328,19 @@ impl TokenSources {
 
 /// Open the store, build the broker with every stored record restored, and run it on the
 /// broker thread. Opening and restoring may take a while: that runs on the blocking pool.
+/// What the broker task needs in cluster mode.
+struct ClusterStart {
+    config: ClusterConfig,
+    /// Orders to the mesh.
+    commands: mpsc::Sender<MeshCmd>,
+    /// Where members must be certified: the broker's word on each peer, for the mesh.
+    members: Option<MemberGate>,
+}
+
 async fn start_broker(
     config: &DaemonConfig,
     hooks: Hooks,
-    cluster: Option<(ClusterConfig, mpsc::Sender<MeshCmd>)>,
-    members: Option<MemberGate>,
+    cluster: Option<ClusterStart>,
     residency: Option<(Residency, BTreeMap<NodeId, String>)>,
     counters: Arc<DaemonCounters>,
     verify_limits: VerifyLimits,
@@ -367,8 +376,13 @@ async fn start_broker(
         let (authn, authz) = hooks.build(engine_tx, &verify_limits);
         let now = Clock::default().now();
         let mut broker = Broker::with_auth(core_config, now, authn, authz);
-        let mut mesh_tx = None;
-        if let Some((mut cluster, cmd_tx)) = cluster {
+        let (mut mesh_tx, mut members) = (None, None);
+        if let Some(ClusterStart {
+            config: mut cluster,
+            commands,
+            members: gate,
+        }) = cluster
+        {
             // A new incarnation per start: peers replace this node's old routes.
             cluster.incarnation = store.next_incarnation()?;
             info!(
@@ -382,7 +396,7 @@ async fn start_broker(
                 broker.set_residency(now, rules);
                 broker.set_node_regions(now, node_regions);
             }
-            mesh_tx = Some(cmd_tx);
+            (mesh_tx, members) = (Some(commands), gate);
         }
         let mut engine = Engine::new(broker, store, write_limits, counters, tcp)?
             .with_commit_window(Duration::from_millis(storage.commit_window_ms));
@@ -522,6 +536,7 @@ impl Starting {
             tls,
             max_links: edge.max_links,
             max_leaves_per_token: edge.max_leaves_per_token,
+            leaf_expiry: Duration::from_millis(edge.leaf_expiry_ms),
             limits: cluster.link_limits(),
         };
         tokio::spawn(crate::edge::serve(
