@@ -527,3 +527,49 @@ async fn p2p_connections_past_an_address_s_share_are_refused() {
     })
     .await;
 }
+
+/// Past `cluster.max_peer_connections` in total, connections to the p2p port are closed at
+/// once and counted, whichever addresses they come from; once some end, a node gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2p_connections_past_the_total_are_refused() {
+    use tokio::io::AsyncReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (pa, pc) = (free_port(), free_port());
+    let a = Node::start_with("euc1", pa, &[], &key, "max_peer_connections = 3\n").await;
+    // From three addresses, one socket each, none starting the handshake: the total is held.
+    let from = |n: u8| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, n], 0)))
+            .unwrap();
+        socket
+            .connect(std::net::SocketAddr::from(([127, 0, 0, 1], pa)))
+            .await
+            .unwrap()
+    };
+    let mut held = Vec::new();
+    for n in 2..5 {
+        held.push(from(n).await);
+    }
+    let mut extra = from(5).await;
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(MESH_DEADLINE, extra.read(&mut byte)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the fourth connection is closed: {closed:?}"
+    );
+    wait_for("the refusal to be counted", &[&a], || async {
+        metric(
+            &a.metrics().await,
+            "meridian_p2p_refused_connections_total{reason=\"limit\"}",
+        ) >= 1.0
+    })
+    .await;
+    drop(held);
+    let c = Node::start_with("afs1", pc, &[pa], &key, "").await;
+    wait_for("c to link once the sockets are gone", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+}

@@ -1078,3 +1078,108 @@ async fn policy_with(node: &Node, token: &str) -> serde_json::Value {
     assert_eq!(status, 200, "{body}");
     serde_json::from_str(&body).unwrap()
 }
+
+/// The documented way from a deployment without operator keys to one with them: users added
+/// before are unsigned; with keys set on every node and the nodes restarted, each keeps its own
+/// document in force (alice still logs in everywhere), then the operator's `policy compact` on
+/// one node signs it as the next epoch, which every node takes; from then on an unsigned edit
+/// is refused and a signed one reaches every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_turns_operator_keys_on_by_one_signed_compaction() {
+    let Operated {
+        dir,
+        key,
+        op_key,
+        signed,
+        ..
+    } = operated();
+    let (pa, pc) = (free_port(), free_port());
+    let mut a = Node::start_with("euc1", pa, &[], &key, "").await;
+    let mut c = Node::start_with("afs1", pc, &[pa], &key, "").await;
+    wait_for("the mesh to connect", &[&a, &c], || async {
+        a.connected_to(&c).await && c.connected_to(&a).await
+    })
+    .await;
+    ctl_ok(&a, &["user", "add", "alice"], "pw\n");
+    wait_for("alice at c", &[&a, &c], || async {
+        common::http(c.daemon.admin, "GET", "/api/policy")
+            .await
+            .1
+            .contains("alice")
+    })
+    .await;
+
+    // Keys on every node, and a restart.
+    for node in [&mut a, &mut c] {
+        node.kill9();
+        let config = node.daemon.config.clone().expect("a config file");
+        let mut body = std::fs::read_to_string(&config).unwrap();
+        body.push_str(&signed);
+        std::fs::write(&config, body).unwrap();
+        node.restart().await;
+    }
+    for node in [&a, &c] {
+        assert!(
+            logs_in(node.mqtt(), "alice").await,
+            "alice's entry stays in force"
+        );
+    }
+    let token = ctl_ok(
+        &a,
+        &[
+            "--operator-key",
+            op_key.to_str().unwrap(),
+            "token",
+            "add",
+            "admin",
+            "ops",
+        ],
+        "",
+    );
+    let tf = write_token(&dir, token.trim());
+    let op = op_key.to_str().unwrap();
+    let out = ctl_ok(
+        &a,
+        &[
+            "--token-file",
+            &tf,
+            "--operator-key",
+            op,
+            "policy",
+            "compact",
+        ],
+        "",
+    );
+    assert!(out.contains("epoch 1"), "{out}");
+    wait_for("c to take the signed epoch", &[&a, &c], || async {
+        let p = policy_with(&c, token.trim()).await;
+        p["epoch"] == 1 && p["signed"] == true && p["users"] == serde_json::json!(["alice"])
+    })
+    .await;
+    assert!(logs_in(c.mqtt(), "alice").await);
+    // Unsigned edits are refused; signed ones reach every node.
+    let (ok, _, err) = ctl(
+        a.daemon.admin,
+        &["--token-file", &tf, "user", "add", "mallory"],
+        "pw\n",
+    );
+    assert!(!ok && err.contains("--operator-key"), "{err}");
+    ctl_ok(
+        &a,
+        &[
+            "--token-file",
+            &tf,
+            "--operator-key",
+            op,
+            "user",
+            "add",
+            "bob",
+        ],
+        "pw\n",
+    );
+    wait_for("bob at c", &[&a, &c], || async {
+        policy_with(&c, token.trim()).await["users"] == serde_json::json!(["alice", "bob"])
+    })
+    .await;
+    assert!(logs_in(c.mqtt(), "bob").await);
+}
