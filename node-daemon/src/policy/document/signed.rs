@@ -451,6 +451,58 @@ mod tests {
         (edit, maker)
     }
 
+    /// The documents the property tests start from: the operator's, the rogue's (the
+    /// operator's changes, and its own on top of whatever it saw), the operator's alone for
+    /// reference, and every change made, in the order made.
+    struct Made {
+        ops: PolicyDoc,
+        rogue: PolicyDoc,
+        reference: PolicyDoc,
+        all: Vec<Change>,
+    }
+
+    fn made(edits: Vec<(Edit, Maker)>) -> Made {
+        let rogue_key = OperatorKey::generate();
+        let mut ops = doc(1);
+        let mut rogue = doc(2);
+        let mut all: Vec<Change> = Vec::new();
+        let mut reference = doc(3);
+        for (i, (edit, maker)) in edits.into_iter().enumerate() {
+            let t = 1_000 + i64::try_from(i).unwrap();
+            match maker {
+                Maker::Operator => {
+                    if let Ok(Some(bytes)) = ops.signed_change(&[edit], &author(), t, operator()) {
+                        let c = Change::from_bytes(bytes).unwrap();
+                        ops.doc.apply_changes([c.clone()]).unwrap();
+                        reference.doc.apply_changes([c.clone()]).unwrap();
+                        // The rogue sees it, and builds on it.
+                        rogue.doc.apply_changes([c.clone()]).unwrap();
+                        all.push(c);
+                    }
+                }
+                Maker::Rogue => {
+                    if let Ok(Some(bytes)) = rogue.signed_change(&[edit], &author(), t, &rogue_key)
+                    {
+                        let c = Change::from_bytes(bytes).unwrap();
+                        rogue.doc.apply_changes([c.clone()]).unwrap();
+                        all.push(c);
+                    }
+                }
+                Maker::Unsigned => {
+                    if rogue.apply(&[edit], &author(), t).unwrap_or(false) {
+                        all.push(rogue.doc.get_last_local_change().unwrap());
+                    }
+                }
+            }
+        }
+        Made {
+            ops,
+            rogue,
+            reference,
+            all,
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -464,39 +516,7 @@ mod tests {
             seed in any::<u64>(),
         ) {
             let keys = keys();
-            let rogue_key = OperatorKey::generate();
-            // The operator's chain, and a rogue's made on top of whatever it saw.
-            let mut ops = doc(1);
-            let mut rogue = doc(2);
-            let mut all: Vec<Change> = Vec::new();
-            let mut reference = doc(3);
-            for (i, (edit, maker)) in edits.into_iter().enumerate() {
-                let t = 1_000 + i64::try_from(i).unwrap();
-                match maker {
-                    Maker::Operator => {
-                        if let Ok(Some(bytes)) = ops.signed_change(&[edit], &author(), t, operator()) {
-                            let c = Change::from_bytes(bytes).unwrap();
-                            ops.doc.apply_changes([c.clone()]).unwrap();
-                            reference.doc.apply_changes([c.clone()]).unwrap();
-                            // The rogue sees it, and builds on it.
-                            rogue.doc.apply_changes([c.clone()]).unwrap();
-                            all.push(c);
-                        }
-                    }
-                    Maker::Rogue => {
-                        if let Ok(Some(bytes)) = rogue.signed_change(&[edit], &author(), t, &rogue_key) {
-                            let c = Change::from_bytes(bytes).unwrap();
-                            rogue.doc.apply_changes([c.clone()]).unwrap();
-                            all.push(c);
-                        }
-                    }
-                    Maker::Unsigned => {
-                        if rogue.apply(&[edit], &author(), t).unwrap_or(false) {
-                            all.push(rogue.doc.get_last_local_change().unwrap());
-                        }
-                    }
-                }
-            }
+            let Made { mut all, reference, .. } = made(edits);
             // Any order: rotate, then a seeded shuffle.
             let n = all.len().max(1);
             let by = order.index(n) % n;
@@ -520,6 +540,48 @@ mod tests {
                 }
                 if !progress {
                     break;
+                }
+            }
+            let got: Policy = node.policy();
+            prop_assert_eq!(got, reference.policy(), "seed {}", seed);
+        }
+
+        /// The same changes reach a node by sync, from two peers in a seeded interleaving:
+        /// one that relays the operator's changes only, one that holds the rogue's and the
+        /// unsigned ones too (and takes anything). Whatever the rogue peer's messages carry,
+        /// the node's policy is what the operator's changes alone make.
+        #[test]
+        fn over_sync_from_any_peers_only_the_operator_s_changes_make_the_policy(
+            edits in prop::collection::vec(edit_strategy(), 1..16),
+            seed in any::<u64>(),
+        ) {
+            let keys = keys();
+            let Made { ops, rogue, reference, .. } = made(edits);
+            let mut peers = [ops, rogue];
+            let mut node = doc(4);
+            let mut theirs = [automerge::sync::State::new(), automerge::sync::State::new()];
+            let mut ours = [automerge::sync::State::new(), automerge::sync::State::new()];
+            let mut state = seed | 1;
+            for _ in 0..64 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let p = usize::from(state % 2 == 1);
+                if let Some(m) = peers[p].sync_message(&mut theirs[p]) {
+                    // Refused as a whole when it carries a change the operator did not sign.
+                    let _ = node.receive_sync(&mut ours[p], &m, 1 << 24, Some(&keys));
+                }
+                if let Some(m) = node.sync_message(&mut ours[p]) {
+                    let _ = peers[p].receive_sync(&mut theirs[p], &m, 1 << 24, None);
+                }
+            }
+            // The honest peer, to the end.
+            for _ in 0..16 {
+                if let Some(m) = peers[0].sync_message(&mut theirs[0]) {
+                    let _ = node.receive_sync(&mut ours[0], &m, 1 << 24, Some(&keys));
+                }
+                if let Some(m) = node.sync_message(&mut ours[0]) {
+                    let _ = peers[0].receive_sync(&mut theirs[0], &m, 1 << 24, None);
                 }
             }
             let got: Policy = node.policy();
