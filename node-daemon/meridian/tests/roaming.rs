@@ -480,6 +480,43 @@ fn operator_key(dir: &std::path::Path) -> (std::path::PathBuf, String) {
     )
 }
 
+/// Two nodes with an operator key, `a` in euc1 and `b` in `region` linked to it through
+/// `proxy`, and `users` (password `pw`) added by the operator and known at both.
+struct Operated {
+    a: Node,
+    b: Node,
+    proxy: Proxy,
+    dir: tempfile::TempDir,
+}
+
+async fn operated_pair(region: &str, users: &[&str]) -> Operated {
+    let dir = tempfile::tempdir().unwrap();
+    let key = cluster_key(dir.path(), "cluster.key");
+    let (op_key, signed) = operator_key(dir.path());
+    let (pa, pb) = (free_port(), free_port());
+    let proxy = Proxy::start(pa).await.unwrap();
+    let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
+    let b = Node::start_with(region, pb, &[proxy.port], &key, &signed).await;
+    wait_for("the mesh to connect", &[&a, &b], || async {
+        a.connected_to(&b).await && b.connected_to(&a).await
+    })
+    .await;
+    let op = op_key.to_str().unwrap();
+    for user in users {
+        ctl(
+            a.daemon.admin,
+            &["--operator-key", op, "user", "add", user],
+            "pw\n",
+        );
+    }
+    wait_for("the users at b", &[&a, &b], || async {
+        let (_, p) = common::http(b.daemon.admin, "GET", "/api/policy").await;
+        users.iter().all(|u| p.contains(u))
+    })
+    .await;
+    Operated { a, b, proxy, dir }
+}
+
 /// With operator keys, a claim on a client id counts only with a proof that its client
 /// logged in as the claim's user, which only a node that checked the user's password can make.
 /// A rogue node (the released binary, the cluster key, a password file of its own that gives
@@ -578,30 +615,12 @@ async fn a_node_that_does_not_know_a_users_password_cannot_take_her_session() {
 /// with every command queued in it, and bob keeps his connection at his.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proven_claim_of_another_user_takes_nothing_of_hers() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let (op_key, signed) = operator_key(dir.path());
-    let (pa, pb) = (free_port(), free_port());
-    let ba = Proxy::start(pa).await.unwrap();
-    let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
-    let b = Node::start_with("ape1", pb, &[ba.port], &key, &signed).await;
-    wait_for("the mesh to connect", &[&a, &b], || async {
-        a.connected_to(&b).await && b.connected_to(&a).await
-    })
-    .await;
-    let op = op_key.to_str().unwrap();
-    for user in ["alice", "bob"] {
-        ctl(
-            a.daemon.admin,
-            &["--operator-key", op, "user", "add", user],
-            "pw\n",
-        );
-    }
-    wait_for("both users at b", &[&a, &b], || async {
-        let (_, p) = common::http(b.daemon.admin, "GET", "/api/policy").await;
-        p.contains("alice") && p.contains("bob")
-    })
-    .await;
+    let Operated {
+        a,
+        b,
+        proxy: ba,
+        dir: _dir,
+    } = operated_pair("ape1", &["alice", "bob"]).await;
 
     ba.cut();
     wait_for("the link to go", &[&a, &b], || async {
@@ -691,28 +710,12 @@ async fn a_session_shipped_by_a_member_that_did_not_hold_it_is_not_taken() {
     use meridian_core::retained::Stamp;
     use meridian_core::routes::NodeId;
 
-    let dir = tempfile::tempdir().unwrap();
-    let key = cluster_key(dir.path(), "cluster.key");
-    let (op_key, signed) = operator_key(dir.path());
-    let (pa, pc) = (free_port(), free_port());
-    let ca = Proxy::start(pa).await.unwrap();
-    let a = Node::start_with("euc1", pa, &[], &key, &signed).await;
-    let c = Node::start_with("afs1", pc, &[ca.port], &key, &signed).await;
-    wait_for("the mesh to connect", &[&a, &c], || async {
-        a.connected_to(&c).await && c.connected_to(&a).await
-    })
-    .await;
-    let op = op_key.to_str().unwrap();
-    ctl(
-        a.daemon.admin,
-        &["--operator-key", op, "user", "add", "alice"],
-        "pw\n",
-    );
-    wait_for("alice at c", &[&a, &c], || async {
-        let (_, p) = common::http(c.daemon.admin, "GET", "/api/policy").await;
-        p.contains("alice")
-    })
-    .await;
+    let Operated {
+        a,
+        b: c,
+        proxy: ca,
+        dir,
+    } = operated_pair("afs1", &["alice"]).await;
     let mut forger = Forger::start(dir.path(), &[&a, &c]).await;
     let a_incarnation = forger
         .hear(&a, |f| match f {
