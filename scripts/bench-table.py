@@ -17,9 +17,10 @@ NAMES = {
     "meridian-1w": "Meridian, 1 worker",
     "meridian-before": "Meridian, before the change",
     "meridian-window": "Meridian, commit window",
+    "meridian-nowindow": "Meridian, no commit window",
 }
 # Whose ratios against the peers are printed.
-OURS = ["meridian", "meridian-1w", "meridian-before", "meridian-window"]
+OURS = ["meridian", "meridian-1w", "meridian-before", "meridian-window", "meridian-nowindow"]
 
 
 def med(values):

@@ -334,3 +334,38 @@ async fn a_subscriber_that_stops_reading_gets_everything_in_order_when_it_reads_
     }
     publ.disconnect().await;
 }
+
+/// By default a commit waits for others to share its fsync only where its client keeps
+/// sending without waiting for it: a publisher that waits for each PUBACK (one message in
+/// flight) has its commits fsynced at once, but for a window now and then that shows it waits.
+#[tokio::test]
+async fn a_publisher_that_waits_for_each_acknowledgement_is_fsynced_at_once() {
+    const N: u32 = 300;
+    let d = Daemon::start();
+    // A persistent session away: each message is queued for it, durably.
+    let mut opts = v3::options("lone-sub", d.mqtt);
+    opts.set_clean_session(false);
+    let mut sub = v3::connect(opts).await;
+    sub.subscribe("lone/#", QoS::AtLeastOnce).await;
+    sub.disconnect().await;
+    let mut publ = v3::connect(v3::options("one-by-one", d.mqtt)).await;
+    for i in 0..N {
+        publ.client
+            .publish("lone/x", QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+        publ.expect(|p| matches!(p, Packet::PubAck(_)).then_some(()))
+            .await;
+    }
+    let (_, page) = common::http(d.admin, "GET", "/metrics").await;
+    let metrics = common::Metrics::parse(&page);
+    let value = |name: &str| metrics.get(name).unwrap_or_else(|| panic!("no {name}"));
+    let waited = value("meridian_storage_commits_waited_total");
+    let syncs = value("meridian_storage_syncs_total");
+    // One window when its pace is first seen, then one a second at most.
+    assert!(waited <= 5.0, "{waited} of {N} commits waited for company");
+    assert!(
+        syncs >= f64::from(N),
+        "{syncs} fsyncs for {N} acknowledged messages"
+    );
+}

@@ -54,7 +54,7 @@ use crate::mailbox::{
 use crate::storage::{StorageError, Store};
 use crate::transport::tcp::{Poller, Read, TcpConns};
 
-use self::commit::CommitWindow;
+use self::commit::{CommitWindow, Source};
 use self::conns::Conns;
 use self::links::Links;
 
@@ -93,6 +93,9 @@ pub struct Engine {
     outputs: Vec<Output>,
     /// The batch's records, for one commit.
     records: Vec<(Bytes, Option<Bytes>)>,
+    /// Whose input made the batch's records that must be durable before what follows goes
+    /// out (with the commit window on): what decides whether its commit waits for company.
+    sources: Vec<Source>,
     /// Where members must be certified: the peers the broker takes as members, for the
     /// mesh's policy streams.
     members: Option<MemberGate>,
@@ -129,6 +132,7 @@ impl Engine {
             outputs: Vec::new(),
             records: Vec::new(),
             members: None,
+            sources: Vec::new(),
             stopping: false,
         };
         let records = engine.store.load_all()?;
@@ -292,8 +296,10 @@ impl Engine {
             match read {
                 Read::Data(n) => {
                     let data = self.conns.tcp.read_buf(n);
+                    let from = self.outputs.len();
                     self.broker.handle_input(now, Input::Bytes { conn, data });
                     self.drain();
+                    self.note_source(Source::Conn(conn), from);
                     self.pause_if_full(conn);
                 }
                 Read::Gone => self.conns.mark_gone(conn),
@@ -394,15 +400,18 @@ impl Engine {
                 self.drain();
             }
             ConnEvent::Bytes { conn, data } => {
+                let from = self.outputs.len();
                 self.broker
                     .handle_input(now, Input::Bytes { conn, data: &data });
                 self.drain();
+                self.note_source(Source::Conn(conn), from);
                 self.conns.fed(conn, data.len());
                 self.pause_if_full(conn);
             }
             ConnEvent::Closed { conn } => {
                 self.broker.handle_input(now, Input::Closed { conn });
                 self.drain();
+                self.commit.forget(&Source::Conn(conn));
                 // The broker may have forgotten the connection already (no Close output).
                 self.conns.mark_gone(conn);
             }
@@ -456,9 +465,12 @@ impl Engine {
             LinkEvent::Frames { peer, frames } => {
                 let hello = frames.iter().any(|f| matches!(f, Frame::Hello { .. }));
                 let heard = hello.then(|| peer.clone());
+                let from = self.outputs.len();
+                let source = Source::Peer(peer.clone());
                 self.broker
                     .handle_input(now, Input::PeerFrames { peer, frames });
                 self.drain();
+                self.note_source(source, from);
                 if let (Some(members), Some(peer)) = (&self.members, heard) {
                     members.set(&peer, self.broker.is_member(&peer));
                 }
@@ -468,6 +480,7 @@ impl Engine {
                     if let Some(members) = &self.members {
                         members.forget(&peer);
                     }
+                    self.commit.forget(&Source::Peer(peer.clone()));
                     info!(peer = %peer, session, "link session down");
                     self.broker.handle_input(now, Input::PeerDown { peer });
                     self.drain();
@@ -620,6 +633,21 @@ impl Engine {
         }
     }
 
+    /// With the commit window on: `source`'s input made the outputs from `from` on; if they
+    /// hold a record that must be durable before what follows goes out, the batch's commit
+    /// is (also) `source`'s.
+    fn note_source(&mut self, source: Source, from: usize) {
+        if !self.commit.enabled() || self.sources.contains(&source) {
+            return;
+        }
+        let durable = self.outputs[from..].iter().any(|out| {
+            matches!(out, Output::Persist { durability, .. } if *durability != Durability::WithNext)
+        });
+        if durable {
+            self.sources.push(source);
+        }
+    }
+
     /// Commit the batch's records, then hand out bytes and closes (or hold them for the
     /// commit window's fsync), and write to the TCP sockets.
     fn flush(&mut self) -> Result<(), StorageError> {
@@ -654,6 +682,7 @@ impl Engine {
                     self.broker.handle_input(now, Input::Closed { conn });
                     self.drain();
                 }
+                self.commit.forget(&Source::Conn(conn));
             }
             // The list keeps its room for the next batch, unless the closes above queued more.
             if self.outputs.is_empty() {
@@ -682,16 +711,25 @@ impl Engine {
         if self.records.is_empty() {
             return Ok(());
         }
+        let sources = std::mem::take(&mut self.sources);
+        let now = std::time::Instant::now();
         if lazy {
             // Acknowledged forwards let go of, and the like: no fsync of their own.
             self.store.apply_deferred(&self.records)?;
-        } else if (self.commit.enabled() && self.store.commit_syncs()) || self.commit.is_open() {
+        } else if self.commit.is_open()
+            || (self.store.commit_syncs() && self.commit.may_wait(now, &sources))
+        {
             // The window's fsync makes it durable, with the others it holds.
             self.store.apply_deferred(&self.records)?;
-            self.commit
-                .joined(std::time::Instant::now(), self.records.len());
+            self.commit.joined(now, self.records.len(), &sources);
+            self.counters
+                .storage_commits_waited
+                .store(self.commit.waited(), Ordering::Relaxed);
         } else {
             self.store.apply(&self.records)?;
+            if self.commit.enabled() {
+                self.commit.committed(now, &sources);
+            }
         }
         if self.store.checkpoint_due() {
             // Written to the B-tree: tens of milliseconds.
@@ -734,7 +772,7 @@ impl Engine {
             return Ok(());
         }
         self.store.sync()?;
-        let mut held = self.commit.close();
+        let mut held = self.commit.close(std::time::Instant::now());
         held.append(&mut self.outputs);
         self.outputs = held;
         self.flush()

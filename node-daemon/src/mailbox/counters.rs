@@ -151,6 +151,9 @@ counters! {
     connections_rejected => "connections_rejected";
     /// Storage commits (journal batches).
     storage_commits => "storage_commits";
+    /// Commits that waited for others to share their fsync (storage.commit_window_ms: their
+    /// sources kept sending without waiting for them).
+    storage_commits_waited => "storage_commits_waited";
     /// Fsyncs of the journal: commits made durable, alone or together
     /// (storage.commit_window_ms).
     storage_syncs => "storage_syncs";
