@@ -72,6 +72,8 @@ struct Pace {
 pub struct CommitWindow {
     /// How long a commit that outputs wait for may wait for others (zero: no window).
     window: Duration,
+    /// How recently before a source must have committed for its commit to wait ([`RECENT`]).
+    recent: Duration,
     /// When the window's fsync is due, while it is open.
     due: Option<Instant>,
     /// Whether it is due before its deadline: a source sent again, a bound was reached.
@@ -95,8 +97,16 @@ impl CommitWindow {
     pub fn new(window: Duration) -> Self {
         Self {
             window,
+            recent: RECENT,
             ..Self::default()
         }
+    }
+
+    /// The same, taking commits `recent` apart as recent (tests on a slow disk).
+    #[cfg(test)]
+    pub fn with_recent(mut self, recent: Duration) -> Self {
+        self.recent = recent;
+        self
     }
 
     /// Whether commits may wait for company at all.
@@ -127,7 +137,7 @@ impl CommitWindow {
         self.enabled()
             && sources.iter().all(|s| {
                 self.paces.get(s).is_some_and(|p| {
-                    now.saturating_duration_since(p.last) < RECENT
+                    now.saturating_duration_since(p.last) < self.recent
                         && p.waits_since
                             .is_none_or(|since| now.saturating_duration_since(since) >= PROBE_AFTER)
                 })
@@ -203,7 +213,7 @@ impl CommitWindow {
     /// order. A window that reached its deadline with none of its sources heard from again
     /// shows that they wait for what it held: their commits are fsynced at once from now.
     pub fn close(&mut self, now: Instant) -> Vec<Output> {
-        if self.due.is_some() && !self.due_early {
+        if self.due.is_some_and(|due| now >= due) && !self.due_early {
             for s in &self.waiting {
                 if let Some(p) = self.paces.get_mut(s) {
                     p.waits_since = Some(now);

@@ -189,8 +189,8 @@ fn turns_in_a_commit_window_share_one_fsync_and_send_after_it() {
     .unwrap();
     let (_, sub_box) = subscriber(&mut engine, "#");
     let publishers = [client(&mut engine, "p1"), client(&mut engine, "p2")];
-    engine.commit = CommitWindow::new(Duration::from_secs(3600));
-    let syncs = engine.store.syncs();
+    engine.commit =
+        CommitWindow::new(Duration::from_secs(3600)).with_recent(Duration::from_secs(3600));
     // Retained QoS 1 messages: stored, so their PUBACKs wait for the disk.
     let retained = |topic: &str, packet_id: u16| {
         wire(Packet::Publish(Publish {
@@ -203,6 +203,22 @@ fn turns_in_a_commit_window_share_one_fsync_and_send_after_it() {
             properties: Default::default(),
         }))
     };
+    // A source's first commit is fsynced at once: only one that committed just before waits
+    // for company.
+    for (conn, outbox) in &publishers {
+        engine.handle(ToEngine::Conn(ConnEvent::Bytes {
+            conn: *conn,
+            data: retained("first", 6),
+        }));
+        engine.flush().unwrap();
+        assert!(!engine.commit.is_open());
+        assert!(matches!(
+            packets(outbox)[..],
+            [Packet::PubAck(Ack { packet_id: 6, .. })]
+        ));
+    }
+    assert_eq!(packets(&sub_box).len(), 2);
+    let syncs = engine.store.syncs();
     // One turn each.
     for ((conn, _), topic) in publishers.iter().zip(["a", "b"]) {
         engine.handle(ToEngine::Conn(ConnEvent::Bytes {
