@@ -335,13 +335,14 @@ async fn a_subscriber_that_stops_reading_gets_everything_in_order_when_it_reads_
     publ.disconnect().await;
 }
 
-/// By default a commit waits for others to share its fsync only where its client keeps
-/// sending without waiting for it: a publisher that waits for each PUBACK (one message in
-/// flight) has its commits fsynced at once, but for a window now and then that shows it waits.
+/// With a commit window, a commit waits for others to share its fsync only where its client
+/// keeps sending without waiting for it: a publisher that waits for each PUBACK (one message
+/// in flight) has its commits fsynced at once, but for a window now and then that shows it
+/// waits.
 #[tokio::test]
-async fn a_publisher_that_waits_for_each_acknowledgement_is_fsynced_at_once() {
+async fn with_a_commit_window_a_publisher_that_waits_for_each_acknowledgement_is_fsynced_at_once() {
     const N: u32 = 300;
-    let d = Daemon::start();
+    let d = Daemon::start_with_config(Some("[storage]\ncommit_window_ms = 2\n"));
     // A persistent session away: each message is queued for it, durably.
     let mut opts = v3::options("lone-sub", d.mqtt);
     opts.set_clean_session(false);

@@ -11,14 +11,14 @@
 //!
 //! Whether a commit waits for company is decided from its sources (the connections and peers
 //! whose input made its records, [`Source`]), so that none waits that would wait for it:
-//! - a commit waits only if each of its sources committed less than [`RECENT`] before (a
-//!   source that sends now and then, a client that just connected, is fsynced at once);
-//! - a window closes at the end of the turn in which one of the sources it waits for commits
-//!   again: that source sent without waiting for what the window holds, and the fsync is
-//!   shared by two of its turns (or the window's bounds close it sooner);
-//! - a window that reaches its deadline with none of its sources heard from again shows that
-//!   they wait for what it holds (a publisher with one message in flight): their commits are
-//!   fsynced at once for [`PROBE_AFTER`], then one waits again to see whether they still do.
+//! - a commit waits only if each of its sources committed shortly before (within
+//!   [`RECENT`], and no longer ago than the window and a millisecond): a source that sends
+//!   now and then, or a client that just connected, is fsynced at once;
+//! - a window that reaches its deadline shows that those of its sources not heard from again
+//!   since their commit wait for what it holds (a publisher with one message in flight):
+//!   their commits are fsynced at once for [`PROBE_AFTER`], then one waits again to see
+//!   whether they still do; those that sent again keep sharing fsyncs;
+//! - a commit of a source that may not wait closes an open window at the end of its turn.
 //!
 //! So a lone publisher that waits for each acknowledgement pays one fsync per message, with
 //! no added wait but one window per [`PROBE_AFTER`], and a steady stream shares fsyncs.
@@ -84,8 +84,9 @@ pub struct CommitWindow {
     held: Vec<Output>,
     /// Bytes of the held outputs for connections and peers.
     held_bytes: usize,
-    /// The sources of the commits the open window holds.
-    waiting: Vec<Source>,
+    /// The sources of the commits the open window holds, and whether each committed again
+    /// since its first (it sends without waiting for what the window holds).
+    waiting: Vec<(Source, bool)>,
     /// The pace of each source heard from (forgotten when it goes).
     paces: HashMap<Source, Pace>,
     /// Commits that waited for company (joined a window), for the metrics.
@@ -97,7 +98,7 @@ impl CommitWindow {
     pub fn new(window: Duration) -> Self {
         Self {
             window,
-            recent: RECENT,
+            recent: RECENT.min(window + Duration::from_millis(1)),
             ..Self::default()
         }
     }
@@ -159,9 +160,9 @@ impl CommitWindow {
 
     /// A commit of `records` records from `sources` that outputs wait for was written
     /// without its fsync: it opens a window at `now`, or joins the open one. The window is
-    /// due at once (closed at the end of the turn) when one of the sources it waits for
-    /// commits again, when one of `sources` may not wait ([`CommitWindow::may_wait`]), and
-    /// once its commits hold [`COMMIT_WINDOW_RECORDS`] records.
+    /// due at once (closed at the end of the turn) when one of `sources` may not wait
+    /// ([`CommitWindow::may_wait`]), and once its commits hold [`COMMIT_WINDOW_RECORDS`]
+    /// records.
     pub fn joined(&mut self, now: Instant, records: usize, sources: &[Source]) {
         if self.due.is_none() {
             self.due = Some(now + self.window);
@@ -169,13 +170,13 @@ impl CommitWindow {
             self.records = 0;
             self.waiting.clear();
         }
-        let early =
-            !self.may_wait(now, sources) || sources.iter().any(|s| self.waiting.contains(s));
+        let early = !self.may_wait(now, sources);
         self.waited += 1;
         self.records += records;
         for s in sources {
-            if !self.waiting.contains(s) {
-                self.waiting.push(s.clone());
+            match self.waiting.iter_mut().find(|(w, _)| w == s) {
+                Some((_, again)) => *again = true,
+                None => self.waiting.push((s.clone(), false)),
             }
             let pace = self.paces.entry(s.clone()).or_insert(Pace {
                 last: now,
@@ -210,11 +211,12 @@ impl CommitWindow {
     }
 
     /// The window's fsync is done at `now` (or the window was never open): what it held, in
-    /// order. A window that reached its deadline with none of its sources heard from again
-    /// shows that they wait for what it held: their commits are fsynced at once from now.
+    /// order. A window that reached its deadline shows that those of its sources not heard
+    /// from again since their commit wait for what it held: their commits are fsynced at once
+    /// from now.
     pub fn close(&mut self, now: Instant) -> Vec<Output> {
         if self.due.is_some_and(|due| now >= due) && !self.due_early {
-            for s in &self.waiting {
+            for (s, _) in self.waiting.iter().filter(|(_, again)| !again) {
                 if let Some(p) = self.paces.get_mut(s) {
                     p.waits_since = Some(now);
                 }
@@ -328,9 +330,9 @@ mod tests {
     }
 
     /// A source that sends again while the window holds its commit does not wait for it: the
-    /// window closes at the end of that turn, and its commits keep waiting for company.
+    /// window keeps its deadline, and after it the source's commits still wait for company.
     #[test]
-    fn a_source_that_commits_again_closes_the_window_and_keeps_sharing_fsyncs() {
+    fn a_source_that_commits_again_during_the_window_keeps_sharing_fsyncs() {
         let start = Instant::now();
         let mut window = CommitWindow::new(ms(2));
         let stream = [Source::Peer(NodeId::new("12D3KooWpeer").unwrap())];
@@ -341,14 +343,11 @@ mod tests {
         assert_eq!(window.due(), Some(t1 + ms(2)));
         let t2 = t1 + Duration::from_micros(500);
         window.joined(t2, 1, &stream);
-        assert_eq!(
-            window.due(),
-            Some(t2),
-            "its second commit closes the window"
-        );
-        window.close(t2);
+        assert_eq!(window.due(), Some(t1 + ms(2)), "the deadline holds");
+        let deadline = t1 + ms(2);
+        window.close(deadline);
         assert!(
-            window.may_wait(t2 + ms(1), &stream),
+            window.may_wait(deadline + Duration::from_micros(500), &stream),
             "it still shares fsyncs"
         );
         assert_eq!(window.waited(), 2);
