@@ -475,12 +475,30 @@ async fn a_peer_with_the_key_that_sends_malformed_policy_sync_changes_nothing() 
     forger.mesh.shutdown().await;
 }
 
+/// `extra`, a connection past a bound of `node`'s p2p listener, is closed at once, and the
+/// refusal counted.
+async fn closed_at_once_and_counted(node: &Node, mut extra: tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt as _;
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(MESH_DEADLINE, extra.read(&mut byte)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the connection past the bound is closed: {closed:?}"
+    );
+    wait_for("the refusal to be counted", &[node], || async {
+        metric(
+            &node.metrics().await,
+            "meridian_p2p_refused_connections_total{reason=\"limit\"}",
+        ) >= 1.0
+    })
+    .await;
+}
+
 /// Connections a stranger opens to the p2p port count against its address from the start:
 /// past the address's share they are closed at once, and counted; once they end, a node from
 /// the same address gets in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p2p_connections_past_an_address_s_share_are_refused() {
-    use tokio::io::AsyncReadExt as _;
     let dir = tempfile::tempdir().unwrap();
     let key = cluster_key(dir.path(), "cluster.key");
     let (pa, pc) = (free_port(), free_port());
@@ -501,25 +519,10 @@ async fn p2p_connections_past_an_address_s_share_are_refused() {
                 .unwrap(),
         );
     }
-    let refused = |m: &str| {
-        metric(
-            m,
-            "meridian_p2p_refused_connections_total{reason=\"limit\"}",
-        )
-    };
-    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", pa))
+    let extra = tokio::net::TcpStream::connect(("127.0.0.1", pa))
         .await
         .unwrap();
-    let mut byte = [0u8; 1];
-    let closed = tokio::time::timeout(MESH_DEADLINE, extra.read(&mut byte)).await;
-    assert!(
-        matches!(closed, Ok(Ok(0) | Err(_))),
-        "the fourth connection is closed: {closed:?}"
-    );
-    wait_for("the refusal to be counted", &[&a], || async {
-        refused(&a.metrics().await) >= 1.0
-    })
-    .await;
+    closed_at_once_and_counted(&a, extra).await;
     drop(held);
     let c = Node::start_with("afs1", pc, &[pa], &key, "").await;
     wait_for("c to link once the sockets are gone", &[&a, &c], || async {
@@ -532,7 +535,6 @@ async fn p2p_connections_past_an_address_s_share_are_refused() {
 /// once and counted, whichever addresses they come from; once some end, a node gets in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p2p_connections_past_the_total_are_refused() {
-    use tokio::io::AsyncReadExt as _;
     let dir = tempfile::tempdir().unwrap();
     let key = cluster_key(dir.path(), "cluster.key");
     let (pa, pc) = (free_port(), free_port());
@@ -552,20 +554,7 @@ async fn p2p_connections_past_the_total_are_refused() {
     for n in 2..5 {
         held.push(from(n).await);
     }
-    let mut extra = from(5).await;
-    let mut byte = [0u8; 1];
-    let closed = tokio::time::timeout(MESH_DEADLINE, extra.read(&mut byte)).await;
-    assert!(
-        matches!(closed, Ok(Ok(0) | Err(_))),
-        "the fourth connection is closed: {closed:?}"
-    );
-    wait_for("the refusal to be counted", &[&a], || async {
-        metric(
-            &a.metrics().await,
-            "meridian_p2p_refused_connections_total{reason=\"limit\"}",
-        ) >= 1.0
-    })
-    .await;
+    closed_at_once_and_counted(&a, from(5).await).await;
     drop(held);
     let c = Node::start_with("afs1", pc, &[pa], &key, "").await;
     wait_for("c to link once the sockets are gone", &[&a, &c], || async {

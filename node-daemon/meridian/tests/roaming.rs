@@ -480,6 +480,29 @@ fn operator_key(dir: &std::path::Path) -> (std::path::PathBuf, String) {
     )
 }
 
+/// Command `i` for alice's device, from `ops`, acknowledged.
+async fn send_command(ops: &mut v3::Client, i: u32) {
+    ops.client
+        .publish("cmd/dev/x", QoS::AtLeastOnce, false, format!("cmd {i}"))
+        .await
+        .unwrap();
+    ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
+        .await;
+}
+
+/// Alice's device (`dev`) subscribes at `node` and goes away; `n` commands are queued for it
+/// there, each acknowledged. Returns her `ops` client, which sent them.
+async fn alice_away_with_commands(node: &Node, n: u32) -> v3::Client {
+    let mut device = v3::connect(v3_login("dev", node.mqtt(), "alice")).await;
+    device.subscribe("cmd/dev/#", QoS::AtLeastOnce).await;
+    device.abort();
+    let mut ops = v3::connect(v3_login("ops", node.mqtt(), "alice")).await;
+    for i in 0..n {
+        send_command(&mut ops, i).await;
+    }
+    ops
+}
+
 /// Two nodes with an operator key, `a` in euc1 and `b` in `region` linked to it through
 /// `proxy`, and `users` (password `pw`) added by the operator and known at both.
 struct Operated {
@@ -560,24 +583,7 @@ async fn a_node_that_does_not_know_a_users_password_cannot_take_her_session() {
     .await;
 
     // Alice's device subscribes at a and goes away; commands are queued for it there.
-    let mut device = v3::connect(v3_login("dev", a.mqtt(), "alice")).await;
-    device.subscribe("cmd/dev/#", QoS::AtLeastOnce).await;
-    device.abort();
-    let mut ops = v3::connect(v3_login("ops", a.mqtt(), "alice")).await;
-    let send = |ops: &mut v3::Client, i: u32| {
-        let client = ops.client.clone();
-        async move {
-            client
-                .publish("cmd/dev/x", QoS::AtLeastOnce, false, format!("cmd {i}"))
-                .await
-                .unwrap();
-        }
-    };
-    for i in 0..5 {
-        send(&mut ops, i).await;
-        ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
-            .await;
-    }
+    let mut ops = alice_away_with_commands(&a, 5).await;
 
     // The rogue logs "alice" in with her client id and its own password for her.
     let mut o = v3::options("dev", r.mqtt());
@@ -604,7 +610,7 @@ async fn a_node_that_does_not_know_a_users_password_cannot_take_her_session() {
     let mut device = v3::connect(v3_login("dev", c.mqtt(), "alice")).await;
     assert!(device.session_present, "the session follows alice to c");
     metric_reaches(&c, "meridian_sessions_moved_total{direction=\"in\"}", 1.0).await;
-    send(&mut ops, 5).await;
+    send_command(&mut ops, 5).await;
     let p = next_publish(&mut device, |_| true).await;
     assert_eq!(&p.payload[..], b"cmd 5");
 }
@@ -729,25 +735,8 @@ async fn a_session_shipped_by_a_member_that_did_not_hold_it_is_not_taken() {
     };
 
     // Alice's device subscribes at a and goes away; commands are queued for it there.
-    let mut device = v3::connect(v3_login("dev", a.mqtt(), "alice")).await;
-    device.subscribe("cmd/dev/#", QoS::AtLeastOnce).await;
-    device.abort();
+    let mut ops = alice_away_with_commands(&a, 3).await;
     let a_claim = forger.hear(&a, claim_on_dev).await;
-    let mut ops = v3::connect(v3_login("ops", a.mqtt(), "alice")).await;
-    let send = |ops: &mut v3::Client, i: u32| {
-        let client = ops.client.clone();
-        async move {
-            client
-                .publish("cmd/dev/x", QoS::AtLeastOnce, false, format!("cmd {i}"))
-                .await
-                .unwrap();
-        }
-    };
-    for i in 0..3 {
-        send(&mut ops, i).await;
-        ops.expect(|p| matches!(p, rumqttc::Packet::PubAck(_)).then_some(()))
-            .await;
-    }
 
     // Alice at c, cut off from a: c claims her session, which a cannot ship yet.
     ca.cut();
@@ -800,7 +789,7 @@ async fn a_session_shipped_by_a_member_that_did_not_hold_it_is_not_taken() {
     }
     metric_reaches(&c, "meridian_sessions_moved_total{direction=\"in\"}", 1.0).await;
     for i in 3..6 {
-        send(&mut ops, i).await;
+        send_command(&mut ops, i).await;
         let p = next_publish(&mut device, |_| true).await;
         assert_eq!(p.payload, format!("cmd {i}").as_bytes());
     }
