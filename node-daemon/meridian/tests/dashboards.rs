@@ -78,6 +78,11 @@ async fn the_dashboard_and_the_alerts_name_only_series_a_node_serves() {
         a.connected_to(&b).await && b.connected_to(&a).await
     })
     .await;
+    // A peer's round trip is on the page once a ping has come back.
+    wait_for("a ping round trip to b", &[&a, &b], || async {
+        a.metrics().await.contains("meridian_peer_rtt_seconds")
+    })
+    .await;
     let page = a.metrics().await;
     // Families as the page declares them (a counter's samples end in _total).
     let mut served = BTreeSet::new();
